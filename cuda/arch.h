@@ -1,0 +1,117 @@
+// The architecture layer: the only place the device code says "GPU" or "CPU".
+//
+// A channel is one CUDA block or one CPU thread. Everything above this file is written in
+// terms of: the thread's index and count within its channel, a channel-wide barrier,
+// acquire/release loads and stores on memory another channel (maybe in another process or on
+// another device) reads, and a spin-wait that gives up when the communicator is aborted.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#include <cuda/atomic>
+#define MNCL_DEV __device__ __forceinline__
+#define MNCL_HOSTDEV __host__ __device__ __forceinline__
+#else
+#include <atomic>
+#define MNCL_DEV inline
+#define MNCL_HOSTDEV inline
+#endif
+
+namespace mncl::dev {
+
+#if defined(__CUDACC__)
+
+MNCL_DEV int tid() { return threadIdx.x; }
+MNCL_DEV int nthreads() { return blockDim.x; }
+MNCL_DEV void barrier() { __syncthreads(); }
+MNCL_DEV void pause() { __nanosleep(32); }
+
+template <typename T>
+MNCL_DEV T loadAcquire(const T* p) {
+  return cuda::atomic_ref<T, cuda::thread_scope_system>(*const_cast<T*>(p))
+      .load(cuda::memory_order_acquire);
+}
+template <typename T>
+MNCL_DEV void storeRelease(T* p, T v) {
+  cuda::atomic_ref<T, cuda::thread_scope_system>(*p).store(v, cuda::memory_order_release);
+}
+template <typename T>
+MNCL_DEV T loadRelaxed(const T* p) {
+  return cuda::atomic_ref<T, cuda::thread_scope_system>(*const_cast<T*>(p))
+      .load(cuda::memory_order_relaxed);
+}
+template <typename T>
+MNCL_DEV void storeRelaxed(T* p, T v) {
+  cuda::atomic_ref<T, cuda::thread_scope_system>(*p).store(v, cuda::memory_order_relaxed);
+}
+
+#else  // CPU: one thread per channel.
+
+inline int tid() { return 0; }
+inline int nthreads() { return 1; }
+inline void barrier() {}
+void pause();  // spin-then-yield-then-sleep; see cpu/spin.cc
+
+template <typename T>
+inline T loadAcquire(const T* p) {
+  return std::atomic_ref<T>(*const_cast<T*>(p)).load(std::memory_order_acquire);
+}
+template <typename T>
+inline void storeRelease(T* p, T v) {
+  std::atomic_ref<T>(*p).store(v, std::memory_order_release);
+}
+template <typename T>
+inline T loadRelaxed(const T* p) {
+  return std::atomic_ref<T>(*const_cast<T*>(p)).load(std::memory_order_relaxed);
+}
+template <typename T>
+inline void storeRelaxed(T* p, T v) {
+  std::atomic_ref<T>(*p).store(v, std::memory_order_relaxed);
+}
+
+#endif
+
+// Waits for a condition, checking the communicator's abort word while it does. Once aborted,
+// every later wait in the same operation returns at once, so the algorithm runs to its end
+// quickly (moving garbage) instead of hanging; the host then reports why.
+struct Waiter {
+  const uint32_t* abortFlag;
+  bool aborted = false;
+
+  template <typename Ready>
+  MNCL_DEV bool until(Ready ready) {
+    if (aborted) return false;
+    uint32_t spins = 0;
+    while (!ready()) {
+      if (loadRelaxed(abortFlag) != 0) {
+        aborted = true;
+        return false;
+      }
+      backoff(spins++);
+    }
+    return true;
+  }
+
+  MNCL_DEV void backoff(uint32_t spins);
+};
+
+#if defined(__CUDACC__)
+MNCL_DEV void Waiter::backoff(uint32_t) { pause(); }
+#else
+void cpuBackoff(uint32_t spins);
+inline void Waiter::backoff(uint32_t spins) { cpuBackoff(spins); }
+#endif
+
+}  // namespace mncl::dev
+
+namespace mncl::dev {
+// Makes this channel's earlier writes (by all its threads) visible system-wide before a flag
+// store. On the CPU the release store itself is enough.
+#if defined(__CUDACC__)
+MNCL_DEV void fenceSystem() { __threadfence_system(); }
+#else
+inline void fenceSystem() {}
+#endif
+}  // namespace mncl::dev

@@ -1,0 +1,114 @@
+// What the device code sees of a channel: its connections to every peer, its ring and tree
+// positions, and the work item it is running. Plain structs, shared by host and device.
+#pragma once
+
+#include "dtypes.h"
+
+namespace mncl::dev {
+
+// A FIFO has kSteps slots; the sender may run at most kSteps steps ahead of the receiver.
+constexpr int kSteps = 8;
+
+// LL: 8 payload bytes per 16-byte line: data(4) flag(4) data(4) flag(4). Each 8-byte word
+// holds 4 data bytes in its low half and the flag in its high half, so one store publishes
+// data and flag together and the reader needs no fence.
+struct alignas(16) LLLine {
+  uint64_t w[2];
+};
+// LL128: 120 payload bytes, then the flag word, written last.
+constexpr int kLL128Words = 16;             // 8-byte words per line
+constexpr int kLL128DataWords = kLL128Words - 1;
+struct alignas(128) LL128Line {
+  uint64_t w[kLL128Words];
+};
+
+// Describes the operation a step belongs to, so that a receiver can tell that its peer is
+// running a different call (other collective, count, type, op or root) before it writes
+// anything, instead of silently mixing data or hanging.
+struct StepInfo {
+  uint64_t count;     // elements (collectives) or bytes (send/recv) of the whole operation
+  uint8_t coll, dtype, op, algo;
+  int32_t root;
+};
+
+// Control words of one connection, each on its own cache line (they are written by different
+// sides). Lives, with the FIFOs, in the receiver's memory.
+struct ConnCtrl {
+  alignas(128) uint64_t tail;  // Simple: steps the sender has filled (release)
+  alignas(128) uint64_t head;  // all protocols: steps the receiver has consumed (release)
+  alignas(128) StepInfo info[kSteps];
+};
+
+// One direction of a (peer, channel) connection, as the device addresses it.
+struct ConnFifo {
+  ConnCtrl* ctrl = nullptr;
+  char* simple = nullptr;          // kSteps * simpleSlotBytes
+  LLLine* ll = nullptr;            // kSteps * llSlotLines
+  LL128Line* ll128 = nullptr;      // kSteps * ll128SlotLines
+};
+
+struct ProtoSizes {
+  uint32_t simpleSlotBytes;
+  uint32_t llSlotLines;
+  uint32_t ll128SlotLines;
+};
+
+constexpr int kMaxTreeChildren = 3;
+struct TreeInfo {
+  int up = -1;                      // parent rank, -1 at the root
+  int down[kMaxTreeChildren] = {-1, -1, -1};
+};
+
+struct DevChannel {
+  int id = 0;
+  int rank = 0, nranks = 1;
+  ConnFifo* sendTo = nullptr;       // [nranks], indexed by peer rank
+  ConnFifo* recvFrom = nullptr;     // [nranks]
+  uint64_t* sendStep = nullptr;     // [nranks]: steps this side has sent to each peer
+  uint64_t* recvStep = nullptr;     // [nranks]: steps this side has received from each peer
+  const int* ring = nullptr;        // [nranks]: ring order; ring[ringPos] == rank
+  int ringPos = 0;
+  TreeInfo tree[2];                 // the two trees of the double binary tree
+  ProtoSizes sizes{};
+  const uint32_t* abortFlag = nullptr;
+};
+
+// Why a channel stopped early, for the host to turn into a message.
+struct DevError {
+  int peer = -1;
+  StepInfo expected{}, got{};
+};
+
+// One collective (or a channel's share of it).
+struct DevWork {
+  Coll coll;
+  Algo algo;
+  Proto proto;
+  DataType dtype;
+  RedOp op;
+  int root;
+  const void* send;
+  void* recv;
+  uint64_t count;       // elements per rank block (allgather: send count; reduce_scatter: recv count)
+  uint64_t chanOffset;  // this channel's slice of the block, in elements
+  uint64_t chanCount;
+  int treeIndex;        // which of the two trees this channel uses
+
+  MNCL_HOSTDEV StepInfo info() const {
+    StepInfo s{};
+    s.count = count;
+    s.coll = (uint8_t)coll;
+    s.dtype = (uint8_t)dtype;
+    s.op = (uint8_t)op;
+    s.algo = (uint8_t)algo;
+    s.root = root;
+    return s;
+  }
+};
+
+MNCL_HOSTDEV bool sameInfo(const StepInfo& a, const StepInfo& b) {
+  return a.count == b.count && a.coll == b.coll && a.dtype == b.dtype && a.op == b.op &&
+         a.algo == b.algo && a.root == b.root;
+}
+
+}  // namespace mncl::dev

@@ -1,0 +1,31 @@
+// How a CPU channel waits. Spinning is cheapest while the peer is running on another core;
+// yielding lets the peer run when ranks outnumber cores (8 ranks on 2 cores must progress);
+// sleeping keeps a long wait (a peer still computing) from burning a core.
+#include <sched.h>
+#include <time.h>
+
+#include "../arch.h"
+
+namespace mncl::dev {
+
+void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+void cpuBackoff(uint32_t spins) {
+  constexpr uint32_t kSpin = 200, kYield = kSpin + 20000;
+  if (spins < kSpin) {
+    pause();
+  } else if (spins < kYield) {
+    sched_yield();
+  } else {
+    timespec ts{0, 50 * 1000};  // 50 us: waits this long are waits for a peer's caller
+    nanosleep(&ts, nullptr);
+  }
+}
+
+}  // namespace mncl::dev

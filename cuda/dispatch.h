@@ -1,0 +1,63 @@
+// From a work item's run-time (collective, algorithm, protocol, type, op) to the one template
+// instance that runs it. Included by the CPU entry point and the CUDA kernel alike.
+//
+// Only (type, op) are template parameters of the entry; algorithm and protocol are switched
+// at run time inside it. Signed sums and products run as unsigned (same bits, and no
+// undefined overflow), and copy-only collectives run once, on bytes.
+#pragma once
+
+#include "p2p.h"
+#include "prims_lines.h"
+#include "prims_simple.h"
+#include "ring.h"
+
+namespace mncl::dev {
+
+template <template <class, class> class Prims, typename T, typename Fn>
+MNCL_DEV void runAlgorithm(PrimsContext<Fn> cx) {
+  using R = Ring<Prims, T, Fn>;
+  if constexpr (std::is_same_v<Fn, FuncCopy<T>>) {
+    switch (cx.work.coll) {
+      case Coll::broadcast: R::broadcast(cx); break;
+      case Coll::allgather: R::allGather(cx); break;
+      default: break;
+    }
+  } else {
+    switch (cx.work.coll) {
+      case Coll::allreduce: R::allReduce(cx); break;
+      case Coll::reduce: R::reduce(cx); break;
+      case Coll::reducescatter: R::reduceScatter(cx); break;
+      default: break;
+    }
+  }
+}
+
+// Runs one channel's share of a collective with element type T and reduction Fn.
+// Returns false if the operation stopped early (abort, or a mismatched peer in *err).
+template <typename T, typename Fn>
+MNCL_DEV bool runTyped(DevChannel& ch, const DevWork& w, Fn fn, DevError* err) {
+  Waiter waiter{ch.abortFlag};
+  PrimsContext<Fn> cx{ch, w, fn, waiter, err};
+  switch (w.proto) {
+    case Proto::simple: runAlgorithm<PrimsSimple, T, Fn>(cx); break;
+    case Proto::ll: runAlgorithm<PrimsLL, T, Fn>(cx); break;
+    case Proto::ll128: runAlgorithm<PrimsLL128, T, Fn>(cx); break;
+    default: break;
+  }
+  return !waiter.aborted;
+}
+
+// Copy-only collectives move bytes: rewrite the element counts once, keep the StepInfo
+// (which records the caller's type and count) unchanged.
+MNCL_HOSTDEV bool isCopyOnly(Coll c) { return c == Coll::broadcast || c == Coll::allgather; }
+
+MNCL_HOSTDEV DevWork asBytes(const DevWork& w) {
+  size_t sz = dataTypeSize(w.dtype);
+  DevWork b = w;
+  b.count *= sz;
+  b.chanOffset *= sz;
+  b.chanCount *= sz;
+  return b;
+}
+
+}  // namespace mncl::dev

@@ -1,0 +1,128 @@
+// Point-to-point: a group of sends and receives, progressed together so that no order of
+// calls across ranks can deadlock (rank A sending to B while B sends to A, alltoall, pipeline
+// stages exchanging activations and gradients). Each pass tries one step of every op whose
+// connection is ready and never blocks on one op while another could move.
+//
+// Simple protocol. Every op moves at least one step, even with zero bytes, and every step
+// says the whole op's byte count and type, so a receiver whose recv does not match the
+// peer's send stops before writing anything.
+#pragma once
+
+#include "prims.h"
+
+namespace mncl::dev {
+
+struct P2pOp {
+  bool isSend;
+  int peer;
+  char* buf;            // this channel's share of the user buffer
+  uint64_t bytes;       // this channel's share
+  uint64_t totalBytes;  // the whole op, for the match check
+  DataType dtype;
+  // progress
+  uint64_t done = 0;
+  uint64_t stepsLeft = 0;
+};
+
+struct P2pEngine {
+  DevChannel& ch;
+  Waiter& waiter;
+  DevError* error;
+
+  MNCL_HOSTDEV static StepInfo infoOf(const P2pOp& op) {
+    StepInfo s{};
+    s.count = op.totalBytes;
+    s.coll = (uint8_t)Coll::sendrecv;
+    s.dtype = (uint8_t)op.dtype;
+    s.root = -1;
+    return s;
+  }
+
+  // Runs ops[0..n) to completion; returns false if aborted or mismatched.
+  MNCL_DEV bool run(P2pOp* ops, int n) {
+    size_t stepBytes = ch.sizes.simpleSlotBytes;
+    int left = 0;
+    for (int i = 0; i < n; ++i) {
+      ops[i].done = 0;
+      ops[i].stepsLeft = ops[i].bytes == 0 ? 1 : divUpBytes(ops[i].bytes, stepBytes);
+      ++left;
+    }
+    uint32_t idle = 0;
+    while (left > 0) {
+      bool moved = false;
+      for (int i = 0; i < n; ++i) {
+        P2pOp& op = ops[i];
+        if (op.stepsLeft == 0 || blockedByEarlier(ops, i)) continue;
+        if (op.isSend ? trySend(op, stepBytes) : tryRecv(op, stepBytes)) {
+          moved = true;
+          if (op.stepsLeft == 0) --left;
+        }
+        if (waiter.aborted) return false;
+      }
+      if (moved) {
+        idle = 0;
+      } else {
+        if (loadRelaxed(waiter.abortFlag) != 0) {
+          waiter.aborted = true;
+          return false;
+        }
+        waiter.backoff(idle++);
+      }
+    }
+    return true;
+  }
+
+ private:
+  MNCL_HOSTDEV static uint64_t divUpBytes(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+  // Ops on the same connection (peer and direction) run in the order they were issued.
+  MNCL_DEV static bool blockedByEarlier(const P2pOp* ops, int i) {
+    for (int j = 0; j < i; ++j) {
+      if (ops[j].stepsLeft != 0 && ops[j].peer == ops[i].peer && ops[j].isSend == ops[i].isSend) return true;
+    }
+    return false;
+  }
+
+  MNCL_DEV char* slot(const ConnFifo& f, uint64_t step) const {
+    return f.simple + (step % kSteps) * (size_t)ch.sizes.simpleSlotBytes;
+  }
+
+  MNCL_DEV bool trySend(P2pOp& op, size_t stepBytes) {
+    ConnFifo& f = ch.sendTo[op.peer];
+    uint64_t step = ch.sendStep[op.peer];
+    if (step - loadAcquire(&f.ctrl->head) >= (uint64_t)kSteps) return false;
+    size_t len = minBytes(stepBytes, op.bytes - op.done);
+    copyElems(slot(f, step), op.buf + op.done, len);
+    f.ctrl->info[step % kSteps] = infoOf(op);
+    storeRelease(&f.ctrl->tail, ++ch.sendStep[op.peer]);
+    op.done += len;
+    --op.stepsLeft;
+    return true;
+  }
+
+  MNCL_DEV bool tryRecv(P2pOp& op, size_t stepBytes) {
+    ConnFifo& f = ch.recvFrom[op.peer];
+    uint64_t step = ch.recvStep[op.peer];
+    if (loadAcquire(&f.ctrl->tail) <= step) return false;
+    StepInfo want = infoOf(op), got = f.ctrl->info[step % kSteps];
+    if (!sameInfo(want, got)) {
+      if (error && error->peer < 0) {
+        error->peer = op.peer;
+        error->expected = want;
+        error->got = got;
+      }
+      waiter.aborted = true;
+      return false;
+    }
+    size_t len = minBytes(stepBytes, op.bytes - op.done);
+    copyElems(op.buf + op.done, slot(f, step), len);
+    storeRelease(&f.ctrl->head, ++ch.recvStep[op.peer]);
+    op.done += len;
+    --op.stepsLeft;
+    return true;
+  }
+
+  MNCL_HOSTDEV static size_t minBytes(size_t a, uint64_t b) { return a < b ? a : (size_t)b; }
+};
+
+}  // namespace mncl::dev

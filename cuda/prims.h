@@ -1,0 +1,92 @@
+// The primitives vocabulary shared by every protocol.
+//
+// A Primitives object connects one channel to a set of peers it receives from and a set it
+// sends to, for one operation. Each call moves one step (at most stepElems() elements) on
+// every connection it names:
+//
+//   send(src)                      src            -> peers
+//   recv(dst)                      peers          -> dst
+//   recvReduceSend(src)            peers (+) src  -> peers
+//   recvReduceCopy(src, dst)       peers (+) src  -> dst
+//   recvReduceCopySend(src, dst)   peers (+) src  -> dst and peers
+//   recvCopySend(dst)              peers          -> dst and peers
+//   copySend(src, dst)             src            -> dst and peers
+//
+// `post` finishes a fully reduced value (avg's division). Algorithms (ring.h, tree.h, ...)
+// are written only in these words, so they run under every protocol. A protocol class
+// implements one function, genericOp<RECV, SEND>(src, dst, n, post), where src / dst may be
+// null; receiving combines src first, then the peers in the order given.
+#pragma once
+
+#include "channel.h"
+#include "reduce_copy.h"
+
+namespace mncl::dev {
+
+constexpr int kMaxPeers = kMaxTreeChildren;
+
+struct PeerSet {
+  int n = 0;
+  int peer[kMaxPeers] = {-1, -1, -1};
+  MNCL_HOSTDEV PeerSet() = default;
+  MNCL_HOSTDEV explicit PeerSet(int p) {
+    if (p >= 0) peer[n++] = p;
+  }
+  MNCL_HOSTDEV void add(int p) {
+    if (p >= 0) peer[n++] = p;
+  }
+};
+
+// Everything a protocol needs about the operation it serves.
+template <typename Fn>
+struct PrimsContext {
+  DevChannel& ch;
+  const DevWork& work;
+  Fn fn;
+  Waiter& waiter;
+  DevError* error;  // set when a peer's step belongs to a different call
+};
+
+template <typename Derived, typename T>
+class PrimsVocabulary {
+ public:
+  MNCL_DEV void send(const T* src, size_t n) { self().template genericOp<false, true>(src, nullptr, n, false); }
+  MNCL_DEV void recv(T* dst, size_t n, bool post = false) {
+    self().template genericOp<true, false>(nullptr, dst, n, post);
+  }
+  MNCL_DEV void recvReduceSend(const T* src, size_t n) {
+    self().template genericOp<true, true>(src, nullptr, n, false);
+  }
+  MNCL_DEV void recvReduceCopy(const T* src, T* dst, size_t n, bool post = false) {
+    self().template genericOp<true, false>(src, dst, n, post);
+  }
+  MNCL_DEV void recvReduceCopySend(const T* src, T* dst, size_t n, bool post = false) {
+    self().template genericOp<true, true>(src, dst, n, post);
+  }
+  MNCL_DEV void recvCopySend(T* dst, size_t n, bool post = false) {
+    self().template genericOp<true, true>(nullptr, dst, n, post);
+  }
+  MNCL_DEV void copySend(const T* src, T* dst, size_t n, bool post = false) {
+    self().template genericOp<false, true>(src, dst, n, post);
+  }
+
+ private:
+  MNCL_DEV Derived& self() { return *static_cast<Derived*>(this); }
+};
+
+// Records a mismatch between what this rank runs and what a peer's step says it runs, and
+// stops the operation (the host turns the record into an error naming both calls).
+template <typename Fn>
+MNCL_DEV bool checkStepInfo(PrimsContext<Fn>& cx, int peer, const StepInfo& got) {
+  StepInfo want = cx.work.info();
+  if (sameInfo(want, got)) return true;
+  if (cx.error && cx.error->peer < 0) {
+    cx.error->peer = peer;
+    cx.error->expected = want;
+    cx.error->got = got;
+  }
+  cx.waiter.aborted = true;
+  return false;
+}
+
+}  // namespace mncl::dev

@@ -1,0 +1,80 @@
+// The one data-moving loop under every primitive: read k sources, combine them with the
+// reduction, optionally finish with the post-operation (avg's division), write m destinations.
+#pragma once
+
+#include <cstring>
+
+#include "reduce_ops.h"
+
+namespace mncl::dev {
+
+constexpr int kMaxSrcs = 4;   // own input + up to 3 tree children
+constexpr int kMaxDsts = 4;   // own output + up to 3 peers
+
+template <typename T>
+MNCL_DEV void copyElems(T* dst, const T* src, size_t n) {
+  if (dst == src || n == 0) return;
+#if defined(__CUDACC__)
+  for (size_t i = tid(); i < n; i += nthreads()) dst[i] = src[i];
+#else
+  std::memcpy(dst, src, n * sizeof(T));
+#endif
+}
+
+#if defined(__CUDACC__)
+
+template <typename T, typename Fn>
+MNCL_DEV void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
+                         size_t n, bool post) {
+  for (size_t i = tid(); i < n; i += nthreads()) {
+    T v = srcs[0][i];
+    for (int s = 1; s < nsrc; ++s) v = fn(v, srcs[s][i]);
+    if (post) v = fn.post(v);
+    for (int d = 0; d < ndst; ++d) dsts[d][i] = v;
+  }
+}
+
+#else
+
+// CPU: simple loops over restrict pointers so the compiler vectorises them.
+template <typename T, typename Fn>
+inline void reduce2(const Fn& fn, T* __restrict__ d, const T* __restrict__ a,
+                    const T* __restrict__ b, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = fn(a[i], b[i]);
+}
+template <typename T, typename Fn>
+inline void reduceInto(const Fn& fn, T* __restrict__ acc, const T* __restrict__ b, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] = fn(acc[i], b[i]);
+}
+template <typename T, typename Fn>
+inline void postInPlace(const Fn& fn, T* __restrict__ acc, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] = fn.post(acc[i]);
+}
+
+template <typename T, typename Fn>
+inline void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
+                       size_t n, bool post) {
+  if (n == 0 || ndst == 0) return;
+  if (nsrc == 1 && !post) {
+    for (int d = 0; d < ndst; ++d) copyElems(dsts[d], srcs[0], n);
+    return;
+  }
+  if (nsrc == 2 && !post && ndst == 1 && dsts[0] != srcs[0] && dsts[0] != srcs[1]) {
+    reduce2(fn, dsts[0], srcs[0], srcs[1], n);
+    return;
+  }
+  // General case, in L1-sized blocks: accumulate, finish, then fan out.
+  constexpr size_t kBlock = 4096 / sizeof(T) > 0 ? 4096 / sizeof(T) : 1;
+  alignas(64) T acc[kBlock];
+  for (size_t off = 0; off < n; off += kBlock) {
+    size_t len = n - off < kBlock ? n - off : kBlock;
+    std::memcpy(acc, srcs[0] + off, len * sizeof(T));
+    for (int s = 1; s < nsrc; ++s) reduceInto(fn, acc, srcs[s] + off, len);
+    if (post) postInPlace(fn, acc, len);
+    for (int d = 0; d < ndst; ++d) std::memcpy(dsts[d] + off, acc, len * sizeof(T));
+  }
+}
+
+#endif
+
+}  // namespace mncl::dev

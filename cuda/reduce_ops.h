@@ -1,0 +1,102 @@
+// Reduction operators: sum, prod, max, min, avg over the ten element types.
+//
+// Integer sums and products wrap around in the type's width (done in unsigned arithmetic, so
+// signed types wrap as two's complement without undefined behaviour). Max and min propagate
+// NaN as NumPy does. avg = sum, then a post-operation dividing by the rank count: applied once
+// by whichever rank finishes a reduction, so every rank ends with the same bits.
+#pragma once
+
+#include <type_traits>
+
+#include "dtypes.h"
+
+namespace mncl::dev {
+
+template <typename T>
+struct Arith {
+  using Wide = std::conditional_t<(sizeof(T) <= 4), uint32_t, uint64_t>;
+  MNCL_HOSTDEV static T add(T a, T b) {
+    if constexpr (std::is_integral_v<T>) return (T)(Wide)((Wide)a + (Wide)b);
+    else return a + b;
+  }
+  MNCL_HOSTDEV static T mul(T a, T b) {
+    if constexpr (std::is_integral_v<T>) return (T)(Wide)((Wide)a * (Wide)b);
+    else return a * b;
+  }
+  MNCL_HOSTDEV static T max(T a, T b) { return (a > b || a != a) ? a : b; }
+  MNCL_HOSTDEV static T min(T a, T b) { return (a < b || a != a) ? a : b; }
+  MNCL_HOSTDEV static T div(T a, uint32_t n) {
+    if constexpr (std::is_integral_v<T>) {
+      if constexpr (std::is_signed_v<T>) return (T)(a / (int64_t)n);
+      else return (T)(a / (uint64_t)n);
+    } else {
+      return a / (T)n;
+    }
+  }
+};
+
+// 16-bit floats: compute in float, round once, as the GPU's native instructions do.
+template <typename H>
+struct Arith16 {
+#if defined(__CUDACC__)
+  MNCL_DEV static float f(H x) { return (float)x; }
+  MNCL_DEV static H h(float x) { return H(x); }
+#else
+  static float f(H x) { return toFloat(x); }
+  static H h(float x) {
+    if constexpr (std::is_same_v<H, half_t>) return toHalf(x);
+    else return toBfloat16(x);
+  }
+#endif
+  MNCL_HOSTDEV static H add(H a, H b) { return h(f(a) + f(b)); }
+  MNCL_HOSTDEV static H mul(H a, H b) { return h(f(a) * f(b)); }
+  MNCL_HOSTDEV static H max(H a, H b) {
+    float x = f(a), y = f(b);
+    return (x > y || x != x) ? a : b;
+  }
+  MNCL_HOSTDEV static H min(H a, H b) {
+    float x = f(a), y = f(b);
+    return (x < y || x != x) ? a : b;
+  }
+  MNCL_HOSTDEV static H div(H a, uint32_t n) { return h(f(a) / (float)n); }
+};
+template <>
+struct Arith<half_t> : Arith16<half_t> {};
+template <>
+struct Arith<bfloat16_t> : Arith16<bfloat16_t> {};
+
+// Each functor: operator() combines two values; post() finishes a fully reduced value.
+template <typename T>
+struct FuncSum {
+  MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::add(a, b); }
+  MNCL_HOSTDEV T post(T x) const { return x; }
+};
+template <typename T>
+struct FuncProd {
+  MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::mul(a, b); }
+  MNCL_HOSTDEV T post(T x) const { return x; }
+};
+template <typename T>
+struct FuncMax {
+  MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::max(a, b); }
+  MNCL_HOSTDEV T post(T x) const { return x; }
+};
+template <typename T>
+struct FuncMin {
+  MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::min(a, b); }
+  MNCL_HOSTDEV T post(T x) const { return x; }
+};
+template <typename T>
+struct FuncAvg {
+  uint32_t nranks = 1;
+  MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::add(a, b); }
+  MNCL_HOSTDEV T post(T x) const { return Arith<T>::div(x, nranks); }
+};
+// Copy-only collectives move bytes; they never combine two values.
+template <typename T>
+struct FuncCopy {
+  MNCL_HOSTDEV T operator()(T a, T) const { return a; }
+  MNCL_HOSTDEV T post(T x) const { return x; }
+};
+
+}  // namespace mncl::dev

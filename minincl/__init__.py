@@ -1,0 +1,35 @@
+"""minincl: a small, readable collective-communication runtime in the spirit of NCCL.
+
+    import numpy as np, minincl
+    comms = minincl.Communicator.init_all(4)        # four ranks in this process
+    ...
+
+See the README for the full tour.
+"""
+
+from . import errors
+from ._comm import Communicator, Work, get_unique_id, group, init_from_env, launch, unique_id_for_address
+from ._core import build_info
+from ._core import version as _version
+from .errors import Aborted, Error, InvalidArgument, InvalidUsage, RemoteError, SystemError, Timeout
+
+__version__ = _version()
+
+__all__ = [
+    "Aborted",
+    "Communicator",
+    "Error",
+    "InvalidArgument",
+    "InvalidUsage",
+    "RemoteError",
+    "SystemError",
+    "Timeout",
+    "Work",
+    "build_info",
+    "errors",
+    "get_unique_id",
+    "group",
+    "init_from_env",
+    "launch",
+    "unique_id_for_address",
+]

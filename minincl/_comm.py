@@ -1,0 +1,216 @@
+"""The Python face of a communicator: construction, groups, environment init, launch."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import threading
+import time
+import traceback
+from typing import Any, Callable, Iterator, Optional, Union
+
+from . import _core
+from .errors import Error, InvalidArgument, InvalidUsage
+
+Work = _core.Work
+get_unique_id = _core.get_unique_id
+unique_id_for_address = _core.unique_id_for_address
+
+DeviceSpec = Union[None, str, int]
+
+_CPU = -1
+
+
+def _device_index(device: DeviceSpec) -> int:
+    """'cpu' -> -1; 'cuda', 'cuda:N', N -> N; None -> a usable GPU, else the CPU."""
+    if device is None or device == "cpu":
+        return _CPU
+    if isinstance(device, int) or (isinstance(device, str) and device.startswith("cuda")):
+        raise InvalidUsage(
+            f"device={device!r}: this build of minincl runs collectives on the CPU only; "
+            "use device='cpu' (CUDA communicators come with the CUDA backend)"
+        )
+    raise InvalidArgument(f"device={device!r}: expected 'cpu', 'cuda', 'cuda:N', an int or None")
+
+
+class Communicator(_core.Communicator):
+    """One rank of a group of ranks.
+
+    ``Communicator(nranks, unique_id, rank, device=None)`` joins the group named by
+    ``unique_id`` (from :func:`get_unique_id`, shared with every rank by any means).
+    Collectives take arrays with DLPack or the buffer protocol (NumPy, PyTorch, ...); with
+    ``recv=None`` allreduce, broadcast and reduce work in place, and allgather,
+    reduce_scatter and alltoall return a new array.
+    """
+
+    def __init__(self, nranks: int, unique_id: bytes, rank: int, device: DeviceSpec = None) -> None:
+        super().__init__(nranks, unique_id, rank, _device_index(device))
+
+    @property
+    def device(self) -> str:
+        index = self._device_index
+        return "cpu" if index < 0 else f"cuda:{index}"
+
+    @classmethod
+    def init_all(cls, nranks: int, device: DeviceSpec = "cpu") -> list[Communicator]:
+        """Creates ``nranks`` communicators of one group, all in this process (ranks as threads)."""
+        if nranks < 1:
+            raise InvalidArgument(f"nranks must be at least 1, got {nranks}")
+        uid = get_unique_id()
+        comms: list[Optional[Communicator]] = [None] * nranks
+        errors: list[Optional[BaseException]] = [None] * nranks
+
+        def join(rank: int) -> None:
+            try:
+                comms[rank] = cls(nranks, uid, rank, device)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errors[rank] = e
+
+        threads = [threading.Thread(target=join, args=(r,)) for r in range(nranks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for e in errors:
+            if e is not None:
+                for c in comms:
+                    if c is not None:
+                        c.destroy()
+                raise e
+        return [c for c in comms if c is not None]
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    def __repr__(self) -> str:
+        if self.destroyed:
+            return "<minincl.Communicator destroyed>"
+        return f"<minincl.Communicator rank {self.rank} of {self.nranks} on {self.device}>"
+
+
+@contextlib.contextmanager
+def group() -> Iterator[None]:
+    """Calls inside run together when the block exits (as ncclGroupStart/End)."""
+    _core.group_start()
+    try:
+        yield
+    finally:
+        _core.group_end()
+
+
+def _first_env(*names: str) -> Optional[str]:
+    for n in names:
+        v = os.environ.get(n)
+        if v not in (None, ""):
+            return v
+    return None
+
+
+def _first_slurm_host(nodelist: str) -> str:
+    """'node[03-05,07],gpu1' -> 'node03'."""
+    head = nodelist.split(",")[0] if "[" not in nodelist.split(",")[0] else nodelist[: nodelist.index("]") + 1]
+    if "[" not in head:
+        return head
+    prefix, ranges = head.split("[", 1)
+    return prefix + ranges.rstrip("]").split(",")[0].split("-")[0]
+
+
+def init_from_env(device: DeviceSpec = None) -> Communicator:
+    """Joins the group described by the launcher's environment.
+
+    torchrun: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Slurm: SLURM_PROCID, SLURM_NTASKS,
+    root on the first host of SLURM_JOB_NODELIST. Open MPI / MPICH / PMIx: OMPI_COMM_WORLD_RANK,
+    PMI_RANK, PMIX_RANK and the matching sizes. The root listens on MININCL_ROOT_ADDR (default
+    MASTER_ADDR, else the first Slurm host, else 127.0.0.1) at MININCL_ROOT_PORT (default
+    MASTER_PORT + 1, since torchrun's own store already holds MASTER_PORT; else 29501);
+    rank 0 starts it.
+    """
+    rank_s = _first_env("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+    size_s = _first_env("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+    if rank_s is None or size_s is None:
+        raise InvalidUsage(
+            "init_from_env: no launcher variables found (RANK/WORLD_SIZE from torchrun, "
+            "SLURM_PROCID/SLURM_NTASKS, OMPI_COMM_WORLD_RANK/SIZE or PMI_RANK/PMI_SIZE)"
+        )
+    rank, size = int(rank_s), int(size_s)
+    host = _first_env("MININCL_ROOT_ADDR", "MASTER_ADDR")
+    if host is None:
+        nodelist = _first_env("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+        host = _first_slurm_host(nodelist) if nodelist else "127.0.0.1"
+    port_s = _first_env("MININCL_ROOT_PORT")
+    if port_s is not None:
+        port = int(port_s)
+    else:
+        master_port = _first_env("MASTER_PORT")
+        port = int(master_port) + 1 if master_port else 29501
+    uid = unique_id_for_address(host, port)
+    return Communicator(size, uid, rank, device)
+
+
+# ---- launch: local processes ----
+
+
+def _launch_child(
+    fn: Callable[..., Any], nranks: int, rank: int, uid: bytes, device: DeviceSpec, args: tuple[Any, ...], queue: Any
+) -> None:
+    try:
+        with Communicator(nranks, uid, rank, device) as comm:
+            result = fn(comm, *args)
+        queue.put((rank, True, result))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        queue.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+class LaunchError(Error):
+    """One or more ranks started by :func:`launch` failed."""
+
+
+def launch(fn: Callable[..., Any], nranks: int, *args: Any, device: DeviceSpec = "cpu", timeout: Optional[float] = None) -> list[Any]:
+    """Runs ``fn(comm, *args)`` in ``nranks`` new local processes, one rank each.
+
+    Returns the results in rank order. ``fn`` and ``args`` must be picklable (define ``fn``
+    at module level). If a rank fails or dies, raises :class:`LaunchError` with every
+    rank's story.
+    """
+    ctx = mp.get_context("spawn")
+    uid = get_unique_id()
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_launch_child, args=(fn, nranks, r, uid, device, args, queue), daemon=True) for r in range(nranks)]
+    for p in procs:
+        p.start()
+    results: dict[int, tuple[bool, Any]] = {}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while len(results) < nranks:
+        try:
+            rank, ok, value = queue.get(timeout=0.1)
+            results[rank] = (ok, value)
+            continue
+        except queue_mod.Empty:
+            pass
+        if all(not p.is_alive() for p in procs):
+            with contextlib.suppress(queue_mod.Empty):
+                while len(results) < nranks:
+                    rank, ok, value = queue.get(timeout=0.5)
+                    results[rank] = (ok, value)
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            break
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    failures = []
+    for r, p in enumerate(procs):
+        if r not in results:
+            failures.append(f"rank {r}: process ended with exit code {p.exitcode} and no result")
+        elif not results[r][0]:
+            failures.append(f"rank {r}: {results[r][1]}")
+    if failures:
+        raise LaunchError("launch: " + str(len(failures)) + " rank(s) failed\n" + "\n".join(failures))
+    return [results[r][1] for r in range(nranks)]

@@ -1,0 +1,218 @@
+"""`minincl bench`: the nccl-tests table, measured on ranks spawned on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._comm import Communicator, group, launch
+
+COLLECTIVES = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "sendrecv"]
+DTYPES = {
+    "int8": np.int8, "uint8": np.uint8, "int32": np.int32, "uint32": np.uint32, "int64": np.int64,
+    "uint64": np.uint64, "float16": np.float16, "float32": np.float32, "float64": np.float64,
+}
+OPS = ["sum", "prod", "max", "min", "avg"]
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def bus_factor(coll: str, n: int) -> float:
+    """nccl-tests' bus bandwidth factors: what each rank's links carry relative to the size."""
+    if coll == "allreduce":
+        return 2 * (n - 1) / n
+    if coll in ("allgather", "reduce_scatter", "alltoall"):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass
+class Config:
+    coll: str
+    min_bytes: int
+    max_bytes: int
+    factor: float
+    iters: int
+    warmup: int
+    dtype: str
+    op: str
+    root: int
+    check: bool
+
+
+def sizes(cfg: Config) -> list[int]:
+    out, s = [], cfg.min_bytes
+    while s <= cfg.max_bytes:
+        out.append(s)
+        nxt = int(s * cfg.factor)
+        s = nxt if nxt > s else s + 1
+    return out
+
+
+def _pattern(rank: int, count: int, dtype: Any) -> np.ndarray:
+    # Small integers: exact in every type, so sums and products check exactly.
+    return ((np.arange(count, dtype=np.int64) * 7 + rank * 3) % 5 + 1).astype(dtype)
+
+
+def _expected(cfg: Config, comm: Communicator, count: int, dtype: Any) -> np.ndarray:
+    n, r = comm.nranks, comm.rank
+    if cfg.coll in ("allreduce", "reduce", "reduce_scatter"):
+        total = count * n if cfg.coll == "reduce_scatter" else count
+        inputs = np.stack([_pattern(q, total, np.float64) for q in range(n)])
+        red = {"sum": inputs.sum(0), "prod": inputs.prod(0), "max": inputs.max(0), "min": inputs.min(0), "avg": inputs.sum(0)}[cfg.op]
+        if np.issubdtype(dtype, np.integer):
+            red = red.astype(np.int64).astype(dtype)  # wraps as the type does
+            if cfg.op == "avg":
+                red = (red.astype(np.int64) // n).astype(dtype) if np.all(red >= 0) else red
+        elif cfg.op == "avg":
+            red = red / n
+        red = np.asarray(red).astype(dtype)
+        return red[r * count:(r + 1) * count] if cfg.coll == "reduce_scatter" else red
+    if cfg.coll == "broadcast":
+        return _pattern(cfg.root, count, dtype)
+    if cfg.coll == "allgather":
+        return np.concatenate([_pattern(q, count, dtype) for q in range(n)])
+    if cfg.coll == "alltoall":
+        return np.concatenate([_pattern(q, count * n, dtype)[r * count:(r + 1) * count] for q in range(n)])
+    return _pattern((r - 1) % n, count, dtype)  # sendrecv
+
+
+def _run_one(cfg: Config, comm: Communicator, send: np.ndarray, recv: np.ndarray) -> None:
+    n, r = comm.nranks, comm.rank
+    if cfg.coll == "allreduce":
+        comm.allreduce(send, recv, op=cfg.op)
+    elif cfg.coll == "broadcast":
+        comm.broadcast(send, recv, root=cfg.root)
+    elif cfg.coll == "reduce":
+        comm.reduce(send, recv, op=cfg.op, root=cfg.root)
+    elif cfg.coll == "allgather":
+        comm.allgather(send, recv)
+    elif cfg.coll == "reduce_scatter":
+        comm.reduce_scatter(send, recv, op=cfg.op)
+    elif cfg.coll == "alltoall":
+        comm.alltoall(send, recv)
+    else:
+        with group():
+            comm.send(send, (r + 1) % n)
+            comm.recv(recv, (r - 1) % n)
+
+
+def _buffers(cfg: Config, n: int, rank: int, nbytes: int, dtype: Any) -> tuple[int, np.ndarray, np.ndarray]:
+    item = np.dtype(dtype).itemsize
+    if cfg.coll in ("allgather",):
+        count = nbytes // item // n
+        return count, _pattern(rank, count, dtype), np.zeros(count * n, dtype)
+    if cfg.coll in ("reduce_scatter",):
+        count = nbytes // item // n
+        return count, _pattern(rank, count * n, dtype), np.zeros(count, dtype)
+    if cfg.coll == "alltoall":
+        count = nbytes // item // n
+        return count, _pattern(rank, count * n, dtype), np.zeros(count * n, dtype)
+    count = nbytes // item
+    return count, _pattern(rank, count, dtype), np.zeros(count, dtype)
+
+
+def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, int]]:
+    """Runs the sweep on one rank; returns (bytes, count, seconds per op, wrong) rows."""
+    dtype = DTYPES[cfg.dtype]
+    n = comm.nranks
+    rows = []
+    if comm.rank == 0:
+        print(_header(cfg, n), flush=True)
+    for nbytes in sizes(cfg):
+        count, send, recv = _buffers(cfg, n, comm.rank, nbytes, dtype)
+        for _ in range(cfg.warmup):
+            _run_one(cfg, comm, send, recv)
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(cfg.iters):
+            _run_one(cfg, comm, send, recv)
+        elapsed = np.array([(time.perf_counter() - t0) / max(cfg.iters, 1)], dtype=np.float64)
+        comm.allreduce(elapsed, op="max")
+        wrong = np.zeros(1, dtype=np.int64)
+        if cfg.check:
+            recv[...] = 0
+            _run_one(cfg, comm, send, recv)
+            if cfg.coll == "reduce" and comm.rank != cfg.root:
+                pass
+            else:
+                want = _expected(cfg, comm, count, dtype)
+                wrong[0] = int(np.count_nonzero(recv.reshape(-1)[: want.size] != want))
+            comm.allreduce(wrong, op="sum")
+        row = (count * np.dtype(dtype).itemsize * (n if cfg.coll in ("allgather", "reduce_scatter", "alltoall") else 1),
+               count, float(elapsed[0]), int(wrong[0]) if cfg.check else -1)
+        rows.append(row)
+        if comm.rank == 0:
+            print(_row(cfg, n, row), flush=True)
+    return rows
+
+
+def _header(cfg: Config, n: int) -> str:
+    algo = os.environ.get("MININCL_ALGO", "auto")
+    proto = os.environ.get("MININCL_PROTO", "auto")
+    lines = [
+        f"# minincl bench {cfg.coll}: {n} ranks (processes), dtype {cfg.dtype}, op {cfg.op}, "
+        f"algo {algo}, proto {proto}, iters {cfg.iters}, warmup {cfg.warmup}",
+        "#",
+        f"# {'size':>12} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} {'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}",
+        f"# {'(B)':>12} {'(elements)':>12} {'':>9} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}",
+    ]
+    return "\n".join(lines)
+
+
+def _row(cfg: Config, n: int, row: tuple[int, int, float, int]) -> str:
+    nbytes, count, secs, wrong = row
+    algbw = nbytes / secs / 1e9 if secs > 0 else 0.0
+    busbw = algbw * bus_factor(cfg.coll, n)
+    redop = cfg.op if cfg.coll in ("allreduce", "reduce", "reduce_scatter") else "none"
+    root = str(cfg.root) if cfg.coll in ("broadcast", "reduce") else "-1"
+    wrong_s = "N/A" if wrong < 0 else str(wrong)
+    return (f"  {nbytes:>12} {count:>12} {cfg.dtype:>9} {redop:>6} {root:>5} {secs * 1e6:>10.2f} "
+            f"{algbw:>8.3f} {busbw:>8.3f} {wrong_s:>7}")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("collective", nargs="?", default="allreduce", choices=COLLECTIVES)
+    p.add_argument("--ranks", "-n", type=int, default=2, help="local ranks to spawn (processes)")
+    p.add_argument("-b", "--minbytes", default="8", help="smallest size, e.g. 8, 1K, 4M")
+    p.add_argument("-e", "--maxbytes", default="64M", help="largest size")
+    p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size multiplier between rows")
+    p.add_argument("--iters", type=int, default=0, help="timed iterations per size (default: by size)")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument("--op", default="sum", choices=OPS)
+    p.add_argument("--root", type=int, default=0)
+    p.add_argument("--algo", help="force algorithms (MININCL_ALGO syntax)")
+    p.add_argument("--proto", help="force protocols (MININCL_PROTO syntax)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--check", action="store_true", help="verify results against NumPy; counts #wrong")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.device != "cpu":
+        print("minincl bench: this build runs on the CPU only")
+        return 2
+    if args.algo:
+        os.environ["MININCL_ALGO"] = args.algo
+    if args.proto:
+        os.environ["MININCL_PROTO"] = args.proto
+    cfg = Config(args.collective, parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor,
+                 args.iters, args.warmup, args.dtype, args.op, args.root, args.check)
+    if cfg.iters <= 0:
+        cfg.iters = 20 if cfg.max_bytes >= (64 << 20) else 50
+    rows = launch(bench_rank, args.ranks, cfg)[0]
+    wrong = sum(r[3] for r in rows if r[3] > 0)
+    if cfg.check:
+        print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+    return 0 if wrong == 0 else 1

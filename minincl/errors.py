@@ -1,0 +1,33 @@
+"""Exceptions raised by minincl. Every message says what was wrong and what to do."""
+
+
+class Error(RuntimeError):
+    """Base class of every minincl error."""
+
+
+class InvalidArgument(Error, ValueError):
+    """A call got an argument it cannot use (wrong type, size, root, peer, ...)."""
+
+
+class InvalidUsage(Error):
+    """A call that is not allowed in the current state (destroyed communicator, mismatched
+    calls across ranks, ...)."""
+
+
+class SystemError(Error):  # noqa: A001 - mirrors mnclSystemError
+    """A call to the operating system failed."""
+
+
+class RemoteError(Error):
+    """A peer failed, was aborted, or went away."""
+
+
+class Timeout(Error, TimeoutError):
+    """A peer did not answer within the configured timeout."""
+
+
+class Aborted(Error):
+    """The communicator was aborted while the call was running."""
+
+
+__all__ = ["Error", "InvalidArgument", "InvalidUsage", "SystemError", "RemoteError", "Timeout", "Aborted"]

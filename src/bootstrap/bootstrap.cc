@@ -1,0 +1,118 @@
+#include "bootstrap.h"
+
+#include <cstring>
+
+#include "../core/env.h"
+#include "../core/error.h"
+#include "wire.h"
+
+namespace mncl {
+
+double bootstrapTimeout() { return env::seconds("MININCL_BOOTSTRAP_TIMEOUT", 60.0); }
+
+Bootstrap::Bootstrap(const UniqueIdData& id, int rank, int nranks)
+    : rank_(rank), nranks_(nranks), magic_(id.nonce ^ kIdMagic), timeout_(bootstrapTimeout()) {
+  check(id.magic == kIdMagic, mnclInvalidArgument,
+        "the unique id is not a minincl unique id (wrong magic): pass the bytes of mnclGetUniqueId / get_unique_id()");
+  check(nranks >= 1, mnclInvalidArgument, "nranks must be at least 1, got " + std::to_string(nranks));
+  check(rank >= 0 && rank < nranks, mnclInvalidArgument,
+        "rank " + std::to_string(rank) + " is out of range for nranks=" + std::to_string(nranks));
+  registerWithRoot(id);
+  if (nranks_ > 1) connectRing();
+}
+
+void Bootstrap::registerWithRoot(const UniqueIdData& id) {
+  SockAddr root = id.root.toSockAddr();
+  if (id.rankZeroStartsRoot && rank_ == 0) startRoot(root, id.nonce);
+
+  Socket toRoot = Socket::connect(root, deadline(), "rank " + std::to_string(rank_) + " registering with the bootstrap root");
+  // Listen on the interface that reaches the root, so peers can reach us the same way.
+  SockAddr mine = toRoot.localAddr();
+  mine.setPort(0);
+  listen_ = Socket::listen(mine);
+
+  RootHello hello{};
+  hello.magic = id.magic;
+  hello.nonce = id.nonce;
+  hello.nranks = nranks_;
+  hello.rank = rank_;
+  hello.listen = listen_.localAddr().storage;
+  toRoot.sendAll(&hello, sizeof(hello), deadline(), "sending hello to the bootstrap root");
+  RootReply reply{};
+  toRoot.recvAll(&reply, sizeof(reply), deadline(), "waiting for the other ranks at the bootstrap root");
+  if (reply.status != 0) throwError(mnclInvalidUsage, std::string("bootstrap failed: ") + reply.message);
+  addrs_.resize(nranks_);
+  toRoot.recvAll(addrs_.data(), addrs_.size() * sizeof(sockaddr_storage), deadline(), "reading the rank table");
+}
+
+void Bootstrap::connectRing() {
+  int next = (rank_ + 1) % nranks_, prev = (rank_ + nranks_ - 1) % nranks_;
+  SockAddr a;
+  a.storage = addrs_[next];
+  a.len = a.storage.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  next_ = Socket::connect(a, deadline(), "bootstrap ring: connecting to rank " + std::to_string(next));
+  Header h{magic_, rank_, kRing, 0, 0};
+  next_.sendAll(&h, sizeof(h), deadline(), "bootstrap ring header");
+  prev_ = acceptMatching(kRing, prev, 0, &h);
+}
+
+Socket Bootstrap::acceptMatching(int kind, int peer, int tag, Header* header) {
+  Deadline d = deadline();
+  for (;;) {
+    Socket s = listen_.accept(d, "rank " + std::to_string(rank_) + " waiting for rank " + std::to_string(peer));
+    Header h{};
+    s.recvAll(&h, sizeof(h), d, "bootstrap: reading a connection header");
+    if (h.magic != magic_) continue;  // a stray connection: not of this communicator
+    if (h.kind == kind && h.rank == peer && h.tag == tag) {
+      *header = h;
+      return s;
+    }
+    if (h.kind == kP2p) {
+      Message m{h.rank, h.tag, std::vector<char>(h.size)};
+      s.recvAll(m.data.data(), h.size, d, "bootstrap: reading an early message");
+      unexpected_.push_back(std::move(m));
+    }
+  }
+}
+
+void Bootstrap::allgather(void* data, size_t bytes) {
+  char* base = static_cast<char*>(data);
+  for (int s = 0; s < nranks_ - 1; ++s) {
+    int sendSlot = (rank_ - s + nranks_) % nranks_;
+    int recvSlot = (rank_ - s - 1 + nranks_) % nranks_;
+    next_.sendAll(base + sendSlot * bytes, bytes, deadline(), "bootstrap allgather send");
+    prev_.recvAll(base + recvSlot * bytes, bytes, deadline(), "bootstrap allgather receive");
+  }
+}
+
+void Bootstrap::send(int peer, int tag, const void* data, size_t size) {
+  SockAddr a;
+  a.storage = addrs_[peer];
+  a.len = a.storage.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  Socket s = Socket::connect(a, deadline(), "bootstrap send to rank " + std::to_string(peer));
+  Header h{magic_, rank_, kP2p, tag, size};
+  s.sendAll(&h, sizeof(h), deadline(), "bootstrap send header");
+  s.sendAll(data, size, deadline(), "bootstrap send");
+}
+
+void Bootstrap::recv(int peer, int tag, void* data, size_t size) {
+  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+    if (it->peer == peer && it->tag == tag) {
+      check(it->data.size() == size, mnclInternalError, "bootstrap message of unexpected size");
+      std::memcpy(data, it->data.data(), size);
+      unexpected_.erase(it);
+      return;
+    }
+  }
+  Header h{};
+  Socket s = acceptMatching(kP2p, peer, tag, &h);
+  check(h.size == size, mnclInternalError, "bootstrap message of unexpected size");
+  s.recvAll(data, size, deadline(), "bootstrap recv from rank " + std::to_string(peer));
+}
+
+void Bootstrap::barrier() {
+  std::vector<char> dummy(nranks_);
+  allgather(dummy.data(), 1);
+}
+
+}  // namespace mncl

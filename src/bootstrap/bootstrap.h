@@ -1,0 +1,82 @@
+// Bootstrap: how ranks that know only a unique id find each other.
+//
+// The id names a root listener (address + random nonce). Every rank opens its own listening
+// socket, registers with the root and receives the table of everyone's address; from then on
+// the ranks talk directly: a ring of sockets for allgather and barrier, and one-off
+// connections for tagged send/recv. Init uses these to exchange what the transports need.
+#pragma once
+
+#include <list>
+#include <string>
+#include <vector>
+
+#include "socket.h"
+
+namespace mncl {
+
+constexpr uint64_t kIdMagic = 0x4d4e434c49443031ull;  // "MNCLID01"
+
+// An IPv4 or IPv6 address in a fixed, compact form.
+struct WireAddr {
+  uint16_t family, port;  // port in host order
+  uint32_t scope;
+  uint8_t addr[16];
+  static WireAddr from(const SockAddr& a);
+  SockAddr toSockAddr() const;
+};
+
+// The 128 bytes of an mnclUniqueId.
+struct UniqueIdData {
+  uint64_t magic;
+  uint64_t nonce;
+  uint32_t rankZeroStartsRoot;  // ids built from an address: rank 0 hosts the root itself
+  WireAddr root;
+};
+static_assert(sizeof(UniqueIdData) <= 128, "id layout");
+
+double bootstrapTimeout();  // MININCL_BOOTSTRAP_TIMEOUT, seconds
+
+// Starts a root listener on `bind` in a background thread that serves one rendezvous, then
+// exits (also after the bootstrap timeout). Returns the address it listens on.
+SockAddr startRoot(const SockAddr& bind, uint64_t nonce);
+
+class Bootstrap {
+ public:
+  Bootstrap(const UniqueIdData& id, int rank, int nranks);
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  // data holds nranks slots of `bytes` each; this rank's slot is filled in, the rest is filled.
+  void allgather(void* data, size_t bytes);
+  void send(int peer, int tag, const void* data, size_t size);
+  void recv(int peer, int tag, void* data, size_t size);
+  void barrier();
+
+ private:
+  struct Header {
+    uint64_t magic;
+    int32_t rank, kind, tag;
+    uint64_t size;
+  };
+  enum Kind { kRing = 1, kP2p = 2 };
+  struct Message {
+    int peer, tag;
+    std::vector<char> data;
+  };
+
+  void registerWithRoot(const UniqueIdData& id);
+  void connectRing();
+  // Accepts connections until one matches (kind, peer, tag); stashes p2p messages that arrive
+  // early. Returns the matching socket with its header consumed.
+  Socket acceptMatching(int kind, int peer, int tag, Header* header);
+  Deadline deadline() const { return deadlineIn(timeout_); }
+
+  int rank_, nranks_;
+  uint64_t magic_;
+  double timeout_;
+  Socket listen_, next_, prev_;
+  std::vector<sockaddr_storage> addrs_;
+  std::list<Message> unexpected_;
+};
+
+}  // namespace mncl

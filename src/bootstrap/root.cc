@@ -1,0 +1,98 @@
+// The root of a rendezvous: collects every rank's listening address and hands out the table.
+// It checks what it can (magic, nonce, nranks, duplicate or out-of-range ranks) and answers
+// every waiting rank with an error naming the problem rather than letting anyone hang.
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "../core/error.h"
+#include "../core/log.h"
+#include "bootstrap.h"
+#include "wire.h"
+
+namespace mncl {
+
+namespace {
+
+struct Joined {
+  Socket sock;
+  int rank;
+};
+
+void reply(Socket& s, int status, const std::string& msg, const std::vector<sockaddr_storage>* table) {
+  RootReply r{};
+  r.status = status;
+  std::strncpy(r.message, msg.c_str(), sizeof(r.message) - 1);
+  try {
+    Deadline d = deadlineIn(2.0);
+    s.sendAll(&r, sizeof(r), d, "bootstrap root reply");
+    if (table) s.sendAll(table->data(), table->size() * sizeof(sockaddr_storage), d, "bootstrap root table");
+  } catch (const Error&) {
+    // That rank is gone; the others still get their answer.
+  }
+}
+
+void serve(Socket listener, uint64_t nonce) {
+  Deadline deadline = deadlineIn(bootstrapTimeout());
+  std::vector<Joined> joined;
+  std::vector<sockaddr_storage> table;
+  int nranks = -1;
+  std::string failure;
+  try {
+    while (nranks < 0 || (int)joined.size() < nranks) {
+      Socket s = listener.accept(deadline, "bootstrap root waiting for ranks");
+      RootHello h{};
+      try {
+        s.recvAll(&h, sizeof(h), deadlineIn(5.0), "bootstrap root reading a hello");
+      } catch (const Error&) {
+        continue;  // not one of ours
+      }
+      if (h.magic != kIdMagic || h.nonce != nonce) {
+        reply(s, 1, "wrong magic or unique id: this connection did not come from a rank of this communicator", nullptr);
+        continue;
+      }
+      if (nranks < 0) {
+        nranks = h.nranks;
+        table.assign(nranks > 0 ? nranks : 0, sockaddr_storage{});
+      }
+      if (h.nranks != nranks) {
+        failure = "mismatched nranks: one rank said " + std::to_string(nranks) + ", rank " +
+                  std::to_string(h.rank) + " said " + std::to_string(h.nranks);
+      } else if (h.rank < 0 || h.rank >= nranks) {
+        failure = "rank " + std::to_string(h.rank) + " is out of range for nranks=" + std::to_string(nranks);
+      } else {
+        for (const Joined& j : joined) {
+          if (j.rank == h.rank) failure = "duplicate rank: two processes both said they are rank " + std::to_string(h.rank);
+        }
+      }
+      if (!failure.empty()) {
+        reply(s, 1, failure, nullptr);
+        break;
+      }
+      table[h.rank] = h.listen;
+      joined.push_back({std::move(s), h.rank});
+    }
+  } catch (const Error& e) {
+    std::string missing;
+    for (int r = 0; r < nranks; ++r) {
+      bool in = false;
+      for (const Joined& j : joined) in |= j.rank == r;
+      if (!in) missing += (missing.empty() ? "" : ",") + std::to_string(r);
+    }
+    failure = "only " + std::to_string(joined.size()) + " of " + std::to_string(nranks) +
+              " ranks joined before the bootstrap timeout; missing ranks: " + missing;
+    MNCL_WARN(kInit, "bootstrap root: %s", failure.c_str());
+  }
+  for (Joined& j : joined) reply(j.sock, failure.empty() ? 0 : 1, failure, failure.empty() ? &table : nullptr);
+}
+
+}  // namespace
+
+SockAddr startRoot(const SockAddr& bind, uint64_t nonce) {
+  Socket listener = Socket::listen(bind);
+  SockAddr actual = listener.localAddr();
+  std::thread(serve, std::move(listener), nonce).detach();
+  return actual;
+}
+
+}  // namespace mncl

@@ -1,0 +1,60 @@
+// TCP sockets where every blocking call has a deadline: connect, accept, send and receive
+// either finish in time or throw a clear error (Timeout, or RemoteError when the peer went
+// away). Nothing in bootstrap can wait forever.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+namespace mncl {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+inline Deadline deadlineIn(double seconds) {
+  return Clock::now() + std::chrono::microseconds((int64_t)(seconds * 1e6));
+}
+
+struct SockAddr {
+  sockaddr_storage storage{};
+  socklen_t len = 0;
+
+  static SockAddr resolve(const std::string& host, int port);  // numeric or DNS name
+  static SockAddr loopback(int port = 0);
+  int port() const;
+  void setPort(int port);
+  std::string str() const;
+  const sockaddr* sa() const { return reinterpret_cast<const sockaddr*>(&storage); }
+};
+
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Socket& operator=(Socket&& o) noexcept;
+  Socket(const Socket&) = delete;
+  ~Socket() { close(); }
+
+  static Socket listen(const SockAddr& addr);  // port 0 picks a free one
+  // Retries while the listener is not up yet (connection refused) until the deadline.
+  static Socket connect(const SockAddr& addr, Deadline deadline, const std::string& what);
+
+  Socket accept(Deadline deadline, const std::string& what);
+  void sendAll(const void* data, size_t size, Deadline deadline, const std::string& what);
+  void recvAll(void* data, size_t size, Deadline deadline, const std::string& what);
+  SockAddr localAddr() const;
+  bool valid() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+  void close();
+
+ private:
+  void waitFor(short events, Deadline deadline, const std::string& what);
+  int fd_ = -1;
+};
+
+}  // namespace mncl

@@ -1,0 +1,265 @@
+// The C API: thin wrappers that turn exceptions into mnclResult_t and keep the message.
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "bootstrap/bootstrap.h"
+#include "core/comm.h"
+#include "core/env.h"
+#include "core/error.h"
+#include "enqueue/enqueue.h"
+#include "minincl.h"
+
+using namespace mncl;
+
+struct mnclComm {
+  std::unique_ptr<Comm> impl;
+};
+
+namespace {
+
+template <typename F>
+mnclResult_t guarded(F&& f) {
+  try {
+    f();
+    return mnclSuccess;
+  } catch (const Error& e) {
+    setThreadLastError(e.what());
+    return e.code();
+  } catch (const std::bad_alloc&) {
+    setThreadLastError("out of memory");
+    return mnclSystemError;
+  } catch (const std::exception& e) {
+    setThreadLastError(std::string("internal error: ") + e.what());
+    return mnclInternalError;
+  }
+}
+
+Comm& use(mnclComm_t comm) {
+  check(comm && comm->impl, mnclInvalidArgument, "the communicator is null (or was destroyed)");
+  return *comm->impl;
+}
+
+void checkStream(const Comm& comm, void* stream) {
+  check(comm.device() >= 0 || stream == nullptr, mnclInvalidArgument,
+        "a CPU communicator takes a null stream");
+}
+
+uint64_t randomNonce() {
+  std::random_device rd;
+  return ((uint64_t)rd() << 32) ^ rd();
+}
+
+// Where the root of a new unique id listens: MININCL_BOOTSTRAP_ADDR (host or host:port),
+// else the loopback interface (all ranks on this host).
+SockAddr rootBindAddress() {
+  std::string spec = env::str("MININCL_BOOTSTRAP_ADDR");
+  if (spec.empty()) return SockAddr::loopback(0);
+  size_t colon = spec.rfind(':');
+  if (colon != std::string::npos && spec.find(']') == std::string::npos && spec.find(':') == colon) {
+    return SockAddr::resolve(spec.substr(0, colon), std::stoi(spec.substr(colon + 1)));
+  }
+  return SockAddr::resolve(spec, 0);
+}
+
+void fillId(mnclUniqueId* out, const SockAddr& addr, uint64_t nonce, bool rankZeroStartsRoot) {
+  UniqueIdData d{};
+  d.magic = kIdMagic;
+  d.nonce = nonce;
+  d.rankZeroStartsRoot = rankZeroStartsRoot ? 1 : 0;
+  d.root = WireAddr::from(addr);
+  static_assert(sizeof(UniqueIdData) <= sizeof(out->internal), "unique id too small");
+  std::memset(out->internal, 0, sizeof(out->internal));
+  std::memcpy(out->internal, &d, sizeof(d));
+}
+
+}  // namespace
+
+extern "C" {
+
+mnclResult_t mnclGetVersion(int* version) {
+  return guarded([&] {
+    check(version != nullptr, mnclInvalidArgument, "version is null");
+    *version = MNCL_VERSION_CODE;
+  });
+}
+
+mnclResult_t mnclGetUniqueId(mnclUniqueId* id) {
+  return guarded([&] {
+    check(id != nullptr, mnclInvalidArgument, "uniqueId is null");
+    uint64_t nonce = randomNonce();
+    SockAddr root = startRoot(rootBindAddress(), nonce);
+    fillId(id, root, nonce, false);
+  });
+}
+
+mnclResult_t mnclGetUniqueIdForAddress(mnclUniqueId* id, const char* host, int port) {
+  return guarded([&] {
+    check(id != nullptr && host != nullptr, mnclInvalidArgument, "uniqueId or host is null");
+    check(port > 0 && port < 65536, mnclInvalidArgument, "port " + std::to_string(port) + " is out of range");
+    SockAddr root = SockAddr::resolve(host, port);
+    // Every rank derives the same id; the nonce ties it to this address and port.
+    fillId(id, root, std::hash<std::string>{}(std::string(host) + ":" + std::to_string(port)), true);
+  });
+}
+
+mnclResult_t mnclCommInitRankDevice(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank, int device) {
+  return guarded([&] {
+    check(comm != nullptr, mnclInvalidArgument, "comm is null");
+    *comm = nullptr;
+    UniqueIdData id;
+    std::memcpy(&id, commId.internal, sizeof(id));
+    if (device == MNCL_DEVICE_AUTO) device = MNCL_DEVICE_CPU;  // GPU backend: see the CUDA issue
+    auto c = std::make_unique<mnclComm>();
+    c->impl = std::make_unique<Comm>(id, rank, nranks, device);
+    *comm = c.release();
+  });
+}
+
+mnclResult_t mnclCommInitRank(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank) {
+  return mnclCommInitRankDevice(comm, nranks, commId, rank, MNCL_DEVICE_AUTO);
+}
+
+mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist) {
+  mnclUniqueId id;
+  mnclResult_t rc = guarded([&] { check(comms != nullptr && ndev >= 1, mnclInvalidArgument, "comms is null or ndev < 1"); });
+  if (rc != mnclSuccess) return rc;
+  if ((rc = mnclGetUniqueId(&id)) != mnclSuccess) return rc;
+  std::vector<mnclResult_t> results(ndev, mnclSuccess);
+  std::vector<std::string> errors(ndev);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ndev; ++r) {
+    threads.emplace_back([&, r] {
+      results[r] = mnclCommInitRankDevice(&comms[r], ndev, id, r, devlist ? devlist[r] : MNCL_DEVICE_CPU);
+      if (results[r] != mnclSuccess) errors[r] = threadLastError();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < ndev; ++r) {
+    if (results[r] != mnclSuccess) {
+      for (int q = 0; q < ndev; ++q) {
+        if (results[q] == mnclSuccess) mnclCommDestroy(comms[q]);
+        comms[q] = nullptr;
+      }
+      setThreadLastError("rank " + std::to_string(r) + ": " + errors[r]);
+      return results[r];
+    }
+  }
+  return mnclSuccess;
+}
+
+mnclResult_t mnclCommDestroy(mnclComm_t comm) {
+  return guarded([&] {
+    if (!comm) return;
+    delete comm;
+  });
+}
+
+mnclResult_t mnclCommAbort(mnclComm_t comm) {
+  return guarded([&] {
+    if (!comm) return;
+    if (comm->impl) comm->impl->abort();
+    delete comm;
+  });
+}
+
+mnclResult_t mnclCommGetAsyncError(mnclComm_t comm, mnclResult_t* asyncError) {
+  return guarded([&] {
+    check(asyncError != nullptr, mnclInvalidArgument, "asyncError is null");
+    *asyncError = use(comm).asyncError();
+  });
+}
+
+mnclResult_t mnclCommCount(const mnclComm_t comm, int* count) {
+  return guarded([&] { *count = use(comm).nranks(); });
+}
+mnclResult_t mnclCommUserRank(const mnclComm_t comm, int* rank) {
+  return guarded([&] { *rank = use(comm).rank(); });
+}
+mnclResult_t mnclCommDevice(const mnclComm_t comm, int* device) {
+  return guarded([&] { *device = use(comm).device(); });
+}
+
+const char* mnclGetErrorString(mnclResult_t r) {
+  switch (r) {
+    case mnclSuccess: return "no error";
+    case mnclUnhandledCudaError: return "unhandled CUDA error";
+    case mnclSystemError: return "system error (a call to the operating system failed)";
+    case mnclInternalError: return "internal error (a bug in minincl)";
+    case mnclInvalidArgument: return "invalid argument";
+    case mnclInvalidUsage: return "invalid usage";
+    case mnclRemoteError: return "remote error (a peer failed or went away)";
+    case mnclInProgress: return "operation in progress";
+    case mnclTimeout: return "timeout";
+    case mnclAborted: return "aborted";
+    default: return "unknown result code";
+  }
+}
+
+const char* mnclGetLastError(mnclComm_t comm) {
+  if (comm && comm->impl && comm->impl->asyncError() != mnclSuccess) {
+    thread_local std::string msg;
+    msg = comm->impl->errorMessage();
+    return msg.c_str();
+  }
+  return threadLastError();
+}
+
+static mnclResult_t coll(Coll c, const void* send, void* recv, size_t count, mnclDataType_t dt, mnclRedOp_t op,
+                         int root, mnclComm_t comm, void* stream) {
+  return guarded([&] {
+    Comm& cm = use(comm);
+    checkStream(cm, stream);
+    enqueueColl(cm, {c, send, recv, count, (DataType)dt, (RedOp)op, root});
+  });
+}
+
+mnclResult_t mnclAllReduce(const void* s, void* r, size_t n, mnclDataType_t t, mnclRedOp_t op, mnclComm_t c, void* st) {
+  return coll(Coll::allreduce, s, r, n, t, op, 0, c, st);
+}
+mnclResult_t mnclBroadcast(const void* s, void* r, size_t n, mnclDataType_t t, int root, mnclComm_t c, void* st) {
+  return coll(Coll::broadcast, s, r, n, t, mnclSum, root, c, st);
+}
+mnclResult_t mnclReduce(const void* s, void* r, size_t n, mnclDataType_t t, mnclRedOp_t op, int root, mnclComm_t c, void* st) {
+  return coll(Coll::reduce, s, r, n, t, op, root, c, st);
+}
+mnclResult_t mnclAllGather(const void* s, void* r, size_t n, mnclDataType_t t, mnclComm_t c, void* st) {
+  return coll(Coll::allgather, s, r, n, t, mnclSum, 0, c, st);
+}
+mnclResult_t mnclReduceScatter(const void* s, void* r, size_t n, mnclDataType_t t, mnclRedOp_t op, mnclComm_t c, void* st) {
+  return coll(Coll::reducescatter, s, r, n, t, op, 0, c, st);
+}
+
+mnclResult_t mnclAlltoAll(const void* s, void* r, size_t n, mnclDataType_t t, mnclComm_t c, void* st) {
+  return guarded([&] {
+    Comm& cm = use(c);
+    checkStream(cm, st);
+    enqueueAlltoAll(cm, s, r, n, (DataType)t);
+  });
+}
+
+mnclResult_t mnclSend(const void* buf, size_t n, mnclDataType_t t, int peer, mnclComm_t c, void* st) {
+  return guarded([&] {
+    Comm& cm = use(c);
+    checkStream(cm, st);
+    enqueueP2p(cm, {true, const_cast<void*>(buf), n, (DataType)t, peer});
+  });
+}
+
+mnclResult_t mnclRecv(void* buf, size_t n, mnclDataType_t t, int peer, mnclComm_t c, void* st) {
+  return guarded([&] {
+    Comm& cm = use(c);
+    checkStream(cm, st);
+    enqueueP2p(cm, {false, buf, n, (DataType)t, peer});
+  });
+}
+
+mnclResult_t mnclGroupStart(void) {
+  return guarded([] { groupStart(); });
+}
+mnclResult_t mnclGroupEnd(void) {
+  return guarded([] { groupEnd(); });
+}
+
+}  // extern "C"

@@ -1,0 +1,212 @@
+#include "comm.h"
+
+#include <sched.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+
+#include "../enqueue/executor.h"
+#include "env.h"
+#include "error.h"
+#include "log.h"
+#include "monitor.h"
+
+namespace mncl {
+
+uint64_t hostHash() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::string key = host;
+  // Processes in other pid or ipc namespaces can neither see our pids nor our /dev/shm.
+  for (const char* ns : {"/proc/self/ns/pid", "/proc/self/ns/ipc"}) {
+    struct stat st {};
+    if (stat(ns, &st) == 0) key += ":" + std::to_string((unsigned long long)st.st_ino);
+  }
+  return std::hash<std::string>{}(key);
+}
+
+namespace {
+
+int cpuCount() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+dev::ProtoSizes protoSizesFromEnv() {
+  dev::ProtoSizes s{};
+  s.simpleSlotBytes = (uint32_t)env::bytes("MININCL_SIMPLE_SLOT_BYTES", 128 << 10);
+  s.llSlotLines = (uint32_t)env::integer("MININCL_LL_SLOT_LINES", 512);
+  s.ll128SlotLines = (uint32_t)env::integer("MININCL_LL128_SLOT_LINES", 256);
+  check(s.simpleSlotBytes >= 4096 && s.simpleSlotBytes % 4096 == 0, mnclInvalidArgument,
+        "MININCL_SIMPLE_SLOT_BYTES must be a multiple of 4096");
+  check(s.llSlotLines >= 16 && s.ll128SlotLines >= 4, mnclInvalidArgument,
+        "MININCL_LL_SLOT_LINES must be at least 16 and MININCL_LL128_SLOT_LINES at least 4");
+  return s;
+}
+
+}  // namespace
+
+Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
+    : rank_(rank), nranks_(nranks), device_(device) {
+  check(device < 0, mnclInvalidUsage,
+        "CUDA communicators are not available in this build yet: use device=\"cpu\"");
+  bootstrap_ = std::make_unique<Bootstrap>(id, rank, nranks);
+
+  PeerInfo mine{};
+  mine.rank = rank;
+  mine.pid = (int32_t)getpid();
+  mine.device = device;
+  mine.hostHash = hostHash();
+  mine.sizes = protoSizesFromEnv();
+  peers_.assign(nranks, PeerInfo{});
+  peers_[rank] = mine;
+  bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
+
+  int localRanks = 0;
+  bool otherProcess = false;
+  for (const PeerInfo& p : peers_) {
+    check(p.hostHash == mine.hostHash, mnclInvalidUsage,
+          "rank " + std::to_string(p.rank) + " runs on another host; the network transport is not implemented yet");
+    check(std::memcmp(&p.sizes, &mine.sizes, sizeof(mine.sizes)) == 0, mnclInvalidUsage,
+          "rank " + std::to_string(p.rank) +
+              " uses different FIFO sizes: set MININCL_SIMPLE_SLOT_BYTES / MININCL_LL*_SLOT_LINES the same on every rank");
+    localRanks += 1;
+    otherProcess |= p.pid != mine.pid;
+  }
+  // Channels: by default a core's share per rank, at most 4; every rank uses the smallest.
+  int want = (int)env::integer("MININCL_NCHANNELS", std::clamp(cpuCount() / localRanks, 1, 4));
+  check(want >= 1 && want <= 64, mnclInvalidArgument, "MININCL_NCHANNELS must be between 1 and 64");
+  peers_[rank].nChannels = want;
+  bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));  // (re-shares the rest unchanged)
+  int nch = want;
+  for (const PeerInfo& p : peers_) nch = std::min(nch, (int)p.nChannels);
+
+  RegionLayout layout(nranks, nch, mine.sizes);
+  std::shared_ptr<ShmMapping> shm;
+  if (otherProcess) {
+    shm = ShmMapping::create(layout.totalBytes(), "r" + std::to_string(rank));
+    region_ = shm;
+    std::strncpy(peers_[rank].shmName, shm->name().c_str(), sizeof(peers_[rank].shmName) - 1);
+  } else {
+    region_ = createLocalRegion(layout.totalBytes());
+  }
+  peers_[rank].regionId = registerRegion(region_);
+  peers_[rank].regionBytes = layout.totalBytes();
+  bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
+
+  peerRegions_.resize(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    const PeerInfo& p = peers_[r];
+    if (r == rank) peerRegions_[r] = region_;
+    else if (p.pid == mine.pid) peerRegions_[r] = findRegion(p.regionId);
+    else peerRegions_[r] = ShmMapping::open(p.shmName, p.regionBytes);
+    check(peerRegions_[r] != nullptr, mnclInternalError, "rank " + std::to_string(r) + "'s region vanished during init");
+  }
+  bootstrap_->barrier();  // everyone has mapped everything: the names can go
+  if (shm) shm->unlink();
+
+  setupChannels(mine.sizes);
+  connect(layout);
+  tuner_.init(nranks, nch);
+  executor_ = std::make_unique<Executor>(nch);
+  if (nranks > 1) monitor_ = std::make_unique<Monitor>(*this);
+  MNCL_INFO(kInit, "rank %d/%d: %d channel(s), transport %s, FIFO simple %u B x %d, ll %u lines, ll128 %u lines",
+            rank, nranks, nch, otherProcess ? "shm" : "local", mine.sizes.simpleSlotBytes, dev::kSteps,
+            mine.sizes.llSlotLines, mine.sizes.ll128SlotLines);
+}
+
+void Comm::setupChannels(const dev::ProtoSizes& sizes) {
+  int nch = std::min(peers_[0].nChannels, 64);
+  for (const PeerInfo& p : peers_) nch = std::min(nch, (int)p.nChannels);
+  for (int c = 0; c < nch; ++c) {
+    auto ch = std::make_unique<Channel>();
+    ch->sendTo.resize(nranks_);
+    ch->recvFrom.resize(nranks_);
+    ch->sendStep.assign(nranks_, 0);
+    ch->recvStep.assign(nranks_, 0);
+    for (int i = 0; i < nranks_; ++i) ch->ring.push_back(i);
+    dev::DevChannel& d = ch->dev;
+    d.id = c;
+    d.rank = rank_;
+    d.nranks = nranks_;
+    d.sendTo = ch->sendTo.data();
+    d.recvFrom = ch->recvFrom.data();
+    d.sendStep = ch->sendStep.data();
+    d.recvStep = ch->recvStep.data();
+    d.ring = ch->ring.data();
+    d.ringPos = rank_;
+    d.sizes = sizes;
+    d.abortFlag = abortWord();
+    channels_.push_back(std::move(ch));
+  }
+}
+
+void Comm::connect(const RegionLayout& layout) {
+  for (int c = 0; c < nChannels(); ++c) {
+    Channel& ch = *channels_[c];
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_) continue;
+      ch.sendTo[p] = layout.conn(peerRegions_[p]->base(), rank_, c);
+      ch.recvFrom[p] = layout.conn(region_->base(), p, c);
+    }
+  }
+}
+
+Comm::~Comm() {
+  leave();
+  monitor_.reset();
+  executor_.reset();
+}
+
+void Comm::leave() {
+  if (!region_) return;
+  RankCtrl* ctrl = region_->ctrl();
+  if (dev::loadAcquire(&ctrl->state) == RankCtrl::kRunning) dev::storeRelease(&ctrl->state, (uint32_t)RankCtrl::kLeft);
+}
+
+void Comm::fail(mnclResult_t code, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(errorMutex_);
+    if (error_ != mnclSuccess) return;
+    error_ = code;
+    errorMessage_ = message;
+  }
+  abort_.store(1, std::memory_order_release);
+  if (region_) {
+    RankCtrl* ctrl = region_->ctrl();
+    ctrl->failCode = code;
+    std::strncpy(ctrl->failMessage, message.c_str(), sizeof(ctrl->failMessage) - 1);
+    dev::storeRelease(&ctrl->state, (uint32_t)RankCtrl::kFailed);
+  }
+  if (code != mnclAborted) MNCL_WARN(kInit, "rank %d: %s", rank_, message.c_str());
+}
+
+mnclResult_t Comm::asyncError() const {
+  std::lock_guard<std::mutex> lock(errorMutex_);
+  return error_;
+}
+
+std::string Comm::errorMessage() const {
+  std::lock_guard<std::mutex> lock(errorMutex_);
+  return errorMessage_;
+}
+
+void Comm::throwStoredError() const {
+  std::lock_guard<std::mutex> lock(errorMutex_);
+  throw Error(error_ == mnclSuccess ? mnclInternalError : error_, errorMessage_);
+}
+
+void Comm::abort() {
+  fail(mnclAborted, "the communicator was aborted (mnclCommAbort / comm.abort())");
+  uint32_t spins = 0;
+  while (callsInside_.load(std::memory_order_acquire) > 0) dev::cpuBackoff(spins++);
+}
+
+Comm::CallScope::CallScope(Comm& c) : comm(c) { comm.callsInside_.fetch_add(1, std::memory_order_acq_rel); }
+Comm::CallScope::~CallScope() { comm.callsInside_.fetch_sub(1, std::memory_order_acq_rel); }
+
+}  // namespace mncl

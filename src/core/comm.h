@@ -1,0 +1,105 @@
+// A communicator: one rank's view of a group of ranks, with its channels, its connections
+// to every peer, the threads that run its channels, and its error state.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../../cuda/channel.h"
+#include "../bootstrap/bootstrap.h"
+#include "../transport/region.h"
+#include "../tune/tuner.h"
+#include "minincl.h"
+
+namespace mncl {
+
+class Executor;
+class Monitor;
+
+// What a channel owns on the host: the device-visible struct plus the arrays it points into.
+struct Channel {
+  dev::DevChannel dev;
+  std::vector<dev::ConnFifo> sendTo, recvFrom;
+  std::vector<uint64_t> sendStep, recvStep;
+  std::vector<int> ring;
+};
+
+struct PeerInfo {
+  int32_t rank, pid, nChannels, device;
+  uint64_t hostHash;
+  uint64_t regionId;    // local registry key (valid in the same process)
+  uint64_t regionBytes;
+  dev::ProtoSizes sizes;
+  char shmName[96];
+};
+
+class Comm {
+ public:
+  Comm(const UniqueIdData& id, int rank, int nranks, int device);
+  ~Comm();
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  int device() const { return device_; }
+  int nChannels() const { return (int)channels_.size(); }
+  Channel& channel(int c) { return *channels_[c]; }
+  const std::vector<PeerInfo>& peers() const { return peers_; }
+  Executor& executor() { return *executor_; }
+  const Tuner& tuner() const { return tuner_; }
+  Bootstrap& bootstrap() { return *bootstrap_; }
+
+  // The word every spin loop watches; non-zero stops all in-flight work.
+  const uint32_t* abortWord() const { return reinterpret_cast<const uint32_t*>(&abort_); }
+  bool failed() const { return abort_.load(std::memory_order_relaxed) != 0; }
+
+  // Puts the communicator in the error state (first caller's reason wins), stops in-flight
+  // work and tells the peers. Later calls on it raise the same error.
+  void fail(mnclResult_t code, const std::string& message);
+  mnclResult_t asyncError() const;
+  std::string errorMessage() const;
+  [[noreturn]] void throwStoredError() const;
+
+  // Stops everything; returns once no call is running inside the communicator.
+  void abort();
+
+  // Counts calls running inside; destroy/abort wait for them to leave.
+  struct CallScope {
+    explicit CallScope(Comm& c);
+    ~CallScope();
+    Comm& comm;
+  };
+
+  uint64_t nextOpId() { return opCount_++; }
+
+ private:
+  void setupChannels(const dev::ProtoSizes& sizes);
+  void connect(const RegionLayout& layout);
+  void leave();
+
+  int rank_, nranks_, device_;
+  std::atomic<uint32_t> abort_{0};
+  mutable std::mutex errorMutex_;
+  mnclResult_t error_ = mnclSuccess;
+  std::string errorMessage_;
+  std::atomic<int> callsInside_{0};
+  uint64_t opCount_ = 0;
+
+  std::unique_ptr<Bootstrap> bootstrap_;
+  std::vector<PeerInfo> peers_;
+  std::shared_ptr<Mapping> region_;                 // ours
+  std::vector<std::shared_ptr<Mapping>> peerRegions_;
+  std::vector<std::unique_ptr<Channel>> channels_;
+  Tuner tuner_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<Monitor> monitor_;
+
+  friend class Monitor;
+};
+
+uint64_t hostHash();  // same value for processes that can share /dev/shm and see each other's pids
+
+}  // namespace mncl

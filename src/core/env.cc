@@ -1,0 +1,53 @@
+#include "env.h"
+
+#include <cstdlib>
+
+#include "error.h"
+
+namespace mncl::env {
+
+std::string str(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+
+namespace {
+[[noreturn]] void bad(const char* name, const std::string& v, const char* expect) {
+  throwError(mnclInvalidArgument, std::string(name) + "=\"" + v + "\" is not " + expect);
+}
+}  // namespace
+
+int64_t integer(const char* name, int64_t fallback) {
+  std::string v = str(name);
+  if (v.empty()) return fallback;
+  char* end = nullptr;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  if (*end != '\0') bad(name, v, "an integer");
+  return x;
+}
+
+double seconds(const char* name, double fallback) {
+  std::string v = str(name);
+  if (v.empty()) return fallback;
+  char* end = nullptr;
+  double x = std::strtod(v.c_str(), &end);
+  std::string unit(end);
+  if (unit == "ms") return x / 1000;
+  if (unit == "" || unit == "s") return x;
+  bad(name, v, "a duration such as 5, 2.5s or 500ms");
+}
+
+int64_t bytes(const char* name, int64_t fallback) {
+  std::string v = str(name);
+  if (v.empty()) return fallback;
+  char* end = nullptr;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  std::string unit(end);
+  if (unit == "K" || unit == "k") return x << 10;
+  if (unit == "M" || unit == "m") return x << 20;
+  if (unit == "G" || unit == "g") return x << 30;
+  if (unit == "") return x;
+  bad(name, v, "a size such as 65536, 64K or 1M");
+}
+
+}  // namespace mncl::env

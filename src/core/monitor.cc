@@ -1,0 +1,84 @@
+#include "monitor.h"
+
+#include <signal.h>
+
+#include <cerrno>
+#include <chrono>
+#include <string>
+
+#include "../../cuda/arch.h"
+#include "comm.h"
+#include "env.h"
+
+namespace mncl {
+
+namespace {
+double nowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+double Monitor::timeoutSeconds() { return env::seconds("MININCL_TIMEOUT", 5.0); }
+
+Monitor::Monitor(Comm& comm) : comm_(comm), timeout_(timeoutSeconds()), watch_(comm.nranks()) {
+  double now = nowSeconds();
+  for (auto& w : watch_) w.lastChange = now;
+  thread_ = std::thread([this] { loop(); });
+}
+
+Monitor::~Monitor() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  thread_.join();
+}
+
+void Monitor::loop() {
+  RankCtrl* mine = comm_.region_->ctrl();
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!cv_.wait_for(lock, std::chrono::milliseconds(10), [&] { return stop_; })) {
+    dev::storeRelease(&mine->heartbeat, mine->heartbeat + 1);
+    if (comm_.failed()) continue;  // already stopping; nothing new to learn
+    double now = nowSeconds();
+    for (int r = 0; r < comm_.nranks(); ++r) {
+      if (r != comm_.rank()) checkPeer(r, now);
+    }
+  }
+}
+
+void Monitor::checkPeer(int r, double now) {
+  const PeerInfo& peer = comm_.peers_[r];
+  RankCtrl* ctrl = comm_.peerRegions_[r]->ctrl();
+  PeerWatch& w = watch_[r];
+  std::string who = "rank " + std::to_string(r) + " (pid " + std::to_string(peer.pid) + ")";
+  uint32_t state = dev::loadAcquire(&ctrl->state);
+  if (state == RankCtrl::kFailed) {
+    comm_.fail(mnclRemoteError, who + " failed: " + std::string(ctrl->failMessage));
+    return;
+  }
+  bool sameProcess = peer.pid == comm_.peers_[comm_.rank()].pid && peer.hostHash == comm_.peers_[comm_.rank()].hostHash;
+  if (state == RankCtrl::kLeft) {
+    if (w.leftSince < 0) w.leftSince = now;
+    if (comm_.callsInside_.load() > 0 && now - w.leftSince > timeout_) {
+      comm_.fail(mnclRemoteError, who + " destroyed its communicator while this rank was still waiting on it");
+    }
+    return;
+  }
+  if (sameProcess) return;  // a thread of this process cannot vanish on its own
+  if (kill(peer.pid, 0) != 0 && errno == ESRCH) {
+    comm_.fail(mnclRemoteError, who + " exited (or was killed) without destroying its communicator");
+    return;
+  }
+  uint64_t beat = dev::loadAcquire(&ctrl->heartbeat);
+  if (beat != w.lastBeat) {
+    w.lastBeat = beat;
+    w.lastChange = now;
+  } else if (now - w.lastChange > timeout_) {
+    comm_.fail(mnclTimeout, who + " has shown no sign of life for " + std::to_string((int)timeout_) +
+                                " s (MININCL_TIMEOUT); it is hung or unreachable");
+  }
+}
+
+}  // namespace mncl

@@ -1,0 +1,332 @@
+#include "enqueue.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "../../cuda/cpu/run_work.h"
+#include "../core/comm.h"
+#include "../core/error.h"
+#include "../core/log.h"
+#include "executor.h"
+
+namespace mncl {
+
+namespace {
+
+const char* typeName(DataType t) {
+  static const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16"};
+  return (int)t < (int)DataType::count ? names[(int)t] : "?";
+}
+const char* opName(uint8_t op) {
+  static const char* names[] = {"sum", "prod", "max", "min", "avg"};
+  return op < 5 ? names[op] : "?";
+}
+
+std::string describe(const dev::StepInfo& s) {
+  if (s.coll == (uint8_t)Coll::sendrecv) {
+    return "send of " + std::to_string(s.count) + " bytes (" + typeName((DataType)s.dtype) + ")";
+  }
+  std::string d = std::string(collName((Coll)s.coll)) + "(count=" + std::to_string(s.count) + ", " +
+                  typeName((DataType)s.dtype);
+  if (s.coll != (uint8_t)Coll::broadcast && s.coll != (uint8_t)Coll::allgather) d += std::string(", ") + opName(s.op);
+  if (s.coll == (uint8_t)Coll::broadcast || s.coll == (uint8_t)Coll::reduce) d += ", root=" + std::to_string(s.root);
+  return d + ", " + algoName((Algo)s.algo) + ")";
+}
+
+// ---- validation: everything is checked before anything is written ----
+
+void checkUsable(Comm& comm) {
+  if (comm.failed()) comm.throwStoredError();
+}
+
+void checkTypeOp(DataType t, RedOp op, bool reduces) {
+  check((int)t >= 0 && (int)t < (int)DataType::count, mnclInvalidArgument,
+        "unknown data type " + std::to_string((int)t));
+  if (reduces) check((int)op >= 0 && (int)op < (int)RedOp::count, mnclInvalidArgument, "unknown reduction op " + std::to_string((int)op));
+}
+
+void validate(Comm& comm, const CollCall& c) {
+  checkUsable(comm);
+  bool reduces = c.coll == Coll::allreduce || c.coll == Coll::reduce || c.coll == Coll::reducescatter;
+  checkTypeOp(c.dtype, c.op, reduces);
+  if (c.coll == Coll::broadcast || c.coll == Coll::reduce) {
+    check(c.root >= 0 && c.root < comm.nranks(), mnclInvalidArgument,
+          std::string(collName(c.coll)) + ": root " + std::to_string(c.root) + " is out of range for " +
+              std::to_string(comm.nranks()) + " ranks");
+  }
+  if (c.count > 0) {
+    check(c.recv != nullptr || (c.coll == Coll::reduce && comm.rank() != c.root), mnclInvalidArgument,
+          std::string(collName(c.coll)) + ": the receive buffer is null");
+    check(c.send != nullptr || (c.coll == Coll::broadcast && comm.rank() != c.root), mnclInvalidArgument,
+          std::string(collName(c.coll)) + ": the send buffer is null");
+  }
+}
+
+void validate(Comm& comm, const P2pCall& c) {
+  checkUsable(comm);
+  checkTypeOp(c.dtype, RedOp::sum, false);
+  check(c.peer >= 0 && c.peer < comm.nranks(), mnclInvalidArgument,
+        std::string(c.isSend ? "send" : "recv") + ": peer " + std::to_string(c.peer) + " is out of range for " +
+            std::to_string(comm.nranks()) + " ranks");
+  check(c.count == 0 || c.buf != nullptr, mnclInvalidArgument, std::string(c.isSend ? "send" : "recv") + ": the buffer is null");
+}
+
+// ---- planning: what each channel runs ----
+
+// One communicator's share of a launch: per channel, the collectives then the p2p ops.
+struct CommPlan {
+  Comm* comm;
+  std::vector<std::vector<dev::DevWork>> colls;  // [channel]
+  std::vector<std::vector<dev::P2pOp>> p2p;      // [channel]
+  std::vector<const P2pCall*> selfSends, selfRecvs;
+};
+
+size_t alignedShare(size_t count, int parts, size_t elemSize) {
+  size_t align = std::max<size_t>(1, 64 / elemSize);
+  size_t per = (count + parts - 1) / parts;
+  return (per + align - 1) / align * align;
+}
+
+// A single rank has nothing to exchange: the result is its own input.
+void runLocally(const CollCall& c) {
+  size_t bytes = c.count * dataTypeSize(c.dtype);
+  if (c.recv && c.send && c.recv != c.send && bytes) std::memmove(c.recv, c.send, bytes);
+}
+
+void planColl(CommPlan& plan, const CollCall& c) {
+  Comm& comm = *plan.comm;
+  if (c.count == 0) return;
+  if (comm.nranks() == 1) {
+    runLocally(c);
+    return;
+  }
+  size_t sz = dataTypeSize(c.dtype);
+  size_t blockBytes = c.count * sz * (c.coll == Coll::allgather || c.coll == Coll::reducescatter ? comm.nranks() : 1);
+  Plan p = comm.tuner().choose(c.coll, blockBytes);
+  size_t share = alignedShare(c.count, p.nChannels, sz);
+  for (int ch = 0; ch < p.nChannels; ++ch) {
+    size_t off = std::min(c.count, (size_t)ch * share);
+    dev::DevWork w{};
+    w.coll = c.coll;
+    w.algo = p.algo;
+    w.proto = p.proto;
+    w.dtype = c.dtype;
+    w.op = c.op;
+    w.root = c.root;
+    w.send = c.send;
+    w.recv = c.recv;
+    w.count = c.count;
+    w.chanOffset = off;
+    w.chanCount = std::min(share, c.count - off);
+    w.treeIndex = ch % 2;
+    plan.colls[ch].push_back(w);
+  }
+}
+
+void planP2p(CommPlan& plan, const P2pCall& c) {
+  Comm& comm = *plan.comm;
+  if (c.peer == comm.rank()) {
+    (c.isSend ? plan.selfSends : plan.selfRecvs).push_back(&c);
+    return;
+  }
+  size_t bytes = c.count * dataTypeSize(c.dtype);
+  // Big transfers spread over channels; channel 0 always carries a step so a receiver
+  // compares sizes with its sender even when they disagree on the channel count.
+  int nch = (int)std::clamp<size_t>(bytes / (512 << 10), 1, (size_t)comm.nChannels());
+  size_t share = alignedShare(bytes, nch, 1);
+  for (int ch = 0; ch < nch; ++ch) {
+    size_t off = std::min(bytes, (size_t)ch * share);
+    dev::P2pOp op{};
+    op.isSend = c.isSend;
+    op.peer = c.peer;
+    op.buf = static_cast<char*>(c.buf) + off;
+    op.bytes = std::min(share, bytes - off);
+    op.totalBytes = bytes;
+    op.dtype = c.dtype;
+    plan.p2p[ch].push_back(op);
+  }
+}
+
+void matchSelf(CommPlan& plan) {
+  check(plan.selfSends.size() == plan.selfRecvs.size(), mnclInvalidUsage,
+        "rank " + std::to_string(plan.comm->rank()) + " sends to itself " + std::to_string(plan.selfSends.size()) +
+            " time(s) but receives from itself " + std::to_string(plan.selfRecvs.size()) + " time(s) in this group");
+  for (size_t i = 0; i < plan.selfSends.size(); ++i) {
+    const P2pCall& s = *plan.selfSends[i];
+    const P2pCall& r = *plan.selfRecvs[i];
+    size_t sb = s.count * dataTypeSize(s.dtype), rb = r.count * dataTypeSize(r.dtype);
+    check(sb == rb && s.dtype == r.dtype, mnclInvalidUsage,
+          "send to self of " + std::to_string(sb) + " bytes (" + typeName(s.dtype) + ") does not match the recv from self of " +
+              std::to_string(rb) + " bytes (" + typeName(r.dtype) + ")");
+  }
+  for (size_t i = 0; i < plan.selfSends.size(); ++i) {
+    const P2pCall& s = *plan.selfSends[i];
+    if (s.count && plan.selfRecvs[i]->buf != s.buf) {
+      std::memmove(plan.selfRecvs[i]->buf, s.buf, s.count * dataTypeSize(s.dtype));
+    }
+  }
+}
+
+// ---- running ----
+
+struct ChannelResult {
+  bool ok = true;
+  dev::DevError error;
+};
+
+void runChannel(Comm& comm, CommPlan& plan, int c, ChannelResult& res) {
+  Channel& ch = comm.channel(c);
+  for (const dev::DevWork& w : plan.colls[c]) {
+    if (!res.ok) return;
+    res.ok = dev::runCollective(ch.dev, w, &res.error);
+  }
+  if (res.ok && !plan.p2p[c].empty()) {
+    res.ok = dev::runP2p(ch.dev, plan.p2p[c].data(), (int)plan.p2p[c].size(), &res.error);
+  }
+}
+
+// After a launch: a mismatch found by the device code becomes this rank's error; an abort
+// or a peer's failure is already stored in the communicator.
+void finish(CommPlan& plan, std::vector<ChannelResult>& results) {
+  Comm& comm = *plan.comm;
+  for (const ChannelResult& r : results) {
+    if (r.ok) continue;
+    if (r.error.peer >= 0) {
+      comm.fail(mnclInvalidUsage, "mismatched calls: rank " + std::to_string(comm.rank()) + " called " +
+                                      describe(r.error.expected) + " but rank " + std::to_string(r.error.peer) +
+                                      " called " + describe(r.error.got) +
+                                      "; every rank must make the same collective calls in the same order");
+    }
+  }
+  for (const ChannelResult& r : results) {
+    if (!r.ok) comm.throwStoredError();
+  }
+  if (comm.failed()) comm.throwStoredError();
+}
+
+bool hasWork(const CommPlan& p) {
+  for (size_t c = 0; c < p.colls.size(); ++c)
+    if (!p.colls[c].empty() || !p.p2p[c].empty()) return true;
+  return false;
+}
+
+// Runs the plans of one launch. With one communicator the caller runs channel 0 itself;
+// with several (one thread driving many ranks) every channel runs on its thread, since any
+// rank may have to wait for another.
+void launch(std::vector<CommPlan>& plans) {
+  std::vector<std::unique_ptr<Comm::CallScope>> scopes;
+  std::vector<std::vector<ChannelResult>> results(plans.size());
+  Completion done;
+  bool inlineFirst = plans.size() == 1;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    CommPlan& plan = plans[i];
+    matchSelf(plan);
+    scopes.push_back(std::make_unique<Comm::CallScope>(*plan.comm));
+    results[i].resize(plan.comm->nChannels());
+    if (!hasWork(plan)) continue;
+    for (int c = inlineFirst ? 1 : 0; c < plan.comm->nChannels(); ++c) {
+      if (plan.colls[c].empty() && plan.p2p[c].empty()) continue;
+      plan.comm->executor().post(c, [&plan, c, &res = results[i][c]] { runChannel(*plan.comm, plan, c, res); }, &done);
+    }
+  }
+  if (inlineFirst && hasWork(plans[0])) runChannel(*plans[0].comm, plans[0], 0, results[0][0]);
+  done.wait();
+  for (size_t i = 0; i < plans.size(); ++i) finish(plans[i], results[i]);
+}
+
+// ---- groups ----
+
+struct Recorded {
+  Comm* comm;
+  bool isP2p;
+  CollCall coll;
+  P2pCall p2p;
+};
+
+thread_local int tlsGroupDepth = 0;
+thread_local std::vector<Recorded> tlsRecorded;
+
+void runRecorded(std::vector<Recorded>& calls) {
+  std::vector<CommPlan> plans;
+  std::map<Comm*, size_t> index;
+  for (Recorded& r : calls) {
+    auto [it, fresh] = index.emplace(r.comm, plans.size());
+    if (fresh) {
+      CommPlan p;
+      p.comm = r.comm;
+      p.colls.resize(r.comm->nChannels());
+      p.p2p.resize(r.comm->nChannels());
+      plans.push_back(std::move(p));
+    }
+  }
+  for (Recorded& r : calls) {
+    CommPlan& plan = plans[index[r.comm]];
+    if (r.isP2p) planP2p(plan, r.p2p);
+    else planColl(plan, r.coll);
+  }
+  launch(plans);
+}
+
+void record(Recorded r) {
+  if (tlsGroupDepth > 0) {
+    tlsRecorded.push_back(r);
+    return;
+  }
+  std::vector<Recorded> one{r};
+  runRecorded(one);
+}
+
+}  // namespace
+
+void enqueueColl(Comm& comm, const CollCall& call) {
+  validate(comm, call);
+  record({&comm, false, call, {}});
+}
+
+void enqueueP2p(Comm& comm, const P2pCall& call) {
+  validate(comm, call);
+  record({&comm, true, {}, call});
+}
+
+void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, DataType dtype) {
+  checkUsable(comm);
+  checkTypeOp(dtype, RedOp::sum, false);
+  size_t bytes = count * dataTypeSize(dtype);
+  check(count == 0 || (send && recv), mnclInvalidArgument, "alltoall: a buffer is null");
+  // In place, a block could be overwritten before it is sent: send from a copy.
+  std::shared_ptr<std::vector<char>> copy;
+  if (send == recv && bytes) {
+    check(tlsGroupDepth == 0, mnclInvalidUsage,
+          "in-place alltoall inside a group is not supported: use a separate receive buffer");
+    copy = std::make_shared<std::vector<char>>((const char*)send, (const char*)send + bytes * comm.nranks());
+    send = copy->data();
+  }
+  groupStart();
+  try {
+    for (int p = 0; p < comm.nranks(); ++p) {
+      enqueueP2p(comm, {true, (char*)send + p * bytes, count, dtype, p});
+      enqueueP2p(comm, {false, (char*)recv + p * bytes, count, dtype, p});
+    }
+  } catch (...) {
+    groupEnd();
+    throw;
+  }
+  groupEnd();
+}
+
+void groupStart() { ++tlsGroupDepth; }
+
+void groupEnd() {
+  check(tlsGroupDepth > 0, mnclInvalidUsage, "mnclGroupEnd without a matching mnclGroupStart");
+  if (--tlsGroupDepth > 0) return;
+  std::vector<Recorded> calls;
+  calls.swap(tlsRecorded);
+  if (!calls.empty()) runRecorded(calls);
+}
+
+int groupDepth() { return tlsGroupDepth; }
+
+}  // namespace mncl

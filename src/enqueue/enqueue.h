@@ -1,0 +1,40 @@
+// Enqueue: check a call's arguments, plan it, and run it — now, or at the end of a group.
+#pragma once
+
+#include <cstddef>
+
+#include "../../cuda/dtypes.h"
+
+namespace mncl {
+
+class Comm;
+
+struct CollCall {
+  Coll coll;
+  const void* send;
+  void* recv;
+  size_t count;  // allgather: per-rank send count; reduce_scatter: per-rank recv count
+  DataType dtype;
+  RedOp op;
+  int root;
+};
+
+struct P2pCall {
+  bool isSend;
+  void* buf;
+  size_t count;
+  DataType dtype;
+  int peer;
+};
+
+// Validate (throwing InvalidArgument / InvalidUsage before anything is written), then run
+// the call, or record it if a group is open on this thread.
+void enqueueColl(Comm& comm, const CollCall& call);
+void enqueueP2p(Comm& comm, const P2pCall& call);
+void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, DataType dtype);
+
+void groupStart();
+void groupEnd();  // runs everything recorded since the outermost groupStart
+int groupDepth();
+
+}  // namespace mncl

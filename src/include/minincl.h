@@ -1,0 +1,128 @@
+/* minincl — the public C API.
+ *
+ * NCCL's shape with the `mncl` prefix. A communicator lives on one device: a CUDA GPU or the
+ * CPU. CPU communicators take a null stream and return when the result is ready; CUDA
+ * communicators enqueue on the given stream and return at once.
+ *
+ * Reductions: sum, prod, max, min, avg on every type. `avg` is the sum divided by the rank
+ * count; on integer types the division truncates toward zero as C's `/` does, after the sum
+ * has wrapped around in the type's own width (signed sums wrap as two's complement).
+ */
+#ifndef MININCL_H_
+#define MININCL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MNCL_MAJOR 0
+#define MNCL_MINOR 1
+#define MNCL_PATCH 0
+#define MNCL_VERSION_CODE (MNCL_MAJOR * 10000 + MNCL_MINOR * 100 + MNCL_PATCH)
+
+#define MNCL_UNIQUE_ID_BYTES 128
+
+typedef struct mnclComm* mnclComm_t;
+typedef struct {
+  char internal[MNCL_UNIQUE_ID_BYTES];
+} mnclUniqueId;
+
+typedef enum {
+  mnclSuccess = 0,
+  mnclUnhandledCudaError = 1,
+  mnclSystemError = 2,
+  mnclInternalError = 3,
+  mnclInvalidArgument = 4,
+  mnclInvalidUsage = 5,
+  mnclRemoteError = 6,
+  mnclInProgress = 7,
+  mnclTimeout = 8,
+  mnclAborted = 9,
+  mnclNumResults = 10
+} mnclResult_t;
+
+/* Same numbering as NCCL so code ports by renaming. */
+typedef enum {
+  mnclInt8 = 0,
+  mnclUint8 = 1,
+  mnclInt32 = 2,
+  mnclUint32 = 3,
+  mnclInt64 = 4,
+  mnclUint64 = 5,
+  mnclFloat16 = 6,
+  mnclFloat32 = 7,
+  mnclFloat64 = 8,
+  mnclBfloat16 = 9,
+  mnclNumTypes = 10
+} mnclDataType_t;
+
+typedef enum {
+  mnclSum = 0,
+  mnclProd = 1,
+  mnclMax = 2,
+  mnclMin = 3,
+  mnclAvg = 4,
+  mnclNumOps = 5
+} mnclRedOp_t;
+
+/* Device value for CPU communicators in mnclCommInitRankDevice / mnclCommDevice. */
+#define MNCL_DEVICE_CPU (-1)
+/* Device value meaning "the current CUDA device if a GPU is usable, else the CPU". */
+#define MNCL_DEVICE_AUTO (-2)
+
+mnclResult_t mnclGetVersion(int* version);
+mnclResult_t mnclGetUniqueId(mnclUniqueId* uniqueId);
+/* A unique id that names a root listening at host:port; every rank computes the same id and
+ * the rank that is 0 starts the listener in mnclCommInitRank (used by init-from-environment). */
+mnclResult_t mnclGetUniqueIdForAddress(mnclUniqueId* uniqueId, const char* host, int port);
+
+mnclResult_t mnclCommInitRank(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank);
+mnclResult_t mnclCommInitRankDevice(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank,
+                                    int device);
+/* All ranks in this process. devlist NULL puts every rank on the CPU; otherwise devlist[i] is
+ * a CUDA device or MNCL_DEVICE_CPU. */
+mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist);
+mnclResult_t mnclCommDestroy(mnclComm_t comm);
+mnclResult_t mnclCommAbort(mnclComm_t comm);
+mnclResult_t mnclCommGetAsyncError(mnclComm_t comm, mnclResult_t* asyncError);
+mnclResult_t mnclCommCount(const mnclComm_t comm, int* count);
+mnclResult_t mnclCommUserRank(const mnclComm_t comm, int* rank);
+mnclResult_t mnclCommDevice(const mnclComm_t comm, int* device);
+
+const char* mnclGetErrorString(mnclResult_t result);
+/* A sentence about the last error on this thread (or on comm), saying what to do. */
+const char* mnclGetLastError(mnclComm_t comm);
+
+mnclResult_t mnclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                           mnclDataType_t datatype, mnclRedOp_t op, mnclComm_t comm,
+                           void* stream);
+mnclResult_t mnclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                           mnclDataType_t datatype, int root, mnclComm_t comm, void* stream);
+mnclResult_t mnclReduce(const void* sendbuff, void* recvbuff, size_t count,
+                        mnclDataType_t datatype, mnclRedOp_t op, int root, mnclComm_t comm,
+                        void* stream);
+/* recvbuff holds nranks * sendcount elements, rank-major. */
+mnclResult_t mnclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                           mnclDataType_t datatype, mnclComm_t comm, void* stream);
+/* sendbuff holds nranks * recvcount elements. */
+mnclResult_t mnclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                               mnclDataType_t datatype, mnclRedOp_t op, mnclComm_t comm,
+                               void* stream);
+/* count elements to every rank: sendbuff and recvbuff hold nranks * count elements. */
+mnclResult_t mnclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+                          mnclDataType_t datatype, mnclComm_t comm, void* stream);
+mnclResult_t mnclSend(const void* sendbuff, size_t count, mnclDataType_t datatype, int peer,
+                      mnclComm_t comm, void* stream);
+mnclResult_t mnclRecv(void* recvbuff, size_t count, mnclDataType_t datatype, int peer,
+                      mnclComm_t comm, void* stream);
+
+mnclResult_t mnclGroupStart(void);
+mnclResult_t mnclGroupEnd(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MININCL_H_ */

@@ -1,0 +1,187 @@
+#include "arrays.h"
+
+#include <cstring>
+#include <string>
+
+#include "../core/error.h"
+
+namespace mncl::py_arrays {
+
+namespace {
+
+// The DLPack ABI (https://dmlc.github.io/dlpack), the few structs we read.
+struct DLDevice {
+  int32_t device_type, device_id;
+};
+struct DLDataType {
+  uint8_t code, bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor*);
+};
+enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4 };
+
+[[noreturn]] void invalid(const std::string& msg) { throwError(mnclInvalidArgument, msg); }
+
+std::string typeNameOf(py::handle obj) { return py::str(py::type::handle_of(obj).attr("__name__")); }
+
+bool fromFormat(const char* fmt, ssize_t itemsize, DataType* out) {
+  while (*fmt == '<' || *fmt == '=' || *fmt == '@' || *fmt == '!' || *fmt == '>') {
+    if (*fmt == '>' || *fmt == '!') return false;  // big-endian data
+    ++fmt;
+  }
+  if (fmt[0] == '\0' || fmt[1] != '\0') return false;
+  switch (fmt[0]) {
+    case 'b': *out = DataType::i8; return true;
+    case 'B': *out = DataType::u8; return true;
+    case 'e': *out = DataType::f16; return true;
+    case 'f': *out = DataType::f32; return true;
+    case 'd': *out = DataType::f64; return true;
+    case 'i': case 'l': case 'q':
+      if (itemsize == 4) { *out = DataType::i32; return true; }
+      if (itemsize == 8) { *out = DataType::i64; return true; }
+      return false;
+    case 'I': case 'L': case 'Q':
+      if (itemsize == 4) { *out = DataType::u32; return true; }
+      if (itemsize == 8) { *out = DataType::u64; return true; }
+      return false;
+    default: return false;
+  }
+}
+
+bool fromDLPack(DLDataType t, DataType* out) {
+  if (t.lanes != 1) return false;
+  switch (t.code) {
+    case kDLInt:
+      if (t.bits == 8) *out = DataType::i8;
+      else if (t.bits == 32) *out = DataType::i32;
+      else if (t.bits == 64) *out = DataType::i64;
+      else return false;
+      return true;
+    case kDLUInt:
+      if (t.bits == 8) *out = DataType::u8;
+      else if (t.bits == 32) *out = DataType::u32;
+      else if (t.bits == 64) *out = DataType::u64;
+      else return false;
+      return true;
+    case kDLFloat:
+      if (t.bits == 16) *out = DataType::f16;
+      else if (t.bits == 32) *out = DataType::f32;
+      else if (t.bits == 64) *out = DataType::f64;
+      else return false;
+      return true;
+    case kDLBfloat:
+      if (t.bits != 16) return false;
+      *out = DataType::bf16;
+      return true;
+    default: return false;
+  }
+}
+
+const char* kSupported = "int8, uint8, int32, uint32, int64, uint64, float16, bfloat16, float32, float64";
+
+ArrayView viewBuffer(py::handle obj, bool writable, const char* role) {
+  Py_buffer b;
+  int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+  if (PyObject_GetBuffer(obj.ptr(), &b, flags) != 0) {
+    PyErr_Clear();
+    if (writable) {
+      Py_buffer ro;
+      if (PyObject_GetBuffer(obj.ptr(), &ro, PyBUF_STRIDES | PyBUF_FORMAT) == 0) {
+        PyBuffer_Release(&ro);
+        invalid(std::string(role) + " is read-only; the result needs a writable array");
+      }
+      PyErr_Clear();
+    }
+    invalid(std::string(role) + ": cannot read the buffer of a " + typeNameOf(obj));
+  }
+  ArrayView v;
+  bool contiguous = PyBuffer_IsContiguous(&b, 'C');
+  bool typed = fromFormat(b.format ? b.format : "B", b.itemsize, &v.dtype);
+  std::string fmt = b.format ? b.format : "B";
+  v.data = b.buf;
+  v.count = b.itemsize > 0 ? (size_t)(b.len / b.itemsize) : 0;
+  for (int i = 0; i < b.ndim; ++i) v.shape.push_back(b.shape[i]);
+  PyBuffer_Release(&b);
+  if (!contiguous) invalid(std::string(role) + " is not contiguous; pass a contiguous array (e.g. numpy.ascontiguousarray)");
+  if (!typed) invalid(std::string(role) + " has an unsupported element type (buffer format '" + fmt + "'); supported: " + kSupported);
+  v.keepAlive = py::reinterpret_borrow<py::object>(obj);
+  return v;
+}
+
+ArrayView viewDLPack(py::handle obj, const char* role) {
+  py::object capsule = obj.attr("__dlpack__")();
+  auto* t = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+  if (!t) {
+    PyErr_Clear();
+    invalid(std::string(role) + ": __dlpack__ did not return a DLPack capsule");
+  }
+  const DLTensor& d = t->dl_tensor;
+  ArrayView v;
+  if (!fromDLPack(d.dtype, &v.dtype)) invalid(std::string(role) + " has an unsupported element type; supported: " + kSupported);
+  size_t n = 1;
+  for (int i = 0; i < d.ndim; ++i) {
+    v.shape.push_back(d.shape[i]);
+    n *= (size_t)d.shape[i];
+  }
+  if (d.strides && n > 1) {
+    int64_t expect = 1;
+    for (int i = d.ndim - 1; i >= 0; --i) {
+      if (d.shape[i] != 1 && d.strides[i] != expect) {
+        invalid(std::string(role) + " is not contiguous; pass a contiguous tensor (e.g. .contiguous())");
+      }
+      expect *= d.shape[i];
+    }
+  }
+  v.data = static_cast<char*>(d.data) + d.byte_offset;
+  v.count = n;
+  v.deviceType = d.device.device_type;
+  v.deviceId = d.device.device_id;
+  v.keepAlive = capsule;  // owns the view; its destructor releases it
+  return v;
+}
+
+}  // namespace
+
+const char* dtypeName(DataType t) {
+  static const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16"};
+  return names[(int)t];
+}
+
+ArrayView view(py::handle obj, bool writable, const char* role) {
+  if (obj.is_none()) invalid(std::string(role) + " is None; expected an array");
+  if (PyObject_CheckBuffer(obj.ptr())) return viewBuffer(obj, writable, role);
+  if (py::hasattr(obj, "__dlpack__")) {
+    // PyTorch will not export a tensor that requires grad: read through a detached alias,
+    // but refuse to write results into one behind autograd's back.
+    if (py::hasattr(obj, "requires_grad") && obj.attr("requires_grad").cast<bool>()) {
+      if (writable) invalid(std::string(role) + " requires grad; pass tensor.detach() or run under torch.no_grad()");
+      return viewDLPack(obj.attr("detach")(), role);
+    }
+    return viewDLPack(obj, role);
+  }
+  invalid(std::string(role) + ": expected an array (NumPy, PyTorch, anything with DLPack or the buffer protocol), got " +
+          typeNameOf(obj));
+}
+
+py::object emptyLike(py::handle like, const std::vector<int64_t>& shape) {
+  py::tuple s(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) s[i] = py::int_(shape[i]);
+  if (py::hasattr(like, "new_empty")) return like.attr("new_empty")(s);  // PyTorch
+  if (py::hasattr(like, "dtype")) return py::module_::import("numpy").attr("empty")(s, like.attr("dtype"));
+  invalid("cannot allocate a result like a " + typeNameOf(like) + "; pass recv explicitly");
+}
+
+}  // namespace mncl::py_arrays

@@ -1,0 +1,501 @@
+// minincl._core: the communicator as Python sees it. The per-call path (array -> pointer,
+// count, type -> enqueue) stays in compiled code, and every blocking call releases the GIL so
+// that ranks running as Python threads of one process progress together.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+
+#include "../bootstrap/bootstrap.h"
+#include "../core/comm.h"
+#include "../core/error.h"
+#include "../enqueue/enqueue.h"
+#include "arrays.h"
+#include "minincl.h"
+
+#ifdef MININCL_HAVE_TOPO
+void bindTopo(pybind11::module_& m);
+#endif
+
+namespace py = pybind11;
+using namespace mncl;
+using py_arrays::ArrayView;
+
+namespace {
+
+// ---- errors: mncl::Error -> minincl.<Class>(message) ----
+
+py::object errorClass(mnclResult_t code) {
+  py::module_ errors = py::module_::import("minincl.errors");
+  switch (code) {
+    case mnclInvalidArgument: return errors.attr("InvalidArgument");
+    case mnclInvalidUsage: return errors.attr("InvalidUsage");
+    case mnclSystemError: return errors.attr("SystemError");
+    case mnclRemoteError: return errors.attr("RemoteError");
+    case mnclTimeout: return errors.attr("Timeout");
+    case mnclAborted: return errors.attr("Aborted");
+    default: return errors.attr("Error");
+  }
+}
+
+[[noreturn]] void raise(mnclResult_t code, const std::string& msg) {
+  py::object cls = errorClass(code);
+  PyErr_SetString(cls.ptr(), msg.c_str());
+  throw py::error_already_set();
+}
+
+RedOp parseOp(const std::string& op) {
+  static const char* names[] = {"sum", "prod", "max", "min", "avg"};
+  for (int i = 0; i < 5; ++i)
+    if (op == names[i]) return (RedOp)i;
+  throwError(mnclInvalidArgument, "unknown reduction op \"" + op + "\"; use one of sum, prod, max, min, avg");
+}
+
+// ---- asynchronous calls: run in order on one worker thread per communicator ----
+
+struct WorkState {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  mnclResult_t code = mnclSuccess;
+  std::string message;
+};
+
+class Work {
+ public:
+  Work(std::shared_ptr<WorkState> s, py::object result, py::list keep)
+      : state_(std::move(s)), result_(std::move(result)), keep_(std::move(keep)) {}
+  py::object wait() {
+    {
+      py::gil_scoped_release nogil;
+      std::unique_lock<std::mutex> lock(state_->mutex);
+      state_->cv.wait(lock, [&] { return state_->done; });
+    }
+    if (state_->code != mnclSuccess) raise(state_->code, state_->message);
+    return result_;
+  }
+  bool isCompleted() {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return state_->done;
+  }
+  py::object result() { return result_; }
+
+ private:
+  std::shared_ptr<WorkState> state_;
+  py::object result_;
+  py::list keep_;  // the arrays, alive until the work is gone
+};
+
+class AsyncQueue {
+ public:
+  ~AsyncQueue() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  std::shared_ptr<WorkState> submit(std::function<void()> fn) {
+    auto st = std::make_shared<WorkState>();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    jobs_.emplace_back(std::move(fn), st);
+    ++pending_;
+    cv_.notify_all();
+    return st;
+  }
+  void drain() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return pending_ == 0; });
+  }
+  bool idle() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pending_ == 0;
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      auto [fn, st] = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      mnclResult_t code = mnclSuccess;
+      std::string msg;
+      try {
+        fn();
+      } catch (const Error& e) {
+        code = e.code();
+        msg = e.what();
+      } catch (const std::exception& e) {
+        code = mnclInternalError;
+        msg = e.what();
+      }
+      {
+        std::lock_guard<std::mutex> l(st->mutex);
+        st->code = code;
+        st->message = msg;
+        st->done = true;
+      }
+      st->cv.notify_all();
+      lock.lock();
+      --pending_;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::function<void()>, std::shared_ptr<WorkState>>> jobs_;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// Arrays of calls recorded inside a group stay alive until the group ends.
+thread_local std::vector<py::object>* tlsGroupKeep = nullptr;
+
+// ---- the communicator ----
+
+class PyComm {
+ public:
+  PyComm(int nranks, py::bytes uid, int rank, int device) {
+    std::string id = uid;
+    if (id.size() != MNCL_UNIQUE_ID_BYTES) {
+      throwError(mnclInvalidArgument, "the unique id must be " + std::to_string(MNCL_UNIQUE_ID_BYTES) +
+                                          " bytes (from minincl.get_unique_id()), got " + std::to_string(id.size()));
+    }
+    UniqueIdData data;
+    std::memcpy(&data, id.data(), sizeof(data));
+    py::gil_scoped_release nogil;
+    comm_ = std::make_unique<Comm>(data, rank, nranks, device);
+  }
+  ~PyComm() { destroy(); }
+
+  int rank() { return live().rank(); }
+  int nranks() { return live().nranks(); }
+  int device() { return live().device(); }
+  bool destroyed() const { return destroyed_.load(); }
+
+  py::object allreduce(py::object send, py::object recv, const std::string& op, bool asyncOp, py::object stream) {
+    RedOp rop = parseOp(op);
+    auto [s, r] = sendRecv(send, recv);
+    checkCounts("allreduce", s, r, s.count);
+    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
+               [c = callArgs(Coll::allreduce, s, r, s.count, rop, 0)](Comm& cm) { enqueueColl(cm, c); });
+  }
+
+  py::object broadcast(py::object send, py::object recv, int root, bool asyncOp, py::object stream) {
+    auto [s, r] = sendRecv(send, recv);
+    checkCounts("broadcast", s, r, s.count);
+    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
+               [c = callArgs(Coll::broadcast, s, r, s.count, RedOp::sum, root)](Comm& cm) { enqueueColl(cm, c); });
+  }
+
+  py::object reduce(py::object send, py::object recv, const std::string& op, int root, bool asyncOp, py::object stream) {
+    RedOp rop = parseOp(op);
+    auto [s, r] = sendRecv(send, recv);
+    checkCounts("reduce", s, r, s.count);
+    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
+               [c = callArgs(Coll::reduce, s, r, s.count, rop, root)](Comm& cm) { enqueueColl(cm, c); });
+  }
+
+  py::object allgather(py::object send, py::object recv, bool asyncOp, py::object stream) {
+    ArrayView s = py_arrays::view(send, false, "send");
+    if (recv.is_none()) recv = py_arrays::emptyLike(send, gatheredShape(s.shape));
+    ArrayView r = py_arrays::view(recv, true, "recv");
+    checkDevice(s, "send");
+    checkDevice(r, "recv");
+    checkCounts("allgather", s, r, s.count * (size_t)live().nranks());
+    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
+               [c = callArgs(Coll::allgather, s, r, s.count, RedOp::sum, 0)](Comm& cm) { enqueueColl(cm, c); });
+  }
+
+  py::object reduceScatter(py::object send, py::object recv, const std::string& op, bool asyncOp, py::object stream) {
+    RedOp rop = parseOp(op);
+    ArrayView s = py_arrays::view(send, false, "send");
+    size_t n = (size_t)live().nranks();
+    if (recv.is_none()) {
+      if (s.count % n != 0) {
+        throwError(mnclInvalidArgument, "reduce_scatter: send has " + std::to_string(s.count) +
+                                            " elements, not a multiple of " + std::to_string(n) + " ranks");
+      }
+      recv = py_arrays::emptyLike(send, scatteredShape(s.shape, s.count, n));
+    }
+    ArrayView r = py_arrays::view(recv, true, "recv");
+    checkDevice(s, "send");
+    checkDevice(r, "recv");
+    checkCounts("reduce_scatter", r, s, r.count * n, "send");
+    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
+               [c = callArgs(Coll::reducescatter, s, r, r.count, rop, 0)](Comm& cm) { enqueueColl(cm, c); });
+  }
+
+  py::object alltoall(py::object send, py::object recv, bool asyncOp, py::object stream) {
+    ArrayView s = py_arrays::view(send, false, "send");
+    if (recv.is_none()) recv = py_arrays::emptyLike(send, s.shape.empty() ? std::vector<int64_t>{(int64_t)s.count} : s.shape);
+    ArrayView r = py_arrays::view(recv, true, "recv");
+    checkDevice(s, "send");
+    checkDevice(r, "recv");
+    checkCounts("alltoall", s, r, s.count);
+    size_t n = (size_t)live().nranks();
+    if (s.count % n != 0) {
+      throwError(mnclInvalidArgument, "alltoall: send has " + std::to_string(s.count) + " elements, not a multiple of " +
+                                          std::to_string(n) + " ranks");
+    }
+    size_t per = s.count / n;
+    const void* sp = s.data;
+    void* rp = r.data;
+    DataType t = s.dtype;
+    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
+               [=](Comm& cm) { enqueueAlltoAll(cm, sp, rp, per, t); });
+  }
+
+  py::object send(py::object buf, int peer, bool asyncOp, py::object stream) {
+    ArrayView b = py_arrays::view(buf, false, "buf");
+    checkDevice(b, "buf");
+    P2pCall c{true, b.data, b.count, b.dtype, peer};
+    return run(asyncOp, stream, py::none(), {b.keepAlive}, [c](Comm& cm) { enqueueP2p(cm, c); });
+  }
+
+  py::object recv(py::object buf, int peer, bool asyncOp, py::object stream) {
+    ArrayView b = py_arrays::view(buf, true, "buf");
+    checkDevice(b, "buf");
+    P2pCall c{false, b.data, b.count, b.dtype, peer};
+    return run(asyncOp, stream, buf, {b.keepAlive}, [c](Comm& cm) { enqueueP2p(cm, c); });
+  }
+
+  void barrier() {
+    CollCall c{Coll::allreduce, &barrierWord_, &barrierWord_, 1, DataType::i32, RedOp::sum, 0};
+    run(false, py::none(), py::none(), {}, [c](Comm& cm) { enqueueColl(cm, c); });
+  }
+
+  // Stops in-flight work on every thread (they raise Aborted), then releases everything.
+  void abort() {
+    std::lock_guard<std::mutex> life(lifeMutex_);
+    if (destroyed_) return;
+    {
+      py::gil_scoped_release nogil;  // the aborted calls need the GIL to raise
+      comm_->abort();
+    }
+    close();
+  }
+
+  void destroy() {
+    std::lock_guard<std::mutex> life(lifeMutex_);
+    if (destroyed_) return;
+    close();
+  }
+
+ private:
+  void close() {
+    py::gil_scoped_release nogil;
+    async_.drain();
+    std::unique_lock<std::shared_mutex> lock(callMutex_);  // waits for calls on other threads
+    comm_.reset();
+    destroyed_ = true;
+  }
+
+  Comm& live() {
+    if (destroyed_) throwError(mnclInvalidUsage, "the communicator was destroyed (or aborted); create a new one");
+    return *comm_;
+  }
+
+  void checkDevice(const ArrayView& v, const char* role) {
+    bool hostMemory = v.deviceType == 1 || v.deviceType == 3;
+    if (live().device() < 0 && !hostMemory) {
+      throwError(mnclInvalidArgument, std::string(role) + " is on a GPU (DLPack device " + std::to_string(v.deviceType) + ":" +
+                                          std::to_string(v.deviceId) + ") but this communicator is on the CPU");
+    }
+  }
+
+  std::pair<ArrayView, ArrayView> sendRecv(py::object send, py::object& recv) {
+    if (recv.is_none()) {  // in place: the one array is read and written
+      ArrayView s = py_arrays::view(send, true, "send (in place)");
+      checkDevice(s, "send");
+      recv = send;
+      return {s, s};
+    }
+    ArrayView s = py_arrays::view(send, false, "send");
+    ArrayView r = py_arrays::view(recv, true, "recv");
+    checkDevice(s, "send");
+    checkDevice(r, "recv");
+    return {s, r};
+  }
+
+  // `a` must have `expect` elements of b's type.
+  static void checkCounts(const char* what, const ArrayView& b, const ArrayView& a, size_t expect,
+                          const char* aRole = "recv") {
+    const char* bRole = std::strcmp(aRole, "recv") == 0 ? "send" : "recv";
+    if (a.dtype != b.dtype) {
+      throwError(mnclInvalidArgument, std::string(what) + ": " + bRole + " is " + py_arrays::dtypeName(b.dtype) + " but " +
+                                          aRole + " is " + py_arrays::dtypeName(a.dtype) + "; they must match");
+    }
+    if (a.count != expect) {
+      throwError(mnclInvalidArgument, std::string(what) + ": " + aRole + " has " + std::to_string(a.count) +
+                                          " elements, expected " + std::to_string(expect) + " (" + bRole + " has " +
+                                          std::to_string(b.count) + ")");
+    }
+  }
+
+  std::vector<int64_t> gatheredShape(const std::vector<int64_t>& s) {
+    int64_t n = live().nranks();
+    if (s.empty()) return {n};
+    std::vector<int64_t> out = s;
+    out[0] *= n;
+    return out;
+  }
+
+  static std::vector<int64_t> scatteredShape(const std::vector<int64_t>& s, size_t count, size_t n) {
+    if (!s.empty() && s[0] % (int64_t)n == 0) {
+      std::vector<int64_t> out = s;
+      out[0] /= (int64_t)n;
+      return out;
+    }
+    return {(int64_t)(count / n)};
+  }
+
+  static CollCall callArgs(Coll coll, const ArrayView& s, const ArrayView& r, size_t count, RedOp op, int root) {
+    return CollCall{coll, s.data, r.data, count, s.dtype, op, root};
+  }
+
+  py::object run(bool asyncOp, py::object stream, py::object result, std::initializer_list<py::object> keep,
+                 std::function<void(Comm&)> op) {
+    Comm& cm = live();
+    if (!stream.is_none() && cm.device() < 0) throwError(mnclInvalidArgument, "a CPU communicator takes no stream");
+    if (groupDepth() > 0) {
+      if (asyncOp) throwError(mnclInvalidUsage, "async_op=True inside minincl.group(): the group itself is the unit of completion");
+      if (tlsGroupKeep) {
+        for (const py::object& k : keep) tlsGroupKeep->push_back(k);
+      }
+      std::shared_lock<std::shared_mutex> lock(callMutex_);
+      op(cm);  // records only
+      return result;
+    }
+    if (asyncOp) {
+      py::list k;
+      for (const py::object& o : keep) k.append(o);
+      auto st = async_.submit([this, op] {
+        std::shared_lock<std::shared_mutex> lock(callMutex_);
+        if (destroyed_) throwError(mnclInvalidUsage, "the communicator was destroyed before this operation ran");
+        op(*comm_);
+      });
+      return py::cast(Work(st, result, k));
+    }
+    {
+      py::gil_scoped_release nogil;
+      if (!async_.idle()) async_.drain();  // keep program order with earlier async calls
+      std::shared_lock<std::shared_mutex> lock(callMutex_);
+      if (destroyed_) throwError(mnclInvalidUsage, "the communicator was destroyed (or aborted); create a new one");
+      op(*comm_);
+    }
+    return result;
+  }
+
+  std::unique_ptr<Comm> comm_;
+  std::shared_mutex callMutex_;
+  std::mutex lifeMutex_;
+  std::atomic<bool> destroyed_{false};
+  AsyncQueue async_;
+  int32_t barrierWord_ = 0;
+};
+
+py::bytes uniqueIdBytes(const mnclUniqueId& id) { return py::bytes(id.internal, sizeof(id.internal)); }
+
+void checkResult(mnclResult_t rc) {
+  if (rc != mnclSuccess) raise(rc, mnclGetLastError(nullptr));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "minincl's compiled core; use the `minincl` package";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      py::object cls = errorClass(e.code());
+      PyErr_SetString(cls.ptr(), e.what());
+    }
+  });
+
+  m.def("get_unique_id", [] {
+    mnclUniqueId id;
+    checkResult(mnclGetUniqueId(&id));
+    return uniqueIdBytes(id);
+  }, "A new unique id: starts a bootstrap root in this process. Share it with every rank.");
+  m.def("unique_id_for_address", [](const std::string& host, int port) {
+    mnclUniqueId id;
+    checkResult(mnclGetUniqueIdForAddress(&id, host.c_str(), port));
+    return uniqueIdBytes(id);
+  }, py::arg("host"), py::arg("port"), "The id every rank derives from a root address; rank 0 hosts the root.");
+  m.def("version", [] { return std::string(std::to_string(MNCL_MAJOR) + "." + std::to_string(MNCL_MINOR) + "." + std::to_string(MNCL_PATCH)); });
+  m.def("build_info", [] {
+    py::dict d;
+#ifdef MININCL_HAVE_CUDA
+    d["cuda"] = true;
+    d["cuda_archs"] = std::string(MININCL_CUDA_ARCHS);
+#else
+    d["cuda"] = false;
+    d["cuda_archs"] = std::string();
+#endif
+    d["compiler"] = std::string(__VERSION__);
+    return d;
+  });
+  m.def("group_start", [] {
+    groupStart();
+    if (groupDepth() == 1) tlsGroupKeep = new std::vector<py::object>();
+  });
+  m.def("group_end", [] {
+    std::unique_ptr<std::vector<py::object>> keep;
+    if (groupDepth() == 1) {
+      keep.reset(tlsGroupKeep);
+      tlsGroupKeep = nullptr;
+    }
+    py::gil_scoped_release nogil;
+    groupEnd();
+  });
+
+  py::class_<Work>(m, "Work", "Handle of an async_op=True call")
+      .def("wait", &Work::wait, "Blocks until the operation finished; raises its error; returns its result.")
+      .def("is_completed", &Work::isCompleted)
+      .def("result", &Work::result);
+
+  auto none = py::none();
+  py::class_<PyComm>(m, "Communicator")
+      .def(py::init<int, py::bytes, int, int>(), py::arg("nranks"), py::arg("unique_id"), py::arg("rank"),
+           py::arg("device") = MNCL_DEVICE_CPU)
+      .def_property_readonly("rank", &PyComm::rank)
+      .def_property_readonly("nranks", &PyComm::nranks)
+      .def_property_readonly("_device_index", &PyComm::device)
+      .def_property_readonly("destroyed", &PyComm::destroyed)
+      .def("allreduce", &PyComm::allreduce, py::arg("send"), py::arg("recv") = none, py::arg("op") = "sum",
+           py::arg("async_op") = false, py::arg("stream") = none)
+      .def("broadcast", &PyComm::broadcast, py::arg("send"), py::arg("recv") = none, py::arg("root") = 0,
+           py::arg("async_op") = false, py::arg("stream") = none)
+      .def("reduce", &PyComm::reduce, py::arg("send"), py::arg("recv") = none, py::arg("op") = "sum", py::arg("root") = 0,
+           py::arg("async_op") = false, py::arg("stream") = none)
+      .def("allgather", &PyComm::allgather, py::arg("send"), py::arg("recv") = none, py::arg("async_op") = false,
+           py::arg("stream") = none)
+      .def("reduce_scatter", &PyComm::reduceScatter, py::arg("send"), py::arg("recv") = none, py::arg("op") = "sum",
+           py::arg("async_op") = false, py::arg("stream") = none)
+      .def("alltoall", &PyComm::alltoall, py::arg("send"), py::arg("recv") = none, py::arg("async_op") = false,
+           py::arg("stream") = none)
+      .def("send", &PyComm::send, py::arg("buf"), py::arg("peer"), py::arg("async_op") = false, py::arg("stream") = none)
+      .def("recv", &PyComm::recv, py::arg("buf"), py::arg("peer"), py::arg("async_op") = false, py::arg("stream") = none)
+      .def("barrier", &PyComm::barrier)
+      .def("abort", &PyComm::abort)
+      .def("destroy", &PyComm::destroy);
+
+#ifdef MININCL_HAVE_TOPO
+  bindTopo(m);
+#endif
+}

@@ -1,0 +1,229 @@
+#include "xml.h"
+
+#include <cctype>
+#include <fstream>
+#include <sstream>
+
+namespace mncl::topo {
+
+const std::string* XmlElement::find(std::string_view key) const {
+  for (const auto& [k, v] : attrs)
+    if (k == key) return &v;
+  return nullptr;
+}
+
+std::string XmlElement::get(std::string_view key, const std::string& fallback) const {
+  const std::string* v = find(key);
+  return v ? *v : fallback;
+}
+
+void XmlElement::set(const std::string& key, const std::string& value) {
+  for (auto& [k, v] : attrs)
+    if (k == key) { v = value; return; }
+  attrs.emplace_back(key, value);
+}
+
+XmlElement& XmlElement::add(const std::string& childName) {
+  children.emplace_back();
+  children.back().name = childName;
+  return children.back();
+}
+
+namespace {
+
+class Parser {
+ public:
+  Parser(const std::string& text, const std::string& source) : text_(text), source_(source) {}
+
+  XmlElement parseDocument() {
+    skipMisc();
+    if (atEnd()) fail("no root element (empty file?)");
+    if (peek() != '<') fail("expected '<' to start the root element");
+    XmlElement root = parseElement();
+    skipMisc();
+    if (!atEnd()) fail("unexpected content after the root element </" + root.name + ">");
+    return root;
+  }
+
+ private:
+  const std::string& text_;
+  const std::string& source_;
+  size_t pos_ = 0;
+  int line_ = 1;
+
+  [[noreturn]] void fail(const std::string& what, int line = 0) const {
+    throw XmlError(source_ + ":" + std::to_string(line ? line : line_) + ": " + what);
+  }
+  bool atEnd() const { return pos_ >= text_.size(); }
+  char peek() const { return atEnd() ? '\0' : text_[pos_]; }
+  bool startsWith(std::string_view s) const { return text_.compare(pos_, s.size(), s) == 0; }
+  void advance(size_t n = 1) {
+    for (size_t i = 0; i < n && !atEnd(); ++i, ++pos_)
+      if (text_[pos_] == '\n') ++line_;
+  }
+  void skipSpace() {
+    while (!atEnd() && std::isspace(static_cast<unsigned char>(peek()))) advance();
+  }
+  void skipPast(std::string_view terminator, const char* what) {
+    int startLine = line_;
+    size_t end = text_.find(terminator, pos_);
+    if (end == std::string::npos) fail(std::string("unterminated ") + what, startLine);
+    advance(end + terminator.size() - pos_);
+  }
+  // Whitespace, comments, declarations and (ignored) text between elements.
+  void skipMisc() {
+    for (;;) {
+      skipSpace();
+      if (startsWith("\xEF\xBB\xBF")) advance(3);
+      else if (startsWith("<!--")) skipPast("-->", "comment");
+      else if (startsWith("<?")) skipPast("?>", "<?...?> declaration");
+      else if (startsWith("<!")) skipPast(">", "<!...> declaration");
+      else return;
+    }
+  }
+  void skipText() {
+    while (!atEnd() && peek() != '<') advance();
+  }
+
+  static bool isNameChar(char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' ||
+           c == ':';
+  }
+  std::string parseName(const char* what) {
+    size_t start = pos_;
+    while (!atEnd() && isNameChar(peek())) advance();
+    if (start == pos_) {
+      std::string got = atEnd() ? "end of file" : std::string("'") + peek() + "'";
+      fail(std::string("expected ") + what + ", found " + got);
+    }
+    return text_.substr(start, pos_ - start);
+  }
+
+  std::string decodeEntities(const std::string& raw, int line) const {
+    std::string out;
+    for (size_t i = 0; i < raw.size(); ++i) {
+      if (raw[i] != '&') { out += raw[i]; continue; }
+      size_t semi = raw.find(';', i);
+      if (semi == std::string::npos) fail("'&' without ';' in attribute value", line);
+      std::string entity = raw.substr(i + 1, semi - i - 1);
+      if (entity == "amp") out += '&';
+      else if (entity == "lt") out += '<';
+      else if (entity == "gt") out += '>';
+      else if (entity == "quot") out += '"';
+      else if (entity == "apos") out += '\'';
+      else if (entity.size() > 1 && entity[0] == '#') {
+        long code = entity[1] == 'x' ? std::strtol(entity.c_str() + 2, nullptr, 16)
+                                     : std::strtol(entity.c_str() + 1, nullptr, 10);
+        if (code <= 0 || code > 127) fail("unsupported character reference &" + entity + ";", line);
+        out += static_cast<char>(code);
+      } else {
+        fail("unknown entity &" + entity + ";", line);
+      }
+      i = semi;
+    }
+    return out;
+  }
+
+  void parseAttribute(XmlElement& e) {
+    std::string key = parseName("attribute name");
+    skipSpace();
+    if (peek() != '=') fail("expected '=' after attribute '" + key + "'");
+    advance();
+    skipSpace();
+    char quote = peek();
+    if (quote != '"' && quote != '\'') fail("attribute '" + key + "' value must be quoted");
+    int line = line_;
+    advance();
+    size_t end = text_.find(quote, pos_);
+    if (end == std::string::npos) fail("unterminated value of attribute '" + key + "'", line);
+    std::string raw = text_.substr(pos_, end - pos_);
+    if (raw.find('<') != std::string::npos) fail("'<' inside value of attribute '" + key + "'", line);
+    advance(end + 1 - pos_);
+    if (e.find(key)) fail("duplicate attribute '" + key + "'", line);
+    e.attrs.emplace_back(key, decodeEntities(raw, line));
+  }
+
+  XmlElement parseElement() {
+    XmlElement e;
+    e.line = line_;
+    advance();  // '<'
+    e.name = parseName("element name");
+    for (;;) {
+      skipSpace();
+      if (atEnd()) fail("end of file inside the start tag of <" + e.name + ">", e.line);
+      if (startsWith("/>")) { advance(2); return e; }
+      if (peek() == '>') { advance(); break; }
+      parseAttribute(e);
+    }
+    parseContent(e);
+    return e;
+  }
+
+  void parseContent(XmlElement& e) {
+    for (;;) {
+      skipMisc();
+      skipText();
+      if (atEnd()) fail("<" + e.name + "> is never closed", e.line);
+      if (startsWith("<!--") || startsWith("<?") || startsWith("<!")) continue;
+      if (startsWith("</")) {
+        advance(2);
+        std::string closing = parseName("closing tag name");
+        if (closing != e.name)
+          fail("</" + closing + "> does not match <" + e.name + "> opened on line " +
+               std::to_string(e.line));
+        skipSpace();
+        if (peek() != '>') fail("expected '>' to end </" + closing + ">");
+        advance();
+        return;
+      }
+      e.children.push_back(parseElement());
+    }
+  }
+};
+
+std::string escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+void writeElement(const XmlElement& e, int depth, std::string& out) {
+  out.append(2 * depth, ' ');
+  out += "<" + e.name;
+  for (const auto& [k, v] : e.attrs) out += " " + k + "=\"" + escape(v) + "\"";
+  if (e.children.empty()) { out += "/>\n"; return; }
+  out += ">\n";
+  for (const XmlElement& c : e.children) writeElement(c, depth + 1, out);
+  out.append(2 * depth, ' ');
+  out += "</" + e.name + ">\n";
+}
+
+}  // namespace
+
+XmlElement parseXml(const std::string& text, const std::string& sourceName) {
+  return Parser(text, sourceName).parseDocument();
+}
+
+XmlElement parseXmlFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw XmlError(path + ": cannot open topology file");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return parseXml(buf.str(), path);
+}
+
+std::string writeXml(const XmlElement& root) {
+  std::string out;
+  writeElement(root, 0, out);
+  return out;
+}
+
+}  // namespace mncl::topo

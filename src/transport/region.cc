@@ -1,0 +1,126 @@
+#include "region.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "../core/error.h"
+
+namespace mncl {
+
+namespace {
+size_t alignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
+}  // namespace
+
+RegionLayout::RegionLayout(int nranks, int nChannels, const dev::ProtoSizes& sizes)
+    : nranks_(nranks), nChannels_(nChannels), sizes_(sizes) {
+  ctrlBytes_ = alignUp(sizeof(RankCtrl), 4096);
+  simpleOff_ = alignUp(sizeof(dev::ConnCtrl), 4096);
+  llOff_ = simpleOff_ + alignUp((size_t)dev::kSteps * sizes.simpleSlotBytes, 4096);
+  ll128Off_ = llOff_ + alignUp((size_t)dev::kSteps * sizes.llSlotLines * sizeof(dev::LLLine), 4096);
+  connBytes_ = ll128Off_ + alignUp((size_t)dev::kSteps * sizes.ll128SlotLines * sizeof(dev::LL128Line), 4096);
+}
+
+dev::ConnFifo RegionLayout::conn(char* regionBase, int sender, int channel) const {
+  char* c = regionBase + ctrlBytes_ + ((size_t)sender * nChannels_ + channel) * connBytes_;
+  dev::ConnFifo f;
+  f.ctrl = reinterpret_cast<dev::ConnCtrl*>(c);
+  f.simple = c + simpleOff_;
+  f.ll = reinterpret_cast<dev::LLLine*>(c + llOff_);
+  f.ll128 = reinterpret_cast<dev::LL128Line*>(c + ll128Off_);
+  return f;
+}
+
+// ---- local: anonymous memory, found by in-process peers through a registry ----
+
+namespace {
+
+class AnonMapping : public Mapping {
+ public:
+  explicit AnonMapping(size_t bytes) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throwSystemError("mmap of " + std::to_string(bytes) + " bytes for connection buffers");
+    base_ = static_cast<char*>(p);
+    size_ = bytes;
+  }
+  ~AnonMapping() override { munmap(base_, size_); }
+};
+
+std::mutex registryMutex;
+std::map<uint64_t, std::weak_ptr<Mapping>>& registry() {
+  static std::map<uint64_t, std::weak_ptr<Mapping>> r;
+  return r;
+}
+std::atomic<uint64_t> nextRegistryId{1};
+
+}  // namespace
+
+std::shared_ptr<Mapping> createLocalRegion(size_t bytes) { return std::make_shared<AnonMapping>(bytes); }
+
+uint64_t registerRegion(const std::shared_ptr<Mapping>& m) {
+  std::lock_guard<std::mutex> lock(registryMutex);
+  uint64_t id = nextRegistryId++;
+  registry()[id] = m;
+  return id;
+}
+
+std::shared_ptr<Mapping> findRegion(uint64_t registryId) {
+  std::lock_guard<std::mutex> lock(registryMutex);
+  auto it = registry().find(registryId);
+  if (it == registry().end()) return nullptr;
+  auto m = it->second.lock();
+  if (!m) registry().erase(it);
+  return m;
+}
+
+// ---- shm: POSIX shared memory between processes of one host ----
+
+std::shared_ptr<ShmMapping> ShmMapping::create(size_t bytes, const std::string& tag) {
+  auto m = std::shared_ptr<ShmMapping>(new ShmMapping());
+  std::random_device rd;
+  m->name_ = "/minincl-" + std::to_string(getpid()) + "-" + tag + "-" + std::to_string(rd());
+  int fd = shm_open(m->name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) throwSystemError("shm_open(" + m->name_ + ")");
+  m->owner_ = true;
+  if (ftruncate(fd, (off_t)bytes) != 0) {
+    close(fd);
+    throwSystemError("ftruncate of shared memory " + m->name_ + " to " + std::to_string(bytes) +
+                     " bytes (is /dev/shm large enough?)");
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) throwSystemError("mmap of shared memory " + m->name_);
+  m->base_ = static_cast<char*>(p);
+  m->size_ = bytes;
+  return m;
+}
+
+std::shared_ptr<ShmMapping> ShmMapping::open(const std::string& name, size_t bytes) {
+  auto m = std::shared_ptr<ShmMapping>(new ShmMapping());
+  m->name_ = name;
+  int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) throwSystemError("shm_open(" + name + ") of a peer's connection buffers");
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) throwSystemError("mmap of a peer's shared memory " + name);
+  m->base_ = static_cast<char*>(p);
+  m->size_ = bytes;
+  return m;
+}
+
+void ShmMapping::unlink() {
+  if (owner_ && !unlinked_) shm_unlink(name_.c_str());
+  unlinked_ = true;
+}
+
+ShmMapping::~ShmMapping() {
+  unlink();
+  if (base_) munmap(base_, size_);
+}
+
+}  // namespace mncl

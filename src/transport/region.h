@@ -1,0 +1,74 @@
+// Where connection memory lives.
+//
+// Each rank owns one region: a small control block that peers watch (heartbeat, failure,
+// departure), then, for every peer and channel, the receiving end of that connection (its
+// control words and the FIFOs of all three protocols). A sender writes straight into the
+// receiver's region. The transport decides only how a peer's region is reached:
+//   local — a rank in this process: a plain pointer, shared ownership through a registry;
+//   shm   — a process on this host: a POSIX shared-memory segment, unlinked as soon as every
+//           peer has mapped it, so nothing is left behind whatever happens next.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "../../cuda/channel.h"
+
+namespace mncl {
+
+// Watched by peers; lives at the start of each rank's region.
+struct RankCtrl {
+  enum State : uint32_t { kRunning = 0, kFailed = 1, kLeft = 2 };
+  alignas(128) uint64_t heartbeat;  // bumped by the rank's monitor thread
+  alignas(128) uint32_t state;
+  uint32_t failCode;                // an mnclResult_t when state == kFailed
+  char failMessage[240];
+};
+
+class RegionLayout {
+ public:
+  RegionLayout(int nranks, int nChannels, const dev::ProtoSizes& sizes);
+  size_t totalBytes() const { return ctrlBytes_ + (size_t)nranks_ * nChannels_ * connBytes_; }
+  // The receiving end, in the receiver's region, of `sender`'s connection on `channel`.
+  dev::ConnFifo conn(char* regionBase, int sender, int channel) const;
+
+ private:
+  int nranks_, nChannels_;
+  dev::ProtoSizes sizes_;
+  size_t ctrlBytes_, simpleOff_, llOff_, ll128Off_, connBytes_;
+};
+
+class Mapping {
+ public:
+  virtual ~Mapping() = default;
+  char* base() const { return base_; }
+  size_t size() const { return size_; }
+  RankCtrl* ctrl() const { return reinterpret_cast<RankCtrl*>(base_); }
+
+ protected:
+  char* base_ = nullptr;
+  size_t size_ = 0;
+};
+
+// This process's memory for a rank: zero-filled, page-aligned.
+std::shared_ptr<Mapping> createLocalRegion(size_t bytes);
+// In-process peers find a rank's region (local or shm) through this registry.
+uint64_t registerRegion(const std::shared_ptr<Mapping>& m);
+std::shared_ptr<Mapping> findRegion(uint64_t registryId);  // null if gone
+
+// A shared-memory segment for a rank; `name` receives its name for peers to open.
+class ShmMapping : public Mapping {
+ public:
+  static std::shared_ptr<ShmMapping> create(size_t bytes, const std::string& tag);
+  static std::shared_ptr<ShmMapping> open(const std::string& name, size_t bytes);
+  ~ShmMapping() override;
+  const std::string& name() const { return name_; }
+  void unlink();  // after every peer has mapped it
+
+ private:
+  std::string name_;
+  bool owner_ = false, unlinked_ = false;
+};
+
+}  // namespace mncl

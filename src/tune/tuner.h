@@ -1,0 +1,45 @@
+// The tuner: for each call, the (algorithm, protocol, channel count) expected to finish first.
+//
+// time = latency + bytes / bandwidth, per (algorithm, protocol), with constants measured on
+// real runs (see tuner.cc). MININCL_ALGO and MININCL_PROTO restrict the choice as NCCL_ALGO
+// and NCCL_PROTO do: a comma list of names, or `^` first to exclude them.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "../../cuda/dtypes.h"
+
+namespace mncl {
+
+struct Plan {
+  Algo algo;
+  Proto proto;
+  int nChannels;
+};
+
+const char* algoName(Algo a);
+const char* protoName(Proto p);
+const char* collName(Coll c);
+
+// Parses "ring,tree" / "^ll" style lists into a bit mask over `count` names.
+unsigned parseNameList(const std::string& list, const char* const* names, int count, const char* var);
+
+class Tuner {
+ public:
+  void init(int nranks, int maxChannels);
+  // Deterministic from its arguments and the communicator-wide settings, so every rank plans
+  // the same way.
+  Plan choose(Coll coll, size_t bytes) const;
+  unsigned algoMask() const { return algoMask_; }
+  unsigned protoMask() const { return protoMask_; }
+
+ private:
+  double estimate(Coll coll, Algo a, Proto p, size_t bytes, int nch) const;
+  bool available(Coll coll, Algo a, Proto p) const;
+
+  int nranks_ = 1, maxChannels_ = 1;
+  unsigned algoMask_ = ~0u, protoMask_ = ~0u;
+};
+
+}  // namespace mncl
