@@ -90,7 +90,7 @@ struct P2pEngine {
   MNCL_DEV bool trySend(P2pOp& op, size_t stepBytes) {
     ConnFifo& f = ch.sendTo[op.peer];
     uint64_t step = ch.sendStep[op.peer];
-    if (step - loadAcquire(&f.ctrl->head) >= (uint64_t)kSteps) return false;
+    if (loadAcquire(&f.ctrl->head) + kSteps <= step) return false;
     size_t len = minBytes(stepBytes, op.bytes - op.done);
     copyElems(slot(f, step), op.buf + op.done, len);
     f.ctrl->info[step % kSteps] = infoOf(op);

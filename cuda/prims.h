@@ -28,7 +28,7 @@ constexpr int kMaxPeers = kMaxTreeChildren;
 struct PeerSet {
   int n = 0;
   int peer[kMaxPeers] = {-1, -1, -1};
-  MNCL_HOSTDEV PeerSet() = default;
+  PeerSet() = default;
   MNCL_HOSTDEV explicit PeerSet(int p) {
     if (p >= 0) peer[n++] = p;
   }

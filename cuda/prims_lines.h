@@ -156,7 +156,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
       int peer = send_.peer[s];
       ConnCtrl* c = ch.sendTo[peer].ctrl;
       uint64_t step = ch.sendStep[peer];
-      if (!cx_.waiter.until([&] { return step - loadAcquire(&c->head) < (uint64_t)kSteps; })) return;
+      if (!cx_.waiter.until([&] { return loadAcquire(&c->head) + kSteps > step; })) return;
       c->info[step % kSteps] = info;
     }
   }

@@ -69,7 +69,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       int p = send_.peer[i];
       ConnCtrl* c = ch.sendTo[p].ctrl;
       uint64_t step = ch.sendStep[p];
-      if (!cx_.waiter.until([&] { return step - loadAcquire(&c->head) < (uint64_t)kSteps; })) return false;
+      if (!cx_.waiter.until([&] { return loadAcquire(&c->head) + kSteps > step; })) return false;
     }
     return true;
   }

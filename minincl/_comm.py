@@ -167,7 +167,12 @@ def _launch_child(
 
 
 class LaunchError(Error):
-    """One or more ranks started by :func:`launch` failed."""
+    """One or more ranks started by :func:`launch` failed; ``results`` holds what the
+    other ranks returned, by rank."""
+
+    def __init__(self, message: str, results: dict[int, Any]) -> None:
+        super().__init__(message)
+        self.results = results
 
 
 def launch(fn: Callable[..., Any], nranks: int, *args: Any, device: DeviceSpec = "cpu", timeout: Optional[float] = None) -> list[Any]:
@@ -212,5 +217,6 @@ def launch(fn: Callable[..., Any], nranks: int, *args: Any, device: DeviceSpec =
         elif not results[r][0]:
             failures.append(f"rank {r}: {results[r][1]}")
     if failures:
-        raise LaunchError("launch: " + str(len(failures)) + " rank(s) failed\n" + "\n".join(failures))
+        ok = {r: v for r, (good, v) in results.items() if good}
+        raise LaunchError("launch: " + str(len(failures)) + " rank(s) failed\n" + "\n".join(failures), ok)
     return [results[r][1] for r in range(nranks)]

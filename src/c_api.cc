@@ -37,12 +37,12 @@ mnclResult_t guarded(F&& f) {
 }
 
 Comm& use(mnclComm_t comm) {
-  check(comm && comm->impl, mnclInvalidArgument, "the communicator is null (or was destroyed)");
+  MNCL_CHECK(comm && comm->impl, mnclInvalidArgument, "the communicator is null (or was destroyed)");
   return *comm->impl;
 }
 
 void checkStream(const Comm& comm, void* stream) {
-  check(comm.device() >= 0 || stream == nullptr, mnclInvalidArgument,
+  MNCL_CHECK(comm.device() >= 0 || stream == nullptr, mnclInvalidArgument,
         "a CPU communicator takes a null stream");
 }
 
@@ -80,14 +80,14 @@ extern "C" {
 
 mnclResult_t mnclGetVersion(int* version) {
   return guarded([&] {
-    check(version != nullptr, mnclInvalidArgument, "version is null");
+    MNCL_CHECK(version != nullptr, mnclInvalidArgument, "version is null");
     *version = MNCL_VERSION_CODE;
   });
 }
 
 mnclResult_t mnclGetUniqueId(mnclUniqueId* id) {
   return guarded([&] {
-    check(id != nullptr, mnclInvalidArgument, "uniqueId is null");
+    MNCL_CHECK(id != nullptr, mnclInvalidArgument, "uniqueId is null");
     uint64_t nonce = randomNonce();
     SockAddr root = startRoot(rootBindAddress(), nonce);
     fillId(id, root, nonce, false);
@@ -96,8 +96,8 @@ mnclResult_t mnclGetUniqueId(mnclUniqueId* id) {
 
 mnclResult_t mnclGetUniqueIdForAddress(mnclUniqueId* id, const char* host, int port) {
   return guarded([&] {
-    check(id != nullptr && host != nullptr, mnclInvalidArgument, "uniqueId or host is null");
-    check(port > 0 && port < 65536, mnclInvalidArgument, "port " + std::to_string(port) + " is out of range");
+    MNCL_CHECK(id != nullptr && host != nullptr, mnclInvalidArgument, "uniqueId or host is null");
+    MNCL_CHECK(port > 0 && port < 65536, mnclInvalidArgument, "port " + std::to_string(port) + " is out of range");
     SockAddr root = SockAddr::resolve(host, port);
     // Every rank derives the same id; the nonce ties it to this address and port.
     fillId(id, root, std::hash<std::string>{}(std::string(host) + ":" + std::to_string(port)), true);
@@ -106,7 +106,7 @@ mnclResult_t mnclGetUniqueIdForAddress(mnclUniqueId* id, const char* host, int p
 
 mnclResult_t mnclCommInitRankDevice(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank, int device) {
   return guarded([&] {
-    check(comm != nullptr, mnclInvalidArgument, "comm is null");
+    MNCL_CHECK(comm != nullptr, mnclInvalidArgument, "comm is null");
     *comm = nullptr;
     UniqueIdData id;
     std::memcpy(&id, commId.internal, sizeof(id));
@@ -123,7 +123,7 @@ mnclResult_t mnclCommInitRank(mnclComm_t* comm, int nranks, mnclUniqueId commId,
 
 mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist) {
   mnclUniqueId id;
-  mnclResult_t rc = guarded([&] { check(comms != nullptr && ndev >= 1, mnclInvalidArgument, "comms is null or ndev < 1"); });
+  mnclResult_t rc = guarded([&] { MNCL_CHECK(comms != nullptr && ndev >= 1, mnclInvalidArgument, "comms is null or ndev < 1"); });
   if (rc != mnclSuccess) return rc;
   if ((rc = mnclGetUniqueId(&id)) != mnclSuccess) return rc;
   std::vector<mnclResult_t> results(ndev, mnclSuccess);
@@ -166,7 +166,7 @@ mnclResult_t mnclCommAbort(mnclComm_t comm) {
 
 mnclResult_t mnclCommGetAsyncError(mnclComm_t comm, mnclResult_t* asyncError) {
   return guarded([&] {
-    check(asyncError != nullptr, mnclInvalidArgument, "asyncError is null");
+    MNCL_CHECK(asyncError != nullptr, mnclInvalidArgument, "asyncError is null");
     *asyncError = use(comm).asyncError();
   });
 }

@@ -254,6 +254,15 @@ def test_malformed_file_names_file_and_line(tmp_path: Path) -> None:
     bad.write_text('<system version="1">\n  <cpu numaid=0>\n</system>\n')
     with pytest.raises(Exception, match=r"bad\.xml:2: .*quoted"):
         core.topo_report(xml=str(bad))
+    bad.write_text(
+        '<system version="1">\n  <cpu numaid="0">\n    <pci class="0x030200"/>\n'
+        "  </cpu>\n</system>\n"
+    )
+    with pytest.raises(Exception, match=r"bad\.xml:3: <pci> has no busid"):
+        core.topo_report(xml=str(bad))
+    bad.write_text('<cluster version="1">\n  <system version="1">\n')
+    with pytest.raises(Exception, match=r"bad\.xml:2: <system> is never closed"):
+        core.topo_report(xml=str(bad))
     with pytest.raises(Exception, match="cannot open"):
         core.topo_report(xml=str(tmp_path / "missing.xml"))
 

@@ -12,10 +12,10 @@ double bootstrapTimeout() { return env::seconds("MININCL_BOOTSTRAP_TIMEOUT", 60.
 
 Bootstrap::Bootstrap(const UniqueIdData& id, int rank, int nranks)
     : rank_(rank), nranks_(nranks), magic_(id.nonce ^ kIdMagic), timeout_(bootstrapTimeout()) {
-  check(id.magic == kIdMagic, mnclInvalidArgument,
+  MNCL_CHECK(id.magic == kIdMagic, mnclInvalidArgument,
         "the unique id is not a minincl unique id (wrong magic): pass the bytes of mnclGetUniqueId / get_unique_id()");
-  check(nranks >= 1, mnclInvalidArgument, "nranks must be at least 1, got " + std::to_string(nranks));
-  check(rank >= 0 && rank < nranks, mnclInvalidArgument,
+  MNCL_CHECK(nranks >= 1, mnclInvalidArgument, "nranks must be at least 1, got " + std::to_string(nranks));
+  MNCL_CHECK(rank >= 0 && rank < nranks, mnclInvalidArgument,
         "rank " + std::to_string(rank) + " is out of range for nranks=" + std::to_string(nranks));
   registerWithRoot(id);
   if (nranks_ > 1) connectRing();
@@ -39,7 +39,9 @@ void Bootstrap::registerWithRoot(const UniqueIdData& id) {
   hello.listen = listen_.localAddr().storage;
   toRoot.sendAll(&hello, sizeof(hello), deadline(), "sending hello to the bootstrap root");
   RootReply reply{};
-  toRoot.recvAll(&reply, sizeof(reply), deadline(), "waiting for the other ranks at the bootstrap root");
+  // The root gives up on missing ranks at its own deadline and says which are missing:
+  // wait a little longer than it does, to hear that rather than a bare timeout.
+  toRoot.recvAll(&reply, sizeof(reply), deadlineIn(timeout_ + 2.0), "waiting for the other ranks at the bootstrap root");
   if (reply.status != 0) throwError(mnclInvalidUsage, std::string("bootstrap failed: ") + reply.message);
   addrs_.resize(nranks_);
   toRoot.recvAll(addrs_.data(), addrs_.size() * sizeof(sockaddr_storage), deadline(), "reading the rank table");
@@ -98,7 +100,7 @@ void Bootstrap::send(int peer, int tag, const void* data, size_t size) {
 void Bootstrap::recv(int peer, int tag, void* data, size_t size) {
   for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
     if (it->peer == peer && it->tag == tag) {
-      check(it->data.size() == size, mnclInternalError, "bootstrap message of unexpected size");
+      MNCL_CHECK(it->data.size() == size, mnclInternalError, "bootstrap message of unexpected size");
       std::memcpy(data, it->data.data(), size);
       unexpected_.erase(it);
       return;
@@ -106,7 +108,7 @@ void Bootstrap::recv(int peer, int tag, void* data, size_t size) {
   }
   Header h{};
   Socket s = acceptMatching(kP2p, peer, tag, &h);
-  check(h.size == size, mnclInternalError, "bootstrap message of unexpected size");
+  MNCL_CHECK(h.size == size, mnclInternalError, "bootstrap message of unexpected size");
   s.recvAll(data, size, deadline(), "bootstrap recv from rank " + std::to_string(peer));
 }
 

@@ -41,9 +41,9 @@ dev::ProtoSizes protoSizesFromEnv() {
   s.simpleSlotBytes = (uint32_t)env::bytes("MININCL_SIMPLE_SLOT_BYTES", 128 << 10);
   s.llSlotLines = (uint32_t)env::integer("MININCL_LL_SLOT_LINES", 512);
   s.ll128SlotLines = (uint32_t)env::integer("MININCL_LL128_SLOT_LINES", 256);
-  check(s.simpleSlotBytes >= 4096 && s.simpleSlotBytes % 4096 == 0, mnclInvalidArgument,
+  MNCL_CHECK(s.simpleSlotBytes >= 4096 && s.simpleSlotBytes % 4096 == 0, mnclInvalidArgument,
         "MININCL_SIMPLE_SLOT_BYTES must be a multiple of 4096");
-  check(s.llSlotLines >= 16 && s.ll128SlotLines >= 4, mnclInvalidArgument,
+  MNCL_CHECK(s.llSlotLines >= 16 && s.ll128SlotLines >= 4, mnclInvalidArgument,
         "MININCL_LL_SLOT_LINES must be at least 16 and MININCL_LL128_SLOT_LINES at least 4");
   return s;
 }
@@ -52,7 +52,7 @@ dev::ProtoSizes protoSizesFromEnv() {
 
 Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
     : rank_(rank), nranks_(nranks), device_(device) {
-  check(device < 0, mnclInvalidUsage,
+  MNCL_CHECK(device < 0, mnclInvalidUsage,
         "CUDA communicators are not available in this build yet: use device=\"cpu\"");
   bootstrap_ = std::make_unique<Bootstrap>(id, rank, nranks);
 
@@ -69,9 +69,9 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   int localRanks = 0;
   bool otherProcess = false;
   for (const PeerInfo& p : peers_) {
-    check(p.hostHash == mine.hostHash, mnclInvalidUsage,
+    MNCL_CHECK(p.hostHash == mine.hostHash, mnclInvalidUsage,
           "rank " + std::to_string(p.rank) + " runs on another host; the network transport is not implemented yet");
-    check(std::memcmp(&p.sizes, &mine.sizes, sizeof(mine.sizes)) == 0, mnclInvalidUsage,
+    MNCL_CHECK(std::memcmp(&p.sizes, &mine.sizes, sizeof(mine.sizes)) == 0, mnclInvalidUsage,
           "rank " + std::to_string(p.rank) +
               " uses different FIFO sizes: set MININCL_SIMPLE_SLOT_BYTES / MININCL_LL*_SLOT_LINES the same on every rank");
     localRanks += 1;
@@ -79,7 +79,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   }
   // Channels: by default a core's share per rank, at most 4; every rank uses the smallest.
   int want = (int)env::integer("MININCL_NCHANNELS", std::clamp(cpuCount() / localRanks, 1, 4));
-  check(want >= 1 && want <= 64, mnclInvalidArgument, "MININCL_NCHANNELS must be between 1 and 64");
+  MNCL_CHECK(want >= 1 && want <= 64, mnclInvalidArgument, "MININCL_NCHANNELS must be between 1 and 64");
   peers_[rank].nChannels = want;
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));  // (re-shares the rest unchanged)
   int nch = want;
@@ -104,14 +104,14 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
     if (r == rank) peerRegions_[r] = region_;
     else if (p.pid == mine.pid) peerRegions_[r] = findRegion(p.regionId);
     else peerRegions_[r] = ShmMapping::open(p.shmName, p.regionBytes);
-    check(peerRegions_[r] != nullptr, mnclInternalError, "rank " + std::to_string(r) + "'s region vanished during init");
+    MNCL_CHECK(peerRegions_[r] != nullptr, mnclInternalError, "rank " + std::to_string(r) + "'s region vanished during init");
   }
   bootstrap_->barrier();  // everyone has mapped everything: the names can go
   if (shm) shm->unlink();
 
   setupChannels(mine.sizes);
   connect(layout);
-  tuner_.init(nranks, nch);
+  tuner_.init(nranks, nch, 2 * (size_t)mine.sizes.simpleSlotBytes);
   executor_ = std::make_unique<Executor>(nch);
   if (nranks > 1) monitor_ = std::make_unique<Monitor>(*this);
   MNCL_INFO(kInit, "rank %d/%d: %d channel(s), transport %s, FIFO simple %u B x %d, ll %u lines, ll128 %u lines",

@@ -22,9 +22,11 @@ class Error : public std::runtime_error {
 [[noreturn]] void throwError(mnclResult_t code, const std::string& msg);
 [[noreturn]] void throwSystemError(const std::string& what);  // appends strerror(errno)
 
-inline void check(bool ok, mnclResult_t code, const std::string& msg) {
-  if (!ok) throwError(code, msg);
-}
+// Throws when `ok` is false; the message is only built then (checks sit on the hot path).
+#define MNCL_CHECK(ok, code, msg)                    \
+  do {                                               \
+    if (!(ok)) ::mncl::throwError((code), (msg));    \
+  } while (0)
 
 // The last error sentence of this thread (mnclGetLastError with a null comm).
 void setThreadLastError(const std::string& msg);

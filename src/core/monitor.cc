@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <string>
 
@@ -13,6 +14,17 @@
 namespace mncl {
 
 namespace {
+// Gone, or a zombie waiting for its parent to reap it (a killed child of a launcher).
+bool processGone(int pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return false;
+  char state = 0;
+  int rc = std::fscanf(f, "%*d (%*[^)]) %c", &state);
+  std::fclose(f);
+  return rc == 1 && (state == 'Z' || state == 'X');
+}
+
 double nowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -67,7 +79,7 @@ void Monitor::checkPeer(int r, double now) {
     return;
   }
   if (sameProcess) return;  // a thread of this process cannot vanish on its own
-  if (kill(peer.pid, 0) != 0 && errno == ESRCH) {
+  if (processGone(peer.pid)) {
     comm_.fail(mnclRemoteError, who + " exited (or was killed) without destroying its communicator");
     return;
   }

@@ -36,6 +36,17 @@ std::string describe(const dev::StepInfo& s) {
   return d + ", " + algoName((Algo)s.algo) + ")";
 }
 
+std::string mismatchMessage(int rank, const dev::DevError& e) {
+  std::string me = "rank " + std::to_string(rank), peer = "rank " + std::to_string(e.peer);
+  if (e.expected.coll == (uint8_t)Coll::sendrecv && e.got.coll == (uint8_t)Coll::sendrecv) {
+    return "mismatched send/recv: " + me + " posted a recv of " + std::to_string(e.expected.count) + " bytes (" +
+           typeName((DataType)e.expected.dtype) + ") from " + peer + ", but " + peer + " sent " +
+           std::to_string(e.got.count) + " bytes (" + typeName((DataType)e.got.dtype) + ")";
+  }
+  return "mismatched calls: " + me + " called " + describe(e.expected) + " but " + peer + " called " + describe(e.got) +
+         "; every rank must make the same collective calls in the same order";
+}
+
 // ---- validation: everything is checked before anything is written ----
 
 void checkUsable(Comm& comm) {
@@ -43,9 +54,9 @@ void checkUsable(Comm& comm) {
 }
 
 void checkTypeOp(DataType t, RedOp op, bool reduces) {
-  check((int)t >= 0 && (int)t < (int)DataType::count, mnclInvalidArgument,
+  MNCL_CHECK((unsigned)t < (unsigned)DataType::count, mnclInvalidArgument,
         "unknown data type " + std::to_string((int)t));
-  if (reduces) check((int)op >= 0 && (int)op < (int)RedOp::count, mnclInvalidArgument, "unknown reduction op " + std::to_string((int)op));
+  if (reduces) MNCL_CHECK((unsigned)op < (unsigned)RedOp::count, mnclInvalidArgument, "unknown reduction op " + std::to_string((int)op));
 }
 
 void validate(Comm& comm, const CollCall& c) {
@@ -53,14 +64,14 @@ void validate(Comm& comm, const CollCall& c) {
   bool reduces = c.coll == Coll::allreduce || c.coll == Coll::reduce || c.coll == Coll::reducescatter;
   checkTypeOp(c.dtype, c.op, reduces);
   if (c.coll == Coll::broadcast || c.coll == Coll::reduce) {
-    check(c.root >= 0 && c.root < comm.nranks(), mnclInvalidArgument,
+    MNCL_CHECK(c.root >= 0 && c.root < comm.nranks(), mnclInvalidArgument,
           std::string(collName(c.coll)) + ": root " + std::to_string(c.root) + " is out of range for " +
               std::to_string(comm.nranks()) + " ranks");
   }
   if (c.count > 0) {
-    check(c.recv != nullptr || (c.coll == Coll::reduce && comm.rank() != c.root), mnclInvalidArgument,
+    MNCL_CHECK(c.recv != nullptr || (c.coll == Coll::reduce && comm.rank() != c.root), mnclInvalidArgument,
           std::string(collName(c.coll)) + ": the receive buffer is null");
-    check(c.send != nullptr || (c.coll == Coll::broadcast && comm.rank() != c.root), mnclInvalidArgument,
+    MNCL_CHECK(c.send != nullptr || (c.coll == Coll::broadcast && comm.rank() != c.root), mnclInvalidArgument,
           std::string(collName(c.coll)) + ": the send buffer is null");
   }
 }
@@ -68,20 +79,42 @@ void validate(Comm& comm, const CollCall& c) {
 void validate(Comm& comm, const P2pCall& c) {
   checkUsable(comm);
   checkTypeOp(c.dtype, RedOp::sum, false);
-  check(c.peer >= 0 && c.peer < comm.nranks(), mnclInvalidArgument,
+  MNCL_CHECK(c.peer >= 0 && c.peer < comm.nranks(), mnclInvalidArgument,
         std::string(c.isSend ? "send" : "recv") + ": peer " + std::to_string(c.peer) + " is out of range for " +
             std::to_string(comm.nranks()) + " ranks");
-  check(c.count == 0 || c.buf != nullptr, mnclInvalidArgument, std::string(c.isSend ? "send" : "recv") + ": the buffer is null");
+  MNCL_CHECK(c.count == 0 || c.buf != nullptr, mnclInvalidArgument, std::string(c.isSend ? "send" : "recv") + ": the buffer is null");
 }
 
 // ---- planning: what each channel runs ----
 
+struct ChannelResult {
+  bool ok = true;
+  dev::DevError error;
+};
+
 // One communicator's share of a launch: per channel, the collectives then the p2p ops.
+// Reused from call to call (cleared, not freed), so a small call allocates nothing.
 struct CommPlan {
-  Comm* comm;
+  Comm* comm = nullptr;
   std::vector<std::vector<dev::DevWork>> colls;  // [channel]
   std::vector<std::vector<dev::P2pOp>> p2p;      // [channel]
+  std::vector<ChannelResult> results;            // [channel]
   std::vector<const P2pCall*> selfSends, selfRecvs;
+
+  void reset(Comm* c) {
+    comm = c;
+    size_t n = (size_t)c->nChannels();
+    colls.resize(n);
+    p2p.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      colls[i].clear();
+      p2p[i].clear();
+    }
+    results.assign(n, ChannelResult{});
+    selfSends.clear();
+    selfRecvs.clear();
+  }
+  bool hasWork(int c) const { return !colls[c].empty() || !p2p[c].empty(); }
 };
 
 size_t alignedShare(size_t count, int parts, size_t elemSize) {
@@ -135,7 +168,8 @@ void planP2p(CommPlan& plan, const P2pCall& c) {
   size_t bytes = c.count * dataTypeSize(c.dtype);
   // Big transfers spread over channels; channel 0 always carries a step so a receiver
   // compares sizes with its sender even when they disagree on the channel count.
-  int nch = (int)std::clamp<size_t>(bytes / (512 << 10), 1, (size_t)comm.nChannels());
+  size_t perChannel = 4 * (size_t)comm.channel(0).dev.sizes.simpleSlotBytes;
+  int nch = (int)std::clamp<size_t>(bytes / perChannel, 1, (size_t)comm.nChannels());
   size_t share = alignedShare(bytes, nch, 1);
   for (int ch = 0; ch < nch; ++ch) {
     size_t off = std::min(bytes, (size_t)ch * share);
@@ -151,14 +185,14 @@ void planP2p(CommPlan& plan, const P2pCall& c) {
 }
 
 void matchSelf(CommPlan& plan) {
-  check(plan.selfSends.size() == plan.selfRecvs.size(), mnclInvalidUsage,
+  MNCL_CHECK(plan.selfSends.size() == plan.selfRecvs.size(), mnclInvalidUsage,
         "rank " + std::to_string(plan.comm->rank()) + " sends to itself " + std::to_string(plan.selfSends.size()) +
             " time(s) but receives from itself " + std::to_string(plan.selfRecvs.size()) + " time(s) in this group");
   for (size_t i = 0; i < plan.selfSends.size(); ++i) {
     const P2pCall& s = *plan.selfSends[i];
     const P2pCall& r = *plan.selfRecvs[i];
     size_t sb = s.count * dataTypeSize(s.dtype), rb = r.count * dataTypeSize(r.dtype);
-    check(sb == rb && s.dtype == r.dtype, mnclInvalidUsage,
+    MNCL_CHECK(sb == rb && s.dtype == r.dtype, mnclInvalidUsage,
           "send to self of " + std::to_string(sb) + " bytes (" + typeName(s.dtype) + ") does not match the recv from self of " +
               std::to_string(rb) + " bytes (" + typeName(r.dtype) + ")");
   }
@@ -172,13 +206,9 @@ void matchSelf(CommPlan& plan) {
 
 // ---- running ----
 
-struct ChannelResult {
-  bool ok = true;
-  dev::DevError error;
-};
-
-void runChannel(Comm& comm, CommPlan& plan, int c, ChannelResult& res) {
-  Channel& ch = comm.channel(c);
+void runChannel(CommPlan& plan, int c) {
+  Channel& ch = plan.comm->channel(c);
+  ChannelResult& res = plan.results[c];
   for (const dev::DevWork& w : plan.colls[c]) {
     if (!res.ok) return;
     res.ok = dev::runCollective(ch.dev, w, &res.error);
@@ -190,51 +220,33 @@ void runChannel(Comm& comm, CommPlan& plan, int c, ChannelResult& res) {
 
 // After a launch: a mismatch found by the device code becomes this rank's error; an abort
 // or a peer's failure is already stored in the communicator.
-void finish(CommPlan& plan, std::vector<ChannelResult>& results) {
+void finish(CommPlan& plan) {
   Comm& comm = *plan.comm;
-  for (const ChannelResult& r : results) {
-    if (r.ok) continue;
-    if (r.error.peer >= 0) {
-      comm.fail(mnclInvalidUsage, "mismatched calls: rank " + std::to_string(comm.rank()) + " called " +
-                                      describe(r.error.expected) + " but rank " + std::to_string(r.error.peer) +
-                                      " called " + describe(r.error.got) +
-                                      "; every rank must make the same collective calls in the same order");
-    }
+  for (const ChannelResult& r : plan.results) {
+    if (!r.ok && r.error.peer >= 0) comm.fail(mnclInvalidUsage, mismatchMessage(comm.rank(), r.error));
   }
-  for (const ChannelResult& r : results) {
+  for (const ChannelResult& r : plan.results) {
     if (!r.ok) comm.throwStoredError();
   }
   if (comm.failed()) comm.throwStoredError();
 }
 
-bool hasWork(const CommPlan& p) {
-  for (size_t c = 0; c < p.colls.size(); ++c)
-    if (!p.colls[c].empty() || !p.p2p[c].empty()) return true;
-  return false;
-}
-
 // Runs the plans of one launch. With one communicator the caller runs channel 0 itself;
 // with several (one thread driving many ranks) every channel runs on its thread, since any
 // rank may have to wait for another.
-void launch(std::vector<CommPlan>& plans) {
-  std::vector<std::unique_ptr<Comm::CallScope>> scopes;
-  std::vector<std::vector<ChannelResult>> results(plans.size());
+void launch(CommPlan* plans, size_t nplans) {
   Completion done;
-  bool inlineFirst = plans.size() == 1;
-  for (size_t i = 0; i < plans.size(); ++i) {
+  bool inlineFirst = nplans == 1;
+  for (size_t i = 0; i < nplans; ++i) matchSelf(plans[i]);
+  for (size_t i = 0; i < nplans; ++i) {
     CommPlan& plan = plans[i];
-    matchSelf(plan);
-    scopes.push_back(std::make_unique<Comm::CallScope>(*plan.comm));
-    results[i].resize(plan.comm->nChannels());
-    if (!hasWork(plan)) continue;
     for (int c = inlineFirst ? 1 : 0; c < plan.comm->nChannels(); ++c) {
-      if (plan.colls[c].empty() && plan.p2p[c].empty()) continue;
-      plan.comm->executor().post(c, [&plan, c, &res = results[i][c]] { runChannel(*plan.comm, plan, c, res); }, &done);
+      if (plan.hasWork(c)) plan.comm->executor().post(c, [&plan, c] { runChannel(plan, c); }, &done);
     }
   }
-  if (inlineFirst && hasWork(plans[0])) runChannel(*plans[0].comm, plans[0], 0, results[0][0]);
+  if (inlineFirst && plans[0].hasWork(0)) runChannel(plans[0], 0);
   done.wait();
-  for (size_t i = 0; i < plans.size(); ++i) finish(plans[i], results[i]);
+  for (size_t i = 0; i < nplans; ++i) finish(plans[i]);
 }
 
 // ---- groups ----
@@ -249,34 +261,33 @@ struct Recorded {
 thread_local int tlsGroupDepth = 0;
 thread_local std::vector<Recorded> tlsRecorded;
 
+void plan(CommPlan& p, const Recorded& r) {
+  if (r.isP2p) planP2p(p, r.p2p);
+  else planColl(p, r.coll);
+}
+
 void runRecorded(std::vector<Recorded>& calls) {
   std::vector<CommPlan> plans;
   std::map<Comm*, size_t> index;
   for (Recorded& r : calls) {
-    auto [it, fresh] = index.emplace(r.comm, plans.size());
-    if (fresh) {
-      CommPlan p;
-      p.comm = r.comm;
-      p.colls.resize(r.comm->nChannels());
-      p.p2p.resize(r.comm->nChannels());
-      plans.push_back(std::move(p));
-    }
+    if (index.emplace(r.comm, plans.size()).second) plans.emplace_back().reset(r.comm);
   }
-  for (Recorded& r : calls) {
-    CommPlan& plan = plans[index[r.comm]];
-    if (r.isP2p) planP2p(plan, r.p2p);
-    else planColl(plan, r.coll);
-  }
-  launch(plans);
+  std::vector<std::unique_ptr<Comm::CallScope>> scopes;
+  for (CommPlan& p : plans) scopes.push_back(std::make_unique<Comm::CallScope>(*p.comm));
+  for (Recorded& r : calls) plan(plans[index[r.comm]], r);
+  launch(plans.data(), plans.size());
 }
 
-void record(Recorded r) {
+void record(const Recorded& r) {
   if (tlsGroupDepth > 0) {
     tlsRecorded.push_back(r);
     return;
   }
-  std::vector<Recorded> one{r};
-  runRecorded(one);
+  thread_local CommPlan single;
+  Comm::CallScope scope(*r.comm);
+  single.reset(r.comm);
+  plan(single, r);
+  launch(&single, 1);
 }
 
 }  // namespace
@@ -295,11 +306,11 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
   checkUsable(comm);
   checkTypeOp(dtype, RedOp::sum, false);
   size_t bytes = count * dataTypeSize(dtype);
-  check(count == 0 || (send && recv), mnclInvalidArgument, "alltoall: a buffer is null");
+  MNCL_CHECK(count == 0 || (send && recv), mnclInvalidArgument, "alltoall: a buffer is null");
   // In place, a block could be overwritten before it is sent: send from a copy.
   std::shared_ptr<std::vector<char>> copy;
   if (send == recv && bytes) {
-    check(tlsGroupDepth == 0, mnclInvalidUsage,
+    MNCL_CHECK(tlsGroupDepth == 0, mnclInvalidUsage,
           "in-place alltoall inside a group is not supported: use a separate receive buffer");
     copy = std::make_shared<std::vector<char>>((const char*)send, (const char*)send + bytes * comm.nranks());
     send = copy->data();
@@ -320,7 +331,7 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
 void groupStart() { ++tlsGroupDepth; }
 
 void groupEnd() {
-  check(tlsGroupDepth > 0, mnclInvalidUsage, "mnclGroupEnd without a matching mnclGroupStart");
+  MNCL_CHECK(tlsGroupDepth > 0, mnclInvalidUsage, "mnclGroupEnd without a matching mnclGroupStart");
   if (--tlsGroupDepth > 0) return;
   std::vector<Recorded> calls;
   calls.swap(tlsRecorded);

@@ -278,17 +278,17 @@ class PyComm {
   }
 
   // Stops in-flight work on every thread (they raise Aborted), then releases everything.
+  // Both run without the GIL: the calls they wait for need it to finish raising.
   void abort() {
+    py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> life(lifeMutex_);
     if (destroyed_) return;
-    {
-      py::gil_scoped_release nogil;  // the aborted calls need the GIL to raise
-      comm_->abort();
-    }
+    comm_->abort();
     close();
   }
 
   void destroy() {
+    py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> life(lifeMutex_);
     if (destroyed_) return;
     close();
@@ -296,7 +296,6 @@ class PyComm {
 
  private:
   void close() {
-    py::gil_scoped_release nogil;
     async_.drain();
     std::unique_lock<std::shared_mutex> lock(callMutex_);  // waits for calls on other threads
     comm_.reset();

@@ -27,7 +27,7 @@ int numaOf(const System& sys, int node) {
 
 std::string affinityOf(const System& sys, int node) {
   int cpu = sys.cpuOf(node);
-  return cpu < 0 ? "N/A" : formatCpuList(sys.nodes[cpu].cpus);
+  return cpu < 0 || sys.nodes[cpu].cpus.empty() ? "N/A" : formatCpuList(sys.nodes[cpu].cpus);
 }
 
 std::string pad(const std::string& s, size_t width) {

@@ -25,7 +25,6 @@ constexpr ProtoCost kCpuCost[] = {
     {1.0, 4.5},   // ll128
 };
 constexpr double kBaseLatencyUs = 1.0;
-constexpr size_t kBytesPerChannel = 256 << 10;  // don't split smaller pieces across channels
 }  // namespace
 
 const char* algoName(Algo a) { return kAlgoNames[(int)a]; }
@@ -60,9 +59,10 @@ unsigned parseNameList(const std::string& list, const char* const* names, int co
   return mask;
 }
 
-void Tuner::init(int nranks, int maxChannels) {
+void Tuner::init(int nranks, int maxChannels, size_t bytesPerChannel) {
   nranks_ = nranks;
   maxChannels_ = maxChannels;
+  bytesPerChannel_ = std::max<size_t>(1, bytesPerChannel);
   algoMask_ = parseNameList(env::str("MININCL_ALGO"), kAlgoNames, (int)Algo::count, "MININCL_ALGO");
   protoMask_ = parseNameList(env::str("MININCL_PROTO"), kProtoNames, (int)Proto::count, "MININCL_PROTO");
 }
@@ -86,7 +86,7 @@ double Tuner::estimate(Coll coll, Algo, Proto p, size_t bytes, int nch) const {
 }
 
 Plan Tuner::choose(Coll coll, size_t bytes) const {
-  int nch = (int)std::min<size_t>((size_t)maxChannels_, std::max<size_t>(1, bytes / kBytesPerChannel));
+  int nch = (int)std::min<size_t>((size_t)maxChannels_, std::max<size_t>(1, bytes / bytesPerChannel_));
   Plan best{Algo::ring, Proto::simple, nch};
   double bestTime = std::numeric_limits<double>::infinity();
   bool any = false;

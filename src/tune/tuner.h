@@ -27,7 +27,8 @@ unsigned parseNameList(const std::string& list, const char* const* names, int co
 
 class Tuner {
  public:
-  void init(int nranks, int maxChannels);
+  // bytesPerChannel: the smallest share worth a channel of its own.
+  void init(int nranks, int maxChannels, size_t bytesPerChannel);
   // Deterministic from its arguments and the communicator-wide settings, so every rank plans
   // the same way.
   Plan choose(Coll coll, size_t bytes) const;
@@ -39,6 +40,7 @@ class Tuner {
   bool available(Coll coll, Algo a, Proto p) const;
 
   int nranks_ = 1, maxChannels_ = 1;
+  size_t bytesPerChannel_ = 1;
   unsigned algoMask_ = ~0u, protoMask_ = ~0u;
 };
 

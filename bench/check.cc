@@ -1,0 +1,113 @@
+#include "check.h"
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "dtype.h"
+
+namespace perf {
+namespace {
+
+// Rank r's element i: 1..5, so sums and products of a few ranks are exact.
+inline int pattern(int rank, size_t i) { return static_cast<int>((i * 7 + static_cast<size_t>(rank) * 3) % 5) + 1; }
+
+template <typename T>
+T fromDouble(double v) {
+  if constexpr (std::is_same_v<T, Half>) return toHalf(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, BFloat16>) return toBFloat16(static_cast<float>(v));
+  else return static_cast<T>(v);
+}
+
+template <typename T>
+double toDouble(T v) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return toFloat(v);
+  else return static_cast<double>(v);
+}
+
+template <typename T>
+constexpr double tolerance() {
+  if constexpr (std::is_same_v<T, Half>) return 1e-2;
+  else if constexpr (std::is_same_v<T, BFloat16>) return 2e-2;
+  else if constexpr (std::is_same_v<T, float>) return 1e-5;
+  else return 1e-12;
+}
+
+// The reduction of element i over all ranks, in T's own arithmetic for integers (wrapping,
+// C division for avg) and in double, rounded once to T, for floating types.
+template <typename T>
+T reference(mnclRedOp_t op, int nranks, size_t i) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    U acc = static_cast<U>(pattern(0, i));
+    for (int q = 1; q < nranks; ++q) {
+      U v = static_cast<U>(pattern(q, i));
+      switch (op) {
+        case mnclProd: acc = static_cast<U>(acc * v); break;
+        case mnclMax: acc = static_cast<T>(v) > static_cast<T>(acc) ? v : acc; break;
+        case mnclMin: acc = static_cast<T>(v) < static_cast<T>(acc) ? v : acc; break;
+        default: acc = static_cast<U>(acc + v); break;  // sum, avg
+      }
+    }
+    T r = static_cast<T>(acc);
+    return op == mnclAvg ? static_cast<T>(r / static_cast<T>(nranks)) : r;
+  } else {
+    double acc = pattern(0, i);
+    for (int q = 1; q < nranks; ++q) {
+      double v = pattern(q, i);
+      switch (op) {
+        case mnclProd: acc *= v; break;
+        case mnclMax: acc = std::fmax(acc, v); break;
+        case mnclMin: acc = std::fmin(acc, v); break;
+        default: acc += v; break;
+      }
+    }
+    return fromDouble<T>(op == mnclAvg ? acc / nranks : acc);
+  }
+}
+
+template <typename T>
+bool same(T got, T want) {
+  if constexpr (std::is_integral_v<T>) {
+    return got == want;
+  } else {
+    double g = toDouble(got), w = toDouble(want);
+    if (std::isinf(w)) return g == w;
+    return std::fabs(g - w) <= tolerance<T>() * std::fmax(1.0, std::fabs(w));
+  }
+}
+
+}  // namespace
+
+void fillInput(const Options& opt, const Shape& shape, int rank, void* hostSend) {
+  withType(opt.dtype, [&]<typename T>() {
+    T* out = static_cast<T*>(hostSend);
+    for (size_t i = 0; i < shape.sendCount; ++i) out[i] = fromDouble<T>(pattern(rank, i));
+  });
+}
+
+size_t countWrong(const Options& opt, const Shape& shape, int rank, int nranks, const void* hostRecv) {
+  if (opt.coll == Coll::Reduce && rank != opt.root) return 0;
+  return withType(opt.dtype, [&]<typename T>() -> size_t {
+    const T* got = static_cast<const T*>(hostRecv);
+    size_t s = shape.paramCount, wrong = 0;
+    for (size_t k = 0; k < shape.recvCount; ++k) {
+      T want{};
+      switch (opt.coll) {
+        case Coll::AllReduce:
+        case Coll::Reduce: want = reference<T>(opt.op, nranks, k); break;
+        case Coll::ReduceScatter: want = reference<T>(opt.op, nranks, static_cast<size_t>(rank) * s + k); break;
+        case Coll::Broadcast: want = fromDouble<T>(pattern(opt.root, k)); break;
+        case Coll::AllGather: want = fromDouble<T>(pattern(static_cast<int>(k / s), k % s)); break;
+        case Coll::AlltoAll:
+          want = fromDouble<T>(pattern(static_cast<int>(k / s), static_cast<size_t>(rank) * s + k % s));
+          break;
+        case Coll::SendRecv: want = fromDouble<T>(pattern((rank + nranks - 1) % nranks, k)); break;
+      }
+      if (!same(got[k], want)) ++wrong;
+    }
+    return wrong;
+  });
+}
+
+}  // namespace perf

@@ -1,0 +1,62 @@
+#include "collective.h"
+
+namespace perf {
+
+Shape shapeFor(Coll coll, size_t bytes, size_t typeSize, int nranks) {
+  size_t n = static_cast<size_t>(nranks);
+  size_t count = bytes / typeSize;
+  switch (coll) {
+    case Coll::AllGather:
+      count -= count % n;
+      return {count * typeSize, count, count / n, count / n, count};
+    case Coll::ReduceScatter:
+      count -= count % n;
+      return {count * typeSize, count, count / n, count, count / n};
+    case Coll::AlltoAll:
+      count -= count % n;
+      return {count * typeSize, count, count / n, count, count};
+    default:
+      return {count * typeSize, count, count, count, count};
+  }
+}
+
+double busFactor(Coll coll, int nranks) {
+  double n = nranks;
+  switch (coll) {
+    case Coll::AllReduce: return 2.0 * (n - 1) / n;
+    case Coll::AllGather:
+    case Coll::ReduceScatter:
+    case Coll::AlltoAll: return (n - 1) / n;
+    default: return 1.0;
+  }
+}
+
+bool hasRoot(Coll coll) { return coll == Coll::Broadcast || coll == Coll::Reduce; }
+
+bool reduces(Coll coll) {
+  return coll == Coll::AllReduce || coll == Coll::Reduce || coll == Coll::ReduceScatter;
+}
+
+mnclResult_t runCollective(const Options& opt, const Shape& shape, const void* send, void* recv,
+                           mnclComm_t comm, void* stream, int rank, int nranks) {
+  size_t c = shape.paramCount;
+  switch (opt.coll) {
+    case Coll::AllReduce: return mnclAllReduce(send, recv, c, opt.dtype, opt.op, comm, stream);
+    case Coll::Broadcast: return mnclBroadcast(send, recv, c, opt.dtype, opt.root, comm, stream);
+    case Coll::Reduce: return mnclReduce(send, recv, c, opt.dtype, opt.op, opt.root, comm, stream);
+    case Coll::AllGather: return mnclAllGather(send, recv, c, opt.dtype, comm, stream);
+    case Coll::ReduceScatter: return mnclReduceScatter(send, recv, c, opt.dtype, opt.op, comm, stream);
+    case Coll::AlltoAll: return mnclAlltoAll(send, recv, c, opt.dtype, comm, stream);
+    case Coll::SendRecv: {
+      mnclResult_t rc = mnclGroupStart();
+      if (rc != mnclSuccess) return rc;
+      mnclResult_t a = mnclSend(send, c, opt.dtype, (rank + 1) % nranks, comm, stream);
+      mnclResult_t b = mnclRecv(recv, c, opt.dtype, (rank + nranks - 1) % nranks, comm, stream);
+      rc = mnclGroupEnd();
+      return a != mnclSuccess ? a : b != mnclSuccess ? b : rc;
+    }
+  }
+  return mnclInvalidArgument;
+}
+
+}  // namespace perf

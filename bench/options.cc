@@ -1,0 +1,150 @@
+#include "options.h"
+
+#include <getopt.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "dtype.h"
+
+namespace perf {
+namespace {
+
+constexpr const char* kCollNames[] = {"allreduce", "broadcast",    "reduce",  "allgather",
+                                      "reduce_scatter", "alltoall", "sendrecv"};
+constexpr const char* kOpNames[] = {"sum", "prod", "max", "min", "avg"};
+
+[[noreturn]] void usage(const char* prog, int code) {
+  std::fprintf(code ? stderr : stdout,
+               "usage: %s [collective] (-t N | -p N) [options]\n"
+               "  collective   allreduce (default) | broadcast | reduce | allgather |\n"
+               "               reduce_scatter | alltoall | sendrecv (or -k NAME)\n"
+               "  -t N         N ranks as threads of this process (mnclCommInitAll)\n"
+               "  -p N         N ranks as processes (fork/exec, unique id through the environment)\n"
+               "  -b SIZE      smallest message, e.g. 8, 64K, 1M (default 32M)\n"
+               "  -e SIZE      largest message (default 32M)\n"
+               "  -f FACTOR    size multiplication factor (default 2)\n"
+               "  -i BYTES     size increment instead of a factor\n"
+               "  -n N         timed iterations per size (default 20)\n"
+               "  -w N         warm-up iterations per size (default 5)\n"
+               "  -c 0|1       check results against a host reference (default 0)\n"
+               "  -o OP        sum | prod | max | min | avg (default sum)\n"
+               "  -d TYPE      int8 uint8 int32 uint32 int64 uint64 half float double bfloat16\n"
+               "  -r ROOT      root for broadcast and reduce (default 0)\n"
+               "  -a 0|1|2|3   time reported: rank 0 | mean | min | max over ranks (default 1)\n"
+               "  -A ALGO      sets MININCL_ALGO (ring, tree, direct)\n"
+               "  -P PROTO     sets MININCL_PROTO (simple, ll, ll128)\n"
+               "  -C N         sets MININCL_NCHANNELS\n"
+               "  -D DEVICE    cpu (default) | cuda\n",
+               prog);
+  std::exit(code);
+}
+
+Coll parseColl(const char* name, const char* prog) {
+  for (int i = 0; i < 7; ++i) {
+    if (std::strcmp(name, kCollNames[i]) == 0) return static_cast<Coll>(i);
+  }
+  std::fprintf(stderr, "%s: unknown collective '%s'\n", prog, name);
+  usage(prog, 2);
+}
+
+}  // namespace
+
+const char* collName(Coll c) { return kCollNames[static_cast<int>(c)]; }
+const char* opName(mnclRedOp_t op) { return kOpNames[static_cast<int>(op)]; }
+
+size_t parseSize(const std::string& text) {
+  std::string t = text;
+  if (!t.empty() && (t.back() == 'B' || t.back() == 'b')) t.pop_back();
+  if (t.empty()) throw std::invalid_argument("empty size");
+  size_t unit = 1;
+  switch (t.back()) {
+    case 'K': case 'k': unit = size_t{1} << 10; break;
+    case 'M': case 'm': unit = size_t{1} << 20; break;
+    case 'G': case 'g': unit = size_t{1} << 30; break;
+    default: break;
+  }
+  if (unit != 1) t.pop_back();
+  size_t used = 0;
+  double value = std::stod(t, &used);
+  if (used != t.size() || value < 0) throw std::invalid_argument("bad size '" + text + "'");
+  return static_cast<size_t>(value * static_cast<double>(unit));
+}
+
+Options parseOptions(int argc, char** argv) {
+  Options o;
+  const char* prog = argv[0];
+  int first = 1;
+  if (argc > 1 && argv[1][0] != '-') {
+    o.coll = parseColl(argv[1], prog);
+    first = 2;
+  }
+  // getopt starts at optind; skip the positional collective.
+  optind = first;
+  int c;
+  try {
+    while ((c = getopt(argc, argv, "hk:t:p:b:e:f:i:n:w:c:o:d:r:a:A:P:C:D:")) != -1) {
+      std::string arg = optarg ? optarg : "";
+      switch (c) {
+        case 'k': o.coll = parseColl(optarg, prog); break;
+        case 't': o.nThreads = std::stoi(arg); break;
+        case 'p': o.nProcs = std::stoi(arg); break;
+        case 'b': o.minBytes = parseSize(arg); break;
+        case 'e': o.maxBytes = parseSize(arg); break;
+        case 'f': o.factor = std::stod(arg); break;
+        case 'i': o.stepBytes = parseSize(arg); break;
+        case 'n': o.iters = std::stoi(arg); break;
+        case 'w': o.warmup = std::stoi(arg); break;
+        case 'c': o.check = std::stoi(arg) != 0; break;
+        case 'r': o.root = std::stoi(arg); break;
+        case 'a': o.average = std::stoi(arg); break;
+        case 'A': o.algo = arg; break;
+        case 'P': o.proto = arg; break;
+        case 'C': o.nChannels = std::stoi(arg); break;
+        case 'D': o.device = arg; break;
+        case 'o': {
+          bool found = false;
+          for (int i = 0; i < 5; ++i) {
+            if (arg == kOpNames[i]) { o.op = static_cast<mnclRedOp_t>(i); found = true; }
+          }
+          if (!found) { std::fprintf(stderr, "%s: unknown op '%s'\n", prog, optarg); usage(prog, 2); }
+          break;
+        }
+        case 'd': {
+          const TypeInfo* t = findType(arg);
+          if (!t) { std::fprintf(stderr, "%s: unknown type '%s'\n", prog, optarg); usage(prog, 2); }
+          o.dtype = t->type;
+          break;
+        }
+        case 'h': usage(prog, 0);
+        default: usage(prog, 2);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: bad value for -%c: %s\n", prog, c, e.what());
+    usage(prog, 2);
+  }
+  if (optind < argc) {
+    std::fprintf(stderr, "%s: unexpected argument '%s'\n", prog, argv[optind]);
+    usage(prog, 2);
+  }
+  if ((o.nThreads > 0) == (o.nProcs > 0)) {
+    std::fprintf(stderr, "%s: give exactly one of -t N (threads) or -p N (processes)\n", prog);
+    usage(prog, 2);
+  }
+  if (o.maxBytes < o.minBytes || (o.stepBytes == 0 && o.factor <= 1.0) || o.iters < 1 ||
+      o.warmup < 0 || o.average < 0 || o.average > 3) {
+    std::fprintf(stderr, "%s: need -b <= -e, -f > 1 (or -i > 0), -n >= 1, -w >= 0, -a in 0..3\n", prog);
+    usage(prog, 2);
+  }
+  int n = o.nThreads > 0 ? o.nThreads : o.nProcs;
+  if (o.root < 0 || o.root >= n) {
+    std::fprintf(stderr, "%s: root %d is not a rank of %d\n", prog, o.root, n);
+    usage(prog, 2);
+  }
+  return o;
+}
+
+}  // namespace perf

@@ -1,0 +1,159 @@
+// minincl-perf: nccl-tests' measurement on minincl's C API.
+//
+//   minincl-perf allreduce -t 2 -b 8 -e 256M -f 4 -c 1
+//   minincl-perf broadcast -p 4 -b 1K -e 64M -P ll128
+//
+// Each rank allocates its buffers once at the largest size, then for every size: fills its
+// input, runs -w warm-up calls, lines the ranks up, times -n calls, and (with -c 1) runs once
+// more and checks the output against a host reference. Times and wrong counts are combined
+// across ranks with minincl itself, so threads and processes take the same path.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include "check.h"
+#include "collective.h"
+#include "device.h"
+#include "dtype.h"
+#include "launcher.h"
+#include "options.h"
+#include "table.h"
+
+namespace perf {
+namespace {
+
+std::vector<size_t> messageSizes(const Options& opt) {
+  std::vector<size_t> out;
+  for (size_t s = opt.minBytes; s <= opt.maxBytes;) {
+    out.push_back(s);
+    size_t next = opt.stepBytes ? s + opt.stepBytes : static_cast<size_t>(static_cast<double>(s) * opt.factor);
+    s = next > s ? next : s + 1;
+  }
+  return out;
+}
+
+// Small cross-rank reductions through the communicator, staged through device memory.
+class Scalars {
+ public:
+  Scalars(Device& dev, mnclComm_t comm) : dev_(dev), comm_(comm), buf_(dev, 16) {}
+
+  double reduce(double value, mnclRedOp_t op) {
+    dev_.copyFromHost(buf_.data(), &value, sizeof value);
+    call(mnclAllReduce(buf_.data(), buf_.data(), 1, mnclFloat64, op, comm_, dev_.stream()), "timing allreduce");
+    dev_.copyToHost(&value, buf_.data(), sizeof value);
+    return value;
+  }
+  double broadcast(double value) {
+    dev_.copyFromHost(buf_.data(), &value, sizeof value);
+    call(mnclBroadcast(buf_.data(), buf_.data(), 1, mnclFloat64, 0, comm_, dev_.stream()), "timing broadcast");
+    dev_.copyToHost(&value, buf_.data(), sizeof value);
+    return value;
+  }
+  unsigned long long sum(unsigned long long value) {
+    dev_.copyFromHost(buf_.data(), &value, sizeof value);
+    call(mnclAllReduce(buf_.data(), buf_.data(), 1, mnclUint64, mnclSum, comm_, dev_.stream()), "#wrong allreduce");
+    dev_.copyToHost(&value, buf_.data(), sizeof value);
+    return value;
+  }
+  void barrier() { reduce(0.0, mnclSum); }
+
+ private:
+  void call(mnclResult_t rc, const char* what) {
+    if (rc != mnclSuccess) {
+      throw std::runtime_error(std::string(what) + ": " + mnclGetErrorString(rc) + " (" + mnclGetLastError(comm_) + ")");
+    }
+    dev_.synchronize();
+  }
+  Device& dev_;
+  mnclComm_t comm_;
+  Buffer buf_;
+};
+
+// The time -a asks for: rank 0's, the mean, the minimum or the maximum over ranks.
+double combineTime(Scalars& scalars, double seconds, int average, int nranks) {
+  switch (average) {
+    case 0: return scalars.broadcast(seconds);
+    case 2: return scalars.reduce(seconds, mnclMin);
+    case 3: return scalars.reduce(seconds, mnclMax);
+    default: return scalars.reduce(seconds, mnclSum) / nranks;
+  }
+}
+
+int runRank(const Options& opt, mnclComm_t comm, int rank, int nranks) {
+  try {
+    std::unique_ptr<Device> dev = makeDevice(opt.device, rank);
+    size_t typeSize = typeInfo(opt.dtype).size;
+    std::vector<size_t> sizes = messageSizes(opt);
+    Shape largest = shapeFor(opt.coll, opt.maxBytes, typeSize, nranks);
+    // Shapes only grow with size, so the largest fixes both buffers.
+    Buffer send(*dev, largest.sendCount * typeSize), recv(*dev, largest.recvCount * typeSize);
+    std::vector<char> hostSend(send.bytes()), hostRecv(opt.check ? recv.bytes() : 0);
+    Scalars scalars(*dev, comm);
+    if (rank == 0) printHeader(opt, nranks);
+
+    double busbwTotal = 0;
+    int rows = 0;
+    long long wrongTotal = 0;
+    for (size_t bytes : sizes) {
+      Shape shape = shapeFor(opt.coll, bytes, typeSize, nranks);
+      if (shape.paramCount == 0) continue;
+      fillInput(opt, shape, rank, hostSend.data());
+      dev->copyFromHost(send.data(), hostSend.data(), shape.sendCount * typeSize);
+      auto once = [&] {
+        mnclResult_t rc = runCollective(opt, shape, send.data(), recv.data(), comm, dev->stream(), rank, nranks);
+        if (rc != mnclSuccess) {
+          throw std::runtime_error(std::string(collName(opt.coll)) + " of " + std::to_string(shape.bytes) +
+                                   " B: " + mnclGetErrorString(rc) + " (" + mnclGetLastError(comm) + ")");
+        }
+      };
+      for (int i = 0; i < opt.warmup; ++i) once();
+      dev->synchronize();
+      scalars.barrier();
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < opt.iters; ++i) once();
+      dev->synchronize();
+      double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / opt.iters;
+      seconds = combineTime(scalars, seconds, opt.average, nranks);
+
+      long long wrong = -1;
+      if (opt.check) {
+        std::vector<char> poison(shape.recvCount * typeSize, static_cast<char>(0x5a));
+        dev->copyFromHost(recv.data(), poison.data(), poison.size());
+        once();
+        dev->synchronize();
+        dev->copyToHost(hostRecv.data(), recv.data(), shape.recvCount * typeSize);
+        wrong = static_cast<long long>(scalars.sum(countWrong(opt, shape, rank, nranks, hostRecv.data())));
+        wrongTotal += wrong;
+      }
+      double algbw = static_cast<double>(shape.bytes) / seconds / 1e9;
+      double busbw = algbw * busFactor(opt.coll, nranks);
+      busbwTotal += busbw;
+      ++rows;
+      if (rank == 0) printRow(opt, shape, seconds * 1e6, algbw, busbw, wrong);
+    }
+    if (rank == 0) printFooter(opt, rows ? busbwTotal / rows : 0.0, wrongTotal);
+    return wrongTotal ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "minincl-perf: rank %d: %s\n", rank, e.what());
+    mnclCommAbort(comm);
+    return 2;
+  }
+}
+
+}  // namespace
+}  // namespace perf
+
+int main(int argc, char** argv) {
+  using namespace perf;
+  Options opt = parseOptions(argc, argv);
+  applyEnvironment(opt);
+  RankMain rankMain = [&opt](mnclComm_t comm, int rank, int nranks) { return runRank(opt, comm, rank, nranks); };
+  try {
+    return opt.nThreads > 0 ? runThreads(opt, rankMain) : runProcesses(opt, argv, rankMain);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "minincl-perf: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,51 @@
+"""minincl runner: two local processes through minincl.launch; prints CSV rows."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import CSV_HEADER, RunConfig, counts, iterations, parse_args, rows, time_reps
+
+import minincl
+
+NRANKS = 2
+
+
+def make_op(comm: minincl.Communicator, collective: str, send: np.ndarray, recv: np.ndarray) -> Callable[[], object]:
+    if collective == "allreduce":
+        return lambda: comm.allreduce(send, recv)
+    if collective == "broadcast":
+        return lambda: comm.broadcast(send, root=0)  # in place, as MPI_Bcast and gloo are
+    if collective == "allgather":
+        return lambda: comm.allgather(send, recv)
+    return lambda: comm.reduce_scatter(send, recv)
+
+
+def rank_main(comm: minincl.Communicator, cfg: RunConfig) -> dict[int, list[float]]:
+    times: dict[int, list[float]] = {}
+    for size in cfg.sizes:
+        send_n, recv_n = counts(cfg.collective, size, comm.nranks)
+        if min(send_n, recv_n) == 0:
+            continue
+        send = np.ones(send_n, np.float32)
+        recv = np.zeros(recv_n, np.float32)
+        op = make_op(comm, cfg.collective, send, recv)
+        times[size] = time_reps(op, comm.barrier, iterations(cfg, size), cfg.reps, cfg.warmup)
+    return times
+
+
+def main() -> None:
+    cfg = parse_args("minincl")
+    per_rank = minincl.launch(rank_main, NRANKS, cfg)
+    print(CSV_HEADER)
+    print("\n".join(rows(cfg, NRANKS, per_rank)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

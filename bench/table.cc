@@ -1,0 +1,48 @@
+#include "table.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "dtype.h"
+
+namespace perf {
+
+void printHeader(const Options& opt, int nranks) {
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v && *v ? v : "auto";
+  };
+  std::printf("# minincl-perf %s: %d ranks as %s on %s, minBytes %zu maxBytes %zu step: %s%s%g, "
+              "warmup iters: %d iters: %d, validation: %d\n",
+              collName(opt.coll), nranks, opt.nThreads > 0 ? "threads" : "processes", opt.device.c_str(),
+              opt.minBytes, opt.maxBytes, opt.stepBytes ? "+" : "x",
+              opt.stepBytes ? std::to_string(opt.stepBytes).c_str() : "",
+              opt.stepBytes ? 0.0 : opt.factor, opt.warmup, opt.iters, opt.check ? 1 : 0);
+  std::printf("# MININCL_ALGO %s, MININCL_PROTO %s, MININCL_NCHANNELS %s; pid %d\n#\n", env("MININCL_ALGO"),
+              env("MININCL_PROTO"), env("MININCL_NCHANNELS"), static_cast<int>(getpid()));
+  std::printf("#%11s %13s %9s %7s %6s %9s %8s %8s %7s\n", "size", "count", "type", "redop", "root",
+              "time", "algbw", "busbw", "#wrong");
+  std::printf("#%11s %13s %9s %7s %6s %9s %8s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)",
+              "(GB/s)", "(GB/s)", "");
+  std::fflush(stdout);
+}
+
+void printRow(const Options& opt, const Shape& shape, double usec, double algbw, double busbw, long long wrong) {
+  char wrongText[32];
+  if (wrong < 0) std::snprintf(wrongText, sizeof wrongText, "N/A");
+  else std::snprintf(wrongText, sizeof wrongText, "%lld", wrong);
+  std::printf(" %11zu %13zu %9s %7s %6d %9.2f %8.2f %8.2f %7s\n", shape.bytes, shape.count,
+              typeInfo(opt.dtype).name, reduces(opt.coll) ? opName(opt.op) : "none",
+              hasRoot(opt.coll) ? opt.root : -1, usec, algbw, busbw, wrongText);
+  std::fflush(stdout);
+}
+
+void printFooter(const Options& opt, double avgBusbw, long long totalWrong) {
+  if (opt.check) std::printf("# Out of bounds values : %lld %s\n", totalWrong, totalWrong ? "FAILED" : "OK");
+  std::printf("# Avg bus bandwidth    : %g\n#\n", avgBusbw);
+  std::fflush(stdout);
+}
+
+}  // namespace perf

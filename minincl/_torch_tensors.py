@@ -1,0 +1,95 @@
+"""Tensor plumbing for the torch.distributed backend: dtypes, reduction ops, staging.
+
+minincl reads PyTorch tensors directly through DLPack, but only contiguous ones of its ten
+element types. Staging hands it a contiguous, detached tensor (a copy when needed) and copies
+results back into the caller's tensor afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.distributed import ReduceOp
+
+REDUCIBLE_DTYPES = frozenset(
+    {
+        torch.int8,
+        torch.uint8,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+    }
+)  # plus uint32/uint64, which torch cannot do arithmetic on anyway
+
+_OPS = [
+    (ReduceOp.SUM, "sum"),
+    (ReduceOp.PRODUCT, "prod"),
+    (ReduceOp.MAX, "max"),
+    (ReduceOp.MIN, "min"),
+    (ReduceOp.AVG, "avg"),
+]
+# On booleans, as NCCL does: "any" and "all" through the byte values 0 and 1.
+_BOOL_OPS = {"sum": "max", "prod": "min", "max": "max", "min": "min"}
+
+
+def op_name(op: object, call: str) -> str:
+    """torch's ReduceOp -> minincl's op name; a clear NotImplementedError for the rest."""
+    for torch_op, name in _OPS:
+        if op == torch_op:
+            return name
+    label = str(getattr(op, "op", op)).split(".")[-1]
+    raise NotImplementedError(
+        f"minincl backend: {call} with ReduceOp.{label} is not supported; "
+        "use SUM, PRODUCT, MAX, MIN or AVG (PREMUL_SUM: scale the tensor, then SUM)"
+    )
+
+
+def reducible(t: torch.Tensor, op: str, call: str) -> tuple[torch.Tensor, str]:
+    """The tensor and op minincl reduces; booleans become bytes with any/all."""
+    if t.dtype == torch.bool:
+        if op not in _BOOL_OPS:
+            raise NotImplementedError(f"minincl backend: {call} with op {op} on bool tensors")
+        return t.view(torch.uint8), _BOOL_OPS[op]
+    if t.dtype not in REDUCIBLE_DTYPES:
+        raise TypeError(
+            f"minincl backend: {call} cannot reduce {t.dtype} tensors; supported: int8, uint8, "
+            "int32, int64, float16, bfloat16, float32, float64, bool"
+        )
+    return t, op
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat byte view: copy-only collectives then move any element type."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+@dataclass
+class Staged:
+    """``buf`` is what minincl reads and writes: contiguous and detached.
+
+    ``origin`` is the caller's tensor when ``buf`` is a copy of it, so that results can
+    be copied back (only for tensors that receive data).
+    """
+
+    buf: torch.Tensor
+    origin: torch.Tensor | None = None
+
+    def finish(self) -> None:
+        if self.origin is not None:
+            self.origin.copy_(self.buf)
+
+
+def stage(t: torch.Tensor, receives: bool = True) -> Staged:
+    d = t.detach()  # minincl refuses to write behind autograd's back; a detached alias is fine
+    if d.is_contiguous():
+        return Staged(d)
+    return Staged(d.contiguous(), d if receives else None)
+
+
+def finish_all(staged: list[Staged]) -> None:
+    for s in staged:
+        s.finish()

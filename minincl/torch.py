@@ -1,0 +1,561 @@
+"""A ``torch.distributed`` backend named ``minincl``.
+
+    import torch.distributed as dist
+    import minincl.torch  # registers the backend
+
+    dist.init_process_group("minincl")           # torchrun's env://, or tcp://..., file://...
+    model = torch.nn.parallel.DistributedDataParallel(model)
+
+The process group is a Python subclass of ``torch.distributed.ProcessGroup``: torch calls its
+methods both from Python (``dist.all_reduce``, ...) and from C++ (DDP's reducer, parameter
+broadcast) through the pybind11 trampoline. Each group owns one minincl communicator per device
+type; the unique id travels through the group's own store (rank 0 sets, the others get), so
+``new_group`` gets fresh communicators under fresh keys.
+
+Point-to-point ops (``isend``/``irecv``, ``batch_isend_irecv``) are *deferred*: they collect into
+a batch that starts as one ``minincl.group()`` when a rank waits on one of them or issues any
+other operation on the group. Started one by one, a large send to a peer that is itself
+sending first would deadlock; batched, they progress together, as NCCL's grouped calls do.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+from ._comm import Communicator, get_unique_id, group
+from ._core import build_info
+from ._torch_launch import LocalRunError, free_port, run_local
+from ._torch_tensors import Staged, as_bytes, op_name, reducible, stage
+from ._torch_work import Lane, MinincclWork
+from .errors import InvalidUsage
+
+BACKEND_NAME = "minincl"
+
+Body = Callable[[Communicator], None]
+
+
+@dataclass
+class _Op:
+    """One operation: ``body`` makes the minincl calls, ``after`` runs once they are done."""
+
+    device: str
+    body: Body
+    work: MinincclWork
+    after: list[Callable[[], None]] = field(default_factory=list)
+
+
+@dataclass
+class _DeviceComm:
+    comm: Communicator
+    lane: Lane
+
+
+def _outputs_after(staged: list[Staged]) -> list[Callable[[], None]]:
+    return [s.finish for s in staged if s.origin is not None]
+
+
+class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
+    """torch.distributed's view of a group of minincl communicators (one per device type)."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta) -> None:
+        super().__init__(rank, size)
+        self._store = store
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._pending: list[_Op] = []  # deferred p2p ops, or everything while coalescing
+        self._coalescing = False
+        self._comms: dict[str, _DeviceComm] = {"cpu": self._join("cpu", "cpu")}
+        self._cuda_missing = self._cuda_unavailable_reason()
+        if self._cuda_missing is None:
+            # Eagerly, while every rank is here: a first CUDA op may be a send between two
+            # ranks only, and a lazy init would then wait for ranks that never come.
+            index = torch.cuda.current_device()
+            self._comms["cuda"] = self._join("cuda", f"cuda:{index}")
+
+    # ---- setup ----
+
+    def _join(self, key: str, device: str) -> _DeviceComm:
+        store_key = f"minincl/unique_id/{key}"
+        if self.rank() == 0:
+            uid = get_unique_id()
+            self._store.set(store_key, uid)
+        else:
+            uid = bytes(self._store.get(store_key))
+        comm = Communicator(self.size(), uid, self.rank(), device=device)
+        return _DeviceComm(comm, Lane(f"minincl-{key}-rank{self.rank()}", inline=key == "cuda"))
+
+    @staticmethod
+    def _cuda_unavailable_reason() -> str | None:
+        if not build_info()["cuda"]:
+            return "this build of minincl has no CUDA communicators (build_info()['cuda'] is False)"
+        if not torch.cuda.is_available():
+            return "torch sees no usable CUDA device"
+        return None
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def __repr__(self) -> str:
+        return f"<ProcessGroupMinincl rank {self.rank()} of {self.size()} on {sorted(self._comms)}>"
+
+    # ---- running operations ----
+
+    def _device_of(self, call: str, tensors: list[torch.Tensor]) -> str:
+        types = {t.device.type for t in tensors}
+        if len(types) > 1:
+            raise ValueError(
+                f"minincl backend: {call} got tensors on several devices: {sorted(types)}"
+            )
+        kind = types.pop() if types else "cpu"
+        if kind == "cuda":
+            if "cuda" not in self._comms:
+                raise InvalidUsage(
+                    f"minincl backend: {call} on CUDA tensors, but {self._cuda_missing}; "
+                    "use CPU tensors with this group, or the nccl/gloo backend for CUDA tensors"
+                )
+            want = self._comms["cuda"].comm.device
+            for t in tensors:
+                if str(t.device) != want:
+                    raise ValueError(
+                        f"minincl backend: {call}: tensor on {t.device}, this group's GPU is {want}"
+                    )
+        elif kind != "cpu":
+            raise InvalidUsage(
+                f"minincl backend: {call} on {kind} tensors; minincl handles cpu and cuda"
+            )
+        return kind
+
+    def _new_op(
+        self,
+        call: str,
+        tensors: list[torch.Tensor],
+        outputs: list[torch.Tensor],
+        body: Body,
+        after: list[Callable[[], None]] | None = None,
+        deferred: bool = False,
+    ) -> MinincclWork:
+        device = self._device_of(call, tensors)
+        cuda = [t.device for t in tensors[:1]] if device == "cuda" else None
+        work = MinincclWork(
+            outputs, start=self._flush if deferred or self._coalescing else None, devices=cuda
+        )
+        op = _Op(device, body, work, after or [])
+        if deferred or self._coalescing:
+            with self._lock:
+                self._pending.append(op)
+        else:
+            self._flush()  # earlier deferred ops go first: program order is wire order
+            self._submit([op], grouped=False)
+        return work
+
+    def _flush(self) -> None:
+        with self._lock:
+            ops, self._pending = self._pending, []
+        for device in ("cpu", "cuda"):
+            batch = [op for op in ops if op.device == device]
+            if batch:
+                self._submit(batch, grouped=True)
+
+    def _submit(self, ops: list[_Op], grouped: bool) -> None:
+        dc = self._comms[ops[0].device]
+
+        def job() -> None:
+            if grouped:
+                with group():
+                    for op in ops:
+                        op.body(dc.comm)
+            else:
+                for op in ops:
+                    op.body(dc.comm)
+            for op in ops:
+                for step in op.after:
+                    step()
+
+        dc.lane.submit(job, [op.work for op in ops])
+
+    # ---- reductions ----
+
+    def _reduce_op(
+        self,
+        call: str,
+        tensors: list[torch.Tensor],
+        op: object,
+        run: Callable[[Communicator, torch.Tensor, str], None],
+    ) -> MinincclWork:
+        name = op_name(op, call)
+        staged = [stage(t) for t in tensors]
+        pairs = [reducible(s.buf, name, call) for s in staged]
+
+        def body(comm: Communicator) -> None:
+            with group():
+                for buf, redop in pairs:
+                    run(comm, buf, redop)
+
+        return self._new_op(call, tensors, tensors, body, _outputs_after(staged))
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> MinincclWork:
+        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        return self._reduce_op("allreduce", tensors, op, lambda c, b, o: c.allreduce(b, op=o))
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> MinincclWork:
+        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        return self._reduce_op(
+            "allreduce_coalesced", tensors, op, lambda c, b, o: c.allreduce(b, op=o)
+        )
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> MinincclWork:
+        root = opts.rootRank
+        return self._reduce_op(
+            "reduce", tensors, opts.reduceOp, lambda c, b, o: c.reduce(b, op=o, root=root)
+        )
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> MinincclWork:
+        return self.reduce_scatter_single_coalesced([output], [input], opts)
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> MinincclWork:
+        call = "reduce_scatter_tensor"
+        name = op_name(opts.reduceOp if opts is not None else ReduceOp.SUM, call)
+        outs = [stage(t) for t in outputs]
+        ins = [stage(t, receives=False) for t in inputs]
+        triples = []
+        for o, i in zip(outs, ins):
+            send, redop = reducible(i.buf.reshape(-1), name, call)
+            recv, _ = reducible(o.buf.reshape(-1), name, call)
+            triples.append((send, recv, redop))
+
+        def body(comm: Communicator) -> None:
+            with group():
+                for send, recv, redop in triples:
+                    comm.reduce_scatter(send, recv, op=redop)
+
+        return self._new_op(call, outputs + inputs, outputs, body, _outputs_after(outs))
+
+    def reduce_scatter(
+        self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
+    ) -> MinincclWork:
+        out, parts = outputs[0], input_lists[0]
+        if all(p.numel() == out.numel() for p in parts):
+            # torch.cat makes the one contiguous send buffer reduce_scatter wants.
+            return self.reduce_scatter_single(out, torch.cat([p.reshape(-1) for p in parts]), opts)
+        return self._uneven_reduce_scatter(out, parts, opts)
+
+    def _uneven_reduce_scatter(
+        self, out: torch.Tensor, parts: list[torch.Tensor], opts: Any
+    ) -> MinincclWork:
+        """Rank r's share is a reduce to root r; the reduces run as one group."""
+        call = "reduce_scatter (uneven)"
+        name = op_name(opts.reduceOp if opts is not None else ReduceOp.SUM, call)
+        me = self.rank()
+        result = stage(out)
+        sends = [reducible(p.detach().contiguous(), name, call)[0] for p in parts]
+        recvs = [
+            reducible(result.buf, name, call)[0] if r == me else torch.empty_like(sends[r])
+            for r in range(self.size())
+        ]
+        redop = reducible(result.buf, name, call)[1]
+
+        def body(comm: Communicator) -> None:
+            with group():
+                for r in range(comm.nranks):
+                    comm.reduce(sends[r], recvs[r], op=redop, root=r)
+
+        return self._new_op(call, [out, *parts], [out], body, _outputs_after([result]))
+
+    # ---- copies ----
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> MinincclWork:
+        root = opts.rootRank if opts is not None else 0
+        staged = [stage(t) for t in tensors]
+        bufs = [as_bytes(s.buf) for s in staged]
+
+        def body(comm: Communicator) -> None:
+            with group():
+                for b in bufs:
+                    comm.broadcast(b, root=root)
+
+        return self._new_op("broadcast", tensors, tensors, body, _outputs_after(staged))
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> MinincclWork:
+        return self.all_gather_single_coalesced([output], [input], opts)
+
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> MinincclWork:
+        outs = [stage(t) for t in outputs]
+        pairs = [
+            (as_bytes(stage(i, receives=False).buf), as_bytes(o.buf)) for o, i in zip(outs, inputs)
+        ]
+
+        def body(comm: Communicator) -> None:
+            with group():
+                for send, recv in pairs:
+                    comm.allgather(send, recv)
+
+        return self._new_op(
+            "all_gather_into_tensor", outputs + inputs, outputs, body, _outputs_after(outs)
+        )
+
+    def allgather(
+        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> MinincclWork:
+        return self.allgather_coalesced(output_lists, inputs, opts)
+
+    def allgather_coalesced(
+        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> MinincclWork:
+        """Each input gathers into one flat buffer, then splits into the caller's list."""
+        flats, after = [], []
+        for outs, inp in zip(output_lists, inputs):
+            if any(o.numel() != inp.numel() for o in outs):
+                raise NotImplementedError(
+                    "minincl backend: allgather with outputs of different sizes"
+                )
+            flat = inp.new_empty((len(outs) * inp.numel(),))
+            flats.append((as_bytes(stage(inp, receives=False).buf), as_bytes(flat)))
+            after.append(_copy_split(flat, outs))
+
+        def body(comm: Communicator) -> None:
+            with group():
+                for send, recv in flats:
+                    comm.allgather(send, recv)
+
+        everything = [t for outs in output_lists for t in outs] + inputs
+        return self._new_op(
+            "allgather", everything, [t for outs in output_lists for t in outs], body, after
+        )
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int] | None,
+        input_split_sizes: list[int] | None,
+        opts: Any = None,
+    ) -> MinincclWork:
+        out, inp = stage(output), stage(input, receives=False)
+        if not output_split_sizes and not input_split_sizes:
+            send, recv = as_bytes(inp.buf), as_bytes(out.buf)
+            return self._new_op(
+                "all_to_all_single",
+                [output, input],
+                [output],
+                lambda comm: comm.alltoall(send, recv),
+                _outputs_after([out]),
+            )
+        sends = _split_rows(inp.buf, input_split_sizes, self.size())
+        recvs = _split_rows(out.buf, output_split_sizes, self.size())
+        return self._new_op(
+            "all_to_all_single",
+            [output, input],
+            [output],
+            _exchange(sends, recvs),
+            _outputs_after([out]),
+        )
+
+    def alltoall(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> MinincclWork:
+        outs = [stage(t) for t in outputs]
+        sends = [as_bytes(stage(t, receives=False).buf) for t in inputs]
+        recvs = [as_bytes(o.buf) for o in outs]
+        return self._new_op(
+            "all_to_all", outputs + inputs, outputs, _exchange(sends, recvs), _outputs_after(outs)
+        )
+
+    def gather(
+        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
+    ) -> MinincclWork:
+        root, me = opts.rootRank, self.rank()
+        outs = [stage(t) for t in output_lists[0]] if me == root else []
+        send = as_bytes(stage(inputs[0], receives=False).buf)
+
+        def body(comm: Communicator) -> None:
+            with group():
+                comm.send(send, root)
+                for r, o in enumerate(outs):
+                    comm.recv(as_bytes(o.buf), r)
+
+        outputs = output_lists[0] if me == root else []
+        return self._new_op("gather", outputs + inputs, outputs, body, _outputs_after(outs))
+
+    def scatter(
+        self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any
+    ) -> MinincclWork:
+        root, me = opts.rootRank, self.rank()
+        out = stage(outputs[0])
+        sends = (
+            [as_bytes(stage(t, receives=False).buf) for t in input_lists[0]] if me == root else []
+        )
+
+        def body(comm: Communicator) -> None:
+            with group():
+                for r, s in enumerate(sends):
+                    comm.send(s, r)
+                comm.recv(as_bytes(out.buf), root)
+
+        inputs = input_lists[0] if me == root else []
+        return self._new_op("scatter", outputs + inputs, outputs, body, _outputs_after([out]))
+
+    def barrier(self, opts: Any = None) -> MinincclWork:
+        return self._new_op("barrier", [], [], lambda comm: comm.barrier())
+
+    # ---- point to point (deferred: see the module's docstring) ----
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> MinincclWork:
+        bufs = [as_bytes(stage(t, receives=False).buf) for t in tensors]
+
+        def body(comm: Communicator) -> None:
+            for b in bufs:
+                comm.send(b, dst)
+
+        return self._new_op("send", tensors, tensors, body, deferred=True)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> MinincclWork:
+        staged = [stage(t) for t in tensors]
+        bufs = [as_bytes(s.buf) for s in staged]
+
+        def body(comm: Communicator) -> None:
+            for b in bufs:
+                comm.recv(b, src)
+
+        return self._new_op("recv", tensors, tensors, body, _outputs_after(staged), deferred=True)
+
+    # ---- coalescing (torch's _coalescing_manager with a device) ----
+
+    def _start_coalescing(self, device: torch.device) -> None:
+        self._flush()
+        self._coalescing = True
+
+    def _end_coalescing(self, device: torch.device) -> MinincclWork:
+        self._coalescing = False
+        with self._lock:
+            works = [op.work for op in self._pending]
+        self._flush()
+        return _AllOf(works)
+
+    # ---- what minincl does not do ----
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> MinincclWork:
+        raise NotImplementedError(
+            "minincl backend: recv from any source (dist.recv with src=None); name the source rank"
+        )
+
+    def monitored_barrier(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError("minincl backend: monitored_barrier; use barrier()")
+
+    # ---- torch's other names for the same calls ----
+
+    _allgather_base = all_gather_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    _reduce_scatter_base = reduce_scatter_single
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> MinincclWork:
+        return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts)
+
+    # ---- teardown ----
+
+    def shutdown(self) -> None:
+        self._flush()
+        for dc in self._comms.values():
+            dc.lane.close()
+            dc.comm.destroy()
+
+    def abort(self) -> None:
+        for dc in self._comms.values():
+            dc.comm.abort()
+        for dc in self._comms.values():
+            dc.lane.close()
+
+
+class _AllOf(MinincclWork):
+    """One work for several: done when all are (what _end_coalescing returns)."""
+
+    def __init__(self, works: list[MinincclWork]) -> None:
+        super().__init__([t for w in works for t in w._outputs])
+        self._works = works
+
+    def wait(self, timeout: Any | None = None) -> bool:
+        for w in self._works:
+            w.wait(timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        futures = [w.get_future() for w in self._works]
+        return torch.futures.collect_all(futures).then(lambda _: self._outputs)
+
+
+def _copy_split(flat: torch.Tensor, outs: list[torch.Tensor]) -> Callable[[], None]:
+    def copy() -> None:
+        for part, o in zip(flat.view(len(outs), -1), outs):
+            o.copy_(part.view(o.shape))
+
+    return copy
+
+
+def _split_rows(t: torch.Tensor, sizes: list[int] | None, n: int) -> list[torch.Tensor]:
+    """Byte views of the dim-0 blocks of a contiguous tensor (equal blocks when sizes is empty)."""
+    rows = t.shape[0] if t.dim() else 1
+    sizes = list(sizes) if sizes else [rows // n] * n
+    if sum(sizes) != rows:
+        raise ValueError(
+            f"minincl backend: all_to_all_single: split sizes {sizes} do not add up to {rows} rows"
+        )
+    flat = as_bytes(t)
+    row_bytes = flat.numel() // rows if rows else 0
+    out, offset = [], 0
+    for s in sizes:
+        out.append(flat[offset * row_bytes : (offset + s) * row_bytes])
+        offset += s
+    return out
+
+
+def _exchange(sends: list[torch.Tensor], recvs: list[torch.Tensor]) -> Body:
+    """Block i of sends goes to rank i, block i of recvs comes from rank i: one group."""
+
+    def body(comm: Communicator) -> None:
+        with group():
+            for peer, (s, r) in enumerate(zip(sends, recvs)):
+                comm.send(s, peer)
+                comm.recv(r, peer)
+
+    return body
+
+
+def _create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ProcessGroupMinincl:
+    return ProcessGroupMinincl(store, rank, size, timeout)
+
+
+dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])
+
+__all__ = [
+    "BACKEND_NAME",
+    "LocalRunError",
+    "MinincclWork",
+    "ProcessGroupMinincl",
+    "free_port",
+    "run_local",
+]

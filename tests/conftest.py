@@ -1,0 +1,186 @@
+"""Shared test helpers: ranks as threads of this process, NumPy references."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, Optional
+
+import numpy as np
+import pytest
+
+# Small FIFO slots and two channels, so modest counts already cross slot and channel
+# boundaries (set before any communicator exists; the C++ side reads them at init).
+os.environ.setdefault("MININCL_SIMPLE_SLOT_BYTES", "16K")
+os.environ.setdefault("MININCL_LL_SLOT_LINES", "64")
+os.environ.setdefault("MININCL_LL128_SLOT_LINES", "16")
+os.environ.setdefault("MININCL_NCHANNELS", "2")
+
+import minincl  # noqa: E402
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - CI installs torch
+    torch = None
+
+SLOT_BYTES = 16 * 1024
+NCHANNELS = 2
+
+DTYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32", "float64"]
+OPS = ["sum", "prod", "max", "min", "avg"]
+
+
+def run_ranks(comms: list[Any], fn: Callable[[Any], Any], timeout: float = 60.0) -> list[Any]:
+    """Runs fn(comm) for every rank on its own thread; returns results in rank order and
+    re-raises the first exception (by rank)."""
+    results: list[Any] = [None] * len(comms)
+    errors: list[Optional[BaseException]] = [None] * len(comms)
+
+    def body(i: int) -> None:
+        try:
+            results[i] = fn(comms[i])
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+            errors[i] = e
+
+    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(len(comms))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        if t.is_alive():
+            raise TimeoutError(f"a rank did not finish within {timeout} s")
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+class CommPool:
+    """One group of thread-ranks per size, reused across tests; rebuilt after a failure."""
+
+    def __init__(self) -> None:
+        self._groups: dict[int, list[minincl.Communicator]] = {}
+
+    def get(self, nranks: int) -> list[minincl.Communicator]:
+        group = self._groups.get(nranks)
+        if group is None or any(c.destroyed for c in group):
+            group = minincl.Communicator.init_all(nranks)
+            self._groups[nranks] = group
+        return group
+
+    def discard(self, nranks: int) -> None:
+        for c in self._groups.pop(nranks, []):
+            c.destroy()
+
+    def close(self) -> None:
+        for n in list(self._groups):
+            self.discard(n)
+
+
+@pytest.fixture(scope="session")
+def pool() -> Any:
+    p = CommPool()
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def comms_of(pool: CommPool) -> Any:
+    """comms_of(n) -> n thread-rank communicators; discarded if the test fails."""
+    used: list[int] = []
+
+    def get(n: int) -> list[minincl.Communicator]:
+        used.append(n)
+        return pool.get(n)
+
+    yield get
+    # A failing test may leave a broken group behind: rebuild it next time.
+    for n in used:
+        group = pool._groups.get(n)
+        if group is not None and any(c.destroyed for c in group):
+            pool.discard(n)
+
+
+# ---- arrays of every type; bfloat16 through PyTorch (NumPy has none) ----
+
+
+def needs(dtype: str) -> None:
+    if dtype == "bfloat16" and torch is None:
+        pytest.skip("bfloat16 arrays need PyTorch")
+
+
+def make(values: np.ndarray, dtype: str) -> Any:
+    """An array of `dtype` holding `values` (small integers, exact in every type)."""
+    if dtype == "bfloat16":
+        assert torch is not None
+        return torch.from_numpy(values.astype(np.float32)).to(torch.bfloat16)
+    return values.astype(dtype)
+
+
+def empty(count: int, dtype: str) -> Any:
+    if dtype == "bfloat16":
+        assert torch is not None
+        return torch.full((count,), -7.0, dtype=torch.bfloat16)
+    return np.full(count, 99, dtype=dtype)
+
+
+def as_numpy(a: Any) -> np.ndarray:
+    if torch is not None and isinstance(a, torch.Tensor):
+        return a.to(torch.float32).numpy() if a.dtype == torch.bfloat16 else a.numpy()
+    return np.asarray(a)
+
+
+def ref_dtype(dtype: str) -> Any:
+    return np.float32 if dtype == "bfloat16" else np.dtype(dtype)
+
+
+def rank_values(rank: int, count: int, dtype: str, op: str, seed: int = 0) -> np.ndarray:
+    """Inputs whose reductions are exact in every type: small integers; for prod, powers of
+    two and signs only."""
+    rng = np.random.default_rng(1000 * seed + rank)
+    unsigned = dtype.startswith("uint")
+    if op == "prod":
+        choices = np.array([1, 2, 1] if unsigned else [1, 2, -1])
+    else:
+        choices = np.arange(0, 4) if unsigned else np.arange(-3, 4)
+    return rng.choice(choices, size=count).astype(np.int64)
+
+
+def reduce_ref(inputs: list[np.ndarray], op: str, dtype: str) -> np.ndarray:
+    """NumPy's answer, in the type's own arithmetic (integers wrap), avg truncating as C does."""
+    n = len(inputs)
+    rd = ref_dtype(dtype)
+    stack = np.stack([x.astype(rd) for x in inputs])
+    if op == "sum":
+        return np.add.reduce(stack, axis=0, dtype=rd)
+    if op == "prod":
+        return np.multiply.reduce(stack, axis=0, dtype=rd)
+    if op == "max":
+        return stack.max(axis=0)
+    if op == "min":
+        return stack.min(axis=0)
+    total = np.add.reduce(stack, axis=0, dtype=rd)
+    if np.issubdtype(rd, np.integer):
+        wide = total.astype(np.int64) if np.issubdtype(rd, np.signedinteger) else total.astype(np.uint64)
+        q = np.abs(wide.astype(np.float64)) // n * np.sign(wide.astype(np.float64))
+        return q.astype(rd)
+    return (total.astype(np.float64) / n).astype(rd)
+
+
+def assert_same(got: Any, want: np.ndarray, dtype: str, op: str = "sum") -> None:
+    g = as_numpy(got).reshape(-1)
+    w = np.asarray(want).reshape(-1)
+    assert g.shape == w.shape, f"shape {g.shape} != {w.shape}"
+    if op == "avg" and dtype in ("float16", "bfloat16", "float32", "float64"):
+        rtol = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 1e-6, "float64": 1e-12}[dtype]
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=rtol)
+    else:
+        np.testing.assert_array_equal(g, w.astype(g.dtype))
+
+
+def counts_for(dtype: str) -> list[int]:
+    """0, 1, 7, and a prime count above one FIFO slot times the channel count."""
+    item = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+    above = SLOT_BYTES * NCHANNELS // item
+    prime = next(p for p in range(above + 1, above + 1000) if all(p % d for d in range(2, int(p**0.5) + 1)))
+    return [0, 1, 7, prime]

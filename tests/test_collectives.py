@@ -1,0 +1,289 @@
+"""Every collective x the 10 types x the 5 ops x rank counts, ranks as threads, against NumPy.
+
+Each test runs counts 0, 1, 7 and a prime above one FIFO slot times the channel count, both
+out of place and in place, and checks that inputs are left untouched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import (
+    DTYPES,
+    OPS,
+    as_numpy,
+    assert_same,
+    counts_for,
+    empty,
+    make,
+    needs,
+    rank_values,
+    reduce_ref,
+    run_ranks,
+)
+
+NRANKS = [1, 2, 3, 4, 5, 8]
+
+
+@pytest.mark.parametrize("nranks", NRANKS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+def test_allreduce(comms_of: Any, nranks: int, dtype: str, op: str) -> None:
+    needs(dtype)
+    comms = comms_of(nranks)
+    for count in counts_for(dtype):
+        inputs = [rank_values(r, count, dtype, op, seed=count) for r in range(nranks)]
+        want = reduce_ref(inputs, op, dtype)
+
+        def body(c: Any) -> tuple[Any, Any, Any]:
+            send = make(inputs[c.rank], dtype)
+            recv = empty(count, dtype)
+            out = c.allreduce(send, recv, op=op)
+            assert out is recv
+            inplace = make(inputs[c.rank], dtype)
+            c.allreduce(inplace, op=op)
+            return recv, inplace, send
+
+        for r, (recv, inplace, send) in enumerate(run_ranks(comms, body)):
+            assert_same(recv, want, dtype, op)
+            assert_same(inplace, want, dtype, op)
+            assert_same(send, inputs[r], dtype)
+
+
+@pytest.mark.parametrize("nranks", NRANKS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+def test_reduce(comms_of: Any, nranks: int, dtype: str, op: str) -> None:
+    needs(dtype)
+    comms = comms_of(nranks)
+    for count in counts_for(dtype):
+        root = (count + 1) % nranks
+        inputs = [rank_values(r, count, dtype, op, seed=count) for r in range(nranks)]
+        want = reduce_ref(inputs, op, dtype)
+
+        def body(c: Any) -> tuple[Any, Any]:
+            recv = empty(count, dtype)
+            c.reduce(make(inputs[c.rank], dtype), recv, op=op, root=root)
+            inplace = make(inputs[c.rank], dtype)
+            c.reduce(inplace, op=op, root=root)
+            return recv, inplace
+
+        for r, (recv, inplace) in enumerate(run_ranks(comms, body)):
+            if r == root:
+                assert_same(recv, want, dtype, op)
+                assert_same(inplace, want, dtype, op)
+            else:  # only the root's output is written
+                assert_same(recv, as_numpy(empty(count, dtype)), dtype)
+                assert_same(inplace, inputs[r], dtype)
+
+
+@pytest.mark.parametrize("nranks", NRANKS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+def test_reduce_scatter(comms_of: Any, nranks: int, dtype: str, op: str) -> None:
+    needs(dtype)
+    comms = comms_of(nranks)
+    for count in counts_for(dtype):
+        inputs = [rank_values(r, count * nranks, dtype, op, seed=count) for r in range(nranks)]
+        want = reduce_ref(inputs, op, dtype)
+
+        def body(c: Any) -> tuple[Any, Any]:
+            recv = empty(count, dtype)
+            c.reduce_scatter(make(inputs[c.rank], dtype), recv, op=op)
+            # In place: the result lands in this rank's block of the send buffer.
+            whole = make(inputs[c.rank], dtype)
+            mine = whole[c.rank * count:(c.rank + 1) * count]
+            c.reduce_scatter(whole, mine, op=op)
+            return recv, mine
+
+        for r, (recv, mine) in enumerate(run_ranks(comms, body)):
+            assert_same(recv, want[r * count:(r + 1) * count], dtype, op)
+            assert_same(mine, want[r * count:(r + 1) * count], dtype, op)
+
+
+@pytest.mark.parametrize("nranks", NRANKS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_broadcast(comms_of: Any, nranks: int, dtype: str) -> None:
+    needs(dtype)
+    comms = comms_of(nranks)
+    for count in counts_for(dtype):
+        root = nranks - 1 - count % nranks
+        inputs = [rank_values(r, count, dtype, "sum", seed=count) for r in range(nranks)]
+
+        def body(c: Any) -> tuple[Any, Any]:
+            recv = empty(count, dtype)
+            c.broadcast(make(inputs[c.rank], dtype), recv, root=root)
+            inplace = make(inputs[c.rank], dtype)
+            c.broadcast(inplace, root=root)
+            return recv, inplace
+
+        for recv, inplace in run_ranks(comms, body):
+            assert_same(recv, inputs[root], dtype)
+            assert_same(inplace, inputs[root], dtype)
+
+
+@pytest.mark.parametrize("nranks", NRANKS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_allgather(comms_of: Any, nranks: int, dtype: str) -> None:
+    needs(dtype)
+    comms = comms_of(nranks)
+    for count in counts_for(dtype):
+        inputs = [rank_values(r, count, dtype, "sum", seed=count) for r in range(nranks)]
+        want = np.concatenate(inputs)
+
+        def body(c: Any) -> tuple[Any, Any]:
+            recv = empty(count * nranks, dtype)
+            c.allgather(make(inputs[c.rank], dtype), recv)
+            # In place: this rank's input already sits in its block of the output.
+            whole = empty(count * nranks, dtype)
+            whole[c.rank * count:(c.rank + 1) * count] = make(inputs[c.rank], dtype)
+            c.allgather(whole[c.rank * count:(c.rank + 1) * count], whole)
+            return recv, whole
+
+        for recv, whole in run_ranks(comms, body):
+            assert_same(recv, want, dtype)
+            assert_same(whole, want, dtype)
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("dtype", ["int8", "float16", "float64"])
+def test_alltoall(comms_of: Any, nranks: int, dtype: str) -> None:
+    comms = comms_of(nranks)
+    for count in counts_for(dtype):
+        inputs = [rank_values(r, count * nranks, dtype, "sum", seed=count) for r in range(nranks)]
+
+        def body(c: Any) -> tuple[Any, Any]:
+            recv = c.alltoall(make(inputs[c.rank], dtype))
+            inplace = make(inputs[c.rank], dtype)
+            c.alltoall(inplace, inplace)
+            return recv, inplace
+
+        for r, (recv, inplace) in enumerate(run_ranks(comms, body)):
+            want = np.concatenate([inputs[q][r * count:(r + 1) * count] for q in range(nranks)])
+            assert_same(recv, want, dtype)
+            assert_same(inplace, want, dtype)
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("count", [0, 1, 7, 40009])
+def test_send_recv_ring_and_pairs(comms_of: Any, nranks: int, count: int) -> None:
+    comms = comms_of(nranks)
+    import minincl
+
+    data = [rank_values(r, count, "float32", "sum", seed=count).astype(np.float32) for r in range(nranks)]
+
+    def ring(c: Any) -> Any:
+        # Everyone sends right and receives from the left at once: needs the grouped progress.
+        out = np.full(count, -1, np.float32)
+        with minincl.group():
+            c.send(data[c.rank], (c.rank + 1) % nranks)
+            c.recv(out, (c.rank - 1) % nranks)
+        return out
+
+    for r, out in enumerate(run_ranks(comms, ring)):
+        np.testing.assert_array_equal(out, data[(r - 1) % nranks])
+
+    def exchange_and_self(c: Any) -> tuple[Any, Any]:
+        # Two messages to the same peer keep their order; a send to self is a copy.
+        peer = c.rank ^ 1 if (c.rank ^ 1) < nranks else c.rank
+        first, second, own = (np.full(count, -1, np.float32) for _ in range(3))
+        with minincl.group():
+            c.send(data[c.rank], peer)
+            c.send(data[c.rank] * 2, peer)
+            c.recv(first, peer)
+            c.recv(second, peer)
+        with minincl.group():
+            c.send(data[c.rank], c.rank)
+            c.recv(own, c.rank)
+        return (first, second), own
+
+    for r, ((first, second), own) in enumerate(run_ranks(comms, exchange_and_self)):
+        peer = r ^ 1 if (r ^ 1) < nranks else r
+        np.testing.assert_array_equal(first, data[peer])
+        np.testing.assert_array_equal(second, data[peer] * 2)
+        np.testing.assert_array_equal(own, data[r])
+
+
+def test_blocking_send_recv_pair(comms_of: Any) -> None:
+    comms = comms_of(2)
+    x = np.arange(100_000, dtype=np.int64)
+
+    def body(c: Any) -> Any:
+        if c.rank == 0:
+            c.send(x, 1)
+            return None
+        out = np.zeros_like(x)
+        c.recv(out, 0)
+        return out
+
+    np.testing.assert_array_equal(run_ranks(comms, body)[1], x)
+
+
+def test_results_have_the_callers_array_type(comms_of: Any) -> None:
+    comms = comms_of(3)
+
+    def body(c: Any) -> tuple[Any, Any, Any]:
+        x = np.full((2, 3), c.rank, np.int32)
+        return c.allgather(x), c.reduce_scatter(np.ones((6, 2), np.float32)), c.alltoall(np.arange(6, dtype=np.uint8))
+
+    for gathered, scattered, swapped in run_ranks(comms, body):
+        assert gathered.shape == (6, 3) and gathered.dtype == np.int32
+        np.testing.assert_array_equal(gathered[:, 0], [0, 0, 1, 1, 2, 2])
+        assert scattered.shape == (2, 2)
+        np.testing.assert_array_equal(scattered, np.full((2, 2), 3.0, np.float32))
+        assert swapped.dtype == np.uint8 and swapped.shape == (6,)
+
+
+def test_group_of_collectives_across_communicators() -> None:
+    """One thread drives every rank, as single-process multi-GPU NCCL code does."""
+    import minincl
+
+    comms = minincl.Communicator.init_all(4)
+    try:
+        bufs = [np.full(50_000, r + 1, np.float64) for r in range(4)]
+        gathered = [np.zeros(4 * 3, np.int64) for _ in range(4)]
+        with minincl.group():
+            for c in comms:
+                c.allreduce(bufs[c.rank])
+                c.allgather(np.full(3, c.rank, np.int64), gathered[c.rank])
+        for b in bufs:
+            np.testing.assert_array_equal(b, np.full(50_000, 10.0))
+        for g in gathered:
+            np.testing.assert_array_equal(g, np.repeat(np.arange(4), 3))
+    finally:
+        for c in comms:
+            c.destroy()
+
+
+def test_async_op_handles(comms_of: Any) -> None:
+    comms = comms_of(2)
+
+    def body(c: Any) -> list[Any]:
+        xs = [np.full(30_000, c.rank + i, np.float32) for i in range(5)]
+        works = [c.allreduce(x, async_op=True) for x in xs]
+        blocking = np.ones(10, np.float32)
+        c.allreduce(blocking)  # ordered after the async calls
+        out = [w.wait() for w in works]
+        assert all(w.is_completed() for w in works)
+        return [*out, blocking]
+
+    for res in run_ranks(comms, body):
+        for i, x in enumerate(res[:5]):
+            np.testing.assert_array_equal(x, np.full(30_000, 1 + 2 * i, np.float32))
+        np.testing.assert_array_equal(res[5], np.full(10, 2, np.float32))
+
+
+def test_thousands_of_small_calls_on_one_communicator(comms_of: Any) -> None:
+    comms = comms_of(3)
+
+    def body(c: Any) -> int:
+        for i in range(2000):
+            x = np.array([c.rank + i, i], np.int64)
+            c.allreduce(x)
+            expect = np.array([3 * i + 3, 3 * i], np.int64)
+            if not np.array_equal(x, expect):
+                raise AssertionError(f"call {i}: {x} != {expect}")
+        return 0
+
+    run_ranks(comms, body)

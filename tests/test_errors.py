@@ -1,0 +1,255 @@
+"""Bad input gets a clear error and writes nothing; abort; bootstrap failures; mismatches."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import run_ranks
+
+import minincl
+
+
+@pytest.fixture
+def pair() -> Any:
+    comms = minincl.Communicator.init_all(2)
+    yield comms
+    for c in comms:
+        c.destroy()
+
+
+def test_argument_errors_write_nothing(pair: Any) -> None:
+    c = pair[0]
+    send = np.arange(8, dtype=np.float32)
+    recv = np.full(8, 7, np.float32)
+    cases = [
+        (lambda: c.allreduce(send, np.zeros(8, np.int32)), minincl.InvalidArgument, "must match"),
+        (lambda: c.allreduce(send, np.zeros(9, np.float32)), minincl.InvalidArgument, "expected 8"),
+        (lambda: c.allreduce(send, recv, op="mean"), minincl.InvalidArgument, "unknown reduction op"),
+        (lambda: c.broadcast(send, recv, root=2), minincl.InvalidArgument, "root 2 is out of range"),
+        (lambda: c.reduce(send, recv, root=-1), minincl.InvalidArgument, "out of range"),
+        (lambda: c.send(send, 5), minincl.InvalidArgument, "peer 5 is out of range"),
+        (lambda: c.allreduce(np.zeros(16, np.float32)[::2], recv), minincl.InvalidArgument, "not contiguous"),
+        (lambda: c.allreduce(np.zeros(8, np.int16), np.zeros(8, np.int16)), minincl.InvalidArgument, "unsupported element type"),
+        (lambda: c.allreduce(np.zeros(8, bool), np.zeros(8, bool)), minincl.InvalidArgument, "unsupported element type"),
+        (lambda: c.allreduce([1.0, 2.0]), minincl.InvalidArgument, "expected an array"),
+        (lambda: c.allgather(send, np.zeros(8, np.float32)), minincl.InvalidArgument, "expected 16"),
+        (lambda: c.reduce_scatter(np.zeros(5, np.float32)), minincl.InvalidArgument, "not a multiple"),
+        (lambda: c.allreduce(send, stream=1), minincl.InvalidArgument, "no stream"),
+    ]
+    for call, exc, words in cases:
+        with pytest.raises(exc, match=words):
+            call()
+    np.testing.assert_array_equal(recv, np.full(8, 7, np.float32))
+    np.testing.assert_array_equal(send, np.arange(8, dtype=np.float32))
+
+
+def test_read_only_output_is_refused(pair: Any) -> None:
+    ro = np.zeros(4, np.float32)
+    ro.setflags(write=False)
+    with pytest.raises(minincl.InvalidArgument, match="read-only"):
+        pair[0].allreduce(np.ones(4, np.float32), ro)
+    with pytest.raises(minincl.InvalidArgument, match="read-only"):
+        pair[0].allreduce(ro)  # in place writes the input
+    with pytest.raises(minincl.InvalidArgument, match="read-only"):
+        pair[0].recv(ro, 1)
+
+
+def test_use_after_destroy(pair: Any) -> None:
+    c = pair[0]
+    c.destroy()
+    with pytest.raises(minincl.InvalidUsage, match="destroyed"):
+        c.allreduce(np.ones(3, np.float32))
+    with pytest.raises(minincl.InvalidUsage, match="destroyed"):
+        _ = c.rank
+    c.destroy()  # twice is fine
+
+
+def test_context_manager_destroys() -> None:
+    comms = minincl.Communicator.init_all(1)
+    with comms[0] as c:
+        x = np.arange(5, dtype=np.int32)
+        c.allreduce(x, op="prod")
+        np.testing.assert_array_equal(x, np.arange(5))
+    assert c.destroyed
+
+
+def test_abort_from_another_thread_unblocks_a_collective(pair: Any) -> None:
+    c0 = pair[0]  # rank 1 never joins: rank 0 waits
+    threading.Timer(0.3, c0.abort).start()
+    t0 = time.monotonic()
+    with pytest.raises(minincl.Aborted, match="aborted"):
+        c0.allreduce(np.ones(1 << 20, np.float32))
+    assert time.monotonic() - t0 < 1.3
+    # The peer learns that rank 0 went away.
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        try:
+            pair[1].allreduce(np.ones(4, np.float32))
+        except minincl.RemoteError as e:
+            assert "rank 0" in str(e)
+            return
+    pytest.fail("rank 1 never learned that rank 0 aborted")
+
+
+def test_mismatched_send_recv_sizes_fail_both_sides_and_write_nothing(pair: Any) -> None:
+    out = np.full(20, -1, np.float32)
+
+    def body(c: Any) -> str:
+        try:
+            if c.rank == 0:
+                c.send(np.ones(10, np.float32), 1)
+            else:
+                c.recv(out, 0)
+        except minincl.Error as e:
+            return f"{type(e).__name__}: {e}"
+        return "ok"
+
+    r0, r1 = run_ranks(pair, body)
+    assert r1.startswith("InvalidUsage") and "recv of 80 bytes" in r1 and "sent 40 bytes" in r1, r1
+    np.testing.assert_array_equal(out, np.full(20, -1, np.float32))
+    # The small send may complete into the FIFO before the receiver objects; either way the
+    # sender learns of the failure no later than its next call.
+    if r0 == "ok":
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and r0 == "ok":
+            try:
+                pair[0].barrier()
+            except minincl.Error as e:
+                r0 = f"{type(e).__name__}: {e}"
+    assert r0.startswith("RemoteError") and "rank 1" in r0, r0
+
+
+def test_mismatched_collectives_are_named(pair: Any) -> None:
+    def body(c: Any) -> str:
+        try:
+            c.allreduce(np.ones(10 + 10 * c.rank, np.float32))
+        except minincl.Error as e:
+            return f"{type(e).__name__}: {e}"
+        return "ok"
+
+    results = run_ranks(pair, body)
+    assert any("mismatched calls" in r and "count=10" in r and "count=20" in r for r in results), results
+    assert all(r != "ok" for r in results)
+
+
+def test_wrong_unique_id() -> None:
+    with pytest.raises(minincl.InvalidArgument, match="unique id"):
+        minincl.Communicator(2, b"\x00" * 128, 0)
+    with pytest.raises(minincl.InvalidArgument, match="128 bytes"):
+        minincl.Communicator(2, b"short", 0)
+
+
+def test_unreachable_root_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "1")
+    uid = minincl.unique_id_for_address("127.0.0.1", 9)  # discard port: nobody listens
+    t0 = time.monotonic()
+    with pytest.raises(minincl.Timeout, match="bootstrap root"):
+        minincl.Communicator(2, uid, 1)
+    assert time.monotonic() - t0 < 5
+
+
+def _join_all(uid: bytes, specs: list[tuple[int, int]]) -> list[str]:
+    out = [""] * len(specs)
+
+    def body(i: int) -> None:
+        nranks, rank = specs[i]
+        try:
+            minincl.Communicator(nranks, uid, rank).destroy()
+            out[i] = "ok"
+        except minincl.Error as e:
+            out[i] = f"{type(e).__name__}: {e}"
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(len(specs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_mismatched_nranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "3")
+    res = _join_all(minincl.get_unique_id(), [(2, 0), (3, 1)])
+    assert all("mismatched nranks" in r for r in res), res
+
+
+def test_duplicate_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "3")
+    res = _join_all(minincl.get_unique_id(), [(2, 1), (2, 1)])
+    assert any("duplicate rank" in r for r in res), res
+    assert all(r != "ok" for r in res), res
+
+
+def test_missing_rank_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "1")
+    t0 = time.monotonic()
+    res = _join_all(minincl.get_unique_id(), [(3, 0), (3, 2)])
+    assert all("missing ranks: 1" in r for r in res), res
+    assert time.monotonic() - t0 < 10
+
+
+def test_init_from_env_torchrun_style(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out: list[Any] = [None, None]
+
+    def body(rank: int) -> None:
+        # Each thread sees its own launcher variables through a fresh env mapping.
+        env = {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port - 1)}
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            uid = minincl.unique_id_for_address(env["MASTER_ADDR"], int(env["MASTER_PORT"]) + 1)
+        c = minincl.Communicator(2, uid, rank)
+        x = np.full(3, rank + 1, np.int32)
+        c.allreduce(x)
+        out[rank] = x
+        c.destroy()
+
+    ts = [threading.Thread(target=body, args=(r,)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    for x in out:
+        np.testing.assert_array_equal(x, [3, 3, 3])
+
+
+def test_init_from_env_reads_launcher_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "1")
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MININCL_ROOT_PORT", str(port))
+    with minincl.init_from_env() as c:
+        assert (c.rank, c.nranks) == (0, 1)
+    monkeypatch.delenv("OMPI_COMM_WORLD_RANK")
+    monkeypatch.delenv("OMPI_COMM_WORLD_SIZE")
+    with pytest.raises(minincl.InvalidUsage, match="no launcher variables"):
+        minincl.init_from_env()
+
+
+def test_slurm_nodelist_first_host() -> None:
+    from minincl._comm import _first_slurm_host
+
+    assert _first_slurm_host("node[03-05,07],gpu1") == "node03"
+    assert _first_slurm_host("gpu1,gpu2") == "gpu1"
+    assert _first_slurm_host("a[7]") == "a7"
+
+
+def test_unknown_protocol_name_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MININCL_PROTO", "fast")
+    with pytest.raises(minincl.InvalidArgument, match="unknown name \"fast\""):
+        minincl.Communicator.init_all(1)

@@ -1,0 +1,46 @@
+"""Ranks as separate processes: the shm transport, peer death, leaked segments."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import workers
+
+import minincl
+from minincl import LaunchError
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_collectives_over_shm(nranks: int) -> None:
+    results = minincl.launch(workers.all_collectives, nranks, [0, 1, 7, 50021])
+    assert results == [results[0]] * nranks and results[0] > 0
+
+
+def test_no_segment_outlives_init() -> None:
+    before = workers.shm_segments()
+    during = minincl.launch(workers.report_segments, 3)
+    # Segments are unlinked once every rank has mapped them: none is visible while running.
+    assert all(set(seen) <= set(before) for seen in during)
+    assert workers.shm_segments() == before
+
+
+def test_peer_killed_mid_collective_raises_on_survivors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MININCL_TIMEOUT", "3")
+    before = workers.shm_segments()
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        minincl.launch(workers.die_mid_run, 3, 1)
+    elapsed = time.monotonic() - t0
+    # Rank 1 died (no result); ranks 0 and 2 raised a RemoteError naming it, within a second
+    # (the process check; the heartbeat timeout is the slower net under it).
+    assert "rank 1: process ended" in str(info.value)
+    survivors = info.value.results
+    assert sorted(survivors) == [0, 2]
+    for story in survivors.values():
+        assert story.startswith("RemoteError after") and "rank 1 (pid" in story, story
+        assert float(story.split()[2].rstrip("s:")) < 1.0, story
+    assert elapsed < 30
+    assert workers.shm_segments() == before
+    assert os.environ.get("MININCL_TIMEOUT") == "3"

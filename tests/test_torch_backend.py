@@ -1,0 +1,530 @@
+"""The torch.distributed backend "minincl": collectives, p2p, groups, errors and DDP.
+
+Ranks are local processes (minincl.torch.run_local). Every collective result is compared with
+values computed here in one process; DDP training is compared with the same run on gloo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, Union
+
+import pytest
+
+import minincl
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+mtorch = pytest.importorskip("minincl.torch")  # registers the "minincl" backend
+run_local = mtorch.run_local
+
+WORLD = 2
+Result = Union[torch.Tensor, list[torch.Tensor]]
+REDUCE = {
+    "sum": dist.ReduceOp.SUM,
+    "prod": dist.ReduceOp.PRODUCT,
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+    "avg": dist.ReduceOp.AVG,
+}
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def values(rank: int, n: int = 6, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Small integers (1..4) differing by rank: exact in every type, even multiplied."""
+    return ((torch.arange(n) + rank) % 4 + 1).to(dtype)
+
+
+def all_values(n: int = 6, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    return torch.stack([values(r, n, dtype) for r in range(WORLD)])
+
+
+def assert_close(got: Any, want: Any, where: str, tol: float) -> None:
+    try:
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    except AssertionError as e:
+        raise AssertionError(f"{where}: {e}") from None
+
+
+# ---- the collectives: (what a rank runs, what it must get) ----
+
+
+def _allreduce_case(
+    op: str, dtype: torch.dtype
+) -> tuple[Callable[[int], Result], Callable[[int], Result]]:
+    def run(rank: int) -> Result:
+        t = values(rank, dtype=dtype)
+        dist.all_reduce(t, op=REDUCE[op])
+        return t
+
+    def want(rank: int) -> Result:
+        x = all_values()
+        red = {
+            "sum": x.sum(0),
+            "prod": x.prod(0),
+            "max": x.max(0).values,
+            "min": x.min(0).values,
+            "avg": x.mean(0),
+        }[op]
+        return red.to(dtype)
+
+    return run, want
+
+
+def _bool_allreduce(rank: int) -> Result:
+    any_ = torch.tensor([True, False, rank == 0, False])
+    all_ = torch.tensor([True, False, rank == 0, True])
+    dist.all_reduce(any_, op=dist.ReduceOp.SUM)
+    dist.all_reduce(all_, op=dist.ReduceOp.PRODUCT)
+    return [any_, all_]
+
+
+def _broadcast(rank: int) -> Result:
+    f = values(rank) * 10
+    i16 = values(rank, dtype=torch.int16)  # no reduction in int16, but copies move any type
+    c = torch.complex(values(rank), -values(rank))
+    for t in (f, i16, c):
+        dist.broadcast(t, src=1)
+    return [f, i16, c]
+
+
+def _reduce(rank: int) -> Result:
+    t = values(rank, dtype=torch.int64)
+    dist.reduce(t, dst=0, op=dist.ReduceOp.SUM)
+    return t if rank == 0 else torch.zeros(0)
+
+
+def _all_gather(rank: int) -> Result:
+    outs = [torch.empty(6) for _ in range(WORLD)]
+    dist.all_gather(outs, values(rank))
+    return outs
+
+
+def _all_gather_into_tensor(rank: int) -> Result:
+    out = torch.empty(WORLD * 6, dtype=torch.bfloat16)
+    all_gather_single(out, values(rank, dtype=torch.bfloat16))
+    return out
+
+
+def _reduce_scatter(rank: int) -> Result:
+    out = torch.empty(3)
+    dist.reduce_scatter(out, list(values(rank).chunk(WORLD)), op=dist.ReduceOp.MAX)
+    return out
+
+
+def _reduce_scatter_tensor(rank: int) -> Result:
+    out = torch.empty(3, dtype=torch.float64)
+    reduce_scatter_single(out, values(rank, dtype=torch.float64), op=dist.ReduceOp.AVG)
+    return out
+
+
+def _rows(rank: int, sizes: list[int]) -> torch.Tensor:
+    """Rows labelled 100*sender + 10*receiver + i, for all_to_all checks."""
+    return torch.cat(
+        [
+            torch.tensor([[100.0 * rank + 10 * p + i] * 2 for i in range(s)])
+            for p, s in enumerate(sizes)
+        ]
+    )
+
+
+def _split(sender: int, receiver: int) -> int:
+    return sender + 2 * receiver + 1  # uneven in both directions
+
+
+def _all_to_all_even(rank: int) -> Result:
+    out = torch.empty(WORLD * 2, 2)
+    dist.all_to_all_single(out, _rows(rank, [2] * WORLD))
+    return out
+
+
+def _all_to_all_uneven(rank: int) -> Result:
+    send = [_split(rank, p) for p in range(WORLD)]
+    recv = [_split(p, rank) for p in range(WORLD)]
+    out = torch.empty(sum(recv), 2)
+    dist.all_to_all_single(out, _rows(rank, send), output_split_sizes=recv, input_split_sizes=send)
+    return out
+
+
+def _all_to_all_list(rank: int) -> Result:
+    send = [_rows(rank, [_split(rank, p)])[:, :1] + 10 * p for p in range(WORLD)]
+    outs = [torch.empty(_split(p, rank), 1) for p in range(WORLD)]
+    dist.all_to_all(outs, send)
+    return outs
+
+
+def _send_recv(rank: int) -> Result:
+    t = values(rank) + 100
+    if rank == 0:
+        dist.send(t, dst=1)
+    else:
+        dist.recv(t, src=0)
+    return t
+
+
+def _batch_ring(rank: int) -> Result:
+    """A ring exchange of 4 MB each way: started together, so neither send waits on the other."""
+    send = torch.full((1 << 20,), float(rank))
+    recv = torch.empty_like(send)
+    ops = [
+        dist.P2POp(dist.isend, send, (rank + 1) % WORLD),
+        dist.P2POp(dist.irecv, recv, (rank - 1) % WORLD),
+    ]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    return recv[::4096]
+
+
+def _gather_scatter(rank: int) -> Result:
+    gathered = [torch.empty(6) for _ in range(WORLD)] if rank == 1 else None
+    dist.gather(values(rank), gathered, dst=1)
+    part = torch.empty(6)
+    dist.scatter(part, [values(r) * 7 for r in range(WORLD)] if rank == 0 else None, src=0)
+    return [*(gathered or []), part]
+
+
+def _non_contiguous(rank: int) -> Result:
+    m = values(rank, 12).reshape(3, 4)
+    view = m.t()  # transposed: not contiguous; the result must land in m
+    dist.all_reduce(view)
+    b = torch.arange(16.0).reshape(4, 4) if rank == 0 else torch.zeros(4, 4)
+    dist.broadcast(b[:, 1], src=0)  # a column: strided
+    return [m, b]
+
+
+def _want_non_contiguous(rank: int) -> Result:
+    b = torch.arange(16.0).reshape(4, 4)
+    if rank:
+        b[:, [0, 2, 3]] = 0
+    return [_want_sum(rank, 12).reshape(3, 4), b]
+
+
+def _async_future(rank: int) -> Result:
+    t = values(rank)
+    work = dist.all_reduce(t, async_op=True)
+    doubled = work.get_future().then(lambda f: f.value()[0] * 2).wait()
+    work.wait()
+    return [t, doubled]
+
+
+def _coalesced(rank: int) -> Result:
+    a, b = values(rank), values(rank, 3, torch.float64)
+    with dist._coalescing_manager(async_ops=True) as cm:  # allreduce_coalesced
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    cm.wait()
+    c = values(rank, 4)
+    with dist._coalescing_manager(device=torch.device("cpu")):  # _start/_end_coalescing
+        dist.all_reduce(c, op=dist.ReduceOp.MAX)
+    return [a, b, c]
+
+
+def _subgroups(rank: int) -> Result:
+    both = dist.new_group([0, 1])
+    solo = dist.new_group([1])
+    t = values(rank)
+    dist.all_reduce(t, group=both)
+    s = values(rank) * 3
+    if rank == 1:
+        dist.all_reduce(s, group=solo)  # a group of one: its own communicator
+    dist.barrier()
+    return [t, s]
+
+
+def _want_sum(rank: int, n: int = 6, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return all_values(n).sum(0).to(dtype)
+
+
+CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
+    **{
+        f"allreduce-{op}-{str(dt).split('.')[-1]}": _allreduce_case(op, dt)
+        for op in REDUCE
+        for dt in (
+            torch.float32,
+            torch.float64,
+            torch.bfloat16,
+            torch.float16,
+            torch.int32,
+            torch.int64,
+            torch.int8,
+            torch.uint8,
+        )
+        if op != "avg" or dt.is_floating_point
+    },
+    "allreduce-bool": (
+        _bool_allreduce,
+        lambda r: [
+            torch.tensor([True, False, True, False]),
+            torch.tensor([True, False, False, True]),
+        ],
+    ),
+    "broadcast": (
+        _broadcast,
+        lambda r: [
+            values(1) * 10,
+            values(1, dtype=torch.int16),
+            torch.complex(values(1), -values(1)),
+        ],
+    ),
+    "reduce": (_reduce, lambda r: _want_sum(r, dtype=torch.int64) if r == 0 else torch.zeros(0)),
+    "all_gather": (_all_gather, lambda r: [values(q) for q in range(WORLD)]),
+    "all_gather_into_tensor": (
+        _all_gather_into_tensor,
+        lambda r: torch.cat([values(q, dtype=torch.bfloat16) for q in range(WORLD)]),
+    ),
+    "reduce_scatter": (
+        _reduce_scatter,
+        lambda r: all_values().max(0).values.float().chunk(WORLD)[r],
+    ),
+    "reduce_scatter_tensor-avg": (
+        _reduce_scatter_tensor,
+        lambda r: all_values().mean(0).chunk(WORLD)[r],
+    ),
+    "all_to_all_single": (
+        _all_to_all_even,
+        lambda r: torch.cat([_rows(p, [2] * WORLD)[2 * r : 2 * r + 2] for p in range(WORLD)]),
+    ),
+    "all_to_all_single-uneven": (
+        _all_to_all_uneven,
+        lambda r: torch.cat(
+            [
+                _rows(p, [_split(p, q) for q in range(WORLD)])[
+                    sum(_split(p, q) for q in range(r)) :
+                ][: _split(p, r)]
+                for p in range(WORLD)
+            ]
+        ),
+    ),
+    "all_to_all-list": (
+        _all_to_all_list,
+        lambda r: [_rows(p, [_split(p, r)])[:, :1] + 10 * r for p in range(WORLD)],
+    ),
+    "send_recv": (_send_recv, lambda r: values(0) + 100),
+    "batch_isend_irecv": (_batch_ring, lambda r: torch.full((256,), float((r - 1) % WORLD))),
+    "gather_scatter": (
+        _gather_scatter,
+        lambda r: ([values(q) for q in range(WORLD)] if r == 1 else []) + [values(r) * 7],
+    ),
+    "non_contiguous": (_non_contiguous, _want_non_contiguous),
+    "async_future": (_async_future, lambda r: [_want_sum(r), _want_sum(r) * 2]),
+    "coalesced": (
+        _coalesced,
+        lambda r: [
+            _want_sum(r),
+            _want_sum(r, 3, torch.float64),
+            all_values(4).max(0).values.float(),
+        ],
+    ),
+    "new_group": (_subgroups, lambda r: [_want_sum(r), values(r) * 3]),
+}
+
+
+def run_cases(port: int) -> dict[str, Any]:
+    """One rank: every case, in order; an error is recorded, not raised, so others still run."""
+    rank = int(os.environ["RANK"])
+    dist.init_process_group(
+        "minincl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
+    )
+    results: dict[str, Any] = {}
+    try:
+        for name, (run, _) in CASES.items():
+            try:
+                results[name] = run(rank)
+            except Exception as e:  # noqa: BLE001 - reported per case by the test
+                results[name] = f"{type(e).__name__}: {e}"
+                dist.barrier()  # a failed case must not shift the next one's calls
+    finally:
+        dist.destroy_process_group()
+    return results
+
+
+@pytest.fixture(scope="module")
+def case_results() -> list[dict[str, Any]]:
+    return run_local(run_cases, WORLD, mtorch.free_port(), timeout=180)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_collective(case_results: list[dict[str, Any]], name: str) -> None:
+    want = CASES[name][1]
+    for rank, results in enumerate(case_results):
+        got = results[name]
+        assert not isinstance(got, str), f"rank {rank}: {got}"
+        assert_close(got, want(rank), f"{name}, rank {rank}", tol=0.0)
+
+
+# ---- one rank, in this process: errors and init through file:// ----
+
+
+@pytest.fixture
+def single_rank(tmp_path: Path) -> Any:
+    dist.init_process_group(
+        "minincl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_single_rank_file_init(single_rank: Any) -> None:
+    assert dist.get_backend() == "minincl"
+    assert isinstance(single_rank, mtorch.ProcessGroupMinincl)
+    t = torch.arange(5.0)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    torch.testing.assert_close(t, torch.arange(5.0))
+
+
+@pytest.mark.parametrize(
+    "call, pattern",
+    [
+        (
+            lambda: dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0)),
+            "allreduce with ReduceOp.PREMUL_SUM",
+        ),
+        (
+            lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND),
+            "ReduceOp.BAND",
+        ),
+        (
+            lambda: dist.reduce(torch.ones(2), dst=0, op=dist.ReduceOp.BXOR),
+            "reduce with ReduceOp.BXOR",
+        ),
+        (lambda: dist.recv(torch.ones(2)), "recv from any source"),
+    ],
+)
+def test_unsupported_raises_not_implemented(
+    single_rank: Any, call: Callable[[], Any], pattern: str
+) -> None:
+    with pytest.raises(NotImplementedError, match=pattern):
+        call()
+
+
+def test_unsupported_dtype_and_device_are_clear(single_rank: Any) -> None:
+    with pytest.raises(TypeError, match="cannot reduce torch.int16"):
+        dist.all_reduce(torch.ones(2, dtype=torch.int16))
+    with pytest.raises(minincl.InvalidUsage, match="meta tensors"):
+        dist.all_reduce(torch.ones(2, device="meta"))
+    if not minincl.build_info()["cuda"]:
+        # Something that says it is on a GPU checks the routing without one.
+        on_gpu = SimpleNamespace(device=torch.device("cuda", 0))
+        with pytest.raises(minincl.InvalidUsage, match="allreduce on CUDA tensors, but this build"):
+            single_rank._device_of("allreduce", [on_gpu])
+
+
+# ---- a rank that dies ----
+
+
+def die_or_notice(out: str) -> None:
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("minincl")
+    dist.all_reduce(torch.ones(4))
+    if rank == 1:
+        os._exit(3)  # gone without a word: no destroy, no error message
+    start = time.monotonic()
+    try:
+        for _ in range(1000):
+            dist.all_reduce(torch.ones(1 << 16), async_op=True).wait()
+        outcome = {"type": "none", "message": "every allreduce succeeded"}
+    except Exception as e:  # noqa: BLE001 - written for the test to inspect
+        outcome = {"type": type(e).__name__, "message": str(e)}
+    outcome["seconds"] = time.monotonic() - start
+    Path(out).write_text(json.dumps(outcome))
+    os._exit(0)  # the store and the communicator point at a dead peer: no orderly teardown
+
+
+def test_dead_peer_raises_through_work_wait(tmp_path: Path) -> None:
+    out = tmp_path / "rank0.json"
+    with pytest.raises(mtorch.LocalRunError, match="rank 1: no result"):
+        run_local(die_or_notice, WORLD, str(out), timeout=90)
+    outcome = json.loads(out.read_text())
+    assert outcome["type"] in ("RemoteError", "Timeout"), outcome
+    assert outcome["seconds"] < 60, outcome
+
+
+# ---- DDP: minincl and gloo train the same model to the same parameters ----
+
+
+def train_ddp(backend: str, device: str) -> dict[str, torch.Tensor]:
+    """6 steps of DDP with small buckets (several allreduces in flight) and buffers
+    (BatchNorm: broadcast every step); then 3 more with the fp16-compression comm hook
+    (futures chained with .then)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank = int(os.environ["RANK"])
+    if device == "cuda":
+        device = f"cuda:{rank % torch.cuda.device_count()}"
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(20, 64),
+        torch.nn.BatchNorm1d(64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 5),
+    ).to(device)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.005)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    gen = torch.Generator().manual_seed(rank)
+    for step in range(9):
+        if step == 6:
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        x, y = (
+            torch.randn(16, 20, generator=gen).to(device),
+            torch.randn(16, 5, generator=gen).to(device),
+        )
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    dist.destroy_process_group()
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def _check_same_training(device: str) -> None:
+    ours = run_local(train_ddp, WORLD, "minincl", device, timeout=180)
+    gloo = run_local(train_ddp, WORLD, "gloo", device, timeout=180)
+    parameter_names = {k for k in gloo[0] if k.endswith(("weight", "bias"))}
+    for rank in range(WORLD):
+        for key, value in gloo[rank].items():
+            assert_close(ours[rank][key], value, f"{key}, rank {rank}, minincl vs gloo", tol=1e-5)
+            if (
+                key in parameter_names
+            ):  # BatchNorm's running stats are rank-local after the last step
+                assert_close(
+                    ours[rank][key], ours[0][key], f"{key}, rank {rank} vs rank 0", tol=0.0
+                )
+    assert any((ours[0][k] != train_start()[k]).any() for k in train_start()), (
+        "training changed nothing"
+    )
+
+
+def train_start() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(20, 64),
+        torch.nn.BatchNorm1d(64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 5),
+    )
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def test_ddp_matches_gloo_cpu() -> None:
+    _check_same_training("cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a usable CUDA GPU")
+def test_ddp_matches_gloo_gpu() -> None:
+    if not minincl.build_info()["cuda"]:
+        pytest.skip("this build of minincl has no CUDA communicators")
+    _check_same_training("cuda")

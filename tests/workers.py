@@ -1,0 +1,74 @@
+"""Rank functions for tests that run ranks as processes (minincl.launch pickles them by name)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import numpy as np
+
+import minincl
+
+
+def all_collectives(comm: minincl.Communicator, counts: list[int]) -> int:
+    """Every collective, a few types, checked against NumPy on this rank; returns checks done."""
+    n, r = comm.nranks, comm.rank
+    checks = 0
+    for count in counts:
+        for dtype in (np.float32, np.int64, np.float16, np.uint8):
+            inputs = [((np.arange(count) + q * 3) % 5).astype(dtype) for q in range(n)]
+            x = inputs[r].copy()
+            comm.allreduce(x)
+            np.testing.assert_array_equal(x, np.add.reduce(np.stack(inputs), axis=0, dtype=dtype))
+            y = inputs[r].copy()
+            comm.allreduce(y, op="max")
+            np.testing.assert_array_equal(y, np.stack(inputs).max(0))
+            b = inputs[r].copy()
+            comm.broadcast(b, root=n - 1)
+            np.testing.assert_array_equal(b, inputs[n - 1])
+            red = inputs[r].copy()
+            comm.reduce(red, root=1 % n)
+            if r == 1 % n:
+                np.testing.assert_array_equal(red, np.add.reduce(np.stack(inputs), axis=0, dtype=dtype))
+            g = comm.allgather(inputs[r])
+            np.testing.assert_array_equal(g, np.concatenate(inputs))
+            big = [np.tile(v, n) for v in inputs]
+            rs = comm.reduce_scatter(big[r])
+            np.testing.assert_array_equal(rs, np.add.reduce(np.stack(inputs), axis=0, dtype=dtype))
+            a2a = comm.alltoall(big[r])
+            np.testing.assert_array_equal(a2a, np.concatenate([inputs[q] for q in range(n)]))
+            checks += 7
+    with minincl.group():
+        out = np.zeros(1000, np.float64)
+        comm.send(np.full(1000, r, np.float64), (r + 1) % n)
+        comm.recv(out, (r - 1) % n)
+    np.testing.assert_array_equal(out, np.full(1000, (r - 1) % n))
+    comm.barrier()
+    return checks + 1
+
+
+def die_mid_run(comm: minincl.Communicator, victim: int) -> str:
+    """The victim kills itself between collectives; the others are inside the next one."""
+    x = np.ones(1 << 16, np.float32)
+    for _ in range(3):
+        comm.allreduce(x)
+    if comm.rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        for _ in range(1000):
+            comm.allreduce(x)
+    except minincl.Error as e:
+        return f"{type(e).__name__} after {time.monotonic() - t0:.2f}s: {e}"
+    return "no error"
+
+
+def shm_segments() -> list[str]:
+    return sorted(f for f in os.listdir("/dev/shm") if f.startswith("minincl-"))
+
+
+def report_segments(comm: minincl.Communicator) -> list[str]:
+    comm.barrier()
+    return shm_segments()
