@@ -53,11 +53,9 @@ struct ProtoSizes {
   uint32_t ll128SlotLines;
 };
 
-constexpr int kMaxTreeChildren = 3;
-struct TreeInfo {
-  int up = -1;                      // parent rank, -1 at the root
-  int down[kMaxTreeChildren] = {-1, -1, -1};
-};
+// The most peers one primitive talks to at once: tree children, or every peer of a direct
+// algorithm (which therefore needs nranks <= kMaxPeers + 1).
+constexpr int kMaxPeers = 8;
 
 struct DevChannel {
   int id = 0;
@@ -68,7 +66,6 @@ struct DevChannel {
   uint64_t* recvStep = nullptr;     // [nranks]: steps this side has received from each peer
   const int* ring = nullptr;        // [nranks]: ring order; ring[ringPos] == rank
   int ringPos = 0;
-  TreeInfo tree[2];                 // the two trees of the double binary tree
   ProtoSizes sizes{};
   const uint32_t* abortFlag = nullptr;
 };
@@ -92,7 +89,8 @@ struct DevWork {
   uint64_t count;       // elements per rank block (allgather: send count; reduce_scatter: recv count)
   uint64_t chanOffset;  // this channel's slice of the block, in elements
   uint64_t chanCount;
-  int treeIndex;        // which of the two trees this channel uses
+  int treeIndex;        // tree: which of the two trees this channel uses
+  int algoVariant;      // direct allreduce: 0 one-shot, 1 two-shot
 
   MNCL_HOSTDEV StepInfo info() const {
     StepInfo s{};

@@ -9,26 +9,38 @@
 #include "p2p.h"
 #include "prims_lines.h"
 #include "prims_simple.h"
+#include "direct.h"
 #include "ring.h"
+#include "tree.h"
 
 namespace mncl::dev {
 
-template <template <class, class> class Prims, typename T, typename Fn>
-MNCL_DEV void runAlgorithm(PrimsContext<Fn> cx) {
-  using R = Ring<Prims, T, Fn>;
+// One algorithm's five collectives (copy-only ones for FuncCopy, reducing ones otherwise).
+template <typename A, typename T, typename Fn>
+MNCL_DEV void runCollectiveOf(PrimsContext<Fn> cx) {
   if constexpr (std::is_same_v<Fn, FuncCopy<T>>) {
     switch (cx.work.coll) {
-      case Coll::broadcast: R::broadcast(cx); break;
-      case Coll::allgather: R::allGather(cx); break;
+      case Coll::broadcast: A::broadcast(cx); break;
+      case Coll::allgather: if constexpr (requires { A::allGather(cx); }) A::allGather(cx); break;
       default: break;
     }
   } else {
     switch (cx.work.coll) {
-      case Coll::allreduce: R::allReduce(cx); break;
-      case Coll::reduce: R::reduce(cx); break;
-      case Coll::reducescatter: R::reduceScatter(cx); break;
+      case Coll::allreduce: A::allReduce(cx); break;
+      case Coll::reduce: A::reduce(cx); break;
+      case Coll::reducescatter: if constexpr (requires { A::reduceScatter(cx); }) A::reduceScatter(cx); break;
       default: break;
     }
+  }
+}
+
+template <template <class, class> class Prims, typename T, typename Fn>
+MNCL_DEV void runAlgorithm(PrimsContext<Fn> cx) {
+  switch (cx.work.algo) {
+    case Algo::ring: runCollectiveOf<Ring<Prims, T, Fn>, T, Fn>(cx); break;
+    case Algo::tree: runCollectiveOf<Tree<Prims, T, Fn>, T, Fn>(cx); break;
+    case Algo::direct: runCollectiveOf<Direct<Prims, T, Fn>, T, Fn>(cx); break;
+    default: break;
   }
 }
 

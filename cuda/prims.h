@@ -23,17 +23,29 @@
 
 namespace mncl::dev {
 
-constexpr int kMaxPeers = kMaxTreeChildren;
-
+// The peers a primitive receives from or sends to. For receiving, srcPos says where this
+// rank's own input goes in the reduction order (0: first). Direct algorithms list peers by
+// rank and put their own input at its rank's place, so every rank reduces in the same order
+// and gets the same bits.
 struct PeerSet {
   int n = 0;
-  int peer[kMaxPeers] = {-1, -1, -1};
-  PeerSet() = default;
+  int srcPos = 0;
+  int peer[kMaxPeers];
+  MNCL_HOSTDEV PeerSet() {}
   MNCL_HOSTDEV explicit PeerSet(int p) {
     if (p >= 0) peer[n++] = p;
   }
   MNCL_HOSTDEV void add(int p) {
     if (p >= 0) peer[n++] = p;
+  }
+  // Every rank but `self`, in rank order, with self's input at its place.
+  MNCL_HOSTDEV static PeerSet allBut(int self, int nranks) {
+    PeerSet s;
+    for (int r = 0; r < nranks; ++r) {
+      if (r != self) s.peer[s.n++] = r;
+    }
+    s.srcPos = self;
+    return s;
   }
 };
 

@@ -95,27 +95,22 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
     for (size_t i = tid(); i < nlines && !cx_.waiter.aborted; i += nthreads()) {
       P v;
       bool have = false;
-      if (src) {
-        loadPack(v, src, i * P::kElems, n);
-        have = true;
-      }
-      if (RECV) {
-        for (int r = 0; r < recv_.n; ++r) {
-          P x;
-          int peer = recv_.peer[r];
-          const Line* l = lineAt(ch.recvFrom[peer], ch.recvStep[peer], i);
-          uint32_t flag = (uint32_t)(ch.recvStep[peer] + 1);
-          if (!cx_.waiter.until([&] { return Format::read(l, x, flag); })) break;
-#if !defined(__CUDACC__)
-          if (i == 0 && !checkStepInfo(cx_, peer, ch.recvFrom[peer].ctrl->info[ch.recvStep[peer] % kSteps])) break;
-#endif
-          if (have) {
-            reducePack(cx_.fn, v, x);
-          } else {
-            v = x;
-            have = true;
-          }
+      for (int r = 0; r <= (RECV ? recv_.n : 0); ++r) {
+        if (r == (RECV ? recv_.srcPos : 0) && src) {
+          P own;
+          loadPack(own, src, i * P::kElems, n);
+          combine(v, own, have);
         }
+        if (!RECV || r == recv_.n) continue;
+        P x;
+        int peer = recv_.peer[r];
+        const Line* l = lineAt(ch.recvFrom[peer], ch.recvStep[peer], i);
+        uint32_t flag = (uint32_t)(ch.recvStep[peer] + 1);
+        if (!cx_.waiter.until([&] { return Format::read(l, x, flag); })) break;
+#if !defined(__CUDACC__)
+        if (i == 0 && !checkStepInfo(cx_, peer, ch.recvFrom[peer].ctrl->info[ch.recvStep[peer] % kSteps])) break;
+#endif
+        combine(v, x, have);
       }
       if (cx_.waiter.aborted) break;
       if (post) postPack(cx_.fn, v);
@@ -143,6 +138,15 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
   }
 
  private:
+  MNCL_DEV void combine(P& acc, const P& x, bool& have) const {
+    if (have) {
+      reducePack(cx_.fn, acc, x);
+    } else {
+      acc = x;
+      have = true;
+    }
+  }
+
   MNCL_DEV Line* lineAt(const ConnFifo& f, uint64_t step, size_t i) const {
     return Format::lines(f) + (step % kSteps) * Format::slotLines(cx_.ch.sizes) + i;
   }

@@ -22,7 +22,6 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     const T* srcs[kMaxSrcs];
     T* dsts[kMaxDsts];
     int nsrc = 0, ndst = 0;
-    if (src) srcs[nsrc++] = src;
     if (dst) dsts[ndst++] = dst;
     if (tid() == 0) {
       if (RECV) waitRecv();
@@ -30,8 +29,9 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     }
     barrier();
     if (cx_.waiter.aborted) return;
-    if (RECV) {
-      for (int i = 0; i < recv_.n; ++i) srcs[nsrc++] = slot(ch.recvFrom[recv_.peer[i]], ch.recvStep[recv_.peer[i]]);
+    for (int i = 0; i <= (RECV ? recv_.n : 0); ++i) {
+      if (i == (RECV ? recv_.srcPos : 0) && src) srcs[nsrc++] = src;
+      if (RECV && i < recv_.n) srcs[nsrc++] = slot(ch.recvFrom[recv_.peer[i]], ch.recvStep[recv_.peer[i]]);
     }
     if (SEND) {
       for (int i = 0; i < send_.n; ++i) dsts[ndst++] = slot(ch.sendTo[send_.peer[i]], ch.sendStep[send_.peer[i]]);

@@ -4,12 +4,13 @@
 
 #include <cstring>
 
+#include "channel.h"
 #include "reduce_ops.h"
 
 namespace mncl::dev {
 
-constexpr int kMaxSrcs = 4;   // own input + up to 3 tree children
-constexpr int kMaxDsts = 4;   // own output + up to 3 peers
+constexpr int kMaxSrcs = kMaxPeers + 1;  // own input + every peer received from
+constexpr int kMaxDsts = kMaxPeers + 1;  // own output + every peer sent to
 
 template <typename T>
 MNCL_DEV void copyElems(T* dst, const T* src, size_t n) {

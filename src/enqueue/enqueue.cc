@@ -155,6 +155,7 @@ void planColl(CommPlan& plan, const CollCall& c) {
     w.chanOffset = off;
     w.chanCount = std::min(share, c.count - off);
     w.treeIndex = ch % 2;
+    w.algoVariant = p.variant;
     plan.colls[ch].push_back(w);
   }
 }

@@ -5,6 +5,7 @@
 #include "../core/env.h"
 #include "../core/error.h"
 #include "../core/log.h"
+#include "../../cuda/channel.h"
 
 namespace mncl {
 
@@ -13,18 +14,25 @@ const char* const kAlgoNames[] = {"ring", "tree", "direct"};
 const char* const kProtoNames[] = {"simple", "ll", "ll128"};
 const char* const kCollNames[] = {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "sendrecv"};
 
-// Per-hop latency (us) and per-channel bandwidth (GB/s) of each protocol between two CPU
-// ranks of this machine class (2-core x86 VM), measured with `minincl bench --proto`.
-// See bench/RESULTS.md; the shape matters more than the digits.
+// Cost of one step between two CPU ranks of this machine class (2-core x86 VM), per
+// protocol: a latency (us) and a per-channel bandwidth (GB/s). Fitted to
+// `minincl-perf -A <algo> -P <proto>` sweeps; see bench/RESULTS.md. The shape matters
+// more than the digits: LL is cheapest per step, Simple moves the most bytes per second.
 struct ProtoCost {
-  double hopLatencyUs, bandwidthGBs;
+  double stepLatencyUs, bandwidthGBs;
 };
 constexpr ProtoCost kCpuCost[] = {
-    {3.0, 6.0},   // simple
-    {0.6, 1.5},   // ll
-    {1.0, 4.5},   // ll128
+    {2.0, 6.0},   // simple
+    {0.5, 1.5},   // ll
+    {0.9, 4.5},   // ll128
 };
 constexpr double kBaseLatencyUs = 1.0;
+
+int log2Up(int n) {
+  int d = 0;
+  while ((1 << d) < n) ++d;
+  return d;
+}
 }  // namespace
 
 const char* algoName(Algo a) { return kAlgoNames[(int)a]; }
@@ -67,47 +75,85 @@ void Tuner::init(int nranks, int maxChannels, size_t bytesPerChannel) {
   protoMask_ = parseNameList(env::str("MININCL_PROTO"), kProtoNames, (int)Proto::count, "MININCL_PROTO");
 }
 
-bool Tuner::available(Coll coll, Algo a, Proto) const {
-  if (coll == Coll::sendrecv) return false;
-  return a == Algo::ring;
+bool Tuner::available(Coll coll, Algo a) const {
+  switch (a) {
+    case Algo::ring: return coll != Coll::sendrecv;
+    case Algo::tree: return coll == Coll::allreduce || coll == Coll::broadcast || coll == Coll::reduce;
+    case Algo::direct: return coll != Coll::sendrecv && nranks_ - 1 <= dev::kMaxPeers;
+    default: return false;
+  }
 }
 
-double Tuner::estimate(Coll coll, Algo, Proto p, size_t bytes, int nch) const {
-  // Ring: allreduce crosses 2(n-1) hops and moves 2(n-1)/n of the data through each link;
-  // the others cross n-1 hops and move (n-1)/n (broadcast/reduce: all of it, pipelined).
-  int n = nranks_;
-  double hops = coll == Coll::allreduce ? 2.0 * (n - 1) : (double)(n - 1);
-  double factor = coll == Coll::allreduce ? 2.0 * (n - 1) / n
-                  : (coll == Coll::broadcast || coll == Coll::reduce) ? 1.0
-                                                                       : (double)(n - 1) / n;
+// Steps on the critical path, and bytes each rank moves per byte of the buffer, for each
+// algorithm (n ranks, the tree's depth d):
+//   ring     allreduce 2(n-1) steps, 2(n-1)/n; allgather, reduce_scatter n-1, (n-1)/n;
+//            broadcast, reduce n-1 (pipelined), 1
+//   tree     allreduce 2d, 2; broadcast, reduce d, 1 (pipelined)
+//   direct   one-shot allreduce 1 step but n-1 sends, (n-1); two-shot 2 steps, 2(n-1)/n;
+//            the others 1 step, (n-1)/n (broadcast and reduce: the root moves (n-1))
+// A CPU channel is one thread, so a rank's sends and receives to several peers in one
+// "step" still cost it one step each: direct pays (n-1) step latencies per phase.
+double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, int nch) const {
+  double n = nranks_;
+  double steps = 0, factor = 0;
+  bool reduceAll = coll == Coll::allreduce;
+  bool rootColl = coll == Coll::broadcast || coll == Coll::reduce;
+  switch (a) {
+    case Algo::ring:
+      steps = reduceAll ? 2 * (n - 1) : n - 1;
+      factor = reduceAll ? 2 * (n - 1) / n : rootColl ? 1.0 : (n - 1) / n;
+      break;
+    case Algo::tree:
+      steps = (reduceAll ? 2 : 1) * log2Up(nranks_);
+      factor = reduceAll ? 2.0 : 1.0;
+      break;
+    case Algo::direct:
+      if (reduceAll && variant == 0) {
+        steps = n - 1;
+        factor = n - 1;
+      } else {
+        steps = (reduceAll ? 2 : 1) * (n - 1);
+        factor = reduceAll ? 2 * (n - 1) / n : rootColl ? n - 1 : (n - 1) / n;
+      }
+      break;
+    default: break;
+  }
   const ProtoCost& c = kCpuCost[(int)p];
   double bw = c.bandwidthGBs * nch * 1e3;  // bytes per us
-  return kBaseLatencyUs + hops * c.hopLatencyUs + factor * (double)bytes / bw;
+  return kBaseLatencyUs + steps * c.stepLatencyUs + factor * (double)bytes / bw;
 }
 
 Plan Tuner::choose(Coll coll, size_t bytes) const {
   int nch = (int)std::min<size_t>((size_t)maxChannels_, std::max<size_t>(1, bytes / bytesPerChannel_));
-  Plan best{Algo::ring, Proto::simple, nch};
+  Plan best{Algo::ring, Proto::simple, nch, 0};
   double bestTime = std::numeric_limits<double>::infinity();
-  bool any = false;
   for (int a = 0; a < (int)Algo::count; ++a) {
-    if (!(algoMask_ & (1u << a))) continue;
+    if (!(algoMask_ & (1u << a)) || !available(coll, (Algo)a)) continue;
+    int variants = (Algo)a == Algo::direct && coll == Coll::allreduce ? 2 : 1;
     for (int p = 0; p < (int)Proto::count; ++p) {
-      if (!(protoMask_ & (1u << p)) || !available(coll, (Algo)a, (Proto)p)) continue;
-      double t = estimate(coll, (Algo)a, (Proto)p, bytes, nch);
-      any = true;
-      if (t < bestTime) {
-        bestTime = t;
-        best = {(Algo)a, (Proto)p, nch};
+      if (!(protoMask_ & (1u << p))) continue;
+      for (int v = 0; v < variants; ++v) {
+        double t = estimate(coll, (Algo)a, (Proto)p, v, bytes, nch);
+        if (t < bestTime) {
+          bestTime = t;
+          best = {(Algo)a, (Proto)p, nch, v};
+        }
       }
     }
   }
-  if (!any) {
-    throwError(mnclInvalidUsage, std::string("no algorithm allowed by MININCL_ALGO / MININCL_PROTO implements ") +
-                                     collName(coll) + " (available now: ring with simple, ll, ll128)");
+  if (bestTime == std::numeric_limits<double>::infinity()) {
+    std::string allowed;
+    for (int a = 0; a < (int)Algo::count; ++a) {
+      if (available(coll, (Algo)a)) allowed += std::string(allowed.empty() ? "" : ", ") + kAlgoNames[a];
+    }
+    throwError(mnclInvalidUsage, std::string("MININCL_ALGO / MININCL_PROTO allow no algorithm that implements ") +
+                                     collName(coll) + " on " + std::to_string(nranks_) + " ranks (algorithms that do: " +
+                                     allowed + ")");
   }
-  MNCL_INFO(kTune, "%s %zu bytes: %s/%s on %d channel(s), estimated %.1f us", collName(coll), bytes,
-            algoName(best.algo), protoName(best.proto), best.nChannels, bestTime);
+  MNCL_INFO(kTune, "%s %zu bytes on %d ranks: %s%s/%s on %d channel(s), estimated %.1f us", collName(coll), bytes,
+            nranks_, algoName(best.algo),
+            best.algo == Algo::direct && coll == Coll::allreduce ? (best.variant ? " two-shot" : " one-shot") : "",
+            protoName(best.proto), best.nChannels, bestTime);
   return best;
 }
 

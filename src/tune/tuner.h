@@ -16,6 +16,7 @@ struct Plan {
   Algo algo;
   Proto proto;
   int nChannels;
+  int variant = 0;  // direct allreduce: 0 one-shot, 1 two-shot
 };
 
 const char* algoName(Algo a);
@@ -36,8 +37,8 @@ class Tuner {
   unsigned protoMask() const { return protoMask_; }
 
  private:
-  double estimate(Coll coll, Algo a, Proto p, size_t bytes, int nch) const;
-  bool available(Coll coll, Algo a, Proto p) const;
+  double estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, int nch) const;
+  bool available(Coll coll, Algo a) const;
 
   int nranks_ = 1, maxChannels_ = 1;
   size_t bytesPerChannel_ = 1;

@@ -1,0 +1,108 @@
+// Tree algorithms over a double binary tree.
+//
+// Tree 0 is a binary heap over the ranks relabelled so the root is 0; tree 1 is its mirror
+// (the labels run the other way round the ranks), so the ranks that are leaves in one tree
+// are mostly inner nodes in the other. Channels alternate between the two trees, so every
+// rank sends and receives about the same amount. Latency grows with log2(n), not n.
+//
+// allreduce: partial sums flow up to the root, the result flows back down. Both directions
+// run at once, chunk by chunk: a rank sends chunk i up before it waits for chunk i - lag to
+// come down, so the tree stays busy without any connection's FIFO having to hold more than
+// the lag.
+#pragma once
+
+#include "prims.h"
+#include "ring.h"
+
+namespace mncl::dev {
+
+struct TreeNode {
+  int parent = -1;
+  PeerSet children;
+};
+
+// The node of `rank` in tree `index` (0 or 1) of n ranks rooted at `root`.
+MNCL_HOSTDEV TreeNode treeNode(int rank, int n, int root, int index) {
+  auto label = [&](int r) { return index == 0 ? (r - root + n) % n : (root - r + n) % n; };
+  auto rankOf = [&](int v) { return index == 0 ? (v + root) % n : (root - v + n) % n; };
+  int v = label(rank);
+  TreeNode t;
+  if (v > 0) t.parent = rankOf((v - 1) / 2);
+  for (int c = 2 * v + 1; c <= 2 * v + 2 && c < n; ++c) t.children.add(rankOf(c));
+  return t;
+}
+
+template <template <class, class> class Prims, typename T, typename Fn>
+struct Tree {
+  using Cx = PrimsContext<Fn>;
+  static constexpr size_t kLag = kSteps / 2;
+
+  MNCL_DEV static TreeNode node(const Cx& cx, int root) {
+    return treeNode(cx.ch.rank, cx.ch.nranks, root, cx.work.treeIndex);
+  }
+
+  MNCL_DEV static void allReduce(Cx cx) {
+    const DevWork& w = cx.work;
+    const T* src = (const T*)w.send + w.chanOffset;
+    T* dst = (T*)w.recv + w.chanOffset;
+    TreeNode t = node(cx, 0);
+    PeerSet parent(t.parent);
+    if (t.parent < 0) {  // root: reduce the children's sums and send the result straight back
+      auto pr = Prims<T, Fn>(cx, t.children, t.children);
+      forChunks(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
+        pr.recvReduceCopySend(src + off, dst + off, len, true);
+      });
+      return;
+    }
+    auto up = Prims<T, Fn>(cx, t.children, parent);
+    auto down = Prims<T, Fn>(cx, parent, t.children);
+    size_t step = up.stepElems();
+    size_t nchunks = divUp(w.chanCount, step);
+    for (size_t i = 0; i < nchunks + kLag; ++i) {
+      if (i < nchunks) {
+        size_t off = i * step, len = minSize(step, w.chanCount - off);
+        if (t.children.n == 0) up.send(src + off, len);
+        else up.recvReduceSend(src + off, len);
+      }
+      if (i >= kLag && i - kLag < nchunks) {
+        size_t off = (i - kLag) * step, len = minSize(step, w.chanCount - off);
+        if (t.children.n == 0) down.recv(dst + off, len);
+        else down.recvCopySend(dst + off, len);
+      }
+    }
+  }
+
+  MNCL_DEV static void broadcast(Cx cx) {
+    const DevWork& w = cx.work;
+    const T* src = (const T*)w.send + w.chanOffset;
+    T* dst = (T*)w.recv + w.chanOffset;
+    TreeNode t = node(cx, w.root);
+    auto pr = Prims<T, Fn>(cx, PeerSet(t.parent), t.children);
+    forChunks(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
+      if (t.parent < 0) pr.copySend(src + off, dst + off, len);
+      else if (t.children.n == 0) pr.recv(dst + off, len);
+      else pr.recvCopySend(dst + off, len);
+    });
+  }
+
+  MNCL_DEV static void reduce(Cx cx) {
+    const DevWork& w = cx.work;
+    const T* src = (const T*)w.send + w.chanOffset;
+    T* dst = (T*)w.recv + w.chanOffset;
+    TreeNode t = node(cx, w.root);
+    auto pr = Prims<T, Fn>(cx, t.children, PeerSet(t.parent));
+    forChunks(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
+      if (t.parent < 0) pr.recvReduceCopy(src + off, dst + off, len, true);
+      else if (t.children.n == 0) pr.send(src + off, len);
+      else pr.recvReduceSend(src + off, len);
+    });
+  }
+
+ private:
+  template <typename F>
+  MNCL_DEV static void forChunks(size_t step, size_t count, F f) {
+    for (size_t off = 0; off < count; off += step) f(off, minSize(step, count - off));
+  }
+};
+
+}  // namespace mncl::dev

@@ -1,0 +1,121 @@
+"""Every collective x algorithm x protocol, forced through MININCL_ALGO / MININCL_PROTO, with
+representative types and ops, on rank counts that are odd, even and not powers of two."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import numpy as np
+import pytest
+from conftest import assert_same, counts_for, empty, make, needs, rank_values, reduce_ref, run_ranks
+
+import minincl
+
+ALGOS = {"ring": ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"],
+         "tree": ["allreduce", "broadcast", "reduce"],
+         "direct": ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"]}
+PROTOS = ["simple", "ll", "ll128"]
+TYPES_OPS = [("int8", "sum"), ("float16", "max"), ("bfloat16", "sum"), ("float32", "avg"), ("int64", "prod"),
+             ("uint32", "min"), ("float64", "sum")]
+
+
+class ForcedPool:
+    """Keeps one group of thread-ranks at a time, created under forced algorithm/protocol."""
+
+    def __init__(self) -> None:
+        self.key: Optional[tuple[int, str, str]] = None
+        self.comms: list[minincl.Communicator] = []
+
+    def get(self, nranks: int, algo: str, proto: str) -> list[minincl.Communicator]:
+        key = (nranks, algo, proto)
+        if key != self.key or any(c.destroyed for c in self.comms):
+            self.close()
+            saved = {k: os.environ.get(k) for k in ("MININCL_ALGO", "MININCL_PROTO")}
+            os.environ["MININCL_ALGO"], os.environ["MININCL_PROTO"] = algo, proto
+            try:
+                self.comms = minincl.Communicator.init_all(nranks)
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+            self.key = key
+        return self.comms
+
+    def close(self) -> None:
+        for c in self.comms:
+            c.destroy()
+        self.comms, self.key = [], None
+
+
+@pytest.fixture(scope="module")
+def forced() -> Any:
+    pool = ForcedPool()
+    yield pool
+    pool.close()
+
+
+def check_collective(comms: list[Any], coll: str, dtype: str, op: str, count: int) -> None:
+    n = len(comms)
+    root = (count + 1) % n
+    block = count * n if coll == "reduce_scatter" else count
+    inputs = [rank_values(r, block, dtype, op, seed=count) for r in range(n)]
+
+    def body(c: Any) -> Any:
+        send = make(inputs[c.rank], dtype)
+        if coll == "allreduce":
+            return c.allreduce(send, empty(count, dtype), op=op)
+        if coll == "reduce":
+            return c.reduce(send, empty(count, dtype), op=op, root=root)
+        if coll == "broadcast":
+            return c.broadcast(send, empty(count, dtype), root=root)
+        if coll == "allgather":
+            return c.allgather(send, empty(count * n, dtype))
+        return c.reduce_scatter(send, empty(count, dtype), op=op)
+
+    results = run_ranks(comms, body)
+    for r, got in enumerate(results):
+        if coll == "allreduce" or (coll == "reduce" and r == root):
+            assert_same(got, reduce_ref(inputs, op, dtype), dtype, op)
+        elif coll == "broadcast":
+            assert_same(got, inputs[root], dtype)
+        elif coll == "allgather":
+            assert_same(got, np.concatenate(inputs), dtype)
+        elif coll == "reduce_scatter":
+            assert_same(got, reduce_ref(inputs, op, dtype)[r * count:(r + 1) * count], dtype, op)
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("algo", list(ALGOS))
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4, 5, 7, 8])
+def test_forced_algorithm_and_protocol(forced: ForcedPool, nranks: int, algo: str, proto: str) -> None:
+    comms = forced.get(nranks, algo, proto)
+    for coll in ALGOS[algo]:
+        for dtype, op in TYPES_OPS:
+            needs(dtype)
+            for count in counts_for(dtype):
+                check_collective(comms, coll, dtype, op, count)
+
+
+def test_algorithm_that_cannot_run_a_collective_is_a_clear_error(forced: ForcedPool) -> None:
+    comms = forced.get(2, "tree", "simple")
+    with pytest.raises(minincl.InvalidUsage, match="allgather"):
+        run_ranks(comms, lambda c: c.allgather(np.ones(4, np.float32)))
+
+
+def test_thousands_of_small_allreduces_per_protocol(forced: ForcedPool) -> None:
+    """Flags must never be taken from an earlier lap or operation: values change every call."""
+    for proto in PROTOS:
+        comms = forced.get(3, "ring", proto)
+
+        def body(c: Any) -> int:
+            for i in range(5000):
+                x = np.array([c.rank * i, i, 1], np.int32)
+                c.allreduce(x)
+                if x[0] != 3 * i or x[1] != 3 * i or x[2] != 3:
+                    raise AssertionError(f"{proto} call {i}: {x}")
+            return 0
+
+        run_ranks(comms, body, timeout=120)
