@@ -78,6 +78,7 @@ inline void storeRelaxed(T* p, T v) {
 // quickly (moving garbage) instead of hanging; the host then reports why.
 struct Waiter {
   const uint32_t* abortFlag;
+  uint32_t spinBudget = 200;  // CPU: pauses before yielding
   bool aborted = false;
 
   template <typename Ready>
@@ -100,8 +101,8 @@ struct Waiter {
 #if defined(__CUDACC__)
 MNCL_DEV void Waiter::backoff(uint32_t) { pause(); }
 #else
-void cpuBackoff(uint32_t spins);
-inline void Waiter::backoff(uint32_t spins) { cpuBackoff(spins); }
+void cpuBackoff(uint32_t spins, uint32_t spinBudget = 200);
+inline void Waiter::backoff(uint32_t spins) { cpuBackoff(spins, spinBudget); }
 #endif
 
 }  // namespace mncl::dev

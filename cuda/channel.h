@@ -68,6 +68,10 @@ struct DevChannel {
   int ringPos = 0;
   ProtoSizes sizes{};
   const uint32_t* abortFlag = nullptr;
+  // CPU: pauses before a wait starts yielding. Long when every channel thread has a core of
+  // its own (a yield only adds latency), short when threads outnumber cores (the peer we
+  // wait for may need our core to run at all).
+  uint32_t spinBudget = 200;
 };
 
 // Why a channel stopped early, for the host to turn into a message.

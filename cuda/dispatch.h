@@ -48,7 +48,7 @@ MNCL_DEV void runAlgorithm(PrimsContext<Fn> cx) {
 // Returns false if the operation stopped early (abort, or a mismatched peer in *err).
 template <typename T, typename Fn>
 MNCL_DEV bool runTyped(DevChannel& ch, const DevWork& w, Fn fn, DevError* err) {
-  Waiter waiter{ch.abortFlag};
+  Waiter waiter{ch.abortFlag, ch.spinBudget};
   PrimsContext<Fn> cx{ch, w, fn, waiter, err};
   switch (w.proto) {
     case Proto::simple: runAlgorithm<PrimsSimple, T, Fn>(cx); break;

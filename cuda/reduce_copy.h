@@ -43,6 +43,12 @@ inline void reduce2(const Fn& fn, T* __restrict__ d, const T* __restrict__ a,
                     const T* __restrict__ b, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = fn(a[i], b[i]);
 }
+// recvReduceCopySend's shape: one result to the output and to the next peer's FIFO.
+template <typename T, typename Fn>
+inline void reduce2x2(const Fn& fn, T* __restrict__ d0, T* __restrict__ d1, const T* __restrict__ a,
+                      const T* __restrict__ b, size_t n) {
+  for (size_t i = 0; i < n; ++i) d0[i] = d1[i] = fn(a[i], b[i]);
+}
 template <typename T, typename Fn>
 inline void reduceInto(const Fn& fn, T* __restrict__ acc, const T* __restrict__ b, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] = fn(acc[i], b[i]);
@@ -60,8 +66,14 @@ inline void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T
     for (int d = 0; d < ndst; ++d) copyElems(dsts[d], srcs[0], n);
     return;
   }
-  if (nsrc == 2 && !post && ndst == 1 && dsts[0] != srcs[0] && dsts[0] != srcs[1]) {
+  bool distinct = true;  // restrict loops need outputs that alias no input
+  for (int d = 0; d < ndst; ++d) distinct &= dsts[d] != srcs[0] && (nsrc < 2 || dsts[d] != srcs[1]);
+  if (nsrc == 2 && !post && distinct && ndst == 1) {
     reduce2(fn, dsts[0], srcs[0], srcs[1], n);
+    return;
+  }
+  if (nsrc == 2 && !post && distinct && ndst == 2) {
+    reduce2x2(fn, dsts[0], dsts[1], srcs[0], srcs[1], n);
     return;
   }
   // General case, in L1-sized blocks: accumulate, finish, then fan out.

@@ -51,7 +51,7 @@ bool runCollective(DevChannel& ch, const DevWork& w, DevError* err) {
 }
 
 bool runP2p(DevChannel& ch, P2pOp* ops, int nops, DevError* err) {
-  Waiter waiter{ch.abortFlag};
+  Waiter waiter{ch.abortFlag, ch.spinBudget};
   P2pEngine engine{ch, waiter, err};
   return engine.run(ops, nops);
 }

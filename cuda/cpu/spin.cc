@@ -16,8 +16,9 @@ void pause() {
 #endif
 }
 
-void cpuBackoff(uint32_t spins) {
-  constexpr uint32_t kSpin = 200, kYield = kSpin + 20000;
+// spinBudget: pauses before the first yield (see DevChannel::spinBudget).
+void cpuBackoff(uint32_t spins, uint32_t spinBudget) {
+  uint32_t kSpin = spinBudget, kYield = kSpin + 20000;
   if (spins < kSpin) {
     pause();
   } else if (spins < kYield) {

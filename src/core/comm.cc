@@ -110,8 +110,10 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   if (shm) shm->unlink();
 
   setupChannels(mine.sizes);
+  bool oversubscribed = localRanks * nch > cpuCount();
+  for (auto& ch : channels_) ch->dev.spinBudget = oversubscribed ? 200 : 5000;
   connect(layout);
-  tuner_.init(nranks, nch, 2 * (size_t)mine.sizes.simpleSlotBytes);
+  tuner_.init(nranks, nch, 2 * (size_t)mine.sizes.simpleSlotBytes, oversubscribed);
   executor_ = std::make_unique<Executor>(nch);
   if (nranks > 1) monitor_ = std::make_unique<Monitor>(*this);
   MNCL_INFO(kInit, "rank %d/%d: %d channel(s), transport %s, FIFO simple %u B x %d, ll %u lines, ll128 %u lines",
@@ -198,6 +200,12 @@ std::string Comm::errorMessage() const {
 void Comm::throwStoredError() const {
   std::lock_guard<std::mutex> lock(errorMutex_);
   throw Error(error_ == mnclSuccess ? mnclInternalError : error_, errorMessage_);
+}
+
+std::string Comm::peerFailure(int r) const {
+  const RankCtrl* ctrl = peerRegions_[r]->ctrl();
+  if (dev::loadAcquire(&ctrl->state) != RankCtrl::kFailed) return "";
+  return "rank " + std::to_string(r) + " (pid " + std::to_string(peers_[r].pid) + ") failed: " + ctrl->failMessage;
 }
 
 void Comm::abort() {

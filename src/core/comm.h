@@ -73,7 +73,8 @@ class Comm {
     Comm& comm;
   };
 
-  uint64_t nextOpId() { return opCount_++; }
+  // Why peer r stopped, if it has failed (from its control block); empty if it has not.
+  std::string peerFailure(int r) const;
 
  private:
   void setupChannels(const dev::ProtoSizes& sizes);
@@ -86,7 +87,6 @@ class Comm {
   mnclResult_t error_ = mnclSuccess;
   std::string errorMessage_;
   std::atomic<int> callsInside_{0};
-  uint64_t opCount_ = 0;
 
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<PeerInfo> peers_;

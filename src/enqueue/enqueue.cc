@@ -224,7 +224,12 @@ void runChannel(CommPlan& plan, int c) {
 void finish(CommPlan& plan) {
   Comm& comm = *plan.comm;
   for (const ChannelResult& r : plan.results) {
-    if (!r.ok && r.error.peer >= 0) comm.fail(mnclInvalidUsage, mismatchMessage(comm.rank(), r.error));
+    if (r.ok || r.error.peer < 0) continue;
+    // A peer that failed mid-operation leaves partial steps behind: that is its failure
+    // showing, not a mismatched call.
+    std::string why = comm.peerFailure(r.error.peer);
+    if (!why.empty()) comm.fail(mnclRemoteError, why);
+    else comm.fail(mnclInvalidUsage, mismatchMessage(comm.rank(), r.error));
   }
   for (const ChannelResult& r : plan.results) {
     if (!r.ok) comm.throwStoredError();

@@ -26,6 +26,14 @@ constexpr ProtoCost kCpuCost[] = {
     {0.5, 1.5},   // ll
     {0.9, 4.5},   // ll128
 };
+// When channel threads outnumber cores, every step waits for a context switch (~4-5 us)
+// whatever the protocol, and LL's per-line flag waits cost the most. Fitted to 4 ranks on
+// 2 cores, all 9 (algorithm, protocol) pairs, 8 B to 64 MiB (bench/RESULTS.md).
+constexpr ProtoCost kCpuCostOversubscribed[] = {
+    {4.5, 1.5},   // simple
+    {4.5, 0.16},  // ll
+    {4.5, 0.9},   // ll128
+};
 constexpr double kBaseLatencyUs = 1.0;
 
 int log2Up(int n) {
@@ -67,8 +75,9 @@ unsigned parseNameList(const std::string& list, const char* const* names, int co
   return mask;
 }
 
-void Tuner::init(int nranks, int maxChannels, size_t bytesPerChannel) {
+void Tuner::init(int nranks, int maxChannels, size_t bytesPerChannel, bool oversubscribed) {
   nranks_ = nranks;
+  oversubscribed_ = oversubscribed;
   maxChannels_ = maxChannels;
   bytesPerChannel_ = std::max<size_t>(1, bytesPerChannel);
   algoMask_ = parseNameList(env::str("MININCL_ALGO"), kAlgoNames, (int)Algo::count, "MININCL_ALGO");
@@ -118,7 +127,7 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
       break;
     default: break;
   }
-  const ProtoCost& c = kCpuCost[(int)p];
+  const ProtoCost& c = (oversubscribed_ ? kCpuCostOversubscribed : kCpuCost)[(int)p];
   double bw = c.bandwidthGBs * nch * 1e3;  // bytes per us
   return kBaseLatencyUs + steps * c.stepLatencyUs + factor * (double)bytes / bw;
 }

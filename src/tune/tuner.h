@@ -29,7 +29,8 @@ unsigned parseNameList(const std::string& list, const char* const* names, int co
 class Tuner {
  public:
   // bytesPerChannel: the smallest share worth a channel of its own.
-  void init(int nranks, int maxChannels, size_t bytesPerChannel);
+  // oversubscribed: this host runs more channel threads than it has cores.
+  void init(int nranks, int maxChannels, size_t bytesPerChannel, bool oversubscribed);
   // Deterministic from its arguments and the communicator-wide settings, so every rank plans
   // the same way.
   Plan choose(Coll coll, size_t bytes) const;
@@ -42,6 +43,7 @@ class Tuner {
 
   int nranks_ = 1, maxChannels_ = 1;
   size_t bytesPerChannel_ = 1;
+  bool oversubscribed_ = false;
   unsigned algoMask_ = ~0u, protoMask_ = ~0u;
 };
 
