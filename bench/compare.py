@@ -40,8 +40,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--libraries", default="minincl,gloo,mpich,openmpi")
     p.add_argument("--mpich-venv", default="/tmp/venv-mpich")
     p.add_argument("--openmpi-venv", default="/tmp/venv-ompi")
-    p.add_argument("--minincl-env", action="append", default=[], metavar="NAME=VALUE",
-                   help="environment for the minincl runner, e.g. MININCL_PROTO=simple (repeatable)")
+    p.add_argument(
+        "--minincl-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment for the minincl runner, e.g. MININCL_PROTO=simple (repeatable)",
+    )
     p.add_argument("--timeout", type=float, default=0, help="seconds per runner (default 120 quick, 900 full)")
     p.add_argument("--out-dir", default=os.path.join(BENCH_DIR, "results"))
     p.add_argument("--results-md", default=os.path.join(BENCH_DIR, "RESULTS.md"))
@@ -52,12 +57,15 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
-    collectives = args.collectives.split(",") if args.collectives else (QUICK_COLLECTIVES if args.quick else FULL_COLLECTIVES)
+    collectives = (
+        args.collectives.split(",") if args.collectives else (QUICK_COLLECTIVES if args.quick else FULL_COLLECTIVES)
+    )
     reps, warmup, budget = (3, 2, 64 << 20) if args.quick else (5, 3, 256 << 20)
     timeout = args.timeout or (120.0 if args.quick else 900.0)
     minincl_env = dict(kv.split("=", 1) for kv in args.minincl_env)
     libraries: list[Library] = available_libraries(
-        args.libraries.split(","), args.mpich_venv, args.openmpi_venv, minincl_env)
+        args.libraries.split(","), args.mpich_venv, args.openmpi_venv, minincl_env
+    )
     results = Results(libraries=[lib.name for lib in libraries], collectives=collectives)
     for lib in libraries:
         print(f"# {lib.name}: {lib.version}", flush=True)

@@ -147,8 +147,7 @@ def targets(results: Results) -> list[str]:
     top = max(results.sizes("allreduce"), default=0)
     m = results.median("minincl", "allreduce", top) if top else None
     ok = None if not (m and top >= 256 << 20) else m[1] >= results.memcpy() / 2
-    detail = (f"{m[1]:.2f} GB/s at {human(top)} vs memcpy/2 = {results.memcpy() / 2:.2f} GB/s"
-              if m else "missing data")
+    detail = f"{m[1]:.2f} GB/s at {human(top)} vs memcpy/2 = {results.memcpy() / 2:.2f} GB/s" if m else "missing data"
     out.append(f"- {verdict(ok)} allreduce at 256 MiB >= half the memcpy bandwidth: {detail}")
 
     for coll in ("broadcast", "allgather"):
@@ -167,17 +166,23 @@ def targets(results: Results) -> list[str]:
 def section_markdown(results: Results, libraries: list[Any], plots: list[str], md_dir: str) -> str:
     mode = "quick" if "--quick" in results.command else "full"
     lines = [f"## Comparison with gloo and MPI, 2 ranks ({mode})", ""]
-    lines.append(f"Command: `{results.command}` (from the repository root; {results.elapsed_s / 60:.1f} min, "
-                 f"{datetime.date.today().isoformat()}).")
-    lines.append(f"Machine: {_cpu_model()}, {os.cpu_count()} cores. Hardware line: NumPy copy of 256 MiB, "
-                 f"{results.memcpy():.2f} GB/s (bytes read + written; median of {len(results.memcpy_gbps)} "
-                 "measurements spread over the run).")
+    lines.append(
+        f"Command: `{results.command}` (from the repository root; {results.elapsed_s / 60:.1f} min, "
+        f"{datetime.date.today().isoformat()})."
+    )
+    lines.append(
+        f"Machine: {_cpu_model()}, {os.cpu_count()} cores. Hardware line: NumPy copy of 256 MiB, "
+        f"{results.memcpy():.2f} GB/s (bytes read + written; median of {len(results.memcpy_gbps)} "
+        "measurements spread over the run)."
+    )
     lines.append("Libraries: " + "; ".join(f"{lib.name} = {lib.version}" for lib in libraries) + ".")
-    lines.append("Method: float32 sum; each library's runner is 2 processes; per size warm-up calls, then "
-                 "repetitions of a fixed call count (the slowest rank counts, median repetition); "
-                 "libraries alternate order between rounds; figures are medians over rounds. "
-                 "busbw uses nccl-tests' factors (allreduce 2(n-1)/n, allgather and reduce_scatter "
-                 "(n-1)/n, broadcast 1). Latency is per call, from Python.")
+    lines.append(
+        "Method: float32 sum; each library's runner is 2 processes; per size warm-up calls, then "
+        "repetitions of a fixed call count (the slowest rank counts, median repetition); "
+        "libraries alternate order between rounds; figures are medians over rounds. "
+        "busbw uses nccl-tests' factors (allreduce 2(n-1)/n, allgather and reduce_scatter "
+        "(n-1)/n, broadcast 1). Latency is per call, from Python."
+    )
     lines.append("")
     for coll in results.collectives:
         sizes = results.sizes(coll)
@@ -186,8 +191,13 @@ def section_markdown(results: Results, libraries: list[Any], plots: list[str], m
         libs = results.libraries
         lines.append(f"### {coll}")
         lines.append("")
-        lines.append("| size | " + " | ".join(f"{lib} us" for lib in libs) + " | "
-                     + " | ".join(f"{lib} GB/s" for lib in libs) + " | minincl / best other (busbw) |")
+        lines.append(
+            "| size | "
+            + " | ".join(f"{lib} us" for lib in libs)
+            + " | "
+            + " | ".join(f"{lib} GB/s" for lib in libs)
+            + " | minincl / best other (busbw) |"
+        )
         lines.append("|---:|" + "---:|" * (2 * len(libs) + 1))
         for s in sizes:
             ms = [results.median(lib, coll, s) for lib in libs]

@@ -27,8 +27,9 @@ class Library:
 def _mpi_version(python: str, env: dict[str, str]) -> str:
     code = "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())"
     try:
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60,
-                             env={**os.environ, **env}, check=True)
+        out = subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=60, env={**os.environ, **env}, check=True
+        )
         return " ".join(out.stdout.split()).split(",")[0]  # "Open MPI v5.0.11" / "MPICH Version: 5.0.2"
     except (OSError, subprocess.SubprocessError) as e:
         return f"unavailable ({e})"
@@ -41,24 +42,40 @@ def _package_version(name: str) -> str:
         return "not installed"
 
 
-def available_libraries(names: list[str], mpich_venv: str, openmpi_venv: str,
-                        minincl_env: dict[str, str]) -> list[Library]:
+def available_libraries(
+    names: list[str], mpich_venv: str, openmpi_venv: str, minincl_env: dict[str, str]
+) -> list[Library]:
     """The requested libraries that can run here (a missing venv is reported and skipped)."""
     out = []
     for name in names:
         if name == "minincl":
             note = "".join(f" {k}={v}" for k, v in minincl_env.items())
-            out.append(Library(name, [sys.executable, os.path.join(RUNNERS, "run_minincl.py")], dict(minincl_env),
-                               f"minincl {_package_version('minincl')}{note}"))
+            out.append(
+                Library(
+                    name,
+                    [sys.executable, os.path.join(RUNNERS, "run_minincl.py")],
+                    dict(minincl_env),
+                    f"minincl {_package_version('minincl')}{note}",
+                )
+            )
         elif name == "gloo":
-            out.append(Library(name, [sys.executable, os.path.join(RUNNERS, "run_gloo.py")], {},
-                               f"torch {_package_version('torch')} gloo"))
+            out.append(
+                Library(
+                    name,
+                    [sys.executable, os.path.join(RUNNERS, "run_gloo.py")],
+                    {},
+                    f"torch {_package_version('torch')} gloo",
+                )
+            )
         elif name in ("mpich", "openmpi"):
             venv = mpich_venv if name == "mpich" else openmpi_venv
             python, mpiexec = os.path.join(venv, "bin", "python"), os.path.join(venv, "bin", "mpiexec")
             if not (os.path.exists(python) and os.path.exists(mpiexec)):
-                print(f"# {name}: no {mpiexec}; skipped (python3 -m venv {venv} && {venv}/bin/pip install "
-                      f"mpi4py {name} numpy)", file=sys.stderr)
+                print(
+                    f"# {name}: no {mpiexec}; skipped (python3 -m venv {venv} && {venv}/bin/pip install "
+                    f"mpi4py {name} numpy)",
+                    file=sys.stderr,
+                )
                 continue
             env = dict(OMPI_ROOT_ENV) if name == "openmpi" else {}
             cmd = [mpiexec, "-n", "2", python, os.path.join(RUNNERS, "run_mpi.py"), "--library", name]
@@ -68,16 +85,33 @@ def available_libraries(names: list[str], mpich_venv: str, openmpi_venv: str,
     return out
 
 
-def run_runner(lib: Library, collective: str, sizes: list[int], reps: int, warmup: int,
-               budget_bytes: int, timeout: float) -> tuple[list[tuple[str, str, int, float, float]], str]:
+def run_runner(
+    lib: Library, collective: str, sizes: list[int], reps: int, warmup: int, budget_bytes: int, timeout: float
+) -> tuple[list[tuple[str, str, int, float, float]], str]:
     """Runs one runner for one collective; returns its rows and an error text ('' if fine).
 
     The runner gets its own process group so that a hung run is ended whole.
     """
-    cmd = lib.command + ["--collective", collective, "--sizes", ",".join(map(str, sizes)),
-                         "--reps", str(reps), "--warmup", str(warmup), "--budget-bytes", str(budget_bytes)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **lib.env}, start_new_session=True)
+    cmd = lib.command + [
+        "--collective",
+        collective,
+        "--sizes",
+        ",".join(map(str, sizes)),
+        "--reps",
+        str(reps),
+        "--warmup",
+        str(warmup),
+        "--budget-bytes",
+        str(budget_bytes),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **lib.env},
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -33,9 +33,7 @@ def make_model(width: int, layers: int) -> nn.Module:
     return nn.Sequential(*blocks)
 
 
-def timed_step(
-    ddp: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, sync: dist.ProcessGroup
-) -> float:
+def timed_step(ddp: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, sync: dist.ProcessGroup) -> float:
     dist.barrier(group=sync)  # start together: a step's time is then the slowest rank's
     start = time.perf_counter()
     opt.zero_grad()
@@ -86,12 +84,8 @@ def print_table(args: argparse.Namespace, params: int, times: dict[str, list[flo
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument(
-        "--ranks", type=int, default=2, help="local ranks to spawn (ignored under torchrun)"
-    )
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=2, help="local ranks to spawn (ignored under torchrun)")
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--batch", type=int, default=32, help="samples per rank")

@@ -11,13 +11,12 @@ over rounds of minincl-perf's per-call time (mean over ranks, -a 1). A separate 
 MININCL_DEBUG=INFO MININCL_DEBUG_SUBSYS=TUNE (1 call per size, not timed) records what the
 tuner picks, for the auto configuration and for each forced algorithm (direct's variant).
 """
+
 import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
-import sys
 import time
 
 ALGOS = ["ring", "tree", "direct"]
@@ -114,7 +113,9 @@ def main():
                     data["commands"].append(" ".join(cmd))
                 for size, v in rows.items():
                     data["runs"].setdefault(name(c), {}).setdefault(str(size), []).append(v)
-                print(f"round {rnd} {name(c):14s} " + " ".join(f"{s}:{v['us']:.1f}" for s, v in rows.items()), flush=True)
+                print(
+                    f"round {rnd} {name(c):14s} " + " ".join(f"{s}:{v['us']:.1f}" for s, v in rows.items()), flush=True
+                )
     data["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     with open(args.out, "w") as fh:
         json.dump(data, fh, indent=1)

@@ -7,6 +7,7 @@
 The model below is a copy of Tuner::estimate in src/tune/tuner.cc (CPU, allreduce, nch
 channels); CURRENT holds tuner.cc's constants, PROPOSED the calibrated ones.
 """
+
 import argparse
 import json
 import math
@@ -33,11 +34,12 @@ def fmt_size(b):
 def load(paths):
     runs, picks, meta = {}, {}, []
     for p in paths:
-        d = json.load(open(p))
+        with open(p) as f:
+            d = json.load(f)
         meta.append(d)
         for c, v in d["runs"].items():
-            for s, l in v.items():
-                runs.setdefault(c, {}).setdefault(int(s), []).extend(l)
+            for s, samples in v.items():
+                runs.setdefault(c, {}).setdefault(int(s), []).extend(samples)
         for c, v in d["picks"].items():
             for s, pk in v.items():
                 picks.setdefault(c, {})[int(s)] = pk
@@ -45,8 +47,8 @@ def load(paths):
 
 
 def med(runs, c, s, key="us"):
-    l = runs.get(c, {}).get(s)
-    return statistics.median(x[key] for x in l) if l else math.nan
+    samples = runs.get(c, {}).get(s)
+    return statistics.median(x[key] for x in samples) if samples else math.nan
 
 
 def log2up(n):
@@ -74,7 +76,7 @@ def choose(model, n, nbytes, nch=1):
     best = None
     for a in ALGOS:
         for p in PROTOS:
-            for v in ((0, 1) if a == "direct" else (0,)):
+            for v in (0, 1) if a == "direct" else (0,):
                 t = estimate(model, n, a, p, v, nbytes, nch)
                 if best is None or t < best[0]:
                     best = (t, a, p, v)
@@ -90,7 +92,11 @@ def combo_of(pick):
 def tables(runs, picks, n):
     sizes = sorted(runs["tuner"])
     out = []
-    hdr = "| size | " + " | ".join(COMBOS) + " | tuner | tuner's pick | best forced | tuner / best | pick's forced / best |"
+    hdr = (
+        "| size | "
+        + " | ".join(COMBOS)
+        + " | tuner | tuner's pick | best forced | tuner / best | pick's forced / best |"
+    )
     sep = "|---:|" + "---:|" * (len(COMBOS) + 1) + "---|---|---:|---:|"
     out += ["#### time per call (us, median over rounds)", "", hdr, sep]
     summary = []
@@ -104,13 +110,23 @@ def tables(runs, picks, n):
         dbest = best
         if best.startswith("direct"):
             dbest = picks.get(best, {}).get(s, best)
-        out.append(f"| {fmt_size(s)} | " + " | ".join(cells) +
-                   f" | {tt:.1f} | {pick} | {dbest} | {tt / times[best]:.2f} | {pf / times[best]:.2f} |")
+        out.append(
+            f"| {fmt_size(s)} | "
+            + " | ".join(cells)
+            + f" | {tt:.1f} | {pick} | {dbest} | {tt / times[best]:.2f} | {pf / times[best]:.2f} |"
+        )
         summary.append((s, best, dbest, tt / times[best], pf / times[best], pick))
-    out += ["", "#### busbw (GB/s, median over rounds)", "", "| size | " + " | ".join(COMBOS) + " | tuner |",
-            "|---:|" + "---:|" * (len(COMBOS) + 1)]
+    out += [
+        "",
+        "#### busbw (GB/s, median over rounds)",
+        "",
+        "| size | " + " | ".join(COMBOS) + " | tuner |",
+        "|---:|" + "---:|" * (len(COMBOS) + 1),
+    ]
     for s in sizes:
-        out.append(f"| {fmt_size(s)} | " + " | ".join(f"{med(runs, c, s, 'busbw'):.3f}" for c in COMBOS + ["tuner"]) + " |")
+        out.append(
+            f"| {fmt_size(s)} | " + " | ".join(f"{med(runs, c, s, 'busbw'):.3f}" for c in COMBOS + ["tuner"]) + " |"
+        )
     return out, summary
 
 
@@ -133,8 +149,10 @@ def main():
                 pk, t = choose(m, n, s)
                 meas = med(runs, combo_of(pk), s)
                 bt = med(runs, best, s)
-                print(f"  {fmt_size(s):>8}: best {dbest:24s} model {pk:24s} est {t:9.1f} us, "
-                      f"measured {meas:9.1f} vs best {bt:9.1f} ({meas / bt:.2f}x)")
+                print(
+                    f"  {fmt_size(s):>8}: best {dbest:24s} model {pk:24s} est {t:9.1f} us, "
+                    f"measured {meas:9.1f} vs best {bt:9.1f} ({meas / bt:.2f}x)"
+                )
 
 
 if __name__ == "__main__":

@@ -50,9 +50,7 @@ def train_ddp(backend: str, device: str = "cpu") -> dict[str, torch.Tensor]:
     """One rank of DDP training; returns the final parameters (on the CPU)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     model = make_model().to(device)
-    ddp = DistributedDataParallel(
-        model, device_ids=[torch.device(device).index] if device != "cpu" else None
-    )
+    ddp = DistributedDataParallel(model, device_ids=[torch.device(device).index] if device != "cpu" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     for step in range(STEPS):
         x, y = global_batch(step, world)

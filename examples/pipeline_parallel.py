@@ -90,9 +90,7 @@ def main(backend: str = minincl.torch.BACKEND_NAME) -> dict[str, float]:
         else:
             loss = run_second_stage(stage, y)
         ref_loss, *ref_grads = reference()
-        diff = max(
-            (p.grad - g).abs().max().item() for p, g in zip(stage.parameters(), ref_grads[rank])
-        )
+        diff = max((p.grad - g).abs().max().item() for p, g in zip(stage.parameters(), ref_grads[rank]))
         if rank == 1:
             print(
                 f"pipeline parallel on {backend}: loss {loss:.6f} (single process {ref_loss:.6f}), "

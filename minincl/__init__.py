@@ -8,7 +8,16 @@ See the README for the full tour.
 """
 
 from . import errors
-from ._comm import Communicator, LaunchError, Work, get_unique_id, group, init_from_env, launch, unique_id_for_address
+from ._comm import (
+    Communicator,
+    LaunchError,
+    Work,
+    get_unique_id,
+    group,
+    init_from_env,
+    launch,
+    unique_id_for_address,
+)
 from ._core import build_info
 from ._core import version as _version
 from .errors import Aborted, Error, InvalidArgument, InvalidUsage, RemoteError, SystemError, Timeout

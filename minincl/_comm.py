@@ -9,7 +9,8 @@ import queue as queue_mod
 import threading
 import time
 import traceback
-from typing import Any, Callable, Iterator, Optional, Union
+from collections.abc import Iterator
+from typing import Any, Callable, Union
 
 from . import _core
 from .errors import Error, InvalidArgument, InvalidUsage
@@ -59,8 +60,8 @@ class Communicator(_core.Communicator):
         if nranks < 1:
             raise InvalidArgument(f"nranks must be at least 1, got {nranks}")
         uid = get_unique_id()
-        comms: list[Optional[Communicator]] = [None] * nranks
-        errors: list[Optional[BaseException]] = [None] * nranks
+        comms: list[Communicator | None] = [None] * nranks
+        errors: list[BaseException | None] = [None] * nranks
 
         def join(rank: int) -> None:
             try:
@@ -80,6 +81,16 @@ class Communicator(_core.Communicator):
                         c.destroy()
                 raise e
         return [c for c in comms if c is not None]
+
+    def split(self, color: int, key: int = 0) -> Communicator | None:
+        """The ranks that pass the same ``color`` form a new communicator, ranked by
+        ``(key, rank)``; a negative color joins none and returns None. Every rank of this
+        communicator must call it (as ncclCommSplit)."""
+        info = self._split_info(color, key)
+        if info is None:
+            return None
+        nranks, uid, rank = info
+        return type(self)(nranks, uid, rank, self.device)
 
     def __enter__(self) -> Communicator:
         return self
@@ -103,7 +114,7 @@ def group() -> Iterator[None]:
         _core.group_end()
 
 
-def _first_env(*names: str) -> Optional[str]:
+def _first_env(*names: str) -> str | None:
     for n in names:
         v = os.environ.get(n)
         if v not in (None, ""):
@@ -175,7 +186,9 @@ class LaunchError(Error):
         self.results = results
 
 
-def launch(fn: Callable[..., Any], nranks: int, *args: Any, device: DeviceSpec = "cpu", timeout: Optional[float] = None) -> list[Any]:
+def launch(
+    fn: Callable[..., Any], nranks: int, *args: Any, device: DeviceSpec = "cpu", timeout: float | None = None
+) -> list[Any]:
     """Runs ``fn(comm, *args)`` in ``nranks`` new local processes, one rank each.
 
     Returns the results in rank order. ``fn`` and ``args`` must be picklable (define ``fn``
@@ -185,7 +198,10 @@ def launch(fn: Callable[..., Any], nranks: int, *args: Any, device: DeviceSpec =
     ctx = mp.get_context("spawn")
     uid = get_unique_id()
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_launch_child, args=(fn, nranks, r, uid, device, args, queue), daemon=True) for r in range(nranks)]
+    procs = [
+        ctx.Process(target=_launch_child, args=(fn, nranks, r, uid, device, args, queue), daemon=True)
+        for r in range(nranks)
+    ]
     for p in procs:
         p.start()
     results: dict[int, tuple[bool, Any]] = {}

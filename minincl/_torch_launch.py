@@ -39,9 +39,7 @@ def _pack(value: Any) -> bytes:
     return buf.getvalue()
 
 
-def _child(
-    fn: Callable[..., Any], rank: int, nranks: int, port: int, args: tuple[Any, ...], results: Any
-) -> None:
+def _child(fn: Callable[..., Any], rank: int, nranks: int, port: int, args: tuple[Any, ...], results: Any) -> None:
     os.environ.update(
         {
             "RANK": str(rank),
@@ -58,9 +56,7 @@ def _child(
         results.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
-def _collect(
-    procs: list[Any], results: Any, nranks: int, timeout: float | None
-) -> dict[int, tuple[bool, Any]]:
+def _collect(procs: list[Any], results: Any, nranks: int, timeout: float | None) -> dict[int, tuple[bool, Any]]:
     got: dict[int, tuple[bool, Any]] = {}
     deadline = None if timeout is None else time.monotonic() + timeout
     while len(got) < nranks:
@@ -79,9 +75,7 @@ def _collect(
     return got
 
 
-def run_local(
-    fn: Callable[..., Any], nranks: int, *args: Any, timeout: float | None = 300.0
-) -> list[Any]:
+def run_local(fn: Callable[..., Any], nranks: int, *args: Any, timeout: float | None = 300.0) -> list[Any]:
     """Runs ``fn(*args)`` on ``nranks`` new processes; returns the results in rank order.
 
     ``fn`` must be picklable (defined at module level). A rank that raises, dies or outlives
@@ -90,10 +84,7 @@ def run_local(
     ctx = mp.get_context("spawn")
     port = free_port()
     results = ctx.Queue()
-    procs = [
-        ctx.Process(target=_child, args=(fn, r, nranks, port, args, results), daemon=True)
-        for r in range(nranks)
-    ]
+    procs = [ctx.Process(target=_child, args=(fn, r, nranks, port, args, results), daemon=True) for r in range(nranks)]
     for p in procs:
         p.start()
     got = _collect(procs, results, nranks, timeout)

@@ -14,8 +14,15 @@ from ._comm import Communicator, group, launch
 
 COLLECTIVES = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "sendrecv"]
 DTYPES = {
-    "int8": np.int8, "uint8": np.uint8, "int32": np.int32, "uint32": np.uint32, "int64": np.int64,
-    "uint64": np.uint64, "float16": np.float16, "float32": np.float32, "float64": np.float64,
+    "int8": np.int8,
+    "uint8": np.uint8,
+    "int32": np.int32,
+    "uint32": np.uint32,
+    "int64": np.int64,
+    "uint64": np.uint64,
+    "float16": np.float16,
+    "float32": np.float32,
+    "float64": np.float64,
 }
 OPS = ["sum", "prod", "max", "min", "avg"]
 
@@ -70,7 +77,13 @@ def _expected(cfg: Config, comm: Communicator, count: int, dtype: Any) -> np.nda
     if cfg.coll in ("allreduce", "reduce", "reduce_scatter"):
         total = count * n if cfg.coll == "reduce_scatter" else count
         inputs = np.stack([_pattern(q, total, np.float64) for q in range(n)])
-        red = {"sum": inputs.sum(0), "prod": inputs.prod(0), "max": inputs.max(0), "min": inputs.min(0), "avg": inputs.sum(0)}[cfg.op]
+        red = {
+            "sum": inputs.sum(0),
+            "prod": inputs.prod(0),
+            "max": inputs.max(0),
+            "min": inputs.min(0),
+            "avg": inputs.sum(0),
+        }[cfg.op]
         if np.issubdtype(dtype, np.integer):
             red = red.astype(np.int64).astype(dtype)  # wraps as the type does
             if cfg.op == "avg":
@@ -78,13 +91,13 @@ def _expected(cfg: Config, comm: Communicator, count: int, dtype: Any) -> np.nda
         elif cfg.op == "avg":
             red = red / n
         red = np.asarray(red).astype(dtype)
-        return red[r * count:(r + 1) * count] if cfg.coll == "reduce_scatter" else red
+        return red[r * count : (r + 1) * count] if cfg.coll == "reduce_scatter" else red
     if cfg.coll == "broadcast":
         return _pattern(cfg.root, count, dtype)
     if cfg.coll == "allgather":
         return np.concatenate([_pattern(q, count, dtype) for q in range(n)])
     if cfg.coll == "alltoall":
-        return np.concatenate([_pattern(q, count * n, dtype)[r * count:(r + 1) * count] for q in range(n)])
+        return np.concatenate([_pattern(q, count * n, dtype)[r * count : (r + 1) * count] for q in range(n)])
     return _pattern((r - 1) % n, count, dtype)  # sendrecv
 
 
@@ -150,8 +163,12 @@ def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, i
                 want = _expected(cfg, comm, count, dtype)
                 wrong[0] = int(np.count_nonzero(recv.reshape(-1)[: want.size] != want))
             comm.allreduce(wrong, op="sum")
-        row = (count * np.dtype(dtype).itemsize * (n if cfg.coll in ("allgather", "reduce_scatter", "alltoall") else 1),
-               count, float(elapsed[0]), int(wrong[0]) if cfg.check else -1)
+        row = (
+            count * np.dtype(dtype).itemsize * (n if cfg.coll in ("allgather", "reduce_scatter", "alltoall") else 1),
+            count,
+            float(elapsed[0]),
+            int(wrong[0]) if cfg.check else -1,
+        )
         rows.append(row)
         if comm.rank == 0:
             print(_row(cfg, n, row), flush=True)
@@ -165,7 +182,8 @@ def _header(cfg: Config, n: int) -> str:
         f"# minincl bench {cfg.coll}: {n} ranks (processes), dtype {cfg.dtype}, op {cfg.op}, "
         f"algo {algo}, proto {proto}, iters {cfg.iters}, warmup {cfg.warmup}",
         "#",
-        f"# {'size':>12} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} {'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}",
+        f"# {'size':>12} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} {'time':>10} "
+        f"{'algbw':>8} {'busbw':>8} {'#wrong':>7}",
         f"# {'(B)':>12} {'(elements)':>12} {'':>9} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}",
     ]
     return "\n".join(lines)
@@ -178,8 +196,10 @@ def _row(cfg: Config, n: int, row: tuple[int, int, float, int]) -> str:
     redop = cfg.op if cfg.coll in ("allreduce", "reduce", "reduce_scatter") else "none"
     root = str(cfg.root) if cfg.coll in ("broadcast", "reduce") else "-1"
     wrong_s = "N/A" if wrong < 0 else str(wrong)
-    return (f"  {nbytes:>12} {count:>12} {cfg.dtype:>9} {redop:>6} {root:>5} {secs * 1e6:>10.2f} "
-            f"{algbw:>8.3f} {busbw:>8.3f} {wrong_s:>7}")
+    return (
+        f"  {nbytes:>12} {count:>12} {cfg.dtype:>9} {redop:>6} {root:>5} {secs * 1e6:>10.2f} "
+        f"{algbw:>8.3f} {busbw:>8.3f} {wrong_s:>7}"
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -207,8 +227,18 @@ def run(args: argparse.Namespace) -> int:
         os.environ["MININCL_ALGO"] = args.algo
     if args.proto:
         os.environ["MININCL_PROTO"] = args.proto
-    cfg = Config(args.collective, parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor,
-                 args.iters, args.warmup, args.dtype, args.op, args.root, args.check)
+    cfg = Config(
+        args.collective,
+        parse_size(args.minbytes),
+        parse_size(args.maxbytes),
+        args.stepfactor,
+        args.iters,
+        args.warmup,
+        args.dtype,
+        args.op,
+        args.root,
+        args.check,
+    )
     if cfg.iters <= 0:
         cfg.iters = 20 if cfg.max_bytes >= (64 << 20) else 50
     rows = launch(bench_rank, args.ranks, cfg)[0]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Optional
 
 from . import _core, bench
 
@@ -30,7 +29,7 @@ def _topo(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="minincl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_bench = sub.add_parser("bench", help="measure a collective like nccl-tests does")

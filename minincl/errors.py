@@ -14,7 +14,7 @@ class InvalidUsage(Error):
     calls across ranks, ...)."""
 
 
-class SystemError(Error):  # noqa: A001 - mirrors mnclSystemError
+class SystemError(Error):
     """A call to the operating system failed."""
 
 
@@ -30,4 +30,4 @@ class Aborted(Error):
     """The communicator was aborted while the call was running."""
 
 
-__all__ = ["Error", "InvalidArgument", "InvalidUsage", "SystemError", "RemoteError", "Timeout", "Aborted"]
+__all__ = ["Aborted", "Error", "InvalidArgument", "InvalidUsage", "RemoteError", "SystemError", "Timeout"]

@@ -110,9 +110,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
     def _device_of(self, call: str, tensors: list[torch.Tensor]) -> str:
         types = {t.device.type for t in tensors}
         if len(types) > 1:
-            raise ValueError(
-                f"minincl backend: {call} got tensors on several devices: {sorted(types)}"
-            )
+            raise ValueError(f"minincl backend: {call} got tensors on several devices: {sorted(types)}")
         kind = types.pop() if types else "cpu"
         if kind == "cuda":
             if "cuda" not in self._comms:
@@ -123,13 +121,9 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
             want = self._comms["cuda"].comm.device
             for t in tensors:
                 if str(t.device) != want:
-                    raise ValueError(
-                        f"minincl backend: {call}: tensor on {t.device}, this group's GPU is {want}"
-                    )
+                    raise ValueError(f"minincl backend: {call}: tensor on {t.device}, this group's GPU is {want}")
         elif kind != "cpu":
-            raise InvalidUsage(
-                f"minincl backend: {call} on {kind} tensors; minincl handles cpu and cuda"
-            )
+            raise InvalidUsage(f"minincl backend: {call} on {kind} tensors; minincl handles cpu and cuda")
         return kind
 
     def _new_op(
@@ -143,9 +137,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
     ) -> MinincclWork:
         device = self._device_of(call, tensors)
         cuda = [t.device for t in tensors[:1]] if device == "cuda" else None
-        work = MinincclWork(
-            outputs, start=self._flush if deferred or self._coalescing else None, devices=cuda
-        )
+        work = MinincclWork(outputs, start=self._flush if deferred or self._coalescing else None, devices=cuda)
         op = _Op(device, body, work, after or [])
         if deferred or self._coalescing:
             with self._lock:
@@ -206,19 +198,13 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> MinincclWork:
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
-        return self._reduce_op(
-            "allreduce_coalesced", tensors, op, lambda c, b, o: c.allreduce(b, op=o)
-        )
+        return self._reduce_op("allreduce_coalesced", tensors, op, lambda c, b, o: c.allreduce(b, op=o))
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> MinincclWork:
         root = opts.rootRank
-        return self._reduce_op(
-            "reduce", tensors, opts.reduceOp, lambda c, b, o: c.reduce(b, op=o, root=root)
-        )
+        return self._reduce_op("reduce", tensors, opts.reduceOp, lambda c, b, o: c.reduce(b, op=o, root=root))
 
-    def reduce_scatter_single(
-        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
-    ) -> MinincclWork:
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MinincclWork:
         return self.reduce_scatter_single_coalesced([output], [input], opts)
 
     def reduce_scatter_single_coalesced(
@@ -250,9 +236,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
             return self.reduce_scatter_single(out, torch.cat([p.reshape(-1) for p in parts]), opts)
         return self._uneven_reduce_scatter(out, parts, opts)
 
-    def _uneven_reduce_scatter(
-        self, out: torch.Tensor, parts: list[torch.Tensor], opts: Any
-    ) -> MinincclWork:
+    def _uneven_reduce_scatter(self, out: torch.Tensor, parts: list[torch.Tensor], opts: Any) -> MinincclWork:
         """Rank r's share is a reduce to root r; the reduces run as one group."""
         call = "reduce_scatter (uneven)"
         name = op_name(opts.reduceOp if opts is not None else ReduceOp.SUM, call)
@@ -260,8 +244,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
         result = stage(out)
         sends = [reducible(p.detach().contiguous(), name, call)[0] for p in parts]
         recvs = [
-            reducible(result.buf, name, call)[0] if r == me else torch.empty_like(sends[r])
-            for r in range(self.size())
+            reducible(result.buf, name, call)[0] if r == me else torch.empty_like(sends[r]) for r in range(self.size())
         ]
         redop = reducible(result.buf, name, call)[1]
 
@@ -286,27 +269,21 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
 
         return self._new_op("broadcast", tensors, tensors, body, _outputs_after(staged))
 
-    def all_gather_single(
-        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
-    ) -> MinincclWork:
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MinincclWork:
         return self.all_gather_single_coalesced([output], [input], opts)
 
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> MinincclWork:
         outs = [stage(t) for t in outputs]
-        pairs = [
-            (as_bytes(stage(i, receives=False).buf), as_bytes(o.buf)) for o, i in zip(outs, inputs)
-        ]
+        pairs = [(as_bytes(stage(i, receives=False).buf), as_bytes(o.buf)) for o, i in zip(outs, inputs)]
 
         def body(comm: Communicator) -> None:
             with group():
                 for send, recv in pairs:
                     comm.allgather(send, recv)
 
-        return self._new_op(
-            "all_gather_into_tensor", outputs + inputs, outputs, body, _outputs_after(outs)
-        )
+        return self._new_op("all_gather_into_tensor", outputs + inputs, outputs, body, _outputs_after(outs))
 
     def allgather(
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
@@ -320,9 +297,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
         flats, after = [], []
         for outs, inp in zip(output_lists, inputs):
             if any(o.numel() != inp.numel() for o in outs):
-                raise NotImplementedError(
-                    "minincl backend: allgather with outputs of different sizes"
-                )
+                raise NotImplementedError("minincl backend: allgather with outputs of different sizes")
             flat = inp.new_empty((len(outs) * inp.numel(),))
             flats.append((as_bytes(stage(inp, receives=False).buf), as_bytes(flat)))
             after.append(_copy_split(flat, outs))
@@ -333,9 +308,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
                     comm.allgather(send, recv)
 
         everything = [t for outs in output_lists for t in outs] + inputs
-        return self._new_op(
-            "allgather", everything, [t for outs in output_lists for t in outs], body, after
-        )
+        return self._new_op("allgather", everything, [t for outs in output_lists for t in outs], body, after)
 
     def all_to_all_single(
         self,
@@ -365,19 +338,13 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
             _outputs_after([out]),
         )
 
-    def alltoall(
-        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
-    ) -> MinincclWork:
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> MinincclWork:
         outs = [stage(t) for t in outputs]
         sends = [as_bytes(stage(t, receives=False).buf) for t in inputs]
         recvs = [as_bytes(o.buf) for o in outs]
-        return self._new_op(
-            "all_to_all", outputs + inputs, outputs, _exchange(sends, recvs), _outputs_after(outs)
-        )
+        return self._new_op("all_to_all", outputs + inputs, outputs, _exchange(sends, recvs), _outputs_after(outs))
 
-    def gather(
-        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
-    ) -> MinincclWork:
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> MinincclWork:
         root, me = opts.rootRank, self.rank()
         outs = [stage(t) for t in output_lists[0]] if me == root else []
         send = as_bytes(stage(inputs[0], receives=False).buf)
@@ -391,14 +358,10 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
         outputs = output_lists[0] if me == root else []
         return self._new_op("gather", outputs + inputs, outputs, body, _outputs_after(outs))
 
-    def scatter(
-        self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any
-    ) -> MinincclWork:
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any) -> MinincclWork:
         root, me = opts.rootRank, self.rank()
         out = stage(outputs[0])
-        sends = (
-            [as_bytes(stage(t, receives=False).buf) for t in input_lists[0]] if me == root else []
-        )
+        sends = [as_bytes(stage(t, receives=False).buf) for t in input_lists[0]] if me == root else []
 
         def body(comm: Communicator) -> None:
             with group():
@@ -521,9 +484,7 @@ def _split_rows(t: torch.Tensor, sizes: list[int] | None, n: int) -> list[torch.
     rows = t.shape[0] if t.dim() else 1
     sizes = list(sizes) if sizes else [rows // n] * n
     if sum(sizes) != rows:
-        raise ValueError(
-            f"minincl backend: all_to_all_single: split sizes {sizes} do not add up to {rows} rows"
-        )
+        raise ValueError(f"minincl backend: all_to_all_single: split sizes {sizes} do not add up to {rows} rows")
     flat = as_bytes(t)
     row_bytes = flat.numel() // rows if rows else 0
     out, offset = [], 0

@@ -149,6 +149,21 @@ mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist) {
   return mnclSuccess;
 }
 
+mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newcomm, void* config) {
+  return guarded([&] {
+    MNCL_CHECK(newcomm != nullptr, mnclInvalidArgument, "newcomm is null");
+    MNCL_CHECK(config == nullptr, mnclInvalidArgument, "config is reserved: pass NULL");
+    *newcomm = nullptr;
+    Comm& parent = use(comm);
+    int n = 0, r = 0;
+    UniqueIdData id{};
+    if (!parent.splitInfo(color, key, &n, &r, &id)) return;
+    auto c = std::make_unique<mnclComm>();
+    c->impl = std::make_unique<Comm>(id, r, n, parent.device());
+    *newcomm = c.release();
+  });
+}
+
 mnclResult_t mnclCommDestroy(mnclComm_t comm) {
   return guarded([&] {
     if (!comm) return;

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -16,7 +16,7 @@ os.environ.setdefault("MININCL_LL_SLOT_LINES", "64")
 os.environ.setdefault("MININCL_LL128_SLOT_LINES", "16")
 os.environ.setdefault("MININCL_NCHANNELS", "2")
 
-import minincl  # noqa: E402
+import minincl
 
 try:
     import torch
@@ -34,7 +34,7 @@ def run_ranks(comms: list[Any], fn: Callable[[Any], Any], timeout: float = 60.0)
     """Runs fn(comm) for every rank on its own thread; returns results in rank order and
     re-raises the first exception (by rank)."""
     results: list[Any] = [None] * len(comms)
-    errors: list[Optional[BaseException]] = [None] * len(comms)
+    errors: list[BaseException | None] = [None] * len(comms)
 
     def body(i: int) -> None:
         try:

@@ -4,7 +4,7 @@ representative types and ops, on rank counts that are odd, even and not powers o
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,19 +12,32 @@ from conftest import assert_same, counts_for, empty, make, needs, rank_values, r
 
 import minincl
 
-ALGOS = {"ring": ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"],
-         "tree": ["allreduce", "broadcast", "reduce"],
-         "direct": ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"]}
+ALGOS = {
+    "ring": ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"],
+    "tree": ["allreduce", "broadcast", "reduce"],
+    "direct": ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"],
+}
 PROTOS = ["simple", "ll", "ll128"]
-TYPES_OPS = [("int8", "sum"), ("float16", "max"), ("bfloat16", "sum"), ("float32", "avg"), ("int64", "prod"),
-             ("uint32", "min"), ("float64", "sum")]
+# All ten types, each with an op that exercises it.
+TYPES_OPS = [
+    ("int8", "sum"),
+    ("uint8", "prod"),
+    ("int32", "avg"),
+    ("uint32", "min"),
+    ("int64", "prod"),
+    ("uint64", "max"),
+    ("float16", "max"),
+    ("bfloat16", "sum"),
+    ("float32", "avg"),
+    ("float64", "sum"),
+]
 
 
 class ForcedPool:
     """Keeps one group of thread-ranks at a time, created under forced algorithm/protocol."""
 
     def __init__(self) -> None:
-        self.key: Optional[tuple[int, str, str]] = None
+        self.key: tuple[int, str, str] | None = None
         self.comms: list[minincl.Communicator] = []
 
     def get(self, nranks: int, algo: str, proto: str) -> list[minincl.Communicator]:
@@ -84,7 +97,7 @@ def check_collective(comms: list[Any], coll: str, dtype: str, op: str, count: in
         elif coll == "allgather":
             assert_same(got, np.concatenate(inputs), dtype)
         elif coll == "reduce_scatter":
-            assert_same(got, reduce_ref(inputs, op, dtype)[r * count:(r + 1) * count], dtype, op)
+            assert_same(got, reduce_ref(inputs, op, dtype)[r * count : (r + 1) * count], dtype, op)
 
 
 @pytest.mark.parametrize("proto", PROTOS)

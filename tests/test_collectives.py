@@ -93,13 +93,13 @@ def test_reduce_scatter(comms_of: Any, nranks: int, dtype: str, op: str) -> None
             c.reduce_scatter(make(inputs[c.rank], dtype), recv, op=op)
             # In place: the result lands in this rank's block of the send buffer.
             whole = make(inputs[c.rank], dtype)
-            mine = whole[c.rank * count:(c.rank + 1) * count]
+            mine = whole[c.rank * count : (c.rank + 1) * count]
             c.reduce_scatter(whole, mine, op=op)
             return recv, mine
 
         for r, (recv, mine) in enumerate(run_ranks(comms, body)):
-            assert_same(recv, want[r * count:(r + 1) * count], dtype, op)
-            assert_same(mine, want[r * count:(r + 1) * count], dtype, op)
+            assert_same(recv, want[r * count : (r + 1) * count], dtype, op)
+            assert_same(mine, want[r * count : (r + 1) * count], dtype, op)
 
 
 @pytest.mark.parametrize("nranks", NRANKS)
@@ -137,8 +137,8 @@ def test_allgather(comms_of: Any, nranks: int, dtype: str) -> None:
             c.allgather(make(inputs[c.rank], dtype), recv)
             # In place: this rank's input already sits in its block of the output.
             whole = empty(count * nranks, dtype)
-            whole[c.rank * count:(c.rank + 1) * count] = make(inputs[c.rank], dtype)
-            c.allgather(whole[c.rank * count:(c.rank + 1) * count], whole)
+            whole[c.rank * count : (c.rank + 1) * count] = make(inputs[c.rank], dtype)
+            c.allgather(whole[c.rank * count : (c.rank + 1) * count], whole)
             return recv, whole
 
         for recv, whole in run_ranks(comms, body):
@@ -160,7 +160,7 @@ def test_alltoall(comms_of: Any, nranks: int, dtype: str) -> None:
             return recv, inplace
 
         for r, (recv, inplace) in enumerate(run_ranks(comms, body)):
-            want = np.concatenate([inputs[q][r * count:(r + 1) * count] for q in range(nranks)])
+            want = np.concatenate([inputs[q][r * count : (r + 1) * count] for q in range(nranks)])
             assert_same(recv, want, dtype)
             assert_same(inplace, want, dtype)
 

@@ -33,8 +33,16 @@ def test_argument_errors_write_nothing(pair: Any) -> None:
         (lambda: c.reduce(send, recv, root=-1), minincl.InvalidArgument, "out of range"),
         (lambda: c.send(send, 5), minincl.InvalidArgument, "peer 5 is out of range"),
         (lambda: c.allreduce(np.zeros(16, np.float32)[::2], recv), minincl.InvalidArgument, "not contiguous"),
-        (lambda: c.allreduce(np.zeros(8, np.int16), np.zeros(8, np.int16)), minincl.InvalidArgument, "unsupported element type"),
-        (lambda: c.allreduce(np.zeros(8, bool), np.zeros(8, bool)), minincl.InvalidArgument, "unsupported element type"),
+        (
+            lambda: c.allreduce(np.zeros(8, np.int16), np.zeros(8, np.int16)),
+            minincl.InvalidArgument,
+            "unsupported element type",
+        ),
+        (
+            lambda: c.allreduce(np.zeros(8, bool), np.zeros(8, bool)),
+            minincl.InvalidArgument,
+            "unsupported element type",
+        ),
         (lambda: c.allreduce([1.0, 2.0]), minincl.InvalidArgument, "expected an array"),
         (lambda: c.allgather(send, np.zeros(8, np.float32)), minincl.InvalidArgument, "expected 16"),
         (lambda: c.reduce_scatter(np.zeros(5, np.float32)), minincl.InvalidArgument, "not a multiple"),
@@ -252,5 +260,29 @@ def test_slurm_nodelist_first_host() -> None:
 
 def test_unknown_protocol_name_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MININCL_PROTO", "fast")
-    with pytest.raises(minincl.InvalidArgument, match="unknown name \"fast\""):
+    with pytest.raises(minincl.InvalidArgument, match='unknown name "fast"'):
         minincl.Communicator.init_all(1)
+
+
+def test_split_into_groups_by_color_and_key() -> None:
+    comms = minincl.Communicator.init_all(5)
+    try:
+        # Even ranks form one group ordered by descending rank, odd ranks another; rank 4 opts out.
+        def body(c: Any) -> Any:
+            color = -1 if c.rank == 4 else c.rank % 2
+            sub = c.split(color, key=-c.rank)
+            if sub is None:
+                return None
+            x = np.array([c.rank], np.int64)
+            sub.allreduce(x)
+            out = (sub.rank, sub.nranks, int(x[0]))
+            sub.destroy()
+            return out
+
+        res = run_ranks(comms, body)
+        assert res[4] is None
+        assert res[0] == (1, 2, 2) and res[2] == (0, 2, 2)
+        assert res[1] == (1, 2, 4) and res[3] == (0, 2, 4)
+    finally:
+        for c in comms:
+            c.destroy()

@@ -254,10 +254,7 @@ def test_malformed_file_names_file_and_line(tmp_path: Path) -> None:
     bad.write_text('<system version="1">\n  <cpu numaid=0>\n</system>\n')
     with pytest.raises(Exception, match=r"bad\.xml:2: .*quoted"):
         core.topo_report(xml=str(bad))
-    bad.write_text(
-        '<system version="1">\n  <cpu numaid="0">\n    <pci class="0x030200"/>\n'
-        "  </cpu>\n</system>\n"
-    )
+    bad.write_text('<system version="1">\n  <cpu numaid="0">\n    <pci class="0x030200"/>\n  </cpu>\n</system>\n')
     with pytest.raises(Exception, match=r"bad\.xml:3: <pci> has no busid"):
         core.topo_report(xml=str(bad))
     bad.write_text('<cluster version="1">\n  <system version="1">\n')
@@ -337,9 +334,7 @@ def _fake_sysfs(root: Path) -> None:
     net = root / "sys/class/net/eth0"
     _write(net / "speed", "100000")
     (net / "device").symlink_to(
-        os.path.relpath(
-            root / "sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:02.0/0000:05:00.0", net
-        )
+        os.path.relpath(root / "sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:02.0/0000:05:00.0", net)
     )
 
 

@@ -54,9 +54,7 @@ def assert_close(got: Any, want: Any, where: str, tol: float) -> None:
 # ---- the collectives: (what a rank runs, what it must get) ----
 
 
-def _allreduce_case(
-    op: str, dtype: torch.dtype
-) -> tuple[Callable[[int], Result], Callable[[int], Result]]:
+def _allreduce_case(op: str, dtype: torch.dtype) -> tuple[Callable[[int], Result], Callable[[int], Result]]:
     def run(rank: int) -> Result:
         t = values(rank, dtype=dtype)
         dist.all_reduce(t, op=REDUCE[op])
@@ -125,12 +123,7 @@ def _reduce_scatter_tensor(rank: int) -> Result:
 
 def _rows(rank: int, sizes: list[int]) -> torch.Tensor:
     """Rows labelled 100*sender + 10*receiver + i, for all_to_all checks."""
-    return torch.cat(
-        [
-            torch.tensor([[100.0 * rank + 10 * p + i] * 2 for i in range(s)])
-            for p, s in enumerate(sizes)
-        ]
-    )
+    return torch.cat([torch.tensor([[100.0 * rank + 10 * p + i] * 2 for i in range(s)]) for p, s in enumerate(sizes)])
 
 
 def _split(sender: int, receiver: int) -> int:
@@ -293,9 +286,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
         _all_to_all_uneven,
         lambda r: torch.cat(
             [
-                _rows(p, [_split(p, q) for q in range(WORLD)])[
-                    sum(_split(p, q) for q in range(r)) :
-                ][: _split(p, r)]
+                _rows(p, [_split(p, q) for q in range(WORLD)])[sum(_split(p, q) for q in range(r)) :][: _split(p, r)]
                 for p in range(WORLD)
             ]
         ),
@@ -327,9 +318,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
 def run_cases(port: int) -> dict[str, Any]:
     """One rank: every case, in order; an error is recorded, not raised, so others still run."""
     rank = int(os.environ["RANK"])
-    dist.init_process_group(
-        "minincl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
-    )
+    dist.init_process_group("minincl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     results: dict[str, Any] = {}
     try:
         for name, (run, _) in CASES.items():
@@ -362,9 +351,7 @@ def test_collective(case_results: list[dict[str, Any]], name: str) -> None:
 
 @pytest.fixture
 def single_rank(tmp_path: Path) -> Any:
-    dist.init_process_group(
-        "minincl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
+    dist.init_process_group("minincl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         yield dist.group.WORLD
     finally:
@@ -397,9 +384,7 @@ def test_single_rank_file_init(single_rank: Any) -> None:
         (lambda: dist.recv(torch.ones(2)), "recv from any source"),
     ],
 )
-def test_unsupported_raises_not_implemented(
-    single_rank: Any, call: Callable[[], Any], pattern: str
-) -> None:
+def test_unsupported_raises_not_implemented(single_rank: Any, call: Callable[[], Any], pattern: str) -> None:
     with pytest.raises(NotImplementedError, match=pattern):
         call()
 
@@ -494,15 +479,9 @@ def _check_same_training(device: str) -> None:
     for rank in range(WORLD):
         for key, value in gloo[rank].items():
             assert_close(ours[rank][key], value, f"{key}, rank {rank}, minincl vs gloo", tol=1e-5)
-            if (
-                key in parameter_names
-            ):  # BatchNorm's running stats are rank-local after the last step
-                assert_close(
-                    ours[rank][key], ours[0][key], f"{key}, rank {rank} vs rank 0", tol=0.0
-                )
-    assert any((ours[0][k] != train_start()[k]).any() for k in train_start()), (
-        "training changed nothing"
-    )
+            if key in parameter_names:  # BatchNorm's running stats are rank-local after the last step
+                assert_close(ours[rank][key], ours[0][key], f"{key}, rank {rank} vs rank 0", tol=0.0)
+    assert any((ours[0][k] != train_start()[k]).any() for k in train_start()), "training changed nothing"
 
 
 def train_start() -> dict[str, torch.Tensor]:

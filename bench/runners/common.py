@@ -70,7 +70,9 @@ def bus_factor(collective: str, nranks: int) -> float:
     return 1.0
 
 
-def time_reps(op: Callable[[], object], barrier: Callable[[], object], iters: int, reps: int, warmup: int) -> list[float]:
+def time_reps(
+    op: Callable[[], object], barrier: Callable[[], object], iters: int, reps: int, warmup: int
+) -> list[float]:
     """Seconds per call, one figure per repetition (after `warmup` untimed calls)."""
     for _ in range(warmup):
         op()

@@ -112,6 +112,12 @@ void Bootstrap::recv(int peer, int tag, void* data, size_t size) {
   s.recvAll(data, size, deadline(), "bootstrap recv from rank " + std::to_string(peer));
 }
 
+SockAddr Bootstrap::localAddress() const {
+  SockAddr a = listen_.localAddr();
+  a.setPort(0);
+  return a;
+}
+
 void Bootstrap::barrier() {
   std::vector<char> dummy(nranks_);
   allgather(dummy.data(), 1);

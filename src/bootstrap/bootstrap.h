@@ -46,6 +46,9 @@ class Bootstrap {
 
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
+  // This rank's address (port 0): where a root for a sub-communicator can listen so that
+  // every peer reaches it the way it reaches us.
+  SockAddr localAddress() const;
   // data holds nranks slots of `bytes` each; this rank's slot is filled in, the rest is filled.
   void allgather(void* data, size_t bytes);
   void send(int peer, int tag, const void* data, size_t size);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <random>
 
 #include "../enqueue/executor.h"
 #include "env.h"
@@ -200,6 +201,43 @@ std::string Comm::errorMessage() const {
 void Comm::throwStoredError() const {
   std::lock_guard<std::mutex> lock(errorMutex_);
   throw Error(error_ == mnclSuccess ? mnclInternalError : error_, errorMessage_);
+}
+
+bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdData* id) {
+  MNCL_CHECK(!failed(), asyncError(), errorMessage());
+  struct Entry {
+    int32_t color, key, rank;
+  };
+  std::vector<Entry> all(nranks_);
+  all[rank_] = {color, key, rank_};
+  bootstrap_->allgather(all.data(), sizeof(Entry));
+  int tag = 1000 + splits_++;
+  if (color < 0) return false;
+  std::vector<Entry> members;
+  for (const Entry& e : all) {
+    if (e.color == color) members.push_back(e);
+  }
+  std::stable_sort(members.begin(), members.end(), [](const Entry& a, const Entry& b) {
+    return a.key != b.key ? a.key < b.key : a.rank < b.rank;
+  });
+  *newRanks = (int)members.size();
+  for (int i = 0; i < *newRanks; ++i) {
+    if (members[i].rank == rank_) *newRank = i;
+  }
+  int leader = members[0].rank;
+  if (leader == rank_) {
+    std::random_device rd;
+    uint64_t nonce = ((uint64_t)rd() << 32) ^ rd();
+    SockAddr root = startRoot(bootstrap_->localAddress(), nonce);
+    *id = UniqueIdData{};
+    id->magic = kIdMagic;
+    id->nonce = nonce;
+    id->root = WireAddr::from(root);
+    for (size_t i = 1; i < members.size(); ++i) bootstrap_->send(members[i].rank, tag, id, sizeof(*id));
+  } else {
+    bootstrap_->recv(leader, tag, id, sizeof(*id));
+  }
+  return true;
 }
 
 std::string Comm::peerFailure(int r) const {

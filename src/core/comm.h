@@ -73,6 +73,12 @@ class Comm {
     Comm& comm;
   };
 
+  // mnclCommSplit's rendezvous: the ranks passing the same color form a new group, ordered
+  // by (key, rank). Collective over this communicator. Returns false for color < 0 (no new
+  // group); otherwise the new group's size, this rank's place in it and its unique id (the
+  // group's first rank starts its root and sends the id to the others).
+  bool splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdData* id);
+
   // Why peer r stopped, if it has failed (from its control block); empty if it has not.
   std::string peerFailure(int r) const;
 
@@ -87,6 +93,7 @@ class Comm {
   mnclResult_t error_ = mnclSuccess;
   std::string errorMessage_;
   std::atomic<int> callsInside_{0};
+  int splits_ = 0;  // tags bootstrap messages of successive splits apart
 
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<PeerInfo> peers_;

@@ -85,6 +85,11 @@ mnclResult_t mnclCommInitRankDevice(mnclComm_t* comm, int nranks, mnclUniqueId c
 /* All ranks in this process. devlist NULL puts every rank on the CPU; otherwise devlist[i] is
  * a CUDA device or MNCL_DEVICE_CPU. */
 mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist);
+/* The ranks of comm that pass the same color form a new communicator, ranked by (key, old
+ * rank). Collective over comm. color MNCL_SPLIT_NOCOLOR: this rank joins none and gets NULL.
+ * config is reserved and must be NULL. The new communicator is on comm's device. */
+#define MNCL_SPLIT_NOCOLOR (-1)
+mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newcomm, void* config);
 mnclResult_t mnclCommDestroy(mnclComm_t comm);
 mnclResult_t mnclCommAbort(mnclComm_t comm);
 mnclResult_t mnclCommGetAsyncError(mnclComm_t comm, mnclResult_t* asyncError);

@@ -272,6 +272,23 @@ class PyComm {
     return run(asyncOp, stream, buf, {b.keepAlive}, [c](Comm& cm) { enqueueP2p(cm, c); });
   }
 
+  // (new nranks, unique id, new rank) of the group this rank joins, or None for color < 0.
+  py::object splitInfo(int color, int key) {
+    Comm& cm = live();
+    int n = 0, r = 0;
+    UniqueIdData id{};
+    bool joined;
+    {
+      py::gil_scoped_release nogil;
+      std::shared_lock<std::shared_mutex> lock(callMutex_);
+      joined = cm.splitInfo(color, key, &n, &r, &id);
+    }
+    if (!joined) return py::none();
+    char bytes[MNCL_UNIQUE_ID_BYTES] = {};
+    std::memcpy(bytes, &id, sizeof(id));
+    return py::make_tuple(n, py::bytes(bytes, sizeof(bytes)), r);
+  }
+
   void barrier() {
     CollCall c{Coll::allreduce, &barrierWord_, &barrierWord_, 1, DataType::i32, RedOp::sum, 0};
     run(false, py::none(), py::none(), {}, [c](Comm& cm) { enqueueColl(cm, c); });
@@ -491,6 +508,7 @@ PYBIND11_MODULE(_core, m) {
       .def("send", &PyComm::send, py::arg("buf"), py::arg("peer"), py::arg("async_op") = false, py::arg("stream") = none)
       .def("recv", &PyComm::recv, py::arg("buf"), py::arg("peer"), py::arg("async_op") = false, py::arg("stream") = none)
       .def("barrier", &PyComm::barrier)
+      .def("_split_info", &PyComm::splitInfo, py::arg("color"), py::arg("key"))
       .def("abort", &PyComm::abort)
       .def("destroy", &PyComm::destroy);
 
