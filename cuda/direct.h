@@ -35,12 +35,10 @@ struct Direct {
     T* dst = (T*)w.recv + w.chanOffset;
     PeerSet all = PeerSet::allBut(ch.rank, ch.nranks);
     P out(cx, PeerSet(), all), in(cx, all, PeerSet());
-    size_t step = out.stepElems();
-    for (size_t off = 0; off < w.chanCount; off += step) {
-      size_t len = minSize(step, w.chanCount - off);
+    forEachStep(out.stepElems(), w.chanCount, [&](size_t off, size_t len) {
       out.send(src + off, len);
       in.recvReduceCopy(src + off, dst + off, len, true);
-    }
+    });
   }
 
   // Per loop, block b of n (one step each) is reduced by rank b, then sent to everyone.
@@ -74,14 +72,12 @@ struct Direct {
     const T* src = (const T*)w.send + w.chanOffset;
     T* dst = (T*)w.recv + w.chanOffset;
     P out(cx, PeerSet(), PeerSet::allBut(me, n));
-    size_t step = out.stepElems();
-    for (size_t off = 0; off < w.chanCount; off += step) {
-      size_t len = minSize(step, w.chanCount - off);
+    forEachStep(out.stepElems(), w.chanCount, [&](size_t off, size_t len) {
       out.copySend(src + off, dst + (size_t)me * w.count + off, len);
       for (int p = 0; p < n; ++p) {
         if (p != me) P(cx, PeerSet(p), PeerSet()).recv(dst + (size_t)p * w.count + off, len);
       }
-    }
+    });
   }
 
   MNCL_DEV static void reduceScatter(Cx cx) {
@@ -91,14 +87,12 @@ struct Direct {
     const T* src = (const T*)w.send + w.chanOffset;
     T* dst = (T*)w.recv + w.chanOffset;
     P in(cx, PeerSet::allBut(me, n), PeerSet());
-    size_t step = in.stepElems();
-    for (size_t off = 0; off < w.chanCount; off += step) {
-      size_t len = minSize(step, w.chanCount - off);
+    forEachStep(in.stepElems(), w.chanCount, [&](size_t off, size_t len) {
       for (int p = 0; p < n; ++p) {
         if (p != me) P(cx, PeerSet(), PeerSet(p)).send(src + (size_t)p * w.count + off, len);
       }
       in.recvReduceCopy(src + (size_t)me * w.count + off, dst + off, len, true);
-    }
+    });
   }
 
   MNCL_DEV static void broadcast(Cx cx) {
@@ -108,12 +102,10 @@ struct Direct {
     T* dst = (T*)w.recv + w.chanOffset;
     bool isRoot = ch.rank == w.root;
     P pr = isRoot ? P(cx, PeerSet(), PeerSet::allBut(ch.rank, ch.nranks)) : P(cx, PeerSet(w.root), PeerSet());
-    size_t step = pr.stepElems();
-    for (size_t off = 0; off < w.chanCount; off += step) {
-      size_t len = minSize(step, w.chanCount - off);
+    forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
       if (isRoot) pr.copySend(src + off, dst + off, len);
       else pr.recv(dst + off, len);
-    }
+    });
   }
 
   MNCL_DEV static void reduce(Cx cx) {
@@ -123,12 +115,10 @@ struct Direct {
     T* dst = (T*)w.recv + w.chanOffset;
     bool isRoot = ch.rank == w.root;
     P pr = isRoot ? P(cx, PeerSet::allBut(ch.rank, ch.nranks), PeerSet()) : P(cx, PeerSet(), PeerSet(w.root));
-    size_t step = pr.stepElems();
-    for (size_t off = 0; off < w.chanCount; off += step) {
-      size_t len = minSize(step, w.chanCount - off);
+    forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
       if (isRoot) pr.recvReduceCopy(src + off, dst + off, len, true);
       else pr.send(src + off, len);
-    }
+    });
   }
 };
 

@@ -12,6 +12,12 @@ namespace mncl::dev {
 MNCL_HOSTDEV size_t minSize(size_t a, size_t b) { return a < b ? a : b; }
 MNCL_HOSTDEV size_t divUp(size_t a, size_t b) { return (a + b - 1) / b; }
 
+// Calls f(offset, length) for each step-sized piece of [0, count), in order.
+template <typename F>
+MNCL_DEV void forEachStep(size_t step, size_t count, F f) {
+  for (size_t off = 0; off < count; off += step) f(off, minSize(step, count - off));
+}
+
 // The n chunks of one loop of a ring: chunk c covers [off(c), off(c) + len(c)).
 struct RingLoop {
   size_t base, chunk, end;
@@ -75,13 +81,11 @@ struct Ring {
     bool isRoot = ch.rank == w.root;
     bool isLast = at(ch, ch.ringPos + 1) == w.root;
     auto pr = Prims<T, Fn>(cx, PeerSet(isRoot ? -1 : at(ch, ch.ringPos - 1)), PeerSet(isLast ? -1 : at(ch, ch.ringPos + 1)));
-    size_t step = pr.stepElems();
-    for (size_t off = 0; off < w.chanCount; off += step) {
-      size_t len = minSize(step, w.chanCount - off);
+    forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
       if (isRoot) pr.copySend(src + off, dst + off, len);
       else if (isLast) pr.recv(dst + off, len);
       else pr.recvCopySend(dst + off, len);
-    }
+    });
   }
 
   // Partial results flow around the ring and end at the root.
@@ -93,13 +97,11 @@ struct Ring {
     bool isRoot = ch.rank == w.root;
     bool isFirst = at(ch, ch.ringPos - 1) == w.root;
     auto pr = Prims<T, Fn>(cx, PeerSet(isFirst ? -1 : at(ch, ch.ringPos - 1)), PeerSet(isRoot ? -1 : at(ch, ch.ringPos + 1)));
-    size_t step = pr.stepElems();
-    for (size_t off = 0; off < w.chanCount; off += step) {
-      size_t len = minSize(step, w.chanCount - off);
+    forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
       if (isRoot) pr.recvReduceCopy(src + off, dst + off, len, true);
       else if (isFirst) pr.send(src + off, len);
       else pr.recvReduceSend(src + off, len);
-    }
+    });
   }
 
   // Each rank's block travels n-1 hops; every rank keeps a copy as it passes.
@@ -110,13 +112,11 @@ struct Ring {
     const T* src = (const T*)w.send + w.chanOffset;
     T* dst = (T*)w.recv + w.chanOffset;
     auto pr = prims(cx);
-    size_t step = pr.stepElems();
-    for (size_t off = 0; off < w.chanCount; off += step) {
-      size_t len = minSize(step, w.chanCount - off);
+    forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
       pr.copySend(src + off, dst + (size_t)ch.rank * w.count + off, len);
       for (int s = 1; s < n - 1; ++s) pr.recvCopySend(dst + (size_t)at(ch, ch.ringPos - s) * w.count + off, len);
       pr.recv(dst + (size_t)at(ch, ch.ringPos + 1) * w.count + off, len);
-    }
+    });
   }
 
   // Block b accumulates as it travels and is complete when it reaches rank b.
@@ -127,13 +127,11 @@ struct Ring {
     const T* src = (const T*)w.send + w.chanOffset;
     T* dst = (T*)w.recv + w.chanOffset;
     auto pr = prims(cx);
-    size_t step = pr.stepElems();
-    for (size_t off = 0; off < w.chanCount; off += step) {
-      size_t len = minSize(step, w.chanCount - off);
+    forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
       pr.send(src + (size_t)at(ch, ch.ringPos - 1) * w.count + off, len);
       for (int s = 1; s < n - 1; ++s) pr.recvReduceSend(src + (size_t)at(ch, ch.ringPos - 1 - s) * w.count + off, len);
       pr.recvReduceCopy(src + (size_t)ch.rank * w.count + off, dst + off, len, true);
-    }
+    });
   }
 };
 

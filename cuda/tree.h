@@ -49,7 +49,7 @@ struct Tree {
     PeerSet parent(t.parent);
     if (t.parent < 0) {  // root: reduce the children's sums and send the result straight back
       auto pr = Prims<T, Fn>(cx, t.children, t.children);
-      forChunks(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
+      forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
         pr.recvReduceCopySend(src + off, dst + off, len, true);
       });
       return;
@@ -78,7 +78,7 @@ struct Tree {
     T* dst = (T*)w.recv + w.chanOffset;
     TreeNode t = node(cx, w.root);
     auto pr = Prims<T, Fn>(cx, PeerSet(t.parent), t.children);
-    forChunks(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
+    forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
       if (t.parent < 0) pr.copySend(src + off, dst + off, len);
       else if (t.children.n == 0) pr.recv(dst + off, len);
       else pr.recvCopySend(dst + off, len);
@@ -91,17 +91,11 @@ struct Tree {
     T* dst = (T*)w.recv + w.chanOffset;
     TreeNode t = node(cx, w.root);
     auto pr = Prims<T, Fn>(cx, t.children, PeerSet(t.parent));
-    forChunks(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
+    forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
       if (t.parent < 0) pr.recvReduceCopy(src + off, dst + off, len, true);
       else if (t.children.n == 0) pr.send(src + off, len);
       else pr.recvReduceSend(src + off, len);
     });
-  }
-
- private:
-  template <typename F>
-  MNCL_DEV static void forChunks(size_t step, size_t count, F f) {
-    for (size_t off = 0; off < count; off += step) f(off, minSize(step, count - off));
   }
 };
 
