@@ -105,6 +105,17 @@ void cpuBackoff(uint32_t spins, uint32_t spinBudget = 200);
 inline void Waiter::backoff(uint32_t spins) { cpuBackoff(spins, spinBudget); }
 #endif
 
+// Pointer steps (see ConnCtrl::dataAt) exist on the CPU only: there a receiver can read a
+// sender's memory directly (same process) or through the kernel (cross-memory attach).
+#if defined(__CUDACC__)
+constexpr bool kPointerSteps = false;
+MNCL_DEV int readPeerMemory(int, void*, const void*, size_t) { return -1; }
+#else
+constexpr bool kPointerSteps = true;
+// Copies `bytes` at `remote` in process `pid` to `dst`. Returns 0 or an errno.
+int readPeerMemory(int pid, void* dst, const void* remote, size_t bytes);  // cpu/peer_memory.cc
+#endif
+
 }  // namespace mncl::dev
 
 namespace mncl::dev {

@@ -37,11 +37,19 @@ struct ConnCtrl {
   alignas(128) uint64_t tail;  // Simple: steps the sender has filled (release)
   alignas(128) uint64_t head;  // all protocols: steps the receiver has consumed (release)
   alignas(128) StepInfo info[kSteps];
+  // Simple, pointer steps (CPU): where a step's data is. 0: in the FIFO slot, as usual.
+  // Otherwise its address in the sender's memory, which the sender keeps unchanged until the
+  // receiver has consumed the step, so the receiver reads it there: one copy instead of two.
+  alignas(128) uint64_t dataAt[kSteps];
+  // Set once by the receiver at init: it can read the sender's memory (same process, or
+  // cross-memory attach to the sender's process), so the sender may post pointer steps.
+  uint32_t readsSenderMemory;
 };
 
 // One direction of a (peer, channel) connection, as the device addresses it.
 struct ConnFifo {
   ConnCtrl* ctrl = nullptr;
+  int32_t peerPid = 0;             // receiving end: the sender's process, 0 if it is this one
   char* simple = nullptr;          // kSteps * simpleSlotBytes
   LLLine* ll = nullptr;            // kSteps * llSlotLines
   LL128Line* ll128 = nullptr;      // kSteps * ll128SlotLines
@@ -72,12 +80,18 @@ struct DevChannel {
   // its own (a yield only adds latency), short when threads outnumber cores (the peer we
   // wait for may need our core to run at all).
   uint32_t spinBudget = 200;
+  // Pointer steps posted during the current operation: before it returns, the channel waits
+  // until its receivers have consumed them (the user may reuse the buffers right after).
+  bool pointerStepsPosted = false;
+  uint32_t pointerStepMinBytes = 32 << 10;  // smaller steps are copied: not worth a handshake
+  uint64_t pointerStepsSent = 0;            // counter, for tests and tuning
 };
 
 // Why a channel stopped early, for the host to turn into a message.
 struct DevError {
   int peer = -1;
   StepInfo expected{}, got{};
+  int readErrno = 0;  // nonzero: reading `peer`'s memory for a pointer step failed (CPU)
 };
 
 // One collective (or a channel's share of it).
@@ -95,6 +109,8 @@ struct DevWork {
   uint64_t chanCount;
   int treeIndex;        // tree: which of the two trees this channel uses
   int algoVariant;      // direct allreduce: 0 one-shot, 1 two-shot
+  bool sendIsReadOnly;  // the send buffer overlaps no part of the receive buffer
+  bool streamOutput;    // CPU: large output, write it with non-temporal stores
 
   MNCL_HOSTDEV StepInfo info() const {
     StepInfo s{};

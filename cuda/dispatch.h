@@ -44,6 +44,18 @@ MNCL_DEV void runAlgorithm(PrimsContext<Fn> cx) {
   }
 }
 
+// Before an operation that posted pointer steps returns, its receivers must have read them:
+// the caller may overwrite its buffers as soon as the call returns.
+MNCL_DEV void drainPointerSteps(DevChannel& ch, Waiter& waiter) {
+  for (int p = 0; p < ch.nranks; ++p) {
+    ConnCtrl* c = ch.sendTo[p].ctrl;
+    if (p == ch.rank || c == nullptr) continue;
+    uint64_t sent = ch.sendStep[p];
+    waiter.until([&] { return loadAcquire(&c->head) >= sent; });
+  }
+  ch.pointerStepsPosted = false;
+}
+
 // Runs one channel's share of a collective with element type T and reduction Fn.
 // Returns false if the operation stopped early (abort, or a mismatched peer in *err).
 template <typename T, typename Fn>
@@ -56,6 +68,7 @@ MNCL_DEV bool runTyped(DevChannel& ch, const DevWork& w, Fn fn, DevError* err) {
     case Proto::ll128: runAlgorithm<PrimsLL128, T, Fn>(cx); break;
     default: break;
   }
+  if (kPointerSteps && ch.pointerStepsPosted) drainPointerSteps(ch, waiter);
   return !waiter.aborted;
 }
 

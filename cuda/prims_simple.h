@@ -2,6 +2,9 @@
 // (head), fills it, then publishes it by bumping tail with release; the receiver waits for
 // tail with acquire, consumes the slot, then bumps head. Full bandwidth; each step costs a
 // round of flag traffic, so the latency is the highest of the three protocols.
+//
+// On the CPU, big steps may be pointer steps: the sender posts the address of data that is
+// already in a stable buffer, and the receiver reads it there (see ConnCtrl::dataAt).
 #pragma once
 
 #include "prims.h"
@@ -22,26 +25,32 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     const T* srcs[kMaxSrcs];
     T* dsts[kMaxDsts];
     int nsrc = 0, ndst = 0;
-    if (dst) dsts[ndst++] = dst;
     if (tid() == 0) {
       if (RECV) waitRecv();
       if (SEND) waitSend();
     }
     barrier();
     if (cx_.waiter.aborted) return;
+    const T* published = SEND ? pointerToPublish(src, dst, RECV, n) : nullptr;
+    // A plain forward (one peer's data to dst) reads the peer's memory straight into dst.
+    T* landing = RECV && !src && !post && recv_.n == 1 ? dst : nullptr;
     for (int i = 0; i <= (RECV ? recv_.n : 0); ++i) {
       if (i == (RECV ? recv_.srcPos : 0) && src) srcs[nsrc++] = src;
-      if (RECV && i < recv_.n) srcs[nsrc++] = slot(ch.recvFrom[recv_.peer[i]], ch.recvStep[recv_.peer[i]]);
+      if (RECV && i < recv_.n) srcs[nsrc++] = received(i, n, landing);
     }
-    if (SEND) {
+    if (cx_.waiter.aborted) return;
+    if (dst) dsts[ndst++] = dst;
+    if (SEND && !published) {
       for (int i = 0; i < send_.n; ++i) dsts[ndst++] = slot(ch.sendTo[send_.peer[i]], ch.sendStep[send_.peer[i]]);
     }
-    if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, post);
+    // Streaming stores bypass the cache: only for an output nobody reads during the operation.
+    bool streamDst = dst && !published && cx_.work.streamOutput;
+    if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, post, streamDst);
     barrier();
     if (tid() == 0) {
       fenceSystem();
       if (RECV) postRecv();
-      if (SEND) postSend();
+      if (SEND) postSend(published);
     }
     barrier();
   }
@@ -49,6 +58,52 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
  private:
   MNCL_DEV T* slot(const ConnFifo& f, uint64_t step) const {
     return reinterpret_cast<T*>(f.simple + (step % kSteps) * (size_t)cx_.ch.sizes.simpleSlotBytes);
+  }
+
+  // Pointer steps: instead of copying a step's data into every receiver's FIFO, the sender
+  // posts where the data already is, if that memory keeps it until the end of the operation:
+  // our output (every algorithm writes each output element once), or an input that shares
+  // no memory with the output. Worth a synchronisation only for big steps.
+  MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, size_t n) const {
+    if (!kPointerSteps || n * sizeof(T) < cx_.ch.pointerStepMinBytes) return nullptr;
+    for (int i = 0; i < send_.n; ++i) {
+      if (!loadRelaxed(&cx_.ch.sendTo[send_.peer[i]].ctrl->readsSenderMemory)) return nullptr;
+    }
+    if (dst) return dst;
+    if (!recv && src && cx_.work.sendIsReadOnly && inSendBuffer(src)) return src;
+    return nullptr;
+  }
+
+  MNCL_DEV bool inSendBuffer(const T* p) const {
+    const DevWork& w = cx_.work;
+    size_t elems = w.coll == Coll::reducescatter ? w.count * cx_.ch.nranks : w.count;
+    const T* base = (const T*)w.send;
+    return p >= base && p < base + elems;
+  }
+
+  // Where the data of recv peer i's current step is: its FIFO slot; or, for a pointer step,
+  // the sender's memory itself (same process), or a kernel copy of it into `landing` (or
+  // into the slot) for a sender in another process.
+  MNCL_DEV const T* received(int i, size_t n, T* landing) {
+    int p = recv_.peer[i];
+    const ConnFifo& f = cx_.ch.recvFrom[p];
+    uint64_t step = cx_.ch.recvStep[p];
+    T* inSlot = slot(f, step);
+    if (!kPointerSteps) return inSlot;
+    uint64_t at = f.ctrl->dataAt[step % kSteps];
+    if (at == 0) return inSlot;
+    if (f.peerPid == 0) return reinterpret_cast<const T*>(at);
+    T* to = landing ? landing : inSlot;
+    int err = 0;
+    if (tid() == 0) err = readPeerMemory(f.peerPid, to, reinterpret_cast<const void*>(at), n * sizeof(T));
+    if (err != 0) {
+      if (cx_.error && cx_.error->peer < 0) {
+        cx_.error->peer = p;
+        cx_.error->readErrno = err;
+      }
+      cx_.waiter.aborted = true;
+    }
+    return to;
   }
 
   MNCL_DEV bool waitRecv() {
@@ -82,14 +137,19 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     }
   }
 
-  MNCL_DEV void postSend() {
+  MNCL_DEV void postSend(const T* published) {
     DevChannel& ch = cx_.ch;
     StepInfo info = cx_.work.info();
     for (int i = 0; i < send_.n; ++i) {
       int p = send_.peer[i];
       ConnCtrl* c = ch.sendTo[p].ctrl;
       c->info[ch.sendStep[p] % kSteps] = info;
+      if (kPointerSteps) c->dataAt[ch.sendStep[p] % kSteps] = (uint64_t)(uintptr_t)published;
       storeRelease(&c->tail, ++ch.sendStep[p]);
+    }
+    if (published) {
+      ch.pointerStepsPosted = true;
+      ch.pointerStepsSent += (uint64_t)send_.n;
     }
   }
 

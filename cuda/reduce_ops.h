@@ -65,29 +65,35 @@ struct Arith<half_t> : Arith16<half_t> {};
 template <>
 struct Arith<bfloat16_t> : Arith16<bfloat16_t> {};
 
-// Each functor: operator() combines two values; post() finishes a fully reduced value.
+// Each functor: operator() combines two values; post() finishes a fully reduced value
+// (kHasPost: post() is not the identity, so a finished value needs the extra pass).
 template <typename T>
 struct FuncSum {
+  static constexpr bool kHasPost = false;
   MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::add(a, b); }
   MNCL_HOSTDEV T post(T x) const { return x; }
 };
 template <typename T>
 struct FuncProd {
+  static constexpr bool kHasPost = false;
   MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::mul(a, b); }
   MNCL_HOSTDEV T post(T x) const { return x; }
 };
 template <typename T>
 struct FuncMax {
+  static constexpr bool kHasPost = false;
   MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::max(a, b); }
   MNCL_HOSTDEV T post(T x) const { return x; }
 };
 template <typename T>
 struct FuncMin {
+  static constexpr bool kHasPost = false;
   MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::min(a, b); }
   MNCL_HOSTDEV T post(T x) const { return x; }
 };
 template <typename T>
 struct FuncAvg {
+  static constexpr bool kHasPost = true;
   uint32_t nranks = 1;
   MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::add(a, b); }
   MNCL_HOSTDEV T post(T x) const { return Arith<T>::div(x, nranks); }
@@ -95,6 +101,7 @@ struct FuncAvg {
 // Copy-only collectives move bytes; they never combine two values.
 template <typename T>
 struct FuncCopy {
+  static constexpr bool kHasPost = false;
   MNCL_HOSTDEV T operator()(T a, T) const { return a; }
   MNCL_HOSTDEV T post(T x) const { return x; }
 };

@@ -48,6 +48,10 @@ def all_collectives(comm: minincl.Communicator, counts: list[int]) -> int:
     return checks + 1
 
 
+def collectives_with_stats(comm: minincl.Communicator, counts: list[int]) -> tuple[int, dict[str, int]]:
+    return all_collectives(comm, counts), comm.stats()
+
+
 def die_mid_run(comm: minincl.Communicator, victim: int) -> str:
     """The victim kills itself between collectives; the others are inside the next one."""
     x = np.ones(1 << 16, np.float32)

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "../enqueue/executor.h"
+#include "../transport/peer_memory.h"
 #include "env.h"
 #include "error.h"
 #include "log.h"
@@ -63,6 +64,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   mine.device = device;
   mine.hostHash = hostHash();
   mine.sizes = protoSizesFromEnv();
+  mine.probeAddr = peerMemoryProbeAddress();
   peers_.assign(nranks, PeerInfo{});
   peers_[rank] = mine;
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
@@ -155,6 +157,35 @@ void Comm::connect(const RegionLayout& layout) {
       if (p == rank_) continue;
       ch.sendTo[p] = layout.conn(peerRegions_[p]->base(), rank_, c);
       ch.recvFrom[p] = layout.conn(region_->base(), p, c);
+    }
+  }
+  enablePointerSteps();
+}
+
+// Pointer steps from each peer whose memory this rank reads directly: in this process by
+// default; in another one only when asked (MININCL_POINTER_STEPS=2) and cross-memory attach
+// works (checked by reading a known word of the peer's). Across processes the kernel copy
+// leaves the sender idle while the receiver copies, which measured slower here than the
+// FIFO, where both sides copy at once. The receiving end says so in its control words; the
+// sender reads them before each step.
+void Comm::enablePointerSteps() {
+  int64_t mode = env::integer("MININCL_POINTER_STEPS", 1);
+  MNCL_CHECK(mode >= 0 && mode <= 2, mnclInvalidArgument, "MININCL_POINTER_STEPS must be 0, 1 or 2");
+  int64_t minBytes = env::integer("MININCL_POINTER_STEP_BYTES", 32 << 10);
+  MNCL_CHECK(minBytes >= 0 && minBytes <= (1ll << 31), mnclInvalidArgument, "MININCL_POINTER_STEP_BYTES must be between 0 and 2^31");
+  for (auto& ch : channels_) ch->dev.pointerStepMinBytes = (uint32_t)minBytes;
+  pid_t me = getpid();
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_) continue;
+    bool local = peers_[p].pid == me;
+    bool readable = mode >= 1 && local;
+    if (mode == 2 && !local) {
+      readable = canReadPeerMemory(peers_[p].pid, peers_[p].probeAddr);
+      if (!readable) MNCL_WARN(kInit, "rank %d: cannot read rank %d's memory (cross-memory attach); its steps go through the FIFO", rank_, p);
+    }
+    for (auto& ch : channels_) {
+      ch->recvFrom[p].peerPid = local ? 0 : peers_[p].pid;
+      dev::storeRelease(&ch->recvFrom[p].ctrl->readsSenderMemory, (uint32_t)readable);
     }
   }
 }

@@ -34,6 +34,7 @@ struct PeerInfo {
   uint64_t regionId;    // local registry key (valid in the same process)
   uint64_t regionBytes;
   dev::ProtoSizes sizes;
+  uint64_t probeAddr;   // where a known word lies in this rank's process (pointer steps' check)
   char shmName[96];
 };
 
@@ -85,6 +86,7 @@ class Comm {
  private:
   void setupChannels(const dev::ProtoSizes& sizes);
   void connect(const RegionLayout& layout);
+  void enablePointerSteps();
   void leave();
 
   int rank_, nranks_, device_;

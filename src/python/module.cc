@@ -273,6 +273,23 @@ class PyComm {
   }
 
   // (new nranks, unique id, new rank) of the group this rank joins, or None for color < 0.
+  // Counters for tests and tuning.
+  py::dict stats() {
+    Comm& cm = live();
+    uint64_t pointerSteps = 0;
+    for (int c = 0; c < cm.nChannels(); ++c) pointerSteps += cm.channel(c).dev.pointerStepsSent;
+    int readable = 0;
+    const dev::DevChannel& ch0 = cm.channel(0).dev;
+    for (int p = 0; p < cm.nranks(); ++p) {
+      if (p != cm.rank()) readable += (int)dev::loadRelaxed(&ch0.recvFrom[p].ctrl->readsSenderMemory);
+    }
+    py::dict d;
+    d["channels"] = cm.nChannels();
+    d["pointer_steps"] = pointerSteps;
+    d["readable_peers"] = readable;
+    return d;
+  }
+
   py::object splitInfo(int color, int key) {
     Comm& cm = live();
     int n = 0, r = 0;
@@ -509,6 +526,9 @@ PYBIND11_MODULE(_core, m) {
       .def("recv", &PyComm::recv, py::arg("buf"), py::arg("peer"), py::arg("async_op") = false, py::arg("stream") = none)
       .def("barrier", &PyComm::barrier)
       .def("_split_info", &PyComm::splitInfo, py::arg("color"), py::arg("key"))
+      .def("stats", &PyComm::stats,
+           "Counters: channels; pointer_steps, steps whose data a receiver read straight from this rank's buffers; "
+           "readable_peers, peers whose buffers this rank reads directly.")
       .def("abort", &PyComm::abort)
       .def("destroy", &PyComm::destroy);
 

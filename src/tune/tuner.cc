@@ -98,7 +98,8 @@ bool Tuner::available(Coll coll, Algo a) const {
 //   ring     allreduce 2(n-1) steps, 2(n-1)/n; allgather, reduce_scatter n-1, (n-1)/n;
 //            broadcast, reduce n-1 (pipelined), 1
 //   tree     allreduce 2d, 2; broadcast, reduce d, 1 (pipelined)
-//   direct   one-shot allreduce 1 step but n-1 sends, (n-1); two-shot 2 steps, 2(n-1)/n;
+//   direct   one-shot allreduce 1 step but n-1 sends, and every rank reduces all n inputs
+//            over the whole buffer: n; two-shot 2 steps, 2(n-1)/n;
 //            the others 1 step, (n-1)/n (broadcast and reduce: the root moves (n-1))
 // A CPU channel is one thread, so a rank's sends and receives to several peers in one
 // "step" still cost it one step each: direct pays (n-1) step latencies per phase.
@@ -119,7 +120,7 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
     case Algo::direct:
       if (reduceAll && variant == 0) {
         steps = n - 1;
-        factor = n - 1;
+        factor = n;
       } else {
         steps = (reduceAll ? 2 : 1) * (n - 1);
         factor = reduceAll ? 2 * (n - 1) / n : rootColl ? n - 1 : (n - 1) / n;
