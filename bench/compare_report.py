@@ -113,7 +113,7 @@ def _best_other(results: Results, coll: str, size: int) -> tuple[str, float, flo
     """(library, latency, busbw) of the other library with the highest busbw at this size."""
     best = None
     for lib in results.libraries:
-        if lib == "minincl":
+        if lib.startswith("minincl"):
             continue
         m = results.median(lib, coll, size)
         if m and (best is None or m[1] > best[2]):
@@ -177,7 +177,9 @@ def section_markdown(results: Results, libraries: list[Any], plots: list[str], m
     )
     lines.append("Libraries: " + "; ".join(f"{lib.name} = {lib.version}" for lib in libraries) + ".")
     lines.append(
-        "Method: float32 sum; each library's runner is 2 processes; per size warm-up calls, then "
+        "Method: float32 sum; each library's runner is 2 processes (minincl-threads: 2 ranks as "
+        "threads of one process, shown for reference; the ratios and targets use minincl's processes); "
+        "per size warm-up calls, then "
         "repetitions of a fixed call count (the slowest rank counts, median repetition); "
         "libraries alternate order between rounds; figures are medians over rounds. "
         "busbw uses nccl-tests' factors (allreduce 2(n-1)/n, allgather and reduce_scatter "

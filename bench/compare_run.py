@@ -58,6 +58,16 @@ def available_libraries(
                     f"minincl {_package_version('minincl')}{note}",
                 )
             )
+        elif name == "minincl-threads":
+            note = "".join(f" {k}={v}" for k, v in minincl_env.items())
+            out.append(
+                Library(
+                    name,
+                    [sys.executable, os.path.join(RUNNERS, "run_minincl_threads.py")],
+                    dict(minincl_env),
+                    f"minincl {_package_version('minincl')}{note}, 2 ranks as threads of one process",
+                )
+            )
         elif name == "gloo":
             out.append(
                 Library(
@@ -81,7 +91,7 @@ def available_libraries(
             cmd = [mpiexec, "-n", "2", python, os.path.join(RUNNERS, "run_mpi.py"), "--library", name]
             out.append(Library(name, cmd, env, _mpi_version(python, env)))
         else:
-            raise SystemExit(f"unknown library {name!r}: expected minincl, gloo, mpich, openmpi")
+            raise SystemExit(f"unknown library {name!r}: expected minincl, minincl-threads, gloo, mpich, openmpi")
     return out
 
 
