@@ -11,6 +11,7 @@ from . import errors
 from ._comm import (
     Communicator,
     LaunchError,
+    Topology,
     Work,
     get_unique_id,
     group,
@@ -34,6 +35,7 @@ __all__ = [
     "RemoteError",
     "SystemError",
     "Timeout",
+    "Topology",
     "Work",
     "build_info",
     "errors",

@@ -10,6 +10,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Callable, Union
 
 from . import _core
@@ -34,6 +35,31 @@ def _device_index(device: DeviceSpec) -> int:
             "use device='cpu' (CUDA communicators come with the CUDA backend)"
         )
     raise InvalidArgument(f"device={device!r}: expected 'cpu', 'cuda', 'cuda:N', an int or None")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How a communicator's init ordered its rings (the same on every rank).
+
+    ``rings[c]`` is channel ``c``'s ring as ranks; ``ring_hops[c][i]`` the path class of the
+    hop ``rings[c][i] -> rings[c][i + 1]`` (``X``: same device; empty when rank order was
+    used without a search). ``devices[r]`` names where rank ``r`` sits in the topology
+    (``GPU3``, ``NUMA0``). ``path_bandwidth_gbs`` is the search's per-channel bandwidth and
+    ``bandwidth_scale`` what the tuner multiplies its bandwidths by (1.0: unchanged).
+    """
+
+    nchannels: int
+    rings: list[list[int]]
+    ring_hops: list[list[str]]
+    searched: bool
+    on_gpus: bool
+    search_channels: int
+    path_bandwidth_gbs: float
+    bandwidth_scale: float
+    devices: list[str]
+    source: str
+    reason: str
+    warnings: list[str]
 
 
 class Communicator(_core.Communicator):
@@ -91,6 +117,10 @@ class Communicator(_core.Communicator):
             return None
         nranks, uid, rank = info
         return type(self)(nranks, uid, rank, self.device)
+
+    def topology(self) -> Topology:
+        """The ring order per channel, channel count and bandwidth init chose, and why."""
+        return Topology(**self._topology())
 
     def __enter__(self) -> Communicator:
         return self

@@ -10,7 +10,7 @@ import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import CSV_HEADER, RunConfig, parse_args, rows
+from common import CSV_HEADER, parse_args, rows
 from run_minincl import NRANKS, rank_main
 
 import minincl

@@ -65,6 +65,8 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   mine.hostHash = hostHash();
   mine.sizes = protoSizesFromEnv();
   mine.probeAddr = peerMemoryProbeAddress();
+  mine.cpu = sched_getcpu();
+  if (sched_getaffinity(0, sizeof(mine.affinity), &mine.affinity) != 0) CPU_ZERO(&mine.affinity);
   peers_.assign(nranks, PeerInfo{});
   peers_[rank] = mine;
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
@@ -80,9 +82,8 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
     localRanks += 1;
     otherProcess |= p.pid != mine.pid;
   }
-  // Channels: by default a core's share per rank, at most 4; every rank uses the smallest.
-  int want = (int)env::integer("MININCL_NCHANNELS", std::clamp(cpuCount() / localRanks, 1, 4));
-  MNCL_CHECK(want >= 1 && want <= 64, mnclInvalidArgument, "MININCL_NCHANNELS must be between 1 and 64");
+  agreeOnPlan();
+  int want = channelsWanted(cpuCount() / localRanks);
   peers_[rank].nChannels = want;
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));  // (re-shares the rest unchanged)
   int nch = want;
@@ -117,11 +118,13 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   for (auto& ch : channels_) ch->dev.spinBudget = oversubscribed ? 200 : 5000;
   connect(layout);
   tuner_.init(nranks, nch, 2 * (size_t)mine.sizes.simpleSlotBytes, oversubscribed);
+  if (plan_.searched) tuner_.setPathBandwidth(plan_.bwGBs);
   executor_ = std::make_unique<Executor>(nch);
   if (nranks > 1) monitor_ = std::make_unique<Monitor>(*this);
   MNCL_INFO(kInit, "rank %d/%d: %d channel(s), transport %s, FIFO simple %u B x %d, ll %u lines, ll128 %u lines",
             rank, nranks, nch, otherProcess ? "shm" : "local", mine.sizes.simpleSlotBytes, dev::kSteps,
             mine.sizes.llSlotLines, mine.sizes.ll128SlotLines);
+  if (rank == 0) logPlan();
 }
 
 void Comm::setupChannels(const dev::ProtoSizes& sizes) {
@@ -133,7 +136,7 @@ void Comm::setupChannels(const dev::ProtoSizes& sizes) {
     ch->recvFrom.resize(nranks_);
     ch->sendStep.assign(nranks_, 0);
     ch->recvStep.assign(nranks_, 0);
-    for (int i = 0; i < nranks_; ++i) ch->ring.push_back(i);
+    ch->ring = plan_.rings[c % plan_.rings.size()];  // the search's order (or rank order)
     dev::DevChannel& d = ch->dev;
     d.id = c;
     d.rank = rank_;
@@ -143,7 +146,7 @@ void Comm::setupChannels(const dev::ProtoSizes& sizes) {
     d.sendStep = ch->sendStep.data();
     d.recvStep = ch->recvStep.data();
     d.ring = ch->ring.data();
-    d.ringPos = rank_;
+    d.ringPos = (int)(std::find(ch->ring.begin(), ch->ring.end(), rank_) - ch->ring.begin());
     d.sizes = sizes;
     d.abortFlag = abortWord();
     channels_.push_back(std::move(ch));

@@ -2,6 +2,8 @@
 // to every peer, the threads that run its channels, and its error state.
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -11,6 +13,7 @@
 
 #include "../../cuda/channel.h"
 #include "../bootstrap/bootstrap.h"
+#include "../topo/comm_plan.h"
 #include "../transport/region.h"
 #include "../tune/tuner.h"
 #include "minincl.h"
@@ -30,6 +33,8 @@ struct Channel {
 
 struct PeerInfo {
   int32_t rank, pid, nChannels, device;
+  int32_t cpu;          // where init ran (sched_getcpu), for placing the rank on the topology
+  cpu_set_t affinity;
   uint64_t hostHash;
   uint64_t regionId;    // local registry key (valid in the same process)
   uint64_t regionBytes;
@@ -52,6 +57,8 @@ class Comm {
   Executor& executor() { return *executor_; }
   const Tuner& tuner() const { return tuner_; }
   Bootstrap& bootstrap() { return *bootstrap_; }
+  // How the rings were chosen (same on every rank); channel(c).ring holds the order in use.
+  const topo::CommPlan& topoPlan() const { return plan_; }
 
   // The word every spin loop watches; non-zero stops all in-flight work.
   const uint32_t* abortWord() const { return reinterpret_cast<const uint32_t*>(&abort_); }
@@ -84,6 +91,9 @@ class Comm {
   std::string peerFailure(int r) const;
 
  private:
+  void agreeOnPlan();
+  int channelsWanted(int coresPerRank) const;
+  void logPlan() const;
   void setupChannels(const dev::ProtoSizes& sizes);
   void connect(const RegionLayout& layout);
   void enablePointerSteps();
@@ -102,6 +112,7 @@ class Comm {
   std::shared_ptr<Mapping> region_;                 // ours
   std::vector<std::shared_ptr<Mapping>> peerRegions_;
   std::vector<std::unique_ptr<Channel>> channels_;
+  topo::CommPlan plan_;
   Tuner tuner_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Monitor> monitor_;

@@ -306,6 +306,32 @@ class PyComm {
     return py::make_tuple(n, py::bytes(bytes, sizeof(bytes)), r);
   }
 
+  // How init ordered the rings (see Communicator.topology()).
+  py::dict topology() {
+    Comm& cm = live();
+    const topo::CommPlan& p = cm.topoPlan();
+    std::vector<std::vector<int>> rings;
+    std::vector<std::vector<std::string>> hops;
+    for (int c = 0; c < cm.nChannels(); ++c) {
+      rings.push_back(cm.channel(c).ring);
+      if (!p.ringHops.empty()) hops.push_back(p.ringHops[c % p.ringHops.size()]);
+    }
+    py::dict d;
+    d["nchannels"] = cm.nChannels();
+    d["rings"] = rings;
+    d["ring_hops"] = hops;
+    d["searched"] = p.searched;
+    d["on_gpus"] = p.onGpus;
+    d["search_channels"] = p.searchChannels;
+    d["path_bandwidth_gbs"] = p.bwGBs;
+    d["bandwidth_scale"] = cm.tuner().bandwidthScale();
+    d["devices"] = p.devices;
+    d["source"] = p.source;
+    d["reason"] = p.why;
+    d["warnings"] = p.warnings;
+    return d;
+  }
+
   void barrier() {
     CollCall c{Coll::allreduce, &barrierWord_, &barrierWord_, 1, DataType::i32, RedOp::sum, 0};
     run(false, py::none(), py::none(), {}, [c](Comm& cm) { enqueueColl(cm, c); });
@@ -529,6 +555,7 @@ PYBIND11_MODULE(_core, m) {
       .def("stats", &PyComm::stats,
            "Counters: channels; pointer_steps, steps whose data a receiver read straight from this rank's buffers; "
            "readable_peers, peers whose buffers this rank reads directly.")
+      .def("_topology", &PyComm::topology)
       .def("abort", &PyComm::abort)
       .def("destroy", &PyComm::destroy);
 

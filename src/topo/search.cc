@@ -385,20 +385,30 @@ void recordChannel(const Shared& s, const std::vector<Segment>& segs, SearchResu
 }  // namespace
 
 SearchResult search(System& sys, int nRanks) {
-  SearchResult out;
   int nGpus = static_cast<int>(sys.gpuIds.size());
   if (nGpus == 0) {
+    SearchResult out;
     out.warnings.push_back("no GPUs found: no rings or trees to search");
     return out;
   }
+  std::string warning;
   if (nRanks <= 0 || nRanks > nGpus) {
     if (nRanks > nGpus)
-      out.warnings.push_back("asked for " + std::to_string(nRanks) + " ranks but only " +
-                             std::to_string(nGpus) + " GPUs exist; using all");
+      warning = "asked for " + std::to_string(nRanks) + " ranks but only " +
+                std::to_string(nGpus) + " GPUs exist; using all";
     nRanks = nGpus;
   }
+  SearchResult out = searchNodes(sys, {sys.gpuIds.begin(), sys.gpuIds.begin() + nRanks});
+  if (!warning.empty()) out.warnings.insert(out.warnings.begin(), warning);
+  return out;
+}
+
+SearchResult searchNodes(System& sys, const std::vector<int>& nodes) {
+  SearchResult out;
+  int nRanks = static_cast<int>(nodes.size());
+  if (nRanks == 0) return out;
   Shared s(sys);
-  s.rankNode.assign(sys.gpuIds.begin(), sys.gpuIds.begin() + nRanks);
+  s.rankNode = nodes;
   s.residual.resize(2 * sys.links.size());
   for (size_t l = 0; l < sys.links.size(); ++l)
     s.residual[2 * l] = s.residual[2 * l + 1] = sys.links[l].bw;

@@ -48,6 +48,10 @@ struct SearchResult {
 // nRanks: how many GPUs take part (the first nRanks in GPU order); 0 = all.
 SearchResult search(System& sys, int nRanks);
 
+// The same search over any distinct nodes of the graph (GPUs, or CPU nodes for ranks that
+// run on CPUs); rank r of the result is nodes[r].
+SearchResult searchNodes(System& sys, const std::vector<int>& nodes);
+
 struct ReportOptions {
   std::string xmlPath;   // load this instead of detecting
   std::string dumpPath;  // write the topology as XML here

@@ -130,7 +130,13 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
   }
   const ProtoCost& c = (oversubscribed_ ? kCpuCostOversubscribed : kCpuCost)[(int)p];
   double bw = c.bandwidthGBs * nch * 1e3;  // bytes per us
+  bw *= bwScale_;
   return kBaseLatencyUs + steps * c.stepLatencyUs + factor * (double)bytes / bw;
+}
+
+void Tuner::setPathBandwidth(double gbs) {
+  double simple = (oversubscribed_ ? kCpuCostOversubscribed : kCpuCost)[(int)Proto::simple].bandwidthGBs;
+  bwScale_ = gbs > 0 ? std::min(1.0, gbs / simple) : 1.0;
 }
 
 Plan Tuner::choose(Coll coll, size_t bytes) const {

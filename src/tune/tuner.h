@@ -34,6 +34,11 @@ class Tuner {
   // Deterministic from its arguments and the communicator-wide settings, so every rank plans
   // the same way.
   Plan choose(Coll coll, size_t bytes) const;
+  // The topology search's per-channel bandwidth (GB/s) along the rings. A path slower than
+  // what a channel of this machine moves scales every protocol's bandwidth down by the
+  // ratio; a faster one changes nothing (the bytes still move at this machine's speed).
+  void setPathBandwidth(double gbs);
+  double bandwidthScale() const { return bwScale_; }
   unsigned algoMask() const { return algoMask_; }
   unsigned protoMask() const { return protoMask_; }
 
@@ -44,6 +49,7 @@ class Tuner {
   int nranks_ = 1, maxChannels_ = 1;
   size_t bytesPerChannel_ = 1;
   bool oversubscribed_ = false;
+  double bwScale_ = 1.0;  // setPathBandwidth
   unsigned algoMask_ = ~0u, protoMask_ = ~0u;
 };
 

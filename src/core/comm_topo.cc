@@ -1,0 +1,104 @@
+// How a communicator orders its rings: rank 0 places the ranks on the topology (detected,
+// or MININCL_TOPO_FILE), runs the search and sends the plan to the others, so every rank
+// runs the same rings whatever it sees of the machine. See src/topo/comm_plan.h.
+#include <algorithm>
+
+#include "comm.h"
+#include "env.h"
+#include "error.h"
+#include "log.h"
+
+namespace mncl {
+namespace {
+
+constexpr int kPlanSizeTag = 500, kPlanTag = 501;
+
+topo::RankPlace placeOf(const PeerInfo& p) {
+  topo::RankPlace place;
+  place.device = p.device;
+  place.cpu = p.cpu;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &p.affinity)) place.affinity.push_back(c);
+  return place;
+}
+
+std::string joined(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : " ") + std::to_string(x);
+  return s;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : " ") + x;
+  return s;
+}
+
+bool isPermutation(std::vector<int> ring, int n) {
+  std::sort(ring.begin(), ring.end());
+  for (int i = 0; i < (int)ring.size(); ++i)
+    if (ring[i] != i) return false;
+  return (int)ring.size() == n;
+}
+
+}  // namespace
+
+void Comm::agreeOnPlan() {
+  if (nranks_ == 1) {
+    plan_ = topo::rankOrderPlan(1, "one rank");
+    return;
+  }
+  std::string text;
+  if (rank_ == 0) {
+    topo::PlanInput in;
+    for (const PeerInfo& p : peers_) in.ranks.push_back(placeOf(p));
+    in.topoFile = env::str("MININCL_TOPO_FILE");
+    in.rankMap = env::str("MININCL_TOPO_RANK_MAP");
+    in.dumpFile = env::str("MININCL_TOPO_DUMP_FILE");
+    text = topo::encodePlan(topo::planComm(in));
+    uint64_t size = text.size();
+    for (int r = 1; r < nranks_; ++r) {
+      bootstrap_->send(r, kPlanSizeTag, &size, sizeof(size));
+      bootstrap_->send(r, kPlanTag, text.data(), size);
+    }
+  } else {
+    uint64_t size = 0;
+    bootstrap_->recv(0, kPlanSizeTag, &size, sizeof(size));
+    text.resize(size);
+    bootstrap_->recv(0, kPlanTag, text.data(), size);
+  }
+  plan_ = topo::decodePlan(text);  // rank 0 too: every rank holds the same bytes
+  bool valid = !plan_.rings.empty();
+  for (const auto& ring : plan_.rings) valid = valid && isPermutation(ring, nranks_);
+  MNCL_CHECK(valid, mnclInternalError, "the ring order rank 0 sent is not a permutation of the ranks");
+}
+
+// By default a core's share per rank, 1..4 (a CPU channel is a thread); when the ranks sit on
+// GPUs, the search's channel count caps that. MININCL_NCHANNELS overrides both. Every rank
+// then runs the smallest count any rank wants.
+int Comm::channelsWanted(int coresPerRank) const {
+  int fallback = std::clamp(coresPerRank, 1, 4);
+  if (plan_.onGpus && plan_.searchChannels > 0) fallback = std::min(fallback, plan_.searchChannels);
+  int want = (int)env::integer("MININCL_NCHANNELS", fallback);
+  MNCL_CHECK(want >= 1 && want <= 64, mnclInvalidArgument, "MININCL_NCHANNELS must be between 1 and 64");
+  return want;
+}
+
+// Rank 0 speaks for all: the plan is the same everywhere.
+void Comm::logPlan() const {
+  for (const std::string& w : plan_.warnings)
+    MNCL_WARN(kInit, "topology (%s): %s; rings use rank order", plan_.source.c_str(), w.c_str());
+  for (const std::string& n : plan_.notes) MNCL_INFO(kTopo, "topology (%s): %s", plan_.source.c_str(), n.c_str());
+  MNCL_INFO(kInit, "topology %s: %s", plan_.source.empty() ? "-" : plan_.source.c_str(), plan_.why.c_str());
+  MNCL_INFO(kInit, "ranks on: %s", joined(plan_.devices).c_str());
+  for (int c = 0; c < (int)channels_.size(); ++c) {
+    const auto& hops = plan_.ringHops.empty() ? std::vector<std::string>{} : plan_.ringHops[c % plan_.ringHops.size()];
+    MNCL_INFO(kInit, "channel %d ring: %s%s%s%s", c, joined(channels_[c]->ring).c_str(), hops.empty() ? "" : " (hops ",
+              joined(hops).c_str(), hops.empty() ? "" : ")");
+  }
+  if (plan_.searched)
+    MNCL_INFO(kInit, "tuner: path bandwidth %.1f GB/s per channel, bandwidth scale %.3f", plan_.bwGBs,
+              tuner_.bandwidthScale());
+}
+
+}  // namespace mncl
