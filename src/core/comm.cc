@@ -119,7 +119,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   connect(layout);
   tuner_.init(nranks, nch, 2 * (size_t)mine.sizes.simpleSlotBytes, oversubscribed);
   if (plan_.searched) tuner_.setPathBandwidth(plan_.bwGBs);
-  executor_ = std::make_unique<Executor>(nch);
+  executor_ = std::make_unique<Executor>(nch, oversubscribed ? 0 : 50);
   if (nranks > 1) monitor_ = std::make_unique<Monitor>(*this);
   MNCL_INFO(kInit, "rank %d/%d: %d channel(s), transport %s, FIFO simple %u B x %d, ll %u lines, ll128 %u lines",
             rank, nranks, nch, otherProcess ? "shm" : "local", mine.sizes.simpleSlotBytes, dev::kSteps,

@@ -263,20 +263,19 @@ void finish(CommPlan& plan) {
   if (comm.failed()) comm.throwStoredError();
 }
 
-// Runs the plans of one launch. With one communicator the caller runs channel 0 itself;
-// with several (one thread driving many ranks) every channel runs on its thread, since any
-// rank may have to wait for another.
+// Runs the plans of one launch. The caller runs the first communicator's channel 0 itself;
+// every other channel (other communicators' too, when one thread drives several ranks) runs
+// on its own thread, since any rank may have to wait for another.
 void launch(CommPlan* plans, size_t nplans) {
   Completion done;
-  bool inlineFirst = nplans == 1;
   for (size_t i = 0; i < nplans; ++i) matchSelf(plans[i]);
   for (size_t i = 0; i < nplans; ++i) {
     CommPlan& plan = plans[i];
-    for (int c = inlineFirst ? 1 : 0; c < plan.comm->nChannels(); ++c) {
+    for (int c = i == 0 ? 1 : 0; c < plan.comm->nChannels(); ++c) {
       if (plan.hasWork(c)) plan.comm->executor().post(c, [&plan, c] { runChannel(plan, c); }, &done);
     }
   }
-  if (inlineFirst && plans[0].hasWork(0)) runChannel(plans[0], 0);
+  if (nplans > 0 && plans[0].hasWork(0)) runChannel(plans[0], 0);
   done.wait();
   for (size_t i = 0; i < nplans; ++i) finish(plans[i]);
 }
