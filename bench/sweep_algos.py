@@ -24,8 +24,10 @@ PROTOS = ["simple", "ll", "ll128"]
 
 # (-b, -e, -f, -n, -w): iteration counts shrink with size so one call costs ~0.1-10 s.
 GROUPS_FULL = [
-    ("8", "8", "2", 2000, 200),
-    ("64", "16K", "4", 400, 40),
+    # Small sizes get long warm-ups: a fresh pair of rank processes often shares one core for
+    # the first milliseconds, until the scheduler's load balancing moves one away.
+    ("8", "8", "2", 2000, 1000),
+    ("64", "16K", "4", 1000, 1000),
     ("64K", "1M", "4", 30, 5),
     ("4M", "16M", "4", 5, 1),
     ("64M", "64M", "2", 3, 1),

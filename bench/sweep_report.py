@@ -2,10 +2,12 @@
 """Markdown tables and a tuner-model check for bench/sweep_algos.py output.
 
   python3 bench/sweep_report.py sweep4.json [more.json ...]          # tables (runs merged)
-  python3 bench/sweep_report.py --model sweep4.json                  # + what the current and
-                                                                     #   proposed cost models pick
+  python3 bench/sweep_report.py --model sweep4.json                  # + what tuner.cc's two
+                                                                     #   cost tables pick
 The model below is a copy of Tuner::estimate in src/tune/tuner.cc (CPU, allreduce, nch
-channels); CURRENT holds tuner.cc's constants, PROPOSED the calibrated ones.
+channels): ONE_CORE_EACH is tuner.cc's table for channel threads that each have a core,
+OVERSUBSCRIBED its table
+for oversubscribed hosts (use it on the 4-rank sweeps).
 """
 
 import argparse
@@ -17,10 +19,19 @@ ALGOS = ["ring", "tree", "direct"]
 PROTOS = ["simple", "ll", "ll128"]
 COMBOS = [f"{a}/{p}" for a in ALGOS for p in PROTOS]
 
-CURRENT = {"base": 1.0, "cost": {"simple": (2.0, 6.0), "ll": (0.5, 1.5), "ll128": (0.9, 4.5)}}
-# Calibrated on 2026-11-29 sweeps (bench/RESULTS.md): when ranks x channels outnumber cores,
-# a step costs a context switch whatever the protocol.
-PROPOSED = {"base": 1.0, "cost": {"simple": (4.5, 1.5), "ll": (4.5, 0.16), "ll128": (4.5, 0.9)}}
+# tuner.cc's kCpuCost (every channel thread has a core) and kCpuCostOversubscribed, fitted to
+# the second session's sweeps (bench/RESULTS.md).
+ONE_CORE_EACH = {
+    "base": 1.0,
+    "cost": {"simple": (1.3, 2.5), "ll": (0.4, 0.3), "ll128": (0.6, 1.2)},
+    "cacheBoost": 1.0,
+}
+OVERSUBSCRIBED = {
+    "base": 1.0,
+    "cost": {"simple": (0.8, 4.0), "ll": (0.8, 0.3), "ll128": (0.75, 1.2)},
+    "cacheBoost": 3.0,
+}
+CACHE_BYTES = 256 << 10
 
 
 def fmt_size(b):
@@ -64,11 +75,12 @@ def estimate(model, n, algo, proto, variant, nbytes, nch=1):
     elif algo == "tree":
         steps, factor = 2 * log2up(n), 2.0
     elif variant == 0:
-        steps, factor = n - 1, n - 1
+        steps, factor = n - 1, n
     else:
         steps, factor = 2 * (n - 1), 2 * (n - 1) / n
-    steps *= model.get("stepScale", {}).get(algo, 1.0)
     lat, bw = model["cost"][proto]
+    if nbytes <= CACHE_BYTES:
+        bw *= model["cacheBoost"]
     return model["base"] + steps * lat + factor * nbytes / (bw * nch * 1e3)
 
 
@@ -141,7 +153,7 @@ def main():
     out, summary = tables(runs, picks, n)
     print("\n".join(out))
     if args.model:
-        for name, m in (("current", CURRENT), ("proposed", PROPOSED)):
+        for name, m in (("one core per channel", ONE_CORE_EACH), ("oversubscribed", OVERSUBSCRIBED)):
             if m is None:
                 continue
             print(f"\n{name} model picks:")

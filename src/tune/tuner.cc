@@ -10,30 +10,39 @@
 namespace mncl {
 
 namespace {
+struct ProtoCost {
+  double stepLatencyUs, bandwidthGBs;
+};
+
 const char* const kAlgoNames[] = {"ring", "tree", "direct"};
 const char* const kProtoNames[] = {"simple", "ll", "ll128"};
 const char* const kCollNames[] = {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "sendrecv"};
 
 // Cost of one step between two CPU ranks of this machine class (2-core x86 VM), per
-// protocol: a latency (us) and a per-channel bandwidth (GB/s). Fitted to
-// `minincl-perf -A <algo> -P <proto>` sweeps; see bench/RESULTS.md. The shape matters
-// more than the digits: LL is cheapest per step, Simple moves the most bytes per second.
-struct ProtoCost {
-  double stepLatencyUs, bandwidthGBs;
+// protocol: a latency (us) and a per-channel bandwidth (GB/s), plus how much faster bytes
+// move while a message fits in the cores' caches. Fitted to `bench/sweep_algos.py` sweeps
+// (every algorithm x protocol forced, bench/RESULTS.md) with bench/sweep_report.py's copy of
+// this model. The shape matters more than the digits: LL is cheapest per step, Simple moves
+// the most bytes per second.
+struct CostTable {
+  ProtoCost proto[3];       // simple, ll, ll128
+  double cacheBoost;        // bandwidth multiplier for messages up to kCacheBytes per rank
 };
-constexpr ProtoCost kCpuCost[] = {
-    {2.0, 6.0},   // simple
-    {0.5, 1.5},   // ll
-    {0.9, 4.5},   // ll128
-};
-// When channel threads outnumber cores, every step waits for a context switch (~4-5 us)
-// whatever the protocol, and LL's per-line flag waits cost the most. Fitted to 4 ranks on
-// 2 cores, all 9 (algorithm, protocol) pairs, 8 B to 64 MiB (bench/RESULTS.md).
-constexpr ProtoCost kCpuCostOversubscribed[] = {
-    {4.5, 1.5},   // simple
-    {4.5, 0.16},  // ll
-    {4.5, 0.9},   // ll128
-};
+// Every channel thread has a core (2 ranks on 2 cores): fitted at 1 KiB and up; below, this
+// VM's timings jump between ~0.6 and ~8 us from run to run (scheduling), whatever runs.
+constexpr CostTable kCpuCost = {{
+    {1.3, 2.5},   // simple
+    {0.4, 0.3},   // ll
+    {0.6, 1.2},   // ll128
+}, 1.0};
+// Channel threads outnumber cores (4 ranks on 2 cores): steps cost more, and small messages
+// gain from staying in cache. Fitted to 4 ranks, 8 B to 64 MiB.
+constexpr CostTable kCpuCostOversubscribed = {{
+    {0.8, 4.0},   // simple
+    {0.8, 0.3},   // ll
+    {0.75, 1.2},  // ll128
+}, 3.0};
+constexpr size_t kCacheBytes = 256 << 10;
 constexpr double kBaseLatencyUs = 1.0;
 
 int log2Up(int n) {
@@ -128,14 +137,16 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
       break;
     default: break;
   }
-  const ProtoCost& c = (oversubscribed_ ? kCpuCostOversubscribed : kCpuCost)[(int)p];
+  const CostTable& table = oversubscribed_ ? kCpuCostOversubscribed : kCpuCost;
+  const ProtoCost& c = table.proto[(int)p];
   double bw = c.bandwidthGBs * nch * 1e3;  // bytes per us
+  if (bytes <= kCacheBytes) bw *= table.cacheBoost;
   bw *= bwScale_;
   return kBaseLatencyUs + steps * c.stepLatencyUs + factor * (double)bytes / bw;
 }
 
 void Tuner::setPathBandwidth(double gbs) {
-  double simple = (oversubscribed_ ? kCpuCostOversubscribed : kCpuCost)[(int)Proto::simple].bandwidthGBs;
+  double simple = (oversubscribed_ ? kCpuCostOversubscribed : kCpuCost).proto[(int)Proto::simple].bandwidthGBs;
   bwScale_ = gbs > 0 ? std::min(1.0, gbs / simple) : 1.0;
 }
 
