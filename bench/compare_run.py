@@ -55,7 +55,7 @@ def available_libraries(
                     name,
                     [sys.executable, os.path.join(RUNNERS, "run_minincl.py")],
                     dict(minincl_env),
-                    f"minincl {_package_version('minincl')}{note}",
+                    f"minincl {_package_version('minincl')}{note}, ranks bound to cores (MININCL_CPU_BIND=1)",
                 )
             )
         elif name == "minincl-threads":

@@ -24,8 +24,6 @@ PROTOS = ["simple", "ll", "ll128"]
 
 # (-b, -e, -f, -n, -w): iteration counts shrink with size so one call costs ~0.1-10 s.
 GROUPS_FULL = [
-    # Small sizes get long warm-ups: a fresh pair of rank processes often shares one core for
-    # the first milliseconds, until the scheduler's load balancing moves one away.
     ("8", "8", "2", 2000, 1000),
     ("64", "16K", "4", 1000, 1000),
     ("64K", "1M", "4", 30, 5),
@@ -51,6 +49,7 @@ def run_perf(perf, nranks, group, algo, proto, debug=False, timeout=900):
     env = dict(os.environ)
     for k in ("MININCL_ALGO", "MININCL_PROTO", "MININCL_DEBUG", "MININCL_DEBUG_SUBSYS"):
         env.pop(k, None)
+    env.setdefault("MININCL_CPU_BIND", "1")  # one core per rank process, as Open MPI binds
     if debug:
         env["MININCL_DEBUG"] = "INFO"
         env["MININCL_DEBUG_SUBSYS"] = "TUNE"

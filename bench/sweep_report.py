@@ -28,10 +28,11 @@ ONE_CORE_EACH = {
 }
 OVERSUBSCRIBED = {
     "base": 1.0,
-    "cost": {"simple": (0.8, 4.0), "ll": (0.8, 0.3), "ll128": (0.75, 1.2)},
+    "cost": {"simple": (1.3, 4.0), "ll": (0.8, 0.3), "ll128": (0.6, 1.2)},
     "cacheBoost": 3.0,
 }
 CACHE_BYTES = 256 << 10
+TREE_STEP_COST = 1.5
 
 
 def fmt_size(b):
@@ -73,7 +74,7 @@ def estimate(model, n, algo, proto, variant, nbytes, nch=1):
     if algo == "ring":
         steps, factor = 2 * (n - 1), 2 * (n - 1) / n
     elif algo == "tree":
-        steps, factor = 2 * log2up(n), 2.0
+        steps, factor = 2 * log2up(n) * TREE_STEP_COST, 2.0
     elif variant == 0:
         steps, factor = n - 1, n
     else:

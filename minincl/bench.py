@@ -227,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
         os.environ["MININCL_ALGO"] = args.algo
     if args.proto:
         os.environ["MININCL_PROTO"] = args.proto
+    os.environ.setdefault("MININCL_CPU_BIND", "1")  # a core per rank process, as mpirun binds
     cfg = Config(
         args.collective,
         parse_size(args.minbytes),

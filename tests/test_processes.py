@@ -45,3 +45,10 @@ def test_peer_killed_mid_collective_raises_on_survivors(monkeypatch: pytest.Monk
     assert elapsed < 30
     assert workers.shm_segments() == before
     assert os.environ.get("MININCL_TIMEOUT") == "3"
+
+
+def test_cpu_bind_puts_each_rank_process_on_its_own_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv("MININCL_CPU_BIND", "1")
+    got = minincl.launch(workers.affinity_after_init, 3)
+    assert got == [[cpus[r % len(cpus)]] for r in range(3)]

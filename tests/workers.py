@@ -75,3 +75,7 @@ def shm_segments() -> list[str]:
 def report_segments(comm: minincl.Communicator) -> list[str]:
     comm.barrier()
     return shm_segments()
+
+
+def affinity_after_init(comm: minincl.Communicator) -> list[int]:
+    return sorted(os.sched_getaffinity(0))

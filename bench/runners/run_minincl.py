@@ -42,6 +42,9 @@ def rank_main(comm: minincl.Communicator, cfg: RunConfig) -> dict[int, list[floa
 
 def main() -> None:
     cfg = parse_args("minincl")
+    # One core per rank process, as Open MPI binds its ranks by default (unbound, a fresh pair
+    # of processes often shares a core for its first milliseconds).
+    os.environ.setdefault("MININCL_CPU_BIND", "1")
     per_rank = minincl.launch(rank_main, NRANKS, cfg)
     print(CSV_HEADER)
     print("\n".join(rows(cfg, NRANKS, per_rank)), flush=True)

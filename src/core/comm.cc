@@ -11,6 +11,7 @@
 
 #include "../enqueue/executor.h"
 #include "../transport/peer_memory.h"
+#include "affinity.h"
 #include "env.h"
 #include "error.h"
 #include "log.h"
@@ -71,17 +72,20 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   peers_[rank] = mine;
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
 
-  int localRanks = 0;
-  bool otherProcess = false;
+  int localRanks = 0, localIndex = 0;
+  bool otherProcess = false, sharedProcess = false;
   for (const PeerInfo& p : peers_) {
     MNCL_CHECK(p.hostHash == mine.hostHash, mnclInvalidUsage,
           "rank " + std::to_string(p.rank) + " runs on another host; the network transport is not implemented yet");
     MNCL_CHECK(std::memcmp(&p.sizes, &mine.sizes, sizeof(mine.sizes)) == 0, mnclInvalidUsage,
           "rank " + std::to_string(p.rank) +
               " uses different FIFO sizes: set MININCL_SIMPLE_SLOT_BYTES / MININCL_LL*_SLOT_LINES the same on every rank");
+    localIndex += p.rank < rank;
     localRanks += 1;
     otherProcess |= p.pid != mine.pid;
+    sharedProcess |= p.pid == mine.pid && p.rank != rank;
   }
+  if (!sharedProcess) maybeBindToCore(localIndex);  // ranks sharing a process share its threads
   agreeOnPlan();
   int want = channelsWanted(cpuCount() / localRanks);
   peers_[rank].nChannels = want;

@@ -38,11 +38,13 @@ constexpr CostTable kCpuCost = {{
 // Channel threads outnumber cores (4 ranks on 2 cores): steps cost more, and small messages
 // gain from staying in cache. Fitted to 4 ranks, 8 B to 64 MiB.
 constexpr CostTable kCpuCostOversubscribed = {{
-    {0.8, 4.0},   // simple
+    {1.3, 4.0},   // simple
     {0.8, 0.3},   // ll
-    {0.75, 1.2},  // ll128
+    {0.6, 1.2},   // ll128
 }, 3.0};
 constexpr size_t kCacheBytes = 256 << 10;
+// A tree step costs more than a ring step: an inner node waits for two children.
+constexpr double kTreeStepCost = 1.5;
 constexpr double kBaseLatencyUs = 1.0;
 
 int log2Up(int n) {
@@ -123,7 +125,7 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
       factor = reduceAll ? 2 * (n - 1) / n : rootColl ? 1.0 : (n - 1) / n;
       break;
     case Algo::tree:
-      steps = (reduceAll ? 2 : 1) * log2Up(nranks_);
+      steps = (reduceAll ? 2 : 1) * log2Up(nranks_) * kTreeStepCost;
       factor = reduceAll ? 2.0 : 1.0;
       break;
     case Algo::direct:
