@@ -23,8 +23,8 @@ COMBOS = [f"{a}/{p}" for a in ALGOS for p in PROTOS]
 # the second session's sweeps (bench/RESULTS.md).
 ONE_CORE_EACH = {
     "base": 1.0,
-    "cost": {"simple": (1.3, 2.5), "ll": (0.4, 0.3), "ll128": (0.6, 1.2)},
-    "cacheBoost": 1.0,
+    "cost": {"simple": (0.3, 6.0), "ll": (0.1, 0.3), "ll128": (0.2, 1.2)},
+    "cacheBoost": 3.0,
 }
 OVERSUBSCRIBED = {
     "base": 1.0,

@@ -26,17 +26,16 @@ const char* const kCollNames[] = {"allreduce", "broadcast", "reduce", "allgather
 // the most bytes per second.
 struct CostTable {
   ProtoCost proto[3];       // simple, ll, ll128
-  double cacheBoost;        // bandwidth multiplier for messages up to kCacheBytes per rank
+  double cacheBoost;        // bandwidth multiplier for messages of up to kCacheBytes
 };
-// Every channel thread has a core (2 ranks on 2 cores): fitted at 1 KiB and up; below, this
-// VM's timings jump between ~0.6 and ~8 us from run to run (scheduling), whatever runs.
+// Every channel thread has a core (2 rank processes on 2 cores, bound to them).
 constexpr CostTable kCpuCost = {{
-    {1.3, 2.5},   // simple
-    {0.4, 0.3},   // ll
-    {0.6, 1.2},   // ll128
-}, 1.0};
-// Channel threads outnumber cores (4 ranks on 2 cores): steps cost more, and small messages
-// gain from staying in cache. Fitted to 4 ranks, 8 B to 64 MiB.
+    {0.3, 6.0},   // simple
+    {0.1, 0.3},   // ll
+    {0.2, 1.2},   // ll128
+}, 3.0};
+// Channel threads outnumber cores (4 rank processes on 2 cores): a step costs several times
+// more, since the peer it waits for may first need this core.
 constexpr CostTable kCpuCostOversubscribed = {{
     {1.3, 4.0},   // simple
     {0.8, 0.3},   // ll
