@@ -102,20 +102,22 @@ def _expected(cfg: Config, comm: Communicator, count: int, dtype: Any) -> np.nda
 
 
 def _run_one(cfg: Config, comm: Communicator, send: np.ndarray, recv: np.ndarray) -> None:
-    n, r = comm.nranks, comm.rank
+    # Positional arguments: through pybind11 each keyword argument costs ~0.45 us per call,
+    # as much as a whole 8-byte allreduce's own work.
     if cfg.coll == "allreduce":
-        comm.allreduce(send, recv, op=cfg.op)
+        comm.allreduce(send, recv, cfg.op)
     elif cfg.coll == "broadcast":
-        comm.broadcast(send, recv, root=cfg.root)
+        comm.broadcast(send, recv, cfg.root)
     elif cfg.coll == "reduce":
-        comm.reduce(send, recv, op=cfg.op, root=cfg.root)
+        comm.reduce(send, recv, cfg.op, cfg.root)
     elif cfg.coll == "allgather":
         comm.allgather(send, recv)
     elif cfg.coll == "reduce_scatter":
-        comm.reduce_scatter(send, recv, op=cfg.op)
+        comm.reduce_scatter(send, recv, cfg.op)
     elif cfg.coll == "alltoall":
         comm.alltoall(send, recv)
     else:
+        n, r = comm.nranks, comm.rank
         with group():
             comm.send(send, (r + 1) % n)
             comm.recv(recv, (r - 1) % n)
@@ -136,6 +138,16 @@ def _buffers(cfg: Config, n: int, rank: int, nbytes: int, dtype: Any) -> tuple[i
     return count, _pattern(rank, count, dtype), np.zeros(count, dtype)
 
 
+def iterations(cfg: Config, nbytes: int) -> tuple[int, int]:
+    """(timed, warm-up) calls for one size: --iters/--warmup if given, else enough calls to
+    move about 64 MiB (20 to 1000) after as many warm-up calls, so one scheduling stall cannot
+    dominate a small size."""
+    if cfg.iters > 0:
+        return cfg.iters, cfg.warmup
+    iters = max(20, min(1000, (64 << 20) // max(nbytes, 1)))
+    return iters, max(cfg.warmup, iters)
+
+
 def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, int]]:
     """Runs the sweep on one rank; returns (bytes, count, seconds per op, wrong) rows."""
     dtype = DTYPES[cfg.dtype]
@@ -145,13 +157,14 @@ def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, i
         print(_header(cfg, n), flush=True)
     for nbytes in sizes(cfg):
         count, send, recv = _buffers(cfg, n, comm.rank, nbytes, dtype)
-        for _ in range(cfg.warmup):
+        iters, warmup = iterations(cfg, nbytes)
+        for _ in range(warmup):
             _run_one(cfg, comm, send, recv)
         comm.barrier()
         t0 = time.perf_counter()
-        for _ in range(cfg.iters):
+        for _ in range(iters):
             _run_one(cfg, comm, send, recv)
-        elapsed = np.array([(time.perf_counter() - t0) / max(cfg.iters, 1)], dtype=np.float64)
+        elapsed = np.array([(time.perf_counter() - t0) / max(iters, 1)], dtype=np.float64)
         comm.allreduce(elapsed, op="max")
         wrong = np.zeros(1, dtype=np.int64)
         if cfg.check:
@@ -180,7 +193,7 @@ def _header(cfg: Config, n: int) -> str:
     proto = os.environ.get("MININCL_PROTO", "auto")
     lines = [
         f"# minincl bench {cfg.coll}: {n} ranks (processes), dtype {cfg.dtype}, op {cfg.op}, "
-        f"algo {algo}, proto {proto}, iters {cfg.iters}, warmup {cfg.warmup}",
+        f"algo {algo}, proto {proto}, iters {cfg.iters or 'by size'}, warmup {cfg.warmup}",
         "#",
         f"# {'size':>12} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} {'time':>10} "
         f"{'algbw':>8} {'busbw':>8} {'#wrong':>7}",
@@ -240,8 +253,6 @@ def run(args: argparse.Namespace) -> int:
         args.root,
         args.check,
     )
-    if cfg.iters <= 0:
-        cfg.iters = 20 if cfg.max_bytes >= (64 << 20) else 50
     rows = launch(bench_rank, args.ranks, cfg)[0]
     wrong = sum(r[3] for r in rows if r[3] > 0)
     if cfg.check:

@@ -1,0 +1,39 @@
+"""The command line: `minincl bench` (the README's main job) with --check, and `minincl info`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "minincl", *args], capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall"])
+def test_bench_checks_every_row_against_numpy(collective: str) -> None:
+    out = run_cli("bench", collective, "--ranks", "3", "-b", "8", "-e", "256K", "-f", "8", "--check", "--iters", "3")
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if line.strip() and not line.startswith("#")]
+    sizes = [int(r[0]) for r in rows]
+    # allgather, reduce_scatter and alltoall round a size down to whole blocks per rank
+    assert all(0 <= want - got < 3 * 4 for got, want in zip(sizes, [8, 64, 512, 4096, 32768, 262144])), sizes
+    assert len(sizes) == 6
+    assert all(r[-1] == "0" for r in rows), out.stdout  # the #wrong column
+    assert "Out of bounds values : 0 OK" in out.stdout
+
+
+def test_bench_rejects_an_unknown_algorithm() -> None:
+    out = run_cli("bench", "allreduce", "--ranks", "2", "-b", "8", "-e", "8", "--algo", "butterfly")
+    assert out.returncode != 0
+    assert "butterfly" in out.stdout + out.stderr
+
+
+def test_info_names_the_build() -> None:
+    out = run_cli("info")
+    assert out.returncode == 0, out.stderr
+    assert "minincl" in out.stdout
