@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "minincl", *args], capture_output=True, text=True, timeout=300, check=False
-    )
+    # From an empty directory: `python -m` puts the working directory first on the path, and
+    # the repository root's minincl/ has no compiled core.
+    with tempfile.TemporaryDirectory() as cwd:
+        return subprocess.run(
+            [sys.executable, "-m", "minincl", *args], capture_output=True, text=True, timeout=300, check=False, cwd=cwd
+        )
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall"])
