@@ -52,3 +52,10 @@ def test_cpu_bind_puts_each_rank_process_on_its_own_core(monkeypatch: pytest.Mon
     monkeypatch.setenv("MININCL_CPU_BIND", "1")
     got = minincl.launch(workers.affinity_after_init, 3)
     assert got == [[cpus[r % len(cpus)]] for r in range(3)]
+
+
+def test_cpu_bind_does_not_shrink_the_channel_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default channel count is the process's cores per local rank, counted before binding."""
+    monkeypatch.delenv("MININCL_NCHANNELS", raising=False)
+    monkeypatch.setenv("MININCL_CPU_BIND", "1")
+    assert minincl.launch(workers.channels_after_init, 1) == [min(4, len(os.sched_getaffinity(0)))]

@@ -79,3 +79,7 @@ def report_segments(comm: minincl.Communicator) -> list[str]:
 
 def affinity_after_init(comm: minincl.Communicator) -> list[int]:
     return sorted(os.sched_getaffinity(0))
+
+
+def channels_after_init(comm: minincl.Communicator) -> int:
+    return comm.stats()["channels"]

@@ -85,9 +85,10 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
     otherProcess |= p.pid != mine.pid;
     sharedProcess |= p.pid == mine.pid && p.rank != rank;
   }
+  const int cores = cpuCount();  // the process's, before binding narrows this thread to one
   if (!sharedProcess) maybeBindToCore(localIndex);  // ranks sharing a process share its threads
   agreeOnPlan();
-  int want = channelsWanted(cpuCount() / localRanks);
+  int want = channelsWanted(cores / localRanks);
   peers_[rank].nChannels = want;
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));  // (re-shares the rest unchanged)
   int nch = want;
@@ -118,7 +119,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   if (shm) shm->unlink();
 
   setupChannels(mine.sizes);
-  bool oversubscribed = localRanks * nch > cpuCount();
+  bool oversubscribed = localRanks * nch > cores;
   for (auto& ch : channels_) ch->dev.spinBudget = oversubscribed ? 200 : 5000;
   connect(layout);
   tuner_.init(nranks, nch, 2 * (size_t)mine.sizes.simpleSlotBytes, oversubscribed);
