@@ -42,30 +42,28 @@ def _package_version(name: str) -> str:
         return "not installed"
 
 
+# minincl's two runners: (script, how its ranks run, for the report).
+MININCL_RUNNERS = {
+    "minincl": ("run_minincl.py", "ranks bound to cores (MININCL_CPU_BIND=1)"),
+    "minincl-threads": ("run_minincl_threads.py", "2 ranks as threads of one process"),
+}
+
+
 def available_libraries(
     names: list[str], mpich_venv: str, openmpi_venv: str, minincl_env: dict[str, str]
 ) -> list[Library]:
     """The requested libraries that can run here (a missing venv is reported and skipped)."""
     out = []
     for name in names:
-        if name == "minincl":
+        if name in MININCL_RUNNERS:
+            script, how = MININCL_RUNNERS[name]
             note = "".join(f" {k}={v}" for k, v in minincl_env.items())
             out.append(
                 Library(
                     name,
-                    [sys.executable, os.path.join(RUNNERS, "run_minincl.py")],
+                    [sys.executable, os.path.join(RUNNERS, script)],
                     dict(minincl_env),
-                    f"minincl {_package_version('minincl')}{note}, ranks bound to cores (MININCL_CPU_BIND=1)",
-                )
-            )
-        elif name == "minincl-threads":
-            note = "".join(f" {k}={v}" for k, v in minincl_env.items())
-            out.append(
-                Library(
-                    name,
-                    [sys.executable, os.path.join(RUNNERS, "run_minincl_threads.py")],
-                    dict(minincl_env),
-                    f"minincl {_package_version('minincl')}{note}, 2 ranks as threads of one process",
+                    f"minincl {_package_version('minincl')}{note}, {how}",
                 )
             )
         elif name == "gloo":
