@@ -26,6 +26,9 @@ namespace mncl::dev {
 MNCL_DEV int tid() { return threadIdx.x; }
 MNCL_DEV int nthreads() { return blockDim.x; }
 MNCL_DEV void barrier() { __syncthreads(); }
+// A barrier that also tells every thread whether any thread passed `p` true: how a decision
+// one thread made (it saw the abort word, or a mismatched peer) becomes the whole channel's.
+MNCL_DEV bool barrierAny(bool p) { return __syncthreads_or(p) != 0; }
 MNCL_DEV void pause() { __nanosleep(32); }
 
 template <typename T>
@@ -52,6 +55,7 @@ MNCL_DEV void storeRelaxed(T* p, T v) {
 inline int tid() { return 0; }
 inline int nthreads() { return 1; }
 inline void barrier() {}
+inline bool barrierAny(bool p) { return p; }
 void pause();  // spin-then-yield-then-sleep; see cpu/spin.cc
 
 template <typename T>

@@ -89,8 +89,10 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
   MNCL_DEV void genericOp(const T* src, T* dst, size_t n, bool post) {
     DevChannel& ch = cx_.ch;
     if (tid() == 0 && SEND) waitSendAndAnnounce();
-    barrier();
-    if (cx_.waiter.aborted) return;
+    if (barrierAny(cx_.waiter.aborted)) {  // thread 0's verdict holds for the whole channel
+      cx_.waiter.aborted = true;
+      return;
+    }
     size_t nlines = (n * sizeof(T) + Format::kPayload - 1) / Format::kPayload;
     for (size_t i = tid(); i < nlines && !cx_.waiter.aborted; i += nthreads()) {
       P v;

@@ -29,8 +29,11 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       if (RECV) waitRecv();
       if (SEND) waitSend();
     }
-    barrier();
-    if (cx_.waiter.aborted) return;
+    // Only thread 0 waited: if it gave up, every thread must stop here, together.
+    if (barrierAny(cx_.waiter.aborted)) {
+      cx_.waiter.aborted = true;
+      return;
+    }
     const T* published = SEND ? pointerToPublish(src, dst, RECV, n) : nullptr;
     // A plain forward (one peer's data to dst) reads the peer's memory straight into dst.
     T* landing = RECV && !src && !post && recv_.n == 1 ? dst : nullptr;

@@ -25,16 +25,39 @@ DeviceSpec = Union[None, str, int]
 _CPU = -1
 
 
+def gpu_count() -> int:
+    """How many CUDA GPUs this process can use (0 without a driver, a GPU or a CUDA build)."""
+    return int(_core.gpu_count())
+
+
 def _device_index(device: DeviceSpec) -> int:
-    """'cpu' -> -1; 'cuda', 'cuda:N', N -> N; None -> a usable GPU, else the CPU."""
-    if device is None or device == "cpu":
+    """'cpu' -> -1; 'cuda' -> the current CUDA device; 'cuda:N', N -> N; None -> the current
+    CUDA device if a GPU is usable, else the CPU."""
+    if device == "cpu":
         return _CPU
-    if isinstance(device, int) or (isinstance(device, str) and device.startswith("cuda")):
+    if device is None:
+        return int(_core._cuda_current_device()) if gpu_count() > 0 else _CPU
+    if isinstance(device, bool) or not isinstance(device, (int, str)):
+        raise InvalidArgument(f"device={device!r}: expected 'cpu', 'cuda', 'cuda:N', an int or None")
+    if isinstance(device, str):
+        if device == "cuda":
+            index = None
+        elif device.startswith("cuda:") and device[5:].isdigit():
+            index = int(device[5:])
+        else:
+            raise InvalidArgument(f"device={device!r}: expected 'cpu', 'cuda', 'cuda:N', an int or None")
+    else:
+        index = device
+    if index is not None and index < 0:
+        raise InvalidArgument(f"device={device!r}: a CUDA device number is at least 0")
+    if not _core.build_info()["cuda"]:
         raise InvalidUsage(
-            f"device={device!r}: this build of minincl runs collectives on the CPU only; "
-            "use device='cpu' (CUDA communicators come with the CUDA backend)"
+            f"device={device!r}: this build of minincl has no CUDA backend (nvcc was not found when it was "
+            "built); use device='cpu'"
         )
-    raise InvalidArgument(f"device={device!r}: expected 'cpu', 'cuda', 'cuda:N', an int or None")
+    if gpu_count() == 0:
+        raise InvalidArgument(f"device={device!r}: no usable CUDA GPU here (no driver or no device)")
+    return int(_core._cuda_current_device()) if index is None else index
 
 
 @dataclass(frozen=True)
@@ -200,6 +223,8 @@ def _launch_child(
     fn: Callable[..., Any], nranks: int, rank: int, uid: bytes, device: DeviceSpec, args: tuple[Any, ...], queue: Any
 ) -> None:
     try:
+        if device == "cuda" and gpu_count() > 0:  # one GPU per rank while there are enough
+            device = f"cuda:{rank % gpu_count()}"
         with Communicator(nranks, uid, rank, device) as comm:
             result = fn(comm, *args)
         queue.put((rank, True, result))

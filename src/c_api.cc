@@ -9,6 +9,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "enqueue/enqueue.h"
+#include "gpu/cuda_api.h"
 #include "minincl.h"
 
 using namespace mncl;
@@ -110,7 +111,7 @@ mnclResult_t mnclCommInitRankDevice(mnclComm_t* comm, int nranks, mnclUniqueId c
     *comm = nullptr;
     UniqueIdData id;
     std::memcpy(&id, commId.internal, sizeof(id));
-    if (device == MNCL_DEVICE_AUTO) device = MNCL_DEVICE_CPU;  // GPU backend: see the CUDA issue
+    if (device == MNCL_DEVICE_AUTO) device = gpu::usableDeviceCount() > 0 ? gpu::currentDevice() : MNCL_DEVICE_CPU;
     auto c = std::make_unique<mnclComm>();
     c->impl = std::make_unique<Comm>(id, rank, nranks, device);
     *comm = c.release();
@@ -226,7 +227,7 @@ static mnclResult_t coll(Coll c, const void* send, void* recv, size_t count, mnc
   return guarded([&] {
     Comm& cm = use(comm);
     checkStream(cm, stream);
-    enqueueColl(cm, {c, send, recv, count, (DataType)dt, (RedOp)op, root});
+    enqueueColl(cm, {c, send, recv, count, (DataType)dt, (RedOp)op, root, stream});
   });
 }
 

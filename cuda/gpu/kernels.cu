@@ -14,14 +14,14 @@ namespace mncl::dev {
 namespace {
 
 template <typename T, typename Fn>
-__global__ void collectiveKernel(DevChannel* channels, const DevWork* works, DevError* err, Fn fn) {
+__global__ void __launch_bounds__(kGpuThreads) collectiveKernel(DevChannel* channels, const __grid_constant__ GpuWorks works, DevError* errors, Fn fn) {
   DevChannel& ch = channels[blockIdx.x];
-  runTyped<T>(ch, works[blockIdx.x], fn, err);
+  runTyped<T>(ch, works.w[blockIdx.x], fn, errors + blockIdx.x);
 }
 
 template <typename T, typename Fn>
 cudaError_t launch(const GpuLaunch& l, Fn fn) {
-  collectiveKernel<T, Fn><<<l.nChannels, l.nThreads, 0, (cudaStream_t)l.stream>>>(l.channels, l.works, l.error, fn);
+  collectiveKernel<T, Fn><<<l.nChannels, l.nThreads, 0, l.stream>>>(l.channels, l.works, l.errors, fn);
   return cudaGetLastError();
 }
 

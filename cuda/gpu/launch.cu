@@ -13,7 +13,11 @@ cudaError_t launchAvg(const GpuLaunch& l, DataType t);
 cudaError_t launchCopy(const GpuLaunch& l);
 
 cudaError_t launchCollective(const GpuLaunch& l, Coll coll, DataType dtype, RedOp op) {
-  if (isCopyOnly(coll)) return launchCopy(l);
+  if (isCopyOnly(coll)) {
+    GpuLaunch bytes = l;
+    for (int c = 0; c < l.nChannels; ++c) bytes.works.w[c] = asBytes(l.works.w[c]);
+    return launchCopy(bytes);
+  }
   switch (op) {
     case RedOp::sum: return launchSum(l, dtype);
     case RedOp::prod: return launchProd(l, dtype);

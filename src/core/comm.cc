@@ -9,7 +9,13 @@
 #include <functional>
 #include <random>
 
+#include "../enqueue/enqueue.h"
 #include "../enqueue/executor.h"
+#include "../gpu/cuda_api.h"
+#include "../gpu/gpu_comm.h"
+#if defined(MININCL_HAVE_CUDA)
+#include "../../cuda/gpu/kernels.h"
+#endif
 #include "../transport/peer_memory.h"
 #include "affinity.h"
 #include "env.h"
@@ -39,9 +45,10 @@ int cpuCount() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-dev::ProtoSizes protoSizesFromEnv() {
+// FIFO sizes. A GPU step is worth more bytes: its flag round trip costs microseconds.
+dev::ProtoSizes protoSizesFromEnv(bool onGpu) {
   dev::ProtoSizes s{};
-  s.simpleSlotBytes = (uint32_t)env::bytes("MININCL_SIMPLE_SLOT_BYTES", 128 << 10);
+  s.simpleSlotBytes = (uint32_t)env::bytes("MININCL_SIMPLE_SLOT_BYTES", onGpu ? 512 << 10 : 128 << 10);
   s.llSlotLines = (uint32_t)env::integer("MININCL_LL_SLOT_LINES", 512);
   s.ll128SlotLines = (uint32_t)env::integer("MININCL_LL128_SLOT_LINES", 256);
   MNCL_CHECK(s.simpleSlotBytes >= 4096 && s.simpleSlotBytes % 4096 == 0, mnclInvalidArgument,
@@ -55,8 +62,16 @@ dev::ProtoSizes protoSizesFromEnv() {
 
 Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
     : rank_(rank), nranks_(nranks), device_(device) {
+#if defined(MININCL_HAVE_CUDA)
+  if (onGpu()) {
+    gpu::useDevice(device);
+    abortPinned_ = std::make_unique<gpu::HostMapped>(sizeof(uint32_t));
+    abort_ = static_cast<uint32_t*>(abortPinned_->host());
+  }
+#else
   MNCL_CHECK(device < 0, mnclInvalidUsage,
-        "CUDA communicators are not available in this build yet: use device=\"cpu\"");
+        "device cuda:" + std::to_string(device) + ": this build of minincl has no CUDA backend (built without nvcc); use device=\"cpu\"");
+#endif
   bootstrap_ = std::make_unique<Bootstrap>(id, rank, nranks);
 
   PeerInfo mine{};
@@ -64,7 +79,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   mine.pid = (int32_t)getpid();
   mine.device = device;
   mine.hostHash = hostHash();
-  mine.sizes = protoSizesFromEnv();
+  mine.sizes = protoSizesFromEnv(onGpu());
   mine.probeAddr = peerMemoryProbeAddress();
   mine.cpu = sched_getcpu();
   if (sched_getaffinity(0, sizeof(mine.affinity), &mine.affinity) != 0) CPU_ZERO(&mine.affinity);
@@ -72,9 +87,13 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   peers_[rank] = mine;
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
 
-  int localRanks = 0, localIndex = 0;
+  int localRanks = 0, localIndex = 0, ranksOnDevice = 0;
   bool otherProcess = false, sharedProcess = false;
   for (const PeerInfo& p : peers_) {
+    MNCL_CHECK((p.device >= 0) == onGpu(), mnclInvalidUsage,
+          "rank " + std::to_string(p.rank) + " is on " + (p.device >= 0 ? "a GPU" : "the CPU") + " but rank " +
+              std::to_string(rank) + " is on " + (onGpu() ? "a GPU" : "the CPU") + "; all ranks of a communicator must be on the same kind of device");
+    ranksOnDevice += p.device == device && p.hostHash == mine.hostHash;
     MNCL_CHECK(p.hostHash == mine.hostHash, mnclInvalidUsage,
           "rank " + std::to_string(p.rank) + " runs on another host; the network transport is not implemented yet");
     MNCL_CHECK(std::memcmp(&p.sizes, &mine.sizes, sizeof(mine.sizes)) == 0, mnclInvalidUsage,
@@ -88,23 +107,26 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   const int cores = cpuCount();  // the process's, before binding narrows this thread to one
   if (!sharedProcess) maybeBindToCore(localIndex);  // ranks sharing a process share its threads
   agreeOnPlan();
-  int want = channelsWanted(cores / localRanks);
+  int want = onGpu() ? gpuChannelsWanted(ranksOnDevice) : channelsWanted(cores / localRanks);
   peers_[rank].nChannels = want;
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));  // (re-shares the rest unchanged)
   int nch = want;
   for (const PeerInfo& p : peers_) nch = std::min(nch, (int)p.nChannels);
 
   RegionLayout layout(nranks, nch, mine.sizes);
+  // On a GPU the host region keeps only the control block; the FIFOs go to device memory.
+  size_t hostBytes = onGpu() ? RegionLayout(nranks, 0, mine.sizes).totalBytes() : layout.totalBytes();
   std::shared_ptr<ShmMapping> shm;
   if (otherProcess) {
-    shm = ShmMapping::create(layout.totalBytes(), "r" + std::to_string(rank));
+    shm = ShmMapping::create(hostBytes, "r" + std::to_string(rank));
     region_ = shm;
     std::strncpy(peers_[rank].shmName, shm->name().c_str(), sizeof(peers_[rank].shmName) - 1);
   } else {
-    region_ = createLocalRegion(layout.totalBytes());
+    region_ = createLocalRegion(hostBytes);
   }
   peers_[rank].regionId = registerRegion(region_);
-  peers_[rank].regionBytes = layout.totalBytes();
+  peers_[rank].regionBytes = hostBytes;
+  if (onGpu()) createGpuRegion(layout.totalBytes());
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
 
   peerRegions_.resize(nranks);
@@ -115,19 +137,29 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
     else peerRegions_[r] = ShmMapping::open(p.shmName, p.regionBytes);
     MNCL_CHECK(peerRegions_[r] != nullptr, mnclInternalError, "rank " + std::to_string(r) + "'s region vanished during init");
   }
+  peerFifos_ = peerRegions_;
+  if (onGpu()) openPeerGpuRegions();
   bootstrap_->barrier();  // everyone has mapped everything: the names can go
   if (shm) shm->unlink();
 
   setupChannels(mine.sizes);
-  bool oversubscribed = localRanks * nch > cores;
+  bool oversubscribed = !onGpu() && localRanks * nch > cores;
   for (auto& ch : channels_) ch->dev.spinBudget = oversubscribed ? 200 : 5000;
   connect(layout);
-  tuner_.init(nranks, nch, 2 * (size_t)mine.sizes.simpleSlotBytes, oversubscribed);
+  if (onGpu()) {
+    tuner_.initGpu(nranks, nch);
+#if defined(MININCL_HAVE_CUDA)
+    gpu_->upload(channels_, static_cast<const uint32_t*>(abortPinned_->device()));
+#endif
+  } else {
+    tuner_.init(nranks, nch, 2 * (size_t)mine.sizes.simpleSlotBytes, oversubscribed);
+    executor_ = std::make_unique<Executor>(nch, oversubscribed ? 0 : 50);
+  }
   if (plan_.searched) tuner_.setPathBandwidth(plan_.bwGBs);
-  executor_ = std::make_unique<Executor>(nch, oversubscribed ? 0 : 50);
   if (nranks > 1) monitor_ = std::make_unique<Monitor>(*this);
+  const char* transport = onGpu() ? (otherProcess ? "p2p (CUDA IPC)" : "local (device memory)") : otherProcess ? "shm" : "local";
   MNCL_INFO(kInit, "rank %d/%d: %d channel(s), transport %s, FIFO simple %u B x %d, ll %u lines, ll128 %u lines",
-            rank, nranks, nch, otherProcess ? "shm" : "local", mine.sizes.simpleSlotBytes, dev::kSteps,
+            rank, nranks, nch, transport, mine.sizes.simpleSlotBytes, dev::kSteps,
             mine.sizes.llSlotLines, mine.sizes.ll128SlotLines);
   if (rank == 0) logPlan();
 }
@@ -163,12 +195,83 @@ void Comm::connect(const RegionLayout& layout) {
     Channel& ch = *channels_[c];
     for (int p = 0; p < nranks_; ++p) {
       if (p == rank_) continue;
-      ch.sendTo[p] = layout.conn(peerRegions_[p]->base(), rank_, c);
-      ch.recvFrom[p] = layout.conn(region_->base(), p, c);
+      ch.sendTo[p] = layout.conn(peerFifos_[p]->base(), rank_, c);
+      ch.recvFrom[p] = layout.conn(peerFifos_[rank_]->base(), p, c);
     }
   }
-  enablePointerSteps();
+  if (!onGpu()) enablePointerSteps();  // (a GPU's FIFOs are device memory the host must not touch)
 }
+
+// ---- GPU: FIFOs in device memory ----
+
+#if defined(MININCL_HAVE_CUDA)
+
+void Comm::createGpuRegion(size_t bytes) {
+  gpu_ = std::make_unique<gpu::GpuComm>(device_);
+  auto region = std::make_shared<gpu::DeviceRegion>(bytes);
+  gpuRegion_ = region;
+  peers_[rank_].gpuRegionId = registerRegion(region);
+  bool otherProcess = false;
+  for (const PeerInfo& p : peers_) otherProcess |= p.pid != peers_[rank_].pid;
+  if (otherProcess) {
+    cudaIpcMemHandle_t h = region->ipcHandle();
+    static_assert(sizeof(h) <= sizeof(PeerInfo::gpuIpcHandle), "IPC handle does not fit");
+    std::memcpy(peers_[rank_].gpuIpcHandle, &h, sizeof(h));
+  }
+}
+
+// Ranks of this process: the device address itself (after enabling peer access when the
+// peer is on another GPU); ranks of other processes: CUDA IPC.
+void Comm::openPeerGpuRegions() {
+  size_t bytes = gpuRegion_->size();
+  for (int r = 0; r < nranks_; ++r) {
+    const PeerInfo& p = peers_[r];
+    if (r == rank_) {
+      peerFifos_[r] = gpuRegion_;
+    } else if (p.pid == peers_[rank_].pid) {
+      gpu::enablePeerAccess(device_, p.device);
+      peerFifos_[r] = findRegion(p.gpuRegionId);
+    } else {
+      cudaIpcMemHandle_t h;
+      std::memcpy(&h, p.gpuIpcHandle, sizeof(h));
+      peerFifos_[r] = std::make_shared<gpu::IpcRegion>(h, bytes);
+    }
+    MNCL_CHECK(peerFifos_[r] != nullptr, mnclInternalError, "rank " + std::to_string(r) + "'s device memory vanished during init");
+  }
+}
+
+// Every block of every rank on a GPU must be resident at once (they wait on each other), so
+// the ranks sharing it split its SMs; half of them by default, leaving room for other work.
+int Comm::gpuChannelsWanted(int ranksOnDevice) const {
+  int sms = 0;
+  MNCL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
+  int fallback = std::clamp(sms / (2 * ranksOnDevice), 1, 16);
+  int want = (int)env::integer("MININCL_NCHANNELS", fallback);
+  MNCL_CHECK(want >= 1 && want <= dev::kMaxGpuChannels, mnclInvalidArgument,
+        "MININCL_NCHANNELS must be between 1 and " + std::to_string(dev::kMaxGpuChannels) + " on a GPU");
+  MNCL_CHECK(want * ranksOnDevice <= sms, mnclInvalidArgument,
+        std::to_string(ranksOnDevice) + " ranks x " + std::to_string(want) + " channels on cuda:" + std::to_string(device_) +
+            " need more blocks than its " + std::to_string(sms) +
+            " SMs can hold at once, and the ranks' blocks wait on each other: lower MININCL_NCHANNELS");
+  return want;
+}
+
+void Comm::checkGpuErrors() {
+  dev::DevError e;
+  if (gpu_ && !failed() && gpu_->firstError(&e)) {
+    auto [code, message] = deviceErrorMessage(*this, e);
+    fail(code, message);
+  }
+}
+
+#else
+
+int Comm::gpuChannelsWanted(int) const { return 1; }
+void Comm::createGpuRegion(size_t) {}
+void Comm::openPeerGpuRegions() {}
+void Comm::checkGpuErrors() {}
+
+#endif
 
 // Pointer steps from each peer whose memory this rank reads directly: in this process by
 // default; in another one only when asked (MININCL_POINTER_STEPS=2) and cross-memory attach
@@ -202,6 +305,9 @@ Comm::~Comm() {
   leave();
   monitor_.reset();
   executor_.reset();
+  peerFifos_.clear();  // before the device state that the regions' memory belongs with
+  gpuRegion_.reset();
+  gpu_.reset();
 }
 
 void Comm::leave() {
@@ -217,7 +323,7 @@ void Comm::fail(mnclResult_t code, const std::string& message) {
     error_ = code;
     errorMessage_ = message;
   }
-  abort_.store(1, std::memory_order_release);
+  dev::storeRelease(abort_, 1u);
   if (region_) {
     RankCtrl* ctrl = region_->ctrl();
     ctrl->failCode = code;

@@ -22,6 +22,10 @@ namespace mncl {
 
 class Executor;
 class Monitor;
+namespace gpu {
+class GpuComm;
+class HostMapped;
+}  // namespace gpu
 
 // What a channel owns on the host: the device-visible struct plus the arrays it points into.
 struct Channel {
@@ -41,6 +45,8 @@ struct PeerInfo {
   dev::ProtoSizes sizes;
   uint64_t probeAddr;   // where a known word lies in this rank's process (pointer steps' check)
   char shmName[96];
+  uint64_t gpuRegionId;  // GPU: the device FIFO region's registry key (same process)
+  char gpuIpcHandle[64];  // GPU: its CUDA IPC handle (other processes)
 };
 
 class Comm {
@@ -50,7 +56,10 @@ class Comm {
 
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
-  int device() const { return device_; }
+  int device() const { return device_; }  // CUDA ordinal, or MNCL_DEVICE_CPU
+  bool onGpu() const { return device_ >= 0; }
+  // The device side of a GPU communicator (null on the CPU).
+  gpu::GpuComm* gpu() const { return gpu_.get(); }
   int nChannels() const { return (int)channels_.size(); }
   Channel& channel(int c) { return *channels_[c]; }
   const std::vector<PeerInfo>& peers() const { return peers_; }
@@ -61,8 +70,9 @@ class Comm {
   const topo::CommPlan& topoPlan() const { return plan_; }
 
   // The word every spin loop watches; non-zero stops all in-flight work.
-  const uint32_t* abortWord() const { return reinterpret_cast<const uint32_t*>(&abort_); }
-  bool failed() const { return abort_.load(std::memory_order_relaxed) != 0; }
+  // (On a GPU communicator it lives in pinned host memory the kernels read.)
+  const uint32_t* abortWord() const { return abort_; }
+  bool failed() const { return dev::loadRelaxed(abort_) != 0; }
 
   // Puts the communicator in the error state (first caller's reason wins), stops in-flight
   // work and tells the peers. Later calls on it raise the same error.
@@ -93,14 +103,20 @@ class Comm {
  private:
   void agreeOnPlan();
   int channelsWanted(int coresPerRank) const;
+  int gpuChannelsWanted(int ranksOnDevice) const;
   void logPlan() const;
   void setupChannels(const dev::ProtoSizes& sizes);
   void connect(const RegionLayout& layout);
+  void createGpuRegion(size_t bytes);
+  void openPeerGpuRegions();
+  void checkGpuErrors();  // the monitor's poll: a kernel's error record becomes the comm's error
   void enablePointerSteps();
   void leave();
 
   int rank_, nranks_, device_;
-  std::atomic<uint32_t> abort_{0};
+  uint32_t abortLocal_ = 0;
+  std::unique_ptr<gpu::HostMapped> abortPinned_;  // GPU: the abort word, where kernels see it
+  uint32_t* abort_ = &abortLocal_;
   mutable std::mutex errorMutex_;
   mnclResult_t error_ = mnclSuccess;
   std::string errorMessage_;
@@ -111,6 +127,11 @@ class Comm {
   std::vector<PeerInfo> peers_;
   std::shared_ptr<Mapping> region_;                 // ours
   std::vector<std::shared_ptr<Mapping>> peerRegions_;
+  // Where the FIFOs are: the regions above on the CPU; device memory on a GPU (whose host
+  // regions then hold only the control block).
+  std::shared_ptr<Mapping> gpuRegion_;
+  std::vector<std::shared_ptr<Mapping>> peerFifos_;
+  std::unique_ptr<gpu::GpuComm> gpu_;
   std::vector<std::unique_ptr<Channel>> channels_;
   topo::CommPlan plan_;
   Tuner tuner_;

@@ -53,6 +53,7 @@ void Monitor::loop() {
   while (!cv_.wait_for(lock, std::chrono::milliseconds(10), [&] { return stop_; })) {
     dev::storeRelease(&mine->heartbeat, mine->heartbeat + 1);
     if (comm_.failed()) continue;  // already stopping; nothing new to learn
+    comm_.checkGpuErrors();
     double now = nowSeconds();
     for (int r = 0; r < comm_.nranks(); ++r) {
       if (r != comm_.rank()) checkPeer(r, now);

@@ -12,6 +12,8 @@
 #include "../core/error.h"
 #include "../core/log.h"
 #include "executor.h"
+#include "gpu_launch.h"
+#include "work_plan.h"
 
 namespace mncl {
 
@@ -54,6 +56,19 @@ std::string readFailureMessage(int rank, const dev::DevError& e) {
          "); set MININCL_POINTER_STEPS=0 to send all data through shared memory";
 }
 
+}  // namespace
+
+std::pair<mnclResult_t, std::string> deviceErrorMessage(Comm& comm, const dev::DevError& e) {
+  // A peer that failed mid-operation leaves partial steps behind: that is its failure
+  // showing, not a mismatched call.
+  std::string why = comm.peerFailure(e.peer);
+  if (!why.empty()) return {mnclRemoteError, why};
+  if (e.readErrno) return {mnclSystemError, readFailureMessage(comm.rank(), e)};
+  return {mnclInvalidUsage, mismatchMessage(comm.rank(), e)};
+}
+
+namespace {
+
 // ---- validation: everything is checked before anything is written ----
 
 void checkUsable(Comm& comm) {
@@ -85,6 +100,8 @@ void validate(Comm& comm, const CollCall& c) {
 
 void validate(Comm& comm, const P2pCall& c) {
   checkUsable(comm);
+  MNCL_CHECK(!comm.onGpu(), mnclInvalidUsage,
+        std::string(c.isSend ? "send" : "recv") + " on a CUDA communicator: point-to-point (send, recv, alltoall) runs on CPU communicators only so far");
   checkTypeOp(c.dtype, RedOp::sum, false);
   MNCL_CHECK(c.peer >= 0 && c.peer < comm.nranks(), mnclInvalidArgument,
         std::string(c.isSend ? "send" : "recv") + ": peer " + std::to_string(c.peer) + " is out of range for " +
@@ -124,65 +141,16 @@ struct CommPlan {
   bool hasWork(int c) const { return !colls[c].empty() || !p2p[c].empty(); }
 };
 
-size_t alignedShare(size_t count, int parts, size_t elemSize) {
-  size_t align = std::max<size_t>(1, 64 / elemSize);
-  size_t per = (count + parts - 1) / parts;
-  return (per + align - 1) / align * align;
-}
-
-// A single rank has nothing to exchange: the result is its own input.
-void runLocally(const CollCall& c) {
-  size_t bytes = c.count * dataTypeSize(c.dtype);
-  if (c.recv && c.send && c.recv != c.send && bytes) std::memmove(c.recv, c.send, bytes);
-}
-
-// Outputs at least this big (per rank) are written with non-temporal stores on the CPU: far
-// past the per-core caches they would only evict the FIFOs the operation streams through.
-// (Measured on a 2-core VM: a gain from 32 MiB on, a loss at 8 MiB.)
-size_t streamOutputBytes() {
-  static const size_t bytes = (size_t)env::integer("MININCL_STREAM_OUTPUT_BYTES", 32 << 20);
-  return bytes;
-}
-
-bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
-  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return x < y + bBytes && y < x + aBytes;
-}
-
 void planColl(CommPlan& plan, const CollCall& c) {
-  Comm& comm = *plan.comm;
-  if (c.count == 0) return;
-  if (comm.nranks() == 1) {
-    runLocally(c);
+  if (copyWithoutPeers(*plan.comm, c)) {
+    size_t bytes = c.count * dataTypeSize(c.dtype);
+    if (c.recv && c.send && c.recv != c.send && bytes) std::memmove(c.recv, c.send, bytes);
     return;
   }
-  size_t sz = dataTypeSize(c.dtype);
-  size_t blockBytes = c.count * sz * (c.coll == Coll::allgather || c.coll == Coll::reducescatter ? comm.nranks() : 1);
-  Plan p = comm.tuner().choose(c.coll, blockBytes);
-  size_t share = alignedShare(c.count, p.nChannels, sz);
-  size_t sendBytes = c.count * sz * (c.coll == Coll::reducescatter ? comm.nranks() : 1);
-  size_t recvBytes = c.count * sz * (c.coll == Coll::allgather ? comm.nranks() : 1);
-  bool sendIsReadOnly = !overlaps(c.send, sendBytes, c.recv, recvBytes);
-  for (int ch = 0; ch < p.nChannels; ++ch) {
-    size_t off = std::min(c.count, (size_t)ch * share);
-    dev::DevWork w{};
-    w.coll = c.coll;
-    w.algo = p.algo;
-    w.proto = p.proto;
-    w.dtype = c.dtype;
-    w.op = c.op;
-    w.root = c.root;
-    w.send = c.send;
-    w.recv = c.recv;
-    w.count = c.count;
-    w.chanOffset = off;
-    w.chanCount = std::min(share, c.count - off);
-    w.treeIndex = ch % 2;
-    w.algoVariant = p.variant;
-    w.sendIsReadOnly = sendIsReadOnly;
-    w.streamOutput = recvBytes >= streamOutputBytes();
-    plan.colls[ch].push_back(w);
-  }
+  thread_local std::vector<dev::DevWork> works;
+  works.clear();
+  int n = planCollWorks(*plan.comm, c, works);
+  for (int ch = 0; ch < n; ++ch) plan.colls[ch].push_back(works[ch]);
 }
 
 void planP2p(CommPlan& plan, const P2pCall& c) {
@@ -250,12 +218,8 @@ void finish(CommPlan& plan) {
   Comm& comm = *plan.comm;
   for (const ChannelResult& r : plan.results) {
     if (r.ok || r.error.peer < 0) continue;
-    // A peer that failed mid-operation leaves partial steps behind: that is its failure
-    // showing, not a mismatched call.
-    std::string why = comm.peerFailure(r.error.peer);
-    if (!why.empty()) comm.fail(mnclRemoteError, why);
-    else if (r.error.readErrno) comm.fail(mnclSystemError, readFailureMessage(comm.rank(), r.error));
-    else comm.fail(mnclInvalidUsage, mismatchMessage(comm.rank(), r.error));
+    auto [code, message] = deviceErrorMessage(comm, r.error);
+    comm.fail(code, message);
   }
   for (const ChannelResult& r : plan.results) {
     if (!r.ok) comm.throwStoredError();
@@ -297,10 +261,27 @@ void plan(CommPlan& p, const Recorded& r) {
   else planColl(p, r.coll);
 }
 
+// A GPU group: every call is a collective of a GPU communicator (validation turned the
+// others away), launched in the order recorded.
+void runRecordedOnGpu(std::vector<Recorded>& calls) {
+  std::vector<GpuCall> gpuCalls;
+  std::vector<std::unique_ptr<Comm::CallScope>> scopes;
+  for (Recorded& r : calls) {
+    MNCL_CHECK(r.comm->onGpu() && !r.isP2p, mnclInvalidUsage,
+          "a group mixes CPU and CUDA communicators: run each kind in a group of its own");
+    gpuCalls.push_back({r.comm, r.coll});
+  }
+  for (Recorded& r : calls) scopes.push_back(std::make_unique<Comm::CallScope>(*r.comm));
+  launchGpuCalls(gpuCalls);
+}
+
 void runRecorded(std::vector<Recorded>& calls) {
+  if (!calls.empty() && calls[0].comm->onGpu()) return runRecordedOnGpu(calls);
   std::vector<CommPlan> plans;
   std::map<Comm*, size_t> index;
   for (Recorded& r : calls) {
+    MNCL_CHECK(!r.comm->onGpu(), mnclInvalidUsage,
+          "a group mixes CPU and CUDA communicators: run each kind in a group of its own");
     if (index.emplace(r.comm, plans.size()).second) plans.emplace_back().reset(r.comm);
   }
   std::vector<std::unique_ptr<Comm::CallScope>> scopes;
@@ -314,8 +295,12 @@ void record(const Recorded& r) {
     tlsRecorded.push_back(r);
     return;
   }
-  thread_local CommPlan single;
   Comm::CallScope scope(*r.comm);
+  if (r.comm->onGpu()) {
+    launchGpuCalls({{r.comm, r.coll}});
+    return;
+  }
+  thread_local CommPlan single;
   single.reset(r.comm);
   plan(single, r);
   launch(&single, 1);
@@ -335,6 +320,8 @@ void enqueueP2p(Comm& comm, const P2pCall& call) {
 
 void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, DataType dtype) {
   checkUsable(comm);
+  MNCL_CHECK(!comm.onGpu(), mnclInvalidUsage,
+        "alltoall on a CUDA communicator: point-to-point (send, recv, alltoall) runs on CPU communicators only so far");
   checkTypeOp(dtype, RedOp::sum, false);
   size_t bytes = count * dataTypeSize(dtype);
   MNCL_CHECK(count == 0 || (send && recv), mnclInvalidArgument, "alltoall: a buffer is null");

@@ -2,6 +2,11 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
+#include <utility>
+
+#include "../../cuda/channel.h"
+#include "minincl.h"
 
 #include "../../cuda/dtypes.h"
 
@@ -17,6 +22,7 @@ struct CollCall {
   DataType dtype;
   RedOp op;
   int root;
+  void* stream = nullptr;  // GPU: the caller's cudaStream_t (null: the legacy default stream)
 };
 
 struct P2pCall {
@@ -36,5 +42,9 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
 void groupStart();
 void groupEnd();  // runs everything recorded since the outermost groupStart
 int groupDepth();
+
+// What a channel's error record (a mismatched peer, a failed read of a peer's memory, or a
+// peer that failed mid-operation) means, as the communicator's error code and message.
+std::pair<mnclResult_t, std::string> deviceErrorMessage(Comm& comm, const dev::DevError& e);
 
 }  // namespace mncl

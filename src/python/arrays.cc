@@ -1,9 +1,11 @@
 #include "arrays.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "../core/error.h"
+#include "../gpu/cuda_api.h"
 
 namespace mncl::py_arrays {
 
@@ -153,6 +155,61 @@ ArrayView viewDLPack(py::handle obj, const char* role) {
   return v;
 }
 
+// numba / CuPy / PyTorch's __cuda_array_interface__ typestr: byte order, kind, size.
+bool fromTypestr(const std::string& t, DataType* out) {
+  if (t.size() < 3 || t[0] == '>') return false;
+  char kind = t[1];
+  int bytes = std::atoi(t.c_str() + 2);
+  switch (kind) {
+    case 'i': *out = bytes == 1 ? DataType::i8 : bytes == 4 ? DataType::i32 : bytes == 8 ? DataType::i64 : DataType::count; break;
+    case 'u': *out = bytes == 1 ? DataType::u8 : bytes == 4 ? DataType::u32 : bytes == 8 ? DataType::u64 : DataType::count; break;
+    case 'f': *out = bytes == 2 ? DataType::f16 : bytes == 4 ? DataType::f32 : bytes == 8 ? DataType::f64 : DataType::count; break;
+    default: return false;
+  }
+  return *out != DataType::count;
+}
+
+// GPU arrays through __cuda_array_interface__: a plain attribute read, so it synchronises
+// nothing (DLPack export may touch streams, which a CUDA graph capture forbids). False when
+// the interface cannot describe this array (PyTorch has no typestr for bfloat16, and refuses
+// tensors that require grad): DLPack takes it then.
+bool viewCudaArrayInterface(py::handle obj, bool writable, const char* role, ArrayView* out) {
+  py::dict cai;
+  try {
+    cai = obj.attr("__cuda_array_interface__");
+  } catch (py::error_already_set&) {
+    return false;
+  }
+  ArrayView v;
+  if (!fromTypestr(py::str(cai["typestr"]), &v.dtype)) return false;
+  py::tuple data = cai["data"];
+  size_t itemsize = dataTypeSize(v.dtype);
+  size_t n = 1;
+  for (py::handle d : py::tuple(cai["shape"])) {
+    v.shape.push_back(d.cast<int64_t>());
+    n *= (size_t)v.shape.back();
+  }
+  if (cai.contains("strides") && !cai["strides"].is_none() && n > 1) {
+    py::tuple strides = cai["strides"];
+    int64_t expect = (int64_t)itemsize;
+    for (int i = (int)v.shape.size() - 1; i >= 0; --i) {
+      if (v.shape[i] != 1 && strides[i].cast<int64_t>() != expect) {
+        invalid(std::string(role) + " is not contiguous; pass a contiguous array (e.g. cupy.ascontiguousarray)");
+      }
+      expect *= v.shape[i];
+    }
+  }
+  if (writable && data[1].cast<bool>()) invalid(std::string(role) + " is read-only; the result needs a writable array");
+  v.data = reinterpret_cast<void*>(data[0].cast<uintptr_t>());
+  v.count = n;
+  v.deviceType = 2;  // DLPack's kDLCUDA
+  v.deviceId = gpu::deviceOfPointer(v.data);
+  if (v.deviceId < 0 && n > 0) v.deviceType = 1;  // not device memory after all
+  v.keepAlive = py::reinterpret_borrow<py::object>(obj);
+  *out = v;
+  return true;
+}
+
 }  // namespace
 
 const char* dtypeName(DataType t) {
@@ -163,6 +220,8 @@ const char* dtypeName(DataType t) {
 ArrayView view(py::handle obj, bool writable, const char* role) {
   if (obj.is_none()) invalid(std::string(role) + " is None; expected an array");
   if (PyObject_CheckBuffer(obj.ptr())) return viewBuffer(obj, writable, role);
+  ArrayView cuda;
+  if (py::hasattr(obj, "__cuda_array_interface__") && viewCudaArrayInterface(obj, writable, role, &cuda)) return cuda;
   if (py::hasattr(obj, "__dlpack__")) {
     // PyTorch will not export a tensor that requires grad: read through a detached alias,
     // but refuse to write results into one behind autograd's back.
@@ -180,6 +239,15 @@ py::object emptyLike(py::handle like, const std::vector<int64_t>& shape) {
   py::tuple s(shape.size());
   for (size_t i = 0; i < shape.size(); ++i) s[i] = py::int_(shape[i]);
   if (py::hasattr(like, "new_empty")) return like.attr("new_empty")(s);  // PyTorch
+  std::string module = py::str(py::type::handle_of(like).attr("__module__"));
+  if (module.rfind("cupy", 0) == 0) {  // on the array's device, like CuPy's own *_like
+    py::object cupy = py::module_::import("cupy");
+    py::object device = like.attr("device");
+    device.attr("__enter__")();
+    py::object out = cupy.attr("empty")(s, like.attr("dtype"));
+    device.attr("__exit__")(py::none(), py::none(), py::none());
+    return out;
+  }
   if (py::hasattr(like, "dtype")) return py::module_::import("numpy").attr("empty")(s, like.attr("dtype"));
   invalid("cannot allocate a result like a " + typeNameOf(like) + "; pass recv explicitly");
 }

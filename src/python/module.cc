@@ -16,6 +16,7 @@
 #include "../core/comm.h"
 #include "../core/error.h"
 #include "../enqueue/enqueue.h"
+#include "../gpu/cuda_api.h"
 #include "arrays.h"
 #include "minincl.h"
 
@@ -190,14 +191,20 @@ class PyComm {
     auto [s, r] = sendRecv(send, recv);
     checkCounts("allreduce", s, r, s.count);
     return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
-               [c = callArgs(Coll::allreduce, s, r, s.count, rop, 0)](Comm& cm) { enqueueColl(cm, c); });
+               [c = callArgs(Coll::allreduce, s, r, s.count, rop, 0)](Comm& cm, void* st) mutable {
+                 c.stream = st;
+                 enqueueColl(cm, c);
+               });
   }
 
   py::object broadcast(py::object send, py::object recv, int root, bool asyncOp, py::object stream) {
     auto [s, r] = sendRecv(send, recv);
     checkCounts("broadcast", s, r, s.count);
     return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
-               [c = callArgs(Coll::broadcast, s, r, s.count, RedOp::sum, root)](Comm& cm) { enqueueColl(cm, c); });
+               [c = callArgs(Coll::broadcast, s, r, s.count, RedOp::sum, root)](Comm& cm, void* st) mutable {
+                 c.stream = st;
+                 enqueueColl(cm, c);
+               });
   }
 
   py::object reduce(py::object send, py::object recv, const std::string& op, int root, bool asyncOp, py::object stream) {
@@ -205,7 +212,10 @@ class PyComm {
     auto [s, r] = sendRecv(send, recv);
     checkCounts("reduce", s, r, s.count);
     return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
-               [c = callArgs(Coll::reduce, s, r, s.count, rop, root)](Comm& cm) { enqueueColl(cm, c); });
+               [c = callArgs(Coll::reduce, s, r, s.count, rop, root)](Comm& cm, void* st) mutable {
+                 c.stream = st;
+                 enqueueColl(cm, c);
+               });
   }
 
   py::object allgather(py::object send, py::object recv, bool asyncOp, py::object stream) {
@@ -216,7 +226,10 @@ class PyComm {
     checkDevice(r, "recv");
     checkCounts("allgather", s, r, s.count * (size_t)live().nranks());
     return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
-               [c = callArgs(Coll::allgather, s, r, s.count, RedOp::sum, 0)](Comm& cm) { enqueueColl(cm, c); });
+               [c = callArgs(Coll::allgather, s, r, s.count, RedOp::sum, 0)](Comm& cm, void* st) mutable {
+                 c.stream = st;
+                 enqueueColl(cm, c);
+               });
   }
 
   py::object reduceScatter(py::object send, py::object recv, const std::string& op, bool asyncOp, py::object stream) {
@@ -235,7 +248,10 @@ class PyComm {
     checkDevice(r, "recv");
     checkCounts("reduce_scatter", r, s, r.count * n, "send");
     return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
-               [c = callArgs(Coll::reducescatter, s, r, r.count, rop, 0)](Comm& cm) { enqueueColl(cm, c); });
+               [c = callArgs(Coll::reducescatter, s, r, r.count, rop, 0)](Comm& cm, void* st) mutable {
+                 c.stream = st;
+                 enqueueColl(cm, c);
+               });
   }
 
   py::object alltoall(py::object send, py::object recv, bool asyncOp, py::object stream) {
@@ -255,21 +271,21 @@ class PyComm {
     void* rp = r.data;
     DataType t = s.dtype;
     return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
-               [=](Comm& cm) { enqueueAlltoAll(cm, sp, rp, per, t); });
+               [=](Comm& cm, void*) { enqueueAlltoAll(cm, sp, rp, per, t); });
   }
 
   py::object send(py::object buf, int peer, bool asyncOp, py::object stream) {
     ArrayView b = py_arrays::view(buf, false, "buf");
     checkDevice(b, "buf");
     P2pCall c{true, b.data, b.count, b.dtype, peer};
-    return run(asyncOp, stream, py::none(), {b.keepAlive}, [c](Comm& cm) { enqueueP2p(cm, c); });
+    return run(asyncOp, stream, py::none(), {b.keepAlive}, [c](Comm& cm, void*) { enqueueP2p(cm, c); });
   }
 
   py::object recv(py::object buf, int peer, bool asyncOp, py::object stream) {
     ArrayView b = py_arrays::view(buf, true, "buf");
     checkDevice(b, "buf");
     P2pCall c{false, b.data, b.count, b.dtype, peer};
-    return run(asyncOp, stream, buf, {b.keepAlive}, [c](Comm& cm) { enqueueP2p(cm, c); });
+    return run(asyncOp, stream, buf, {b.keepAlive}, [c](Comm& cm, void*) { enqueueP2p(cm, c); });
   }
 
   // (new nranks, unique id, new rank) of the group this rank joins, or None for color < 0.
@@ -277,11 +293,13 @@ class PyComm {
   py::dict stats() {
     Comm& cm = live();
     uint64_t pointerSteps = 0;
-    for (int c = 0; c < cm.nChannels(); ++c) pointerSteps += cm.channel(c).dev.pointerStepsSent;
     int readable = 0;
-    const dev::DevChannel& ch0 = cm.channel(0).dev;
-    for (int p = 0; p < cm.nranks(); ++p) {
-      if (p != cm.rank()) readable += (int)dev::loadRelaxed(&ch0.recvFrom[p].ctrl->readsSenderMemory);
+    if (!cm.onGpu()) {  // (pointer steps are CPU-only; a GPU's FIFOs are in device memory)
+      for (int c = 0; c < cm.nChannels(); ++c) pointerSteps += cm.channel(c).dev.pointerStepsSent;
+      const dev::DevChannel& ch0 = cm.channel(0).dev;
+      for (int p = 0; p < cm.nranks(); ++p) {
+        if (p != cm.rank()) readable += (int)dev::loadRelaxed(&ch0.recvFrom[p].ctrl->readsSenderMemory);
+      }
     }
     py::dict d;
     d["channels"] = cm.nChannels();
@@ -333,8 +351,15 @@ class PyComm {
   }
 
   void barrier() {
+    if (live().onGpu()) {  // a host-side barrier: the ranks' threads, not their streams, meet
+      py::gil_scoped_release nogil;
+      std::shared_lock<std::shared_mutex> lock(callMutex_);
+      if (destroyed_) throwError(mnclInvalidUsage, "the communicator was destroyed (or aborted); create a new one");
+      comm_->bootstrap().barrier();
+      return;
+    }
     CollCall c{Coll::allreduce, &barrierWord_, &barrierWord_, 1, DataType::i32, RedOp::sum, 0};
-    run(false, py::none(), py::none(), {}, [c](Comm& cm) { enqueueColl(cm, c); });
+    run(false, py::none(), py::none(), {}, [c](Comm& cm, void*) { enqueueColl(cm, c); });
   }
 
   // Stops in-flight work on every thread (they raise Aborted), then releases everything.
@@ -369,10 +394,43 @@ class PyComm {
 
   void checkDevice(const ArrayView& v, const char* role) {
     bool hostMemory = v.deviceType == 1 || v.deviceType == 3;
-    if (live().device() < 0 && !hostMemory) {
+    int device = live().device();
+    if (device < 0 && !hostMemory) {
       throwError(mnclInvalidArgument, std::string(role) + " is on a GPU (DLPack device " + std::to_string(v.deviceType) + ":" +
                                           std::to_string(v.deviceId) + ") but this communicator is on the CPU");
     }
+    if (device >= 0 && v.count > 0) {
+      bool onCuda = v.deviceType == 2 || v.deviceType == 13;  // kDLCUDA, kDLCUDAManaged
+      if (!onCuda) {
+        throwError(mnclInvalidArgument, std::string(role) + " is in host memory but this communicator is on cuda:" +
+                                            std::to_string(device) + "; pass a CuPy array or a PyTorch CUDA tensor");
+      }
+      if (v.deviceId != device) {
+        throwError(mnclInvalidArgument, std::string(role) + " is on cuda:" + std::to_string(v.deviceId) +
+                                            " but this communicator is on cuda:" + std::to_string(device));
+      }
+    }
+  }
+
+  // The stream a GPU call is ordered on: `stream=` (a handle, a CuPy stream or a PyTorch
+  // stream), else the current stream of the library the arrays come from.
+  static void* callStream(py::handle stream, py::handle like, int device) {
+    if (!stream.is_none()) {
+      if (py::isinstance<py::int_>(stream)) return reinterpret_cast<void*>(stream.cast<uintptr_t>());
+      if (py::hasattr(stream, "cuda_stream")) return reinterpret_cast<void*>(stream.attr("cuda_stream").cast<uintptr_t>());
+      if (py::hasattr(stream, "ptr")) return reinterpret_cast<void*>(stream.attr("ptr").cast<uintptr_t>());
+      throwError(mnclInvalidArgument, "stream: expected a cudaStream_t handle (int), a CuPy stream or a PyTorch stream, got " +
+                                          std::string(py::str(py::type::handle_of(stream).attr("__name__"))));
+    }
+    std::string module = like.is_none() ? "" : std::string(py::str(py::type::handle_of(like).attr("__module__")));
+    if (module.rfind("cupy", 0) == 0) {
+      return reinterpret_cast<void*>(py::module_::import("cupy").attr("cuda").attr("get_current_stream")().attr("ptr").cast<uintptr_t>());
+    }
+    if (module.rfind("torch", 0) == 0) {
+      py::object s = py::module_::import("torch").attr("cuda").attr("current_stream")(device);
+      return reinterpret_cast<void*>(s.attr("cuda_stream").cast<uintptr_t>());
+    }
+    return nullptr;  // the legacy default stream
   }
 
   std::pair<ArrayView, ArrayView> sendRecv(py::object send, py::object& recv) {
@@ -426,16 +484,24 @@ class PyComm {
   }
 
   py::object run(bool asyncOp, py::object stream, py::object result, std::initializer_list<py::object> keep,
-                 std::function<void(Comm&)> op) {
+                 std::function<void(Comm&, void*)> op) {
     Comm& cm = live();
     if (!stream.is_none() && cm.device() < 0) throwError(mnclInvalidArgument, "a CPU communicator takes no stream");
+    void* st = nullptr;
+    if (cm.device() >= 0) {
+      if (asyncOp) {
+        throwError(mnclInvalidUsage, "async_op=True on a CUDA communicator: its calls are already asynchronous, ordered on "
+                                     "the stream; synchronize the stream (or record an event) to wait for them");
+      }
+      st = callStream(stream, result, cm.device());
+    }
     if (groupDepth() > 0) {
       if (asyncOp) throwError(mnclInvalidUsage, "async_op=True inside minincl.group(): the group itself is the unit of completion");
       if (tlsGroupKeep) {
         for (const py::object& k : keep) tlsGroupKeep->push_back(k);
       }
       std::shared_lock<std::shared_mutex> lock(callMutex_);
-      op(cm);  // records only
+      op(cm, st);  // records only
       return result;
     }
     if (asyncOp) {
@@ -444,7 +510,7 @@ class PyComm {
       auto st = async_.submit([this, op] {
         std::shared_lock<std::shared_mutex> lock(callMutex_);
         if (destroyed_) throwError(mnclInvalidUsage, "the communicator was destroyed before this operation ran");
-        op(*comm_);
+        op(*comm_, nullptr);
       });
       return py::cast(Work(st, result, k));
     }
@@ -453,7 +519,7 @@ class PyComm {
       if (!async_.idle()) async_.drain();  // keep program order with earlier async calls
       std::shared_lock<std::shared_mutex> lock(callMutex_);
       if (destroyed_) throwError(mnclInvalidUsage, "the communicator was destroyed (or aborted); create a new one");
-      op(*comm_);
+      op(*comm_, st);
     }
     return result;
   }
@@ -497,6 +563,9 @@ PYBIND11_MODULE(_core, m) {
     return uniqueIdBytes(id);
   }, py::arg("host"), py::arg("port"), "The id every rank derives from a root address; rank 0 hosts the root.");
   m.def("version", [] { return std::string(std::to_string(MNCL_MAJOR) + "." + std::to_string(MNCL_MINOR) + "." + std::to_string(MNCL_PATCH)); });
+  m.def("gpu_count", [] { return gpu::usableDeviceCount(); },
+        "How many CUDA GPUs this process can use (0 without a driver, a GPU or a CUDA build).");
+  m.def("_cuda_current_device", [] { return gpu::currentDevice(); });
   m.def("build_info", [] {
     py::dict d;
 #ifdef MININCL_HAVE_CUDA

@@ -41,6 +41,14 @@ constexpr CostTable kCpuCostOversubscribed = {{
     {0.8, 0.3},   // ll
     {0.6, 1.2},   // ll128
 }, 3.0};
+// One GPU block per channel, ranks on one GPU or NVLink (NCCL's published shape: LL ~1 us a
+// hop at half the bandwidth, LL128 ~2 us near full, Simple ~6 us at full). Not yet fitted to
+// a measured sweep: no GPU was lent to the sessions that wrote it.
+constexpr CostTable kGpuCost = {{
+    {6.0, 20.0},  // simple
+    {1.0, 6.0},   // ll
+    {2.0, 18.0},  // ll128
+}, 1.0};
 constexpr size_t kCacheBytes = 256 << 10;
 // A tree step costs more than a ring step: an inner node waits for two children.
 constexpr double kTreeStepCost = 1.5;
@@ -94,6 +102,11 @@ void Tuner::init(int nranks, int maxChannels, size_t bytesPerChannel, bool overs
   protoMask_ = parseNameList(env::str("MININCL_PROTO"), kProtoNames, (int)Proto::count, "MININCL_PROTO");
 }
 
+void Tuner::initGpu(int nranks, int maxChannels) {
+  init(nranks, maxChannels, 64 << 10, false);
+  gpu_ = true;
+}
+
 bool Tuner::available(Coll coll, Algo a) const {
   switch (a) {
     case Algo::ring: return coll != Coll::sendrecv;
@@ -138,7 +151,7 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
       break;
     default: break;
   }
-  const CostTable& table = oversubscribed_ ? kCpuCostOversubscribed : kCpuCost;
+  const CostTable& table = gpu_ ? kGpuCost : oversubscribed_ ? kCpuCostOversubscribed : kCpuCost;
   const ProtoCost& c = table.proto[(int)p];
   double bw = c.bandwidthGBs * nch * 1e3;  // bytes per us
   if (bytes <= kCacheBytes) bw *= table.cacheBoost;
@@ -147,7 +160,7 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
 }
 
 void Tuner::setPathBandwidth(double gbs) {
-  double simple = (oversubscribed_ ? kCpuCostOversubscribed : kCpuCost).proto[(int)Proto::simple].bandwidthGBs;
+  double simple = (gpu_ ? kGpuCost : oversubscribed_ ? kCpuCostOversubscribed : kCpuCost).proto[(int)Proto::simple].bandwidthGBs;
   bwScale_ = gbs > 0 ? std::min(1.0, gbs / simple) : 1.0;
 }
 

@@ -31,6 +31,8 @@ class Tuner {
   // bytesPerChannel: the smallest share worth a channel of its own.
   // oversubscribed: this host runs more channel threads than it has cores.
   void init(int nranks, int maxChannels, size_t bytesPerChannel, bool oversubscribed);
+  // A GPU communicator: the GPU cost table.
+  void initGpu(int nranks, int maxChannels);
   // Deterministic from its arguments and the communicator-wide settings, so every rank plans
   // the same way.
   Plan choose(Coll coll, size_t bytes) const;
@@ -49,6 +51,7 @@ class Tuner {
   int nranks_ = 1, maxChannels_ = 1;
   size_t bytesPerChannel_ = 1;
   bool oversubscribed_ = false;
+  bool gpu_ = false;
   double bwScale_ = 1.0;  // setPathBandwidth
   unsigned algoMask_ = ~0u, protoMask_ = ~0u;
 };

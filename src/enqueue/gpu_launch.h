@@ -1,0 +1,22 @@
+// The GPU launch: one kernel per collective on the caller's stream, one block per channel;
+// the call returns once the kernel is queued.
+#pragma once
+
+#include <vector>
+
+#include "enqueue.h"
+
+namespace mncl {
+
+struct GpuCall {
+  Comm* comm;
+  CollCall call;
+};
+
+// Launches `calls` in order. Communicators that share a caller stream (several ranks driven
+// by one thread in a group) would wait for each other on it: all but the first run on their
+// own side stream, forked from the caller's stream before and joined back into it after,
+// which also keeps the whole group inside a CUDA graph capture.
+void launchGpuCalls(const std::vector<GpuCall>& calls);
+
+}  // namespace mncl

@@ -1,0 +1,30 @@
+// How a collective call is cut into per-channel work items: the tuner picks the algorithm,
+// protocol and channel count, and each channel takes an aligned slice of the buffer. The
+// same cut serves the CPU launch and the GPU one.
+#pragma once
+
+#include <vector>
+
+#include "../../cuda/channel.h"
+#include "enqueue.h"
+
+namespace mncl {
+
+class Comm;
+
+// count elements cut into `parts` slices of a 64-byte multiple (the last may be shorter).
+inline size_t alignedShare(size_t count, int parts, size_t elemSize) {
+  size_t align = elemSize >= 64 ? 1 : 64 / elemSize;
+  size_t per = (count + parts - 1) / parts;
+  return (per + align - 1) / align * align;
+}
+
+// Appends one work item per channel used to `out` (nothing when count is 0 or there is a
+// single rank: see copyWithoutPeers). Returns how many it appended.
+int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out);
+
+// A single rank has nothing to exchange: the result is its own input. True if the call is
+// of that kind (its copy is then the caller's to make, on the host or the GPU stream).
+bool copyWithoutPeers(const Comm& comm, const CollCall& c);
+
+}  // namespace mncl

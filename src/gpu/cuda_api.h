@@ -1,0 +1,28 @@
+// What the host runtime uses of CUDA. The runtime is linked statically (no libcuda at link
+// time); without a driver every call fails and the process simply has no usable GPU.
+#pragma once
+
+#include <string>
+
+namespace mncl::gpu {
+
+// CUDA devices this process can use: 0 when the build has no CUDA, or there is no driver
+// (cudaGetDeviceCount's error 35) or no device.
+int usableDeviceCount();
+// The CUDA device current on this thread (0 when none is usable).
+int currentDevice();
+// The device that owns the memory at p; -1 for host memory or when CUDA is unusable.
+int deviceOfPointer(const void* p);
+
+}  // namespace mncl::gpu
+
+#if defined(MININCL_HAVE_CUDA)
+#include <cuda_runtime.h>
+
+namespace mncl::gpu {
+// Throws mnclUnhandledCudaError naming `what` and CUDA's own words for `e`.
+void check(cudaError_t e, const char* what);
+}  // namespace mncl::gpu
+
+#define MNCL_CUDA_CHECK(call) ::mncl::gpu::check((call), #call)
+#endif

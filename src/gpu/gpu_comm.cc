@@ -1,0 +1,140 @@
+#include "gpu_comm.h"
+
+#if defined(MININCL_HAVE_CUDA)
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "../../cuda/gpu/kernels.h"
+#include "../core/comm.h"
+#include "../core/error.h"
+#include "cuda_api.h"
+
+namespace mncl::gpu {
+
+DeviceRegion::DeviceRegion(size_t bytes) {
+  void* p = nullptr;
+  MNCL_CUDA_CHECK(cudaMalloc(&p, bytes));
+  base_ = static_cast<char*>(p);
+  size_ = bytes;
+  MNCL_CUDA_CHECK(cudaMemset(p, 0, bytes));
+}
+
+DeviceRegion::~DeviceRegion() { cudaFree(base_); }
+
+cudaIpcMemHandle_t DeviceRegion::ipcHandle() const {
+  cudaIpcMemHandle_t h{};
+  MNCL_CUDA_CHECK(cudaIpcGetMemHandle(&h, base_));
+  return h;
+}
+
+IpcRegion::IpcRegion(const cudaIpcMemHandle_t& handle, size_t bytes) {
+  void* p = nullptr;
+  MNCL_CUDA_CHECK(cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess));
+  base_ = static_cast<char*>(p);
+  size_ = bytes;
+}
+
+IpcRegion::~IpcRegion() { cudaIpcCloseMemHandle(base_); }
+
+HostMapped::HostMapped(size_t bytes) {
+  MNCL_CUDA_CHECK(cudaHostAlloc(&host_, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+  std::memset(host_, 0, bytes);
+  MNCL_CUDA_CHECK(cudaHostGetDevicePointer(&device_, host_, 0));
+}
+
+HostMapped::~HostMapped() { cudaFreeHost(host_); }
+
+void useDevice(int device) {
+  int n = usableDeviceCount();
+  MNCL_CHECK(n > 0, mnclInvalidArgument, "device cuda:" + std::to_string(device) + ": no usable CUDA GPU (no driver or no device)");
+  MNCL_CHECK(device < n, mnclInvalidArgument,
+        "device cuda:" + std::to_string(device) + " does not exist: this process sees " + std::to_string(n) + " GPU(s)");
+  MNCL_CUDA_CHECK(cudaSetDevice(device));
+}
+
+void enablePeerAccess(int device, int peer) {
+  if (device == peer) return;
+  int can = 0;
+  MNCL_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, device, peer));
+  MNCL_CHECK(can, mnclInvalidUsage,
+        "cuda:" + std::to_string(device) + " cannot access cuda:" + std::to_string(peer) +
+            "'s memory (no peer-to-peer path); put these ranks in separate processes");
+  cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    cudaGetLastError();
+    return;
+  }
+  MNCL_CUDA_CHECK(e);
+}
+
+GpuComm::GpuComm(int device) : device_(device), errors_(sizeof(dev::DevError) * dev::kMaxGpuChannels) {
+  auto* errs = static_cast<dev::DevError*>(errors_.host());
+  for (int c = 0; c < dev::kMaxGpuChannels; ++c) errs[c] = dev::DevError{};
+  MNCL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  MNCL_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+  MNCL_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+}
+
+GpuComm::~GpuComm() {
+  if (side_) cudaStreamSynchronize(side_);
+  cudaEventDestroy(fork_);
+  cudaEventDestroy(join_);
+  cudaStreamDestroy(side_);
+  cudaFree(channels_);
+  cudaFree(arrays_);
+}
+
+namespace {
+size_t alignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
+}  // namespace
+
+void GpuComm::upload(const std::vector<std::unique_ptr<Channel>>& channels, const uint32_t* abortWordOnDevice) {
+  nChannels_ = (int)channels.size();
+  MNCL_CHECK(nChannels_ <= dev::kMaxGpuChannels, mnclInvalidArgument,
+        "a GPU communicator runs at most " + std::to_string(dev::kMaxGpuChannels) + " channels (MININCL_NCHANNELS)");
+  int n = channels.empty() ? 0 : channels[0]->dev.nranks;
+  // Per channel: sendTo[n], recvFrom[n], sendStep[n], recvStep[n], ring[n].
+  size_t fifos = sizeof(dev::ConnFifo) * n, steps = sizeof(uint64_t) * n, ring = sizeof(int) * n;
+  size_t per = alignUp(2 * fifos + 2 * steps + ring, 256);
+  std::vector<char> staging(per * nChannels_, 0);
+  std::vector<dev::DevChannel> devChannels(nChannels_);
+  MNCL_CUDA_CHECK(cudaMalloc(&arrays_, std::max<size_t>(staging.size(), 1)));
+  MNCL_CUDA_CHECK(cudaMalloc(&channels_, sizeof(dev::DevChannel) * std::max(nChannels_, 1)));
+  for (int c = 0; c < nChannels_; ++c) {
+    const Channel& ch = *channels[c];
+    char* host = staging.data() + per * c;
+    char* onDev = static_cast<char*>(arrays_) + per * c;
+    std::memcpy(host, ch.sendTo.data(), fifos);
+    std::memcpy(host + fifos, ch.recvFrom.data(), fifos);
+    std::memcpy(host + 2 * fifos + 2 * steps, ch.ring.data(), ring);  // step counters stay zero
+    dev::DevChannel d = ch.dev;
+    d.sendTo = reinterpret_cast<dev::ConnFifo*>(onDev);
+    d.recvFrom = reinterpret_cast<dev::ConnFifo*>(onDev + fifos);
+    d.sendStep = reinterpret_cast<uint64_t*>(onDev + 2 * fifos);
+    d.recvStep = reinterpret_cast<uint64_t*>(onDev + 2 * fifos + steps);
+    d.ring = reinterpret_cast<const int*>(onDev + 2 * fifos + 2 * steps);
+    d.abortFlag = abortWordOnDevice;
+    devChannels[c] = d;
+  }
+  MNCL_CUDA_CHECK(cudaMemcpy(arrays_, staging.data(), staging.size(), cudaMemcpyHostToDevice));
+  MNCL_CUDA_CHECK(cudaMemcpy(channels_, devChannels.data(), sizeof(dev::DevChannel) * nChannels_, cudaMemcpyHostToDevice));
+}
+
+bool GpuComm::firstError(dev::DevError* out) const {
+  const volatile dev::DevError* errs = static_cast<const volatile dev::DevError*>(errors_.host());
+  for (int c = 0; c < nChannels_; ++c) {
+    if (errs[c].peer >= 0) {
+      // The kernel writes the peer first and the two descriptions right after it.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::memcpy(out, const_cast<const dev::DevError*>(&errs[c]), sizeof(*out));
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace mncl::gpu
+
+#endif

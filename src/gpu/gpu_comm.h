@@ -1,0 +1,103 @@
+// The device side of a GPU communicator: its connection FIFOs in device memory (peers in
+// this process reach them by address, peers in other processes through CUDA IPC), the
+// channels as the kernels see them, where kernels leave error records, and the stream and
+// events a launch uses to run beside the caller's stream.
+#pragma once
+
+#if defined(MININCL_HAVE_CUDA)
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <vector>
+
+#include "../../cuda/channel.h"
+#include "../transport/region.h"
+
+namespace mncl {
+
+struct Channel;
+
+namespace gpu {
+
+// One rank's receiving ends, in device memory; base() is a device address.
+class DeviceRegion : public Mapping {
+ public:
+  explicit DeviceRegion(size_t bytes);  // zero-filled
+  ~DeviceRegion() override;
+  cudaIpcMemHandle_t ipcHandle() const;
+};
+
+// A DeviceRegion of another process, opened through CUDA IPC.
+class IpcRegion : public Mapping {
+ public:
+  IpcRegion(const cudaIpcMemHandle_t& handle, size_t bytes);
+  ~IpcRegion() override;
+};
+
+// Pinned host memory that kernels read and write directly: the abort word (the host sets
+// it, every spin loop on the GPU sees it) and the error records (kernels write, host reads).
+class HostMapped {
+ public:
+  explicit HostMapped(size_t bytes);  // zero-filled
+  ~HostMapped();
+  HostMapped(const HostMapped&) = delete;
+  HostMapped& operator=(const HostMapped&) = delete;
+  void* host() const { return host_; }
+  void* device() const { return device_; }
+
+ private:
+  void* host_ = nullptr;
+  void* device_ = nullptr;
+};
+
+class GpuComm {
+ public:
+  explicit GpuComm(int device);
+  ~GpuComm();
+  GpuComm(const GpuComm&) = delete;
+  GpuComm& operator=(const GpuComm&) = delete;
+
+  int device() const { return device_; }
+  // Copies every channel (its struct and the arrays it points to) to device memory, where
+  // the kernels use them from now on; step counters start at zero there.
+  void upload(const std::vector<std::unique_ptr<Channel>>& channels, const uint32_t* abortWordOnDevice);
+  dev::DevChannel* channels() const { return channels_; }
+  int nChannels() const { return nChannels_; }
+  dev::DevError* errorsOnDevice() const { return static_cast<dev::DevError*>(errors_.device()); }
+  // The first error record a kernel of this communicator left; false if there is none.
+  bool firstError(dev::DevError* out) const;
+
+  // A stream of this communicator's own, for running beside the caller's stream (several
+  // ranks of one process launched on one caller stream would otherwise wait for each other).
+  cudaStream_t sideStream() const { return side_; }
+  cudaEvent_t forkEvent() const { return fork_; }
+  cudaEvent_t joinEvent() const { return join_; }
+
+ private:
+  int device_;
+  int nChannels_ = 0;
+  dev::DevChannel* channels_ = nullptr;  // device memory
+  void* arrays_ = nullptr;               // device memory: every channel's peer arrays
+  HostMapped errors_;
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+};
+
+// Makes `device` current on this thread after checking it exists.
+void useDevice(int device);
+// Lets this device's kernels reach `peer`'s memory (ranks of one process on two GPUs).
+void enablePeerAccess(int device, int peer);
+
+}  // namespace gpu
+}  // namespace mncl
+
+#endif
+
+#if !defined(MININCL_HAVE_CUDA)
+// Without CUDA the communicator still names these types (always null there).
+namespace mncl::gpu {
+class GpuComm {};
+class HostMapped {};
+}  // namespace mncl::gpu
+#endif
