@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# The GPU check: one script for a fresh GPU machine, run from the repository root with $OUT an
+# empty directory for what comes back (default bench/out/device-check). Nothing is downloaded.
+#
+#   OUT=/tmp/out bench/device_check.sh
+#
+# (a) env.txt: nvidia-smi, nproc, tool and package versions
+# (b) pip install . (no build isolation, no deps, no index) with every core: build.log, timed;
+#     stops here if it fails
+# (c) minincl-perf built in pip's own build tree (the CUDA kernels are already compiled there;
+#     a separate cmake+ninja tree only if that fails): perf_build.log
+# (d) tests/test_gpu.py -m gpu -x, from tests/ so the installed package is imported:
+#     gpu_tests.log, gpu_tests.xml
+# (e) minincl-perf on -D cuda: allreduce 8 B at 2 ranks (LL), 256 MiB at 8 ranks per algorithm;
+#     plus device-to-device copy bandwidth (gpu_bench.py d2d) for the memory-bound limit
+# (f) bench/gpu_bench.py: 8-byte allreduce latency, back to back and replayed from a CUDA graph
+# (g) results.json and a short summary (bench/device_check_report.py)
+#
+# Every step has its own timeout inside an overall budget (MININCL_CHECK_BUDGET seconds, default
+# 470) and tolerates the failure of the ones before it. Knobs: PYTHON, MININCL_CHECK_BUDGET,
+# MININCL_CHECK_PYTEST_ARGS (default -x), MININCL_CUDA_ARCHS (default: the GPU's, else 90).
+set -u
+cd "$(dirname "$0")/.." || exit 2
+ROOT=$PWD
+OUT=${OUT:-$ROOT/bench/out/device-check}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+PY=${PYTHON:-python3}
+BUDGET=${MININCL_CHECK_BUDGET:-470}
+START=$(date +%s)
+NPROC=$(nproc 2>/dev/null || echo 4)
+STEPS=$OUT/steps.tsv
+printf 'step\trc\tseconds\tlimit\n' >"$STEPS"
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PYTHONUNBUFFERED=1
+
+elapsed() { echo $(($(date +%s) - START)); }
+left() { echo $((BUDGET - $(elapsed))); }
+# limit CAP RESERVE: CAP seconds, or what is left of the budget minus RESERVE (at least 10)
+limit() {
+  local l=$(($(left) - $2))
+  ((l > $1)) && l=$1
+  ((l < 10)) && l=10
+  echo "$l"
+}
+# step NAME LIMIT LOG CMD...: runs CMD under timeout, output to LOG, records rc and seconds
+step() {
+  local name=$1 t=$2 log=$3
+  shift 3
+  local t0 t1 rc
+  t0=$(date +%s.%N)
+  timeout -k 10 "$t" "$@" >"$log" 2>&1
+  rc=$?
+  t1=$(date +%s.%N)
+  local dt
+  dt=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$dt" "$t" >>"$STEPS"
+  local note=""
+  ((rc == 124 || rc == 137)) && note=" (TIMED OUT)"
+  echo "[$(elapsed)s] $name: rc=$rc in ${dt}s, limit ${t}s$note -> $(basename "$log")"
+  return "$rc"
+}
+
+# ---- (a) environment ----
+if ! command -v nvcc >/dev/null 2>&1; then
+  for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
+    if [ -x "$d/nvcc" ]; then
+      export PATH="$d:$PATH"
+      break
+    fi
+  done
+fi
+ARCH=${MININCL_CUDA_ARCHS:-}
+if [ -z "$ARCH" ]; then
+  ARCH=$(timeout 20 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+  [[ "$ARCH" =~ ^[0-9]+$ ]] || ARCH=90
+fi
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "nproc: $NPROC"
+  echo "cuda archs for the build: $ARCH"
+  echo "budget: ${BUDGET}s"
+  echo "--- nvidia-smi"
+  timeout 20 nvidia-smi 2>&1
+  echo "--- nvidia-smi -L / topo"
+  timeout 20 nvidia-smi -L 2>&1
+  timeout 20 nvidia-smi topo -m 2>&1
+  echo "--- tools"
+  echo "python: $(command -v "$PY") $($PY --version 2>&1)"
+  echo "nvcc: $(command -v nvcc || echo missing) $(nvcc --version 2>/dev/null | tail -1)"
+  echo "cmake: $(cmake --version 2>/dev/null | head -1)"
+  echo "ninja: $(ninja --version 2>/dev/null)"
+  echo "gcc: $(gcc --version 2>/dev/null | head -1)"
+  echo "memory: $(free -g 2>/dev/null | awk '/Mem:/ {print $2 " GiB"}')"
+  echo "--- python packages"
+  timeout 60 "$PY" - <<'EOF' 2>&1
+import importlib
+for name in ("numpy", "pytest", "pytest_timeout", "pybind11", "scikit_build_core", "torch", "cupy"):
+    try:
+        m = importlib.import_module(name)
+        extra = ""
+        if name == "torch":
+            extra = f" cuda={m.version.cuda} available={m.cuda.is_available()}"
+        if name == "cupy":
+            extra = f" runtime={m.cuda.runtime.runtimeGetVersion()} devices={m.cuda.runtime.getDeviceCount()}"
+        print(f"{name}: {getattr(m, '__version__', '?')}{extra}")
+    except Exception as e:  # noqa: BLE001
+        print(f"{name}: MISSING ({type(e).__name__}: {e})")
+EOF
+} >"$OUT/env.txt" 2>&1
+echo "[$(elapsed)s] env: $NPROC cores, archs $ARCH, $(grep -c MISSING "$OUT/env.txt") python package(s) missing -> env.txt"
+
+# ---- (b) build and install the Python package ----
+BUILD_OK=0
+if step pip_install "$(limit 420 45)" "$OUT/build.log" \
+  env CMAKE_BUILD_PARALLEL_LEVEL="$NPROC" "$PY" -m pip install --no-build-isolation --no-deps --no-index -v \
+  --config-settings=cmake.define.MININCL_CUDA_ARCHS="$ARCH" .; then
+  BUILD_OK=1
+fi
+# What got installed: imported away from the source tree.
+(cd "$OUT" && timeout 60 "$PY" -c '
+import json, minincl
+info = dict(minincl.build_info())
+info["file"] = minincl.__file__
+info["version"] = minincl.__version__
+try:
+    info["gpu_count"] = minincl.gpu_count()
+except Exception as e:
+    info["gpu_count"] = f"{type(e).__name__}: {e}"
+print(json.dumps(info))
+' >"$OUT/installed.json" 2>"$OUT/installed.err")
+echo "[$(elapsed)s] installed: $(cat "$OUT/installed.json" 2>/dev/null || echo none) $(tail -1 "$OUT/installed.err" 2>/dev/null)"
+
+PERF=""
+if ((BUILD_OK)); then
+  # ---- (c) minincl-perf, in pip's build tree (kernels already built there) ----
+  SKB=$(ls -td build/cp*/ 2>/dev/null | head -1)
+  # Per-object compile times of the package build (the slowest kernels bound the build time).
+  [ -n "$SKB" ] && cp "$SKB/.ninja_log" "$OUT/ninja_log.txt" 2>/dev/null
+  if [ -n "$SKB" ] && [ -f "$SKB/build.ninja" ] &&
+    step perf_build "$(limit 90 60)" "$OUT/perf_build.log" cmake --build "$SKB" --target minincl-perf -j "$NPROC"; then
+    PERF=$ROOT/${SKB%/}/bench/minincl-perf
+  else
+    # A tree of its own, built while the tests run (it compiles the kernels again).
+    echo "[$(elapsed)s] perf_build: pip's build tree not usable; separate build in the background"
+    PBD=$ROOT/build/device-check
+    PBL=$(limit 400 60)
+    export ROOT PBD ARCH PY NPROC STEPS PBL
+    cat >"$OUT/perf_build_separate.sh" <<'EOF'
+t0=$(date +%s)
+timeout -k 10 "$PBL" sh -c 'cmake -S "$ROOT" -B "$PBD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMININCL_CUDA=ON \
+  -DMININCL_CUDA_ARCHS="$ARCH" -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)" &&
+  ninja -C "$PBD" -j "$NPROC" minincl-perf'
+rc=$?
+printf 'perf_build_separate\t%s\t%s\t%s\n' "$rc" "$(($(date +%s) - t0))" "$PBL" >>"$STEPS"
+EOF
+    # setsid: a process group of its own, so that what is left of it can be stopped at the end.
+    setsid bash "$OUT/perf_build_separate.sh" >"$OUT/perf_build_separate.log" 2>&1 &
+    PERF_BG=$!
+  fi
+
+  # ---- (d) the GPU tests ----
+  if timeout 30 "$PY" -c "import pytest" >/dev/null 2>&1; then
+    TIMEOUT_ARGS=()
+    if timeout 30 "$PY" -c "import pytest_timeout" >/dev/null 2>&1; then
+      TIMEOUT_ARGS=(--timeout 150)
+    fi
+    read -r -a EXTRA <<<"${MININCL_CHECK_PYTEST_ARGS:--x}"
+    (cd tests && step gpu_tests "$(limit 240 100)" "$OUT/gpu_tests.log" \
+      "$PY" -m pytest test_gpu.py -m gpu ${EXTRA[@]+"${EXTRA[@]}"} -v -rfEs --durations=15 -p no:cacheprovider \
+      -o faulthandler_timeout=120 --junitxml="$OUT/gpu_tests.xml" ${TIMEOUT_ARGS[@]+"${TIMEOUT_ARGS[@]}"})
+  else
+    echo "[$(elapsed)s] gpu_tests: pytest is not installed; skipped"
+    printf 'gpu_tests\tno-pytest\t0\t-\n' >>"$STEPS"
+  fi
+
+  # ---- (e) benchmarks: copy bandwidth, then minincl-perf ----
+  step gpu_bench_d2d "$(limit 40 70)" "$OUT/gpu_bench_d2d.log" \
+    "$PY" bench/gpu_bench.py d2d --json "$OUT/gpu_bench_d2d.json"
+  if [ -z "$PERF" ] && [ -n "${PERF_BG:-}" ]; then
+    wait_for=$(limit 120 60)
+    echo "[$(elapsed)s] waiting up to ${wait_for}s for the separate minincl-perf build"
+    for _ in $(seq "$wait_for"); do
+      kill -0 "$PERF_BG" 2>/dev/null || break
+      sleep 1
+    done
+    [ -x "$PBD/bench/minincl-perf" ] && PERF=$PBD/bench/minincl-perf
+  fi
+  if [ -n "$PERF" ] && [ -x "$PERF" ]; then
+    step perf_lat_2 "$(limit 45 55)" "$OUT/perf_lat_2.log" \
+      "$PERF" allreduce -t 2 -b 8 -e 8 -n 2000 -w 200 -P ll -D cuda -c 1
+    for algo in ring tree direct; do
+      step "perf_bw_8_$algo" "$(limit 60 40)" "$OUT/perf_bw_8_$algo.log" \
+        env MININCL_DEBUG=INFO MININCL_DEBUG_SUBSYS=TUNE \
+        "$PERF" allreduce -t 8 -b 256M -e 256M -n 10 -w 3 -A "$algo" -D cuda -c 0
+    done
+  else
+    echo "[$(elapsed)s] minincl-perf: no binary; GPU perf runs skipped"
+    printf 'perf_runs\tno-binary\t0\t-\n' >>"$STEPS"
+  fi
+
+  # ---- (f) latency: back to back, CUDA graph, a thread per rank ----
+  step gpu_bench_latency "$(limit 60 30)" "$OUT/gpu_bench_latency.log" \
+    "$PY" bench/gpu_bench.py latency --json "$OUT/gpu_bench_latency.json"
+  step gpu_bench_graph "$(limit 45 25)" "$OUT/gpu_bench_graph.log" \
+    "$PY" bench/gpu_bench.py graph --json "$OUT/gpu_bench_graph.json"
+  step gpu_bench_threads "$(limit 45 20)" "$OUT/gpu_bench_threads.log" \
+    "$PY" bench/gpu_bench.py threads --json "$OUT/gpu_bench_threads.json"
+  if [ -n "$PERF" ] && (($(left) > 45)); then
+    step perf_lat_2proc "$(limit 30 15)" "$OUT/perf_lat_2proc.log" \
+      "$PERF" allreduce -p 2 -b 8 -e 8 -n 200 -w 20 -D cuda -c 1
+  fi
+  if [ -n "${PERF_BG:-}" ] && kill -0 "$PERF_BG" 2>/dev/null; then
+    kill -- -"$PERF_BG" 2>/dev/null  # the separate build's process group
+  fi
+else
+  echo "[$(elapsed)s] pip install failed: no tests, no benchmarks (see build.log)"
+fi
+
+# ---- (g) results.json and the summary ----
+timeout 60 "$PY" bench/device_check_report.py "$OUT" --budget "$BUDGET" --elapsed "$(elapsed)" ||
+  echo "device_check_report.py failed (rc=$?); raw files are in $OUT"

@@ -1,0 +1,629 @@
+"""GPU communicators: every collective x algorithm x protocol on one GPU, ranks as one thread
+(``minincl.group()``) or as a thread each with its own stream, CuPy arrays and PyTorch CUDA
+tensors, two processes over CUDA IPC, CUDA graph capture and replay, abort of a spinning
+kernel, and the errors. Every result is compared with NumPy on the host.
+
+The whole module is skipped when minincl was built without CUDA or no GPU is usable
+(``minincl.gpu_count() == 0``; with no driver ``cudaGetDeviceCount`` returns error 35). CuPy and
+PyTorch are imported where a test needs them, so collection never fails without them.
+Run it as the README runs the tests (``cd tests && python -m pytest test_gpu.py -m gpu``), so
+that ``import minincl`` finds the installed package. Rank processes started by
+``minincl.launch`` import this module by name to find :func:`ipc_worker`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import assert_same, reduce_ref, run_ranks
+
+import minincl
+
+
+def _usable_gpus() -> int:
+    try:
+        if not minincl.build_info().get("cuda", False):
+            return 0
+        return int(getattr(minincl, "gpu_count", lambda: 0)())
+    except Exception:  # noqa: BLE001 - any failure to ask means no GPU to test on
+        return 0
+
+
+GPUS = _usable_gpus()
+if GPUS == 0:
+    pytest.skip(
+        "GPU tests: minincl was built without CUDA or sees no usable GPU (minincl.gpu_count() == 0)",
+        allow_module_level=True,
+    )
+
+pytestmark = pytest.mark.gpu
+
+DEVICE = "cuda:0"
+ALGOS = {
+    "ring": ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"],
+    "tree": ["allreduce", "broadcast", "reduce"],
+    "direct": ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"],
+}
+PROTOS = ["simple", "ll", "ll128"]
+REDUCING = ("allreduce", "reduce", "reduce_scatter")
+# Reductions: each type with an op that exercises it (bfloat16 goes through PyTorch).
+REDUCE_CASES = [
+    ("float32", "sum"),
+    ("float16", "sum"),
+    ("int32", "max"),
+    ("float64", "avg"),
+    ("uint8", "prod"),
+    ("int64", "min"),
+]
+# Copies are type-agnostic kernels: an aligned and a byte-sized type cover them.
+COPY_CASES = [("float32", "sum"), ("uint8", "sum")]
+COUNTS = [0, 1, 1009]
+BIG = (1 << 20) + 3  # float32: 4 MiB per rank, crosses every slot, step and channel boundary
+PERIOD = 65537
+ALL_TYPES_OPS = [
+    ("int8", "sum"),
+    ("uint8", "prod"),
+    ("int32", "avg"),
+    ("uint32", "min"),
+    ("int64", "prod"),
+    ("uint64", "max"),
+    ("float16", "max"),
+    ("bfloat16", "sum"),
+    ("float32", "avg"),
+    ("float64", "sum"),
+]
+
+
+# ---- arrays: CuPy for NumPy's types, PyTorch for bfloat16 (and its own tests) ----
+
+
+def _cupy() -> Any:
+    return pytest.importorskip("cupy")
+
+
+def _torch_cuda() -> Any:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch was built without CUDA or sees no GPU")
+    return torch
+
+
+@pytest.fixture(scope="session")
+def cp() -> Any:
+    return _cupy()
+
+
+@pytest.fixture(scope="session")
+def torch_cuda() -> Any:
+    return _torch_cuda()
+
+
+def _torch_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def inputs_for(nranks: int, count: int, dtype: str, op: str, seed: int = 0) -> list[np.ndarray]:
+    """Per-rank inputs, in `dtype` (float32 for bfloat16), whose reductions are exact in every
+    type: small integers (for prod, 1, 2 and -1 only), a different pattern on every rank,
+    repeating every 65537 (prime) elements so that 8 ranks x 8M elements stay cheap to make."""
+    base = np.arange(min(count, PERIOD), dtype=np.int64)
+    unsigned = dtype.startswith("uint")
+    out = []
+    for r in range(nranks):
+        k = base * (2 * r + 3) + 5 * r + seed
+        if op == "prod":
+            x = np.array([1, 2, 1] if unsigned else [1, 2, -1], np.int64)[k % 3]
+        elif unsigned:
+            x = k % 4
+        else:
+            x = k % 7 - 3
+        x = x.astype(np.float32 if dtype == "bfloat16" else dtype)
+        out.append(np.resize(x, count) if count > PERIOD else x)
+    return out
+
+
+class Lib:
+    """Moves NumPy values to the GPU (CuPy, or PyTorch for bfloat16 / torch tests) and back."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.mod = _cupy() if kind == "cupy" else _torch_cuda()
+
+    @classmethod
+    def for_dtype(cls, dtype: str) -> Lib:
+        return cls("torch" if dtype == "bfloat16" else "cupy")
+
+    def put(self, values: np.ndarray, dtype: str) -> Any:
+        if self.kind == "cupy":
+            return self.mod.asarray(values.astype(dtype))
+        torch = self.mod
+        if dtype == "bfloat16":
+            return torch.from_numpy(values.astype(np.float32)).to(device=DEVICE, dtype=torch.bfloat16)
+        return torch.from_numpy(values.astype(dtype)).to(DEVICE)
+
+    def filled(self, count: int, dtype: str) -> Any:
+        """An output buffer holding a value no result has (99, or -7 in bfloat16)."""
+        if self.kind == "torch" and dtype == "bfloat16":
+            torch = self.mod
+            return torch.full((count,), -7.0, dtype=torch.bfloat16, device=DEVICE)
+        return self.put(np.full(count, 99), dtype)
+
+    def get(self, x: Any) -> np.ndarray:
+        if self.kind == "cupy":
+            return self.mod.asnumpy(x)
+        t = x.detach().cpu()
+        if t.dtype == self.mod.bfloat16:
+            t = t.to(self.mod.float32)
+        return t.numpy()
+
+    def sentinel(self, dtype: str) -> np.ndarray:
+        return np.array(-7.0 if (self.kind == "torch" and dtype == "bfloat16") else 99).astype(
+            np.float32 if dtype == "bfloat16" else dtype
+        )
+
+
+# ---- communicators: one group per (nranks, algo, proto), reused across tests ----
+
+
+class GpuPool:
+    """Default-tuned groups stay for the session; one forced (algo, proto) group at a time."""
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple[int, str | None, str | None], list[minincl.Communicator]] = {}
+
+    def get(self, nranks: int, algo: str | None = None, proto: str | None = None) -> list[minincl.Communicator]:
+        key = (nranks, algo, proto)
+        group = self.groups.get(key)
+        if group is not None and not any(c.destroyed for c in group):
+            return group
+        if algo is not None:
+            for k in [k for k in self.groups if k[1] is not None]:
+                self.discard(k)
+        saved = {k: os.environ.get(k) for k in ("MININCL_ALGO", "MININCL_PROTO")}
+        try:
+            for name, value in (("MININCL_ALGO", algo), ("MININCL_PROTO", proto)):
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            group = minincl.Communicator.init_all(nranks, device=DEVICE)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self.groups[key] = group
+        return group
+
+    def discard(self, key: tuple[int, str | None, str | None]) -> None:
+        for c in self.groups.pop(key, []):
+            c.destroy()
+
+    def close(self) -> None:
+        for k in list(self.groups):
+            self.discard(k)
+
+
+@pytest.fixture(scope="module")
+def gpus() -> Any:
+    pool = GpuPool()
+    yield pool
+    pool.close()
+
+
+# ---- one collective on every rank, one thread, one group; checked against NumPy ----
+
+
+def call(c: Any, coll: str, send: Any, recv: Any, op: str, root: int, stream: Any = None) -> Any:
+    if coll == "allreduce":
+        return c.allreduce(send, recv, op=op, stream=stream)
+    if coll == "broadcast":
+        return c.broadcast(send, recv, root=root, stream=stream)
+    if coll == "reduce":
+        return c.reduce(send, recv, op=op, root=root, stream=stream)
+    if coll == "allgather":
+        return c.allgather(send, recv, stream=stream)
+    return c.reduce_scatter(send, recv, op=op, stream=stream)
+
+
+def expected(coll: str, inputs: list[np.ndarray], op: str, dtype: str, root: int, count: int) -> list[Any]:
+    """Every rank's result; None where the collective leaves the output alone (reduce, non-root).
+    The reference is computed once and shared (8 ranks x 8M elements add up)."""
+    n = len(inputs)
+    if coll == "broadcast":
+        return [inputs[root]] * n
+    if coll == "allgather":
+        return [np.concatenate(inputs)] * n
+    reduced = reduce_ref(inputs, op, dtype)
+    if coll == "allreduce":
+        return [reduced] * n
+    if coll == "reduce":
+        return [reduced if r == root else None for r in range(n)]
+    return [reduced[r * count : (r + 1) * count] for r in range(n)]
+
+
+def check_group(comms: list[Any], coll: str, dtype: str, op: str, count: int, in_place: bool, lib: Lib) -> None:
+    n = len(comms)
+    host_type = np.float32 if dtype == "bfloat16" else dtype
+    root = (count + 1) % n
+    block = count * n if coll == "reduce_scatter" else count
+    inputs = inputs_for(n, block, dtype, op, seed=count % 11)
+    sends = [lib.put(x, dtype) for x in inputs]
+    if in_place:
+        if coll == "allgather":
+            outs = [lib.filled(count * n, dtype) for _ in range(n)]
+            for r in range(n):
+                outs[r][r * count : (r + 1) * count] = sends[r]
+            sends = [outs[r][r * count : (r + 1) * count] for r in range(n)]
+        elif coll == "reduce_scatter":
+            outs = [sends[r][r * count : (r + 1) * count] for r in range(n)]
+        else:
+            outs = sends
+        recvs: list[Any] = [outs[r] if coll in ("allgather", "reduce_scatter") else None for r in range(n)]
+    else:
+        outs = [lib.filled(count * n if coll == "allgather" else count, dtype) for _ in range(n)]
+        recvs = outs
+    with minincl.group():
+        for c in comms:
+            call(c, coll, sends[c.rank], recvs[c.rank], op, root)
+    where = f"{coll} {dtype} {op} count {count} {'in place' if in_place else 'out of place'} on {n} ranks"
+    wants = expected(coll, inputs, op, dtype, root, count)
+    for r in range(n):
+        got = lib.get(outs[r])
+        want = wants[r]
+        if want is None:  # non-root reduce: out of place untouched, in place still the input
+            want = inputs[r] if in_place else np.full(count, lib.sentinel(dtype))
+        try:
+            assert_same(got, want.astype(host_type, copy=False), dtype, op)
+        except AssertionError as e:
+            raise AssertionError(f"{where}, rank {r}: {e}") from None
+    if not in_place:  # inputs are left as they were
+        for r in range(n):
+            np.testing.assert_array_equal(lib.get(sends[r]), inputs[r], err_msg=f"{where}: input")
+
+
+# ---- tests: cheapest and most basic first (the device check runs with -x) ----
+
+
+def test_gpu_count_and_device_names(cp: Any) -> None:
+    assert 1 <= minincl.gpu_count() <= cp.cuda.runtime.getDeviceCount()
+    assert minincl.build_info()["cuda"] is True
+
+
+def test_allreduce_smoke(gpus: GpuPool, cp: Any) -> None:
+    comms = gpus.get(2)
+    assert [c.device for c in comms] == [DEVICE, DEVICE]
+    xs = [cp.full(1000, r + 1, cp.float32) for r in range(2)]
+    with minincl.group():
+        for c in comms:
+            assert c.allreduce(xs[c.rank]) is xs[c.rank]
+    for x in xs:
+        np.testing.assert_array_equal(cp.asnumpy(x), np.full(1000, 3, np.float32))
+
+
+def test_host_array_to_gpu_communicator_is_refused(gpus: GpuPool, cp: Any) -> None:
+    c = gpus.get(2)[0]
+    host = np.ones(8, np.float32)
+    dev = cp.ones(8, cp.float32)
+    with pytest.raises(minincl.InvalidArgument):
+        c.allreduce(host)
+    with pytest.raises(minincl.InvalidArgument):
+        c.allreduce(dev, np.zeros(8, np.float32))
+    with pytest.raises(minincl.InvalidArgument):
+        c.allreduce(host, cp.zeros(8, cp.float32))
+    with pytest.raises(minincl.InvalidArgument, match="must match"):
+        c.allreduce(dev, cp.zeros(8, cp.int32))
+    with pytest.raises(minincl.InvalidArgument, match="expected 8"):
+        c.allreduce(dev, cp.zeros(9, cp.float32))
+    np.testing.assert_array_equal(host, np.ones(8, np.float32))
+    np.testing.assert_array_equal(cp.asnumpy(dev), np.ones(8, np.float32))
+
+
+def test_cuda_array_to_cpu_communicator_is_refused(cp: Any) -> None:
+    (c,) = minincl.Communicator.init_all(1)
+    try:
+        x = cp.ones(8, cp.float32)
+        with pytest.raises(minincl.InvalidArgument):
+            c.allreduce(x)
+        with pytest.raises(minincl.InvalidArgument):
+            c.allreduce(np.ones(8, np.float32), x)
+        np.testing.assert_array_equal(cp.asnumpy(x), np.ones(8, np.float32))
+    finally:
+        c.destroy()
+
+
+def test_torch_cuda_tensor_to_cpu_communicator_is_refused(torch_cuda: Any) -> None:
+    torch = torch_cuda
+    (c,) = minincl.Communicator.init_all(1)
+    try:
+        with pytest.raises(minincl.InvalidArgument):
+            c.allreduce(torch.ones(8, device=DEVICE))
+    finally:
+        c.destroy()
+
+
+@pytest.mark.skipif(GPUS < 2, reason="needs two GPUs")
+def test_array_on_another_gpu_is_refused(gpus: GpuPool, cp: Any) -> None:
+    c = gpus.get(2)[0]  # on cuda:0
+    with cp.cuda.Device(1):
+        other = cp.ones(8, cp.float32)
+    with pytest.raises(minincl.InvalidArgument):
+        c.allreduce(other)
+    with pytest.raises(minincl.InvalidArgument):
+        c.allreduce(cp.ones(8, cp.float32), other)
+
+
+def test_point_to_point_is_not_on_gpus_yet(gpus: GpuPool, cp: Any) -> None:
+    c = gpus.get(2)[0]
+    x = cp.ones(8, cp.float32)
+    for fn in (lambda: c.send(x, 1), lambda: c.recv(x, 1), lambda: c.alltoall(cp.ones(8, cp.float32))):
+        with pytest.raises(minincl.InvalidUsage):
+            fn()
+
+
+@pytest.mark.parametrize("nranks", [2, 4, 8])
+def test_every_type_default_tuner(gpus: GpuPool, nranks: int) -> None:
+    """All ten types under the tuner's own choice (the full build compiles every (op, type))."""
+    comms = gpus.get(nranks)
+    for dtype, op in ALL_TYPES_OPS:
+        if dtype == "bfloat16" and not _torch_available():
+            continue
+        lib = Lib.for_dtype(dtype)
+        for coll in REDUCING:
+            for count in (1, 1009, 65537):
+                check_group(comms, coll, dtype, op, count, in_place=False, lib=lib)
+        check_group(comms, "allreduce", dtype, "sum", 40009, in_place=True, lib=lib)
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("algo", list(ALGOS))
+@pytest.mark.parametrize("nranks", [2, 4, 8])
+def test_forced_algorithm_and_protocol(gpus: GpuPool, nranks: int, algo: str, proto: str) -> None:
+    """Every collective the algorithm runs, under each protocol, one thread driving all ranks."""
+    comms = gpus.get(nranks, algo, proto)
+    cupy_lib = Lib("cupy")
+    for coll in ALGOS[algo]:
+        cases = REDUCE_CASES if coll in REDUCING else COPY_CASES
+        for dtype, op in cases:
+            for count in COUNTS:
+                check_group(comms, coll, dtype, op, count, in_place=False, lib=cupy_lib)
+            check_group(comms, coll, dtype, op, 1009, in_place=True, lib=cupy_lib)
+        if coll in REDUCING and _torch_available():
+            check_group(comms, coll, "bfloat16", "sum", 1009, in_place=False, lib=Lib("torch"))
+        check_group(comms, coll, "float32", "sum", BIG, in_place=False, lib=cupy_lib)
+        check_group(comms, coll, "float32", "sum", BIG, in_place=True, lib=cupy_lib)
+
+
+def test_several_collectives_in_one_group(gpus: GpuPool, cp: Any) -> None:
+    comms = gpus.get(4)
+    n = 4
+    a = [cp.full(50_000, r + 1, cp.float64) for r in range(n)]
+    g = [cp.zeros(3 * n, cp.int64) for _ in range(n)]
+    b = [cp.full(777, r, cp.int32) for r in range(n)]
+    with minincl.group():
+        for c in comms:
+            c.allreduce(a[c.rank])
+            c.allgather(cp.full(3, c.rank, cp.int64), g[c.rank])
+            c.broadcast(b[c.rank], root=2)
+            c.allreduce(a[c.rank], op="max")  # ordered after the first on the same rank
+    for r in range(n):
+        np.testing.assert_array_equal(cp.asnumpy(a[r]), np.full(50_000, 10.0))
+        np.testing.assert_array_equal(cp.asnumpy(g[r]), np.repeat(np.arange(n), 3))
+        np.testing.assert_array_equal(cp.asnumpy(b[r]), np.full(777, 2))
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_one_thread_per_rank_with_own_streams(gpus: GpuPool, cp: Any, nranks: int) -> None:
+    """Each rank's thread orders its calls on its own non-blocking stream, between CuPy
+    kernels on that stream (no synchronisation in between), and passes the stream as a CuPy
+    stream, a raw handle or the current stream."""
+    comms = gpus.get(nranks)
+    count = 100_003
+    calls = 12
+    base = np.arange(count, dtype=np.float32) % 97
+
+    def body(c: Any) -> list[np.ndarray]:
+        s = cp.cuda.Stream(non_blocking=True)
+        forms = [s, s.ptr, None]
+        outs = []
+        with s:
+            for i in range(calls):
+                x = cp.asarray(base) * (c.rank + 1) + i  # a CuPy kernel on s, not waited for
+                r = cp.empty(count * nranks, cp.float32)
+                form = forms[(c.rank + i) % 3]
+                c.allreduce(x, stream=form)
+                c.allgather(x[:count], r, stream=form)
+                outs.append(cp.asnumpy(x * 2))  # a kernel after the collective, then the copy
+                outs.append(cp.asnumpy(r))
+            s.synchronize()
+        return outs
+
+    total = nranks * (nranks + 1) // 2
+    for outs in run_ranks(comms, body, timeout=120):
+        for i in range(calls):
+            reduced = base * total + nranks * i
+            np.testing.assert_array_equal(outs[2 * i], reduced * 2)
+            np.testing.assert_array_equal(outs[2 * i + 1], np.tile(reduced, nranks))
+
+
+def test_torch_cuda_tensors(gpus: GpuPool, torch_cuda: Any) -> None:
+    """PyTorch CUDA tensors of several types, on the current stream and on a torch stream."""
+    torch = torch_cuda
+    comms = gpus.get(4)
+    lib = Lib("torch")
+    for dtype, op in [("bfloat16", "sum"), ("float16", "max"), ("float32", "avg"), ("int32", "prod")]:
+        for coll in ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"):
+            for count in (1, 1009):
+                check_group(comms, coll, dtype, op, count, in_place=False, lib=lib)
+        check_group(comms, "allreduce", dtype, op, 1009, in_place=True, lib=lib)
+    s = torch.cuda.Stream()
+    xs = [torch.full((4099,), float(r), device=DEVICE) for r in range(4)]
+    outs = [torch.empty(4 * 4099, device=DEVICE) for _ in range(4)]
+    torch.cuda.current_stream().synchronize()
+    with torch.cuda.stream(s):
+        with minincl.group():
+            for c in comms:
+                c.allgather(xs[c.rank], outs[c.rank], stream=s)
+        with minincl.group():
+            for c in comms:
+                c.allreduce(xs[c.rank])  # the current stream: s
+    s.synchronize()
+    for r in range(4):
+        np.testing.assert_array_equal(outs[r].cpu().numpy(), np.repeat(np.arange(4, dtype=np.float32), 4099))
+        np.testing.assert_array_equal(xs[r].cpu().numpy(), np.full(4099, 6.0, np.float32))
+
+
+def test_new_result_arrays_are_on_the_gpu(gpus: GpuPool, cp: Any) -> None:
+    """allgather / reduce_scatter without recv return a new array of the caller's kind."""
+    comms = gpus.get(2)
+    xs = [cp.full((2, 3), r, cp.int32) for r in range(2)]
+    with minincl.group():
+        gathered = [c.allgather(xs[c.rank]) for c in comms]
+    with minincl.group():
+        scattered = [c.reduce_scatter(cp.ones((4, 2), cp.float32)) for c in comms]
+    for g, s in zip(gathered, scattered):
+        assert isinstance(g, cp.ndarray) and g.shape == (4, 3) and g.dtype == cp.int32
+        np.testing.assert_array_equal(cp.asnumpy(g)[:, 0], [0, 0, 1, 1])
+        assert isinstance(s, cp.ndarray) and s.shape == (2, 2)
+        np.testing.assert_array_equal(cp.asnumpy(s), np.full((2, 2), 2.0, np.float32))
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_cuda_graph_capture_and_replay(gpus: GpuPool, cp: Any, nranks: int) -> None:
+    """Collectives of every rank captured into one graph; replayed three times with new inputs."""
+    comms = gpus.get(nranks)
+    n, count = nranks, 1009
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        send = [cp.zeros(count, cp.float32) for _ in range(n)]
+        summed = [cp.zeros(count, cp.float32) for _ in range(n)]
+        gathered = [cp.zeros(count * n, cp.float32) for _ in range(n)]
+        peak = [cp.zeros(count, cp.int32) for _ in range(n)]
+        ints = [cp.zeros(count, cp.int32) for _ in range(n)]
+        s.synchronize()
+        s.begin_capture()
+        try:
+            with minincl.group():
+                for c in comms:
+                    c.allreduce(send[c.rank], summed[c.rank])  # the current stream: s
+                    c.allgather(send[c.rank], gathered[c.rank], stream=s)
+                    c.allreduce(ints[c.rank], peak[c.rank], op="max", stream=s.ptr)
+        except BaseException:
+            with contextlib.suppress(Exception):  # end the broken capture; report the first error
+                s.end_capture()
+            raise
+        graph = s.end_capture()
+    for replay in range(3):
+        inputs = inputs_for(n, count, "float32", "sum", seed=replay)
+        host = [(x.astype(np.float32), (x * (replay + 1)).astype(np.int32)) for x in inputs]
+        for r in range(n):
+            send[r].set(host[r][0], stream=s)
+            ints[r].set(host[r][1], stream=s)
+        graph.launch(stream=s)
+        s.synchronize()
+        want_sum = reduce_ref(inputs, "sum", "float32")
+        want_max = np.stack(inputs).max(0) * (replay + 1)
+        for r in range(n):
+            np.testing.assert_array_equal(cp.asnumpy(summed[r]), want_sum, err_msg=f"replay {replay} rank {r}")
+            np.testing.assert_array_equal(cp.asnumpy(gathered[r]), np.concatenate(inputs).astype(np.float32))
+            np.testing.assert_array_equal(cp.asnumpy(peak[r]), want_max.astype(np.int32))
+
+
+def ipc_worker(comm: minincl.Communicator, counts: list[int]) -> int:
+    """One rank process of test_two_processes_over_cuda_ipc (launch imports it from here):
+    every collective with CuPy on this process's own stream, checked against NumPy here."""
+    import cupy as cp
+
+    device = int(comm.device.split(":")[1]) if ":" in comm.device else 0
+    n, r = comm.nranks, comm.rank
+    checks = 0
+    with cp.cuda.Device(device):
+        s = cp.cuda.Stream(non_blocking=True)
+        with s:
+            for count in counts:
+                for dtype, op in (("float32", "sum"), ("int32", "max"), ("float16", "sum"), ("uint8", "prod")):
+                    xs = inputs_for(n, count, dtype, op, seed=count % 11)
+                    whole = inputs_for(n, count * n, dtype, op, seed=count % 7)
+                    reduced = reduce_ref(xs, op, dtype)
+                    mine = cp.asarray(xs[r].astype(dtype))
+                    out = cp.full(count, 99, dtype)
+                    comm.allreduce(mine, out, op=op)
+                    np.testing.assert_array_equal(cp.asnumpy(out), reduced)
+                    comm.allreduce(mine, op=op)
+                    np.testing.assert_array_equal(cp.asnumpy(mine), reduced)
+                    b = cp.asarray(xs[r].astype(dtype))
+                    comm.broadcast(b, root=n - 1)
+                    np.testing.assert_array_equal(cp.asnumpy(b), xs[n - 1].astype(dtype))
+                    red = cp.full(count, 99, dtype)
+                    comm.reduce(cp.asarray(xs[r].astype(dtype)), red, op=op, root=1 % n)
+                    want = reduced if r == 1 % n else np.full(count, 99, dtype)
+                    np.testing.assert_array_equal(cp.asnumpy(red), want)
+                    g = cp.zeros(count * n, dtype)
+                    comm.allgather(cp.asarray(xs[r].astype(dtype)), g, stream=s)
+                    np.testing.assert_array_equal(cp.asnumpy(g), np.concatenate(xs).astype(dtype))
+                    rs = cp.zeros(count, dtype)
+                    comm.reduce_scatter(cp.asarray(whole[r].astype(dtype)), rs, op=op, stream=s.ptr)
+                    want_rs = reduce_ref(whole, op, dtype)[r * count : (r + 1) * count]
+                    np.testing.assert_array_equal(cp.asnumpy(rs), want_rs)
+                    checks += 6
+            s.synchronize()
+    return checks
+
+
+def test_two_processes_over_cuda_ipc() -> None:
+    """Two rank processes on the GPU(s), connected through CUDA IPC. On one GPU without MPS
+    the two contexts are time-sliced, so the counts stay small."""
+    _cupy()
+    counts = [0, 1, 1009, 65537]
+    results = minincl.launch(ipc_worker, 2, counts, device="cuda", timeout=180)
+    assert results == [results[0]] * 2 and results[0] == 6 * 4 * len(counts)
+
+
+def test_abort_stops_a_spinning_kernel(cp: Any) -> None:
+    """Rank 0 enqueues an allreduce that rank 1 never joins; abort() from another thread ends
+    the spinning kernel, its stream drains, and later calls raise an error that says so."""
+    comms = minincl.Communicator.init_all(2, device=DEVICE)
+    c0 = comms[0]
+    try:
+        s = cp.cuda.Stream(non_blocking=True)
+        with s:
+            x = cp.ones(1 << 20, cp.float32)
+        c0.allreduce(x, stream=s)  # returns at once; the kernel waits for rank 1
+        drained = threading.Event()
+
+        def drain() -> None:
+            s.synchronize()
+            drained.set()
+
+        waiter = threading.Thread(target=drain, daemon=True)
+        waiter.start()
+        time.sleep(0.3)
+        assert not drained.is_set(), "the allreduce finished without rank 1"
+        t0 = time.monotonic()
+        aborter = threading.Thread(target=c0.abort)
+        aborter.start()
+        aborter.join(10)
+        waiter.join(10)
+        assert drained.is_set(), "abort() did not stop the kernel: its stream never drained"
+        assert time.monotonic() - t0 < 10
+        # Aborted, or the binding's "destroyed (or aborted)" InvalidUsage once abort() closed it.
+        with pytest.raises((minincl.Aborted, minincl.InvalidUsage), match="(?i)abort"):
+            c0.allreduce(cp.ones(4, cp.float32), stream=s)
+        with s:  # the stream is usable again
+            y = cp.arange(5, dtype=cp.float32) * 2
+        s.synchronize()
+        np.testing.assert_array_equal(cp.asnumpy(y), np.arange(5, dtype=np.float32) * 2)
+    finally:
+        for c in comms:
+            c.destroy()
