@@ -86,7 +86,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
   }
 
   template <bool RECV, bool SEND>
-  MNCL_DEV void genericOp(const T* src, T* dst, size_t n, bool post) {
+  MNCL_DEV_STEP void genericOp(const T* src, T* dst, size_t n, bool post) {
     DevChannel& ch = cx_.ch;
     if (tid() == 0 && SEND) waitSendAndAnnounce();
     if (barrierAny(cx_.waiter.aborted)) {  // thread 0's verdict holds for the whole channel
@@ -109,9 +109,10 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
         const Line* l = lineAt(ch.recvFrom[peer], ch.recvStep[peer], i);
         uint32_t flag = (uint32_t)(ch.recvStep[peer] + 1);
         if (!cx_.waiter.until([&] { return Format::read(l, x, flag); })) break;
-#if !defined(__CUDACC__)
-        if (i == 0 && !checkStepInfo(cx_, peer, ch.recvFrom[peer].ctrl->info[ch.recvStep[peer] % kSteps])) break;
-#endif
+        if (i == 0) {  // the sender published its StepInfo before the step's first line
+          fenceSystem();
+          if (!checkStepInfo(cx_, peer, ch.recvFrom[peer].ctrl->info[ch.recvStep[peer] % kSteps])) break;
+        }
         combine(v, x, have);
       }
       if (cx_.waiter.aborted) break;
@@ -165,6 +166,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
       if (!cx_.waiter.until([&] { return loadAcquire(&c->head) + kSteps > step; })) return;
       c->info[step % kSteps] = info;
     }
+    fenceSystem();  // GPU: the StepInfo lands before any line (the lines' stores are not releases)
   }
 
   PrimsContext<Fn> cx_;

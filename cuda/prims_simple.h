@@ -20,7 +20,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   MNCL_DEV size_t stepElems() const { return cx_.ch.sizes.simpleSlotBytes / sizeof(T); }
 
   template <bool RECV, bool SEND>
-  MNCL_DEV void genericOp(const T* src, T* dst, size_t n, bool post) {
+  MNCL_DEV_STEP void genericOp(const T* src, T* dst, size_t n, bool post) {
     DevChannel& ch = cx_.ch;
     const T* srcs[kMaxSrcs];
     T* dsts[kMaxDsts];
@@ -68,7 +68,8 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   // our output (every algorithm writes each output element once), or an input that shares
   // no memory with the output. Worth a synchronisation only for big steps.
   MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, size_t n) const {
-    if (!kPointerSteps || n * sizeof(T) < cx_.ch.pointerStepMinBytes) return nullptr;
+    if constexpr (!kPointerSteps) return nullptr;
+    if (n * sizeof(T) < cx_.ch.pointerStepMinBytes) return nullptr;
     for (int i = 0; i < send_.n; ++i) {
       if (!loadRelaxed(&cx_.ch.sendTo[send_.peer[i]].ctrl->readsSenderMemory)) return nullptr;
     }

@@ -24,12 +24,77 @@ MNCL_DEV void copyElems(T* dst, const T* src, size_t n) {
 
 #if defined(__CUDACC__)
 
+// GPU loads that fetch from L2 every time (ld.volatile): a FIFO slot is rewritten by its
+// peer on every lap of the FIFO, and this SM's L1 may still hold the previous lap's lines.
+template <typename T>
+MNCL_DEV T loadFresh(const T* p) {
+  static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8, "element size");
+  T v;
+  if constexpr (sizeof(T) == 1) {
+    uint16_t b;
+    asm volatile("ld.volatile.global.u8 %0, [%1];" : "=h"(b) : "l"(p) : "memory");
+    uint8_t c = (uint8_t)b;
+    memcpy(&v, &c, 1);
+  } else if constexpr (sizeof(T) == 2) {
+    uint16_t b;
+    asm volatile("ld.volatile.global.u16 %0, [%1];" : "=h"(b) : "l"(p) : "memory");
+    memcpy(&v, &b, 2);
+  } else if constexpr (sizeof(T) == 4) {
+    uint32_t b;
+    asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(b) : "l"(p) : "memory");
+    memcpy(&v, &b, 4);
+  } else {
+    uint64_t b;
+    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(b) : "l"(p) : "memory");
+    memcpy(&v, &b, 8);
+  }
+  return v;
+}
+
+// 16 bytes as elements: the unit of the vectorised loop.
+template <typename T>
+union Vec16 {
+  static constexpr int kElems = 16 / (int)sizeof(T);
+  uint4 u;
+  T e[kElems];
+  MNCL_DEV Vec16() {}
+};
+
+template <typename T>
+MNCL_DEV Vec16<T> loadFresh16(const T* p) {
+  Vec16<T> v;
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.u.x), "=r"(v.u.y), "=r"(v.u.z), "=r"(v.u.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
 template <typename T, typename Fn>
 MNCL_DEV void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
                          size_t n, bool post, bool /*streamDst0*/ = false) {
-  for (size_t i = tid(); i < n; i += nthreads()) {
-    T v = srcs[0][i];
-    for (int s = 1; s < nsrc; ++s) v = fn(v, srcs[s][i]);
+  post = post && Fn::kHasPost;
+  // 16-byte loads and stores when every pointer allows them (FIFO slots and channel slices
+  // are 64-byte aligned; a ring chunk of an odd size may not be: it takes the scalar loop).
+  bool aligned = true;
+  for (int s = 0; s < nsrc; ++s) aligned &= ((uintptr_t)srcs[s] & 15) == 0;
+  for (int d = 0; d < ndst; ++d) aligned &= ((uintptr_t)dsts[d] & 15) == 0;
+  constexpr int kVec = Vec16<T>::kElems;
+  size_t nvec = aligned ? n / kVec : 0;
+  for (size_t i = tid(); i < nvec; i += nthreads()) {
+    Vec16<T> v = loadFresh16(srcs[0] + i * kVec);
+    for (int s = 1; s < nsrc; ++s) {
+      Vec16<T> x = loadFresh16(srcs[s] + i * kVec);
+      for (int j = 0; j < kVec; ++j) v.e[j] = fn(v.e[j], x.e[j]);
+    }
+    if (post) {
+      for (int j = 0; j < kVec; ++j) v.e[j] = fn.post(v.e[j]);
+    }
+    for (int d = 0; d < ndst; ++d) *reinterpret_cast<uint4*>(dsts[d] + i * kVec) = v.u;
+  }
+  for (size_t i = nvec * kVec + tid(); i < n; i += nthreads()) {
+    T v = loadFresh(srcs[0] + i);
+    for (int s = 1; s < nsrc; ++s) v = fn(v, loadFresh(srcs[s] + i));
     if (post) v = fn.post(v);
     for (int d = 0; d < ndst; ++d) dsts[d][i] = v;
   }

@@ -188,11 +188,64 @@ def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, i
     return rows
 
 
-def _header(cfg: Config, n: int) -> str:
+def bench_gpu_ranks(comms: list[Communicator], cfg: Config) -> list[tuple[int, int, float, int]]:
+    """The sweep with every rank on one GPU in this process, driven by this thread: each
+    iteration is one group of all ranks' calls (the kernels run side by side on the GPU).
+    Times the enqueued iterations up to a device synchronisation."""
+    import cupy as cp  # the GPU arrays; minincl[cupy]
+
+    dtype = DTYPES[cfg.dtype]
+    n = len(comms)
+    rows = []
+    print(_header(cfg, n, "one process, ranks on " + comms[0].device), flush=True)
+
+    def step(sends: list[Any], recvs: list[Any]) -> None:
+        with group():
+            for c in comms:
+                _run_one(cfg, c, sends[c.rank], recvs[c.rank])
+
+    for nbytes in sizes(cfg):
+        host = [_buffers(cfg, n, r, nbytes, dtype) for r in range(n)]
+        count = host[0][0]
+        sends = [cp.asarray(h[1]) for h in host]
+        recvs = [cp.asarray(h[2]) for h in host]
+        iters, warmup = iterations(cfg, nbytes)
+        for _ in range(warmup):
+            step(sends, recvs)
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            step(sends, recvs)
+        cp.cuda.Device().synchronize()
+        secs = (time.perf_counter() - t0) / max(iters, 1)
+        wrong = -1
+        if cfg.check:
+            wrong = 0
+            for r in recvs:
+                r.fill(0)
+            step(sends, recvs)
+            for c in comms:
+                if cfg.coll == "reduce" and c.rank != cfg.root:
+                    continue
+                want = _expected(cfg, c, count, dtype)
+                got = cp.asnumpy(recvs[c.rank]).reshape(-1)[: want.size]
+                wrong += int(np.count_nonzero(got != want))
+        row = (
+            count * np.dtype(dtype).itemsize * (n if cfg.coll in ("allgather", "reduce_scatter", "alltoall") else 1),
+            count,
+            secs,
+            wrong,
+        )
+        rows.append(row)
+        print(_row(cfg, n, row), flush=True)
+    return rows
+
+
+def _header(cfg: Config, n: int, where: str = "processes") -> str:
     algo = os.environ.get("MININCL_ALGO", "auto")
     proto = os.environ.get("MININCL_PROTO", "auto")
     lines = [
-        f"# minincl bench {cfg.coll}: {n} ranks (processes), dtype {cfg.dtype}, op {cfg.op}, "
+        f"# minincl bench {cfg.coll}: {n} ranks ({where}), dtype {cfg.dtype}, op {cfg.op}, "
         f"algo {algo}, proto {proto}, iters {cfg.iters or 'by size'}, warmup {cfg.warmup}",
         "#",
         f"# {'size':>12} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} {'time':>10} "
@@ -228,13 +281,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", type=int, default=0)
     p.add_argument("--algo", help="force algorithms (MININCL_ALGO syntax)")
     p.add_argument("--proto", help="force protocols (MININCL_PROTO syntax)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        help="cpu: rank processes on this host's cores; cuda: every rank on GPU 0, in this process "
+        "(default: cuda when a GPU and CuPy are usable, else cpu)",
+    )
     p.add_argument("--check", action="store_true", help="verify results against NumPy; counts #wrong")
 
 
+def _default_device() -> str:
+    from ._comm import gpu_count
+
+    if gpu_count() == 0:
+        return "cpu"
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return "cpu"
+    return "cuda"
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.device != "cpu":
-        print("minincl bench: this build runs on the CPU only")
+    if args.device is None:
+        args.device = _default_device()
+    if args.device == "cuda" and args.collective in ("alltoall", "sendrecv"):
+        print(f"minincl bench: {args.collective} runs on CPU communicators only so far")
         return 2
     if args.algo:
         os.environ["MININCL_ALGO"] = args.algo
@@ -253,7 +325,15 @@ def run(args: argparse.Namespace) -> int:
         args.root,
         args.check,
     )
-    rows = launch(bench_rank, args.ranks, cfg)[0]
+    if args.device == "cuda":
+        comms = Communicator.init_all(args.ranks, device="cuda")
+        try:
+            rows = bench_gpu_ranks(comms, cfg)
+        finally:
+            for c in comms:
+                c.destroy()
+    else:
+        rows = launch(bench_rank, args.ranks, cfg)[0]
     wrong = sum(r[3] for r in rows if r[3] > 0)
     if cfg.check:
         print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")

@@ -28,4 +28,39 @@ struct GpuLaunch {
 
 cudaError_t launchCollective(const GpuLaunch& l, Coll coll, DataType dtype, RedOp op);
 
+// The (reduction, type) kernel instances: each is a translation unit of its own (see
+// CMakeLists.txt), so a build spreads them over every core. Signed sums and products run as
+// their unsigned twins; MININCL_CUDA_QUICK leaves out the 16-bit and 64-bit floats.
+#define MNCL_KERNEL_NAME_(op, type) launch_##op##_##type
+#define MNCL_KERNEL_NAME(op, type) MNCL_KERNEL_NAME_(op, type)
+#define MNCL_KERNEL_CTYPE_i8 int8_t
+#define MNCL_KERNEL_CTYPE_u8 uint8_t
+#define MNCL_KERNEL_CTYPE_i32 int32_t
+#define MNCL_KERNEL_CTYPE_u32 uint32_t
+#define MNCL_KERNEL_CTYPE_i64 int64_t
+#define MNCL_KERNEL_CTYPE_u64 uint64_t
+#define MNCL_KERNEL_CTYPE_f16 half_t
+#define MNCL_KERNEL_CTYPE_bf16 bfloat16_t
+#define MNCL_KERNEL_CTYPE_f32 float
+#define MNCL_KERNEL_CTYPE_f64 double
+#define MNCL_KERNEL_CTYPE_(type) MNCL_KERNEL_CTYPE_##type
+#define MNCL_KERNEL_CTYPE(type) MNCL_KERNEL_CTYPE_(type)
+#define MNCL_KERNEL_FUNC_sum FuncSum
+#define MNCL_KERNEL_FUNC_prod FuncProd
+#define MNCL_KERNEL_FUNC_max FuncMax
+#define MNCL_KERNEL_FUNC_min FuncMin
+#define MNCL_KERNEL_FUNC_avg FuncAvg
+#define MNCL_KERNEL_FUNC_(op) MNCL_KERNEL_FUNC_##op
+#define MNCL_KERNEL_FUNC(op) MNCL_KERNEL_FUNC_(op)
+
+#if defined(MININCL_CUDA_QUICK)
+#define MNCL_KERNEL_FLOATS(X, op) X(op, f32)
+#else
+#define MNCL_KERNEL_FLOATS(X, op) X(op, f16) X(op, bf16) X(op, f32) X(op, f64)
+#endif
+#define MNCL_KERNEL_UNSIGNED(X, op) X(op, u8) X(op, u32) X(op, u64) MNCL_KERNEL_FLOATS(X, op)
+#define MNCL_KERNEL_ALL(X, op) X(op, i8) X(op, i32) X(op, i64) MNCL_KERNEL_UNSIGNED(X, op)
+#define MNCL_KERNEL_INSTANCES(X) \
+  MNCL_KERNEL_UNSIGNED(X, sum) MNCL_KERNEL_UNSIGNED(X, prod) MNCL_KERNEL_ALL(X, max) MNCL_KERNEL_ALL(X, min) MNCL_KERNEL_ALL(X, avg)
+
 }  // namespace mncl::dev

@@ -208,7 +208,7 @@ void Comm::connect(const RegionLayout& layout) {
 
 void Comm::createGpuRegion(size_t bytes) {
   gpu_ = std::make_unique<gpu::GpuComm>(device_);
-  auto region = std::make_shared<gpu::DeviceRegion>(bytes);
+  auto region = std::make_shared<gpu::DeviceRegion>(bytes, gpu_->sideStream());
   gpuRegion_ = region;
   peers_[rank_].gpuRegionId = registerRegion(region);
   bool otherProcess = false;

@@ -13,12 +13,13 @@
 
 namespace mncl::gpu {
 
-DeviceRegion::DeviceRegion(size_t bytes) {
+DeviceRegion::DeviceRegion(size_t bytes, cudaStream_t stream) {
   void* p = nullptr;
   MNCL_CUDA_CHECK(cudaMalloc(&p, bytes));
   base_ = static_cast<char*>(p);
   size_ = bytes;
-  MNCL_CUDA_CHECK(cudaMemset(p, 0, bytes));
+  MNCL_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream));
+  MNCL_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 DeviceRegion::~DeviceRegion() { cudaFree(base_); }
@@ -118,8 +119,11 @@ void GpuComm::upload(const std::vector<std::unique_ptr<Channel>>& channels, cons
     d.abortFlag = abortWordOnDevice;
     devChannels[c] = d;
   }
-  MNCL_CUDA_CHECK(cudaMemcpy(arrays_, staging.data(), staging.size(), cudaMemcpyHostToDevice));
-  MNCL_CUDA_CHECK(cudaMemcpy(channels_, devChannels.data(), sizeof(dev::DevChannel) * nChannels_, cudaMemcpyHostToDevice));
+  // (On the side stream: the legacy one would wait for other communicators' kernels.)
+  MNCL_CUDA_CHECK(cudaMemcpyAsync(arrays_, staging.data(), staging.size(), cudaMemcpyHostToDevice, side_));
+  MNCL_CUDA_CHECK(cudaMemcpyAsync(channels_, devChannels.data(), sizeof(dev::DevChannel) * nChannels_,
+                                  cudaMemcpyHostToDevice, side_));
+  MNCL_CUDA_CHECK(cudaStreamSynchronize(side_));
 }
 
 bool GpuComm::firstError(dev::DevError* out) const {

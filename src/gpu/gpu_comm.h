@@ -23,7 +23,9 @@ namespace gpu {
 // One rank's receiving ends, in device memory; base() is a device address.
 class DeviceRegion : public Mapping {
  public:
-  explicit DeviceRegion(size_t bytes);  // zero-filled
+  // Zero-filled through `stream`: the legacy default stream would wait for kernels of other
+  // communicators, which may be waiting for this one to come up.
+  DeviceRegion(size_t bytes, cudaStream_t stream);
   ~DeviceRegion() override;
   cudaIpcMemHandle_t ipcHandle() const;
 };
