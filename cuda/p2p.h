@@ -38,41 +38,54 @@ struct P2pEngine {
     return s;
   }
 
-  // Runs ops[0..n) to completion; returns false if aborted or mismatched.
+  // Runs ops[0..n) to completion; returns false if aborted or mismatched. On a GPU every
+  // thread of the block runs it on the same ops (in shared memory): thread 0 looks at a
+  // connection and decides, a barrier shares the verdict, every thread copies, thread 0
+  // posts the step and advances the op. (On the CPU the barriers cost nothing.)
   MNCL_DEV bool run(P2pOp* ops, int n) {
     size_t stepBytes = ch.sizes.simpleSlotBytes;
-    int left = 0;
-    for (int i = 0; i < n; ++i) {
-      ops[i].done = 0;
-      ops[i].stepsLeft = ops[i].bytes == 0 ? 1 : divUpBytes(ops[i].bytes, stepBytes);
-      ++left;
+    if (tid() == 0) {
+      for (int i = 0; i < n; ++i) {
+        ops[i].done = 0;
+        ops[i].stepsLeft = ops[i].bytes == 0 ? 1 : divUpBytes(ops[i].bytes, stepBytes);
+      }
     }
+    barrier();
+    int left = n;
     uint32_t idle = 0;
     while (left > 0) {
       bool moved = false;
       for (int i = 0; i < n; ++i) {
         P2pOp& op = ops[i];
         if (op.stepsLeft == 0 || blockedByEarlier(ops, i)) continue;
-        if (op.isSend ? trySend(op, stepBytes) : tryRecv(op, stepBytes)) {
-          moved = true;
-          if (op.stepsLeft == 0) --left;
-        }
-        if (waiter.aborted) return false;
-      }
-      if (moved) {
-        idle = 0;
-      } else {
-        if (loadRelaxed(waiter.abortFlag) != 0) {
+        Verdict v = Verdict::wait;
+        if (tid() == 0) v = op.isSend ? sendVerdict(op) : recvVerdict(op);
+        if (barrierAny(v == Verdict::mismatch)) {
           waiter.aborted = true;
           return false;
         }
-        waiter.backoff(idle++);
+        if (!barrierAny(v == Verdict::go)) continue;
+        moveStep(op, stepBytes);
+        moved = true;
+        if (op.stepsLeft == 0) --left;
       }
+      if (moved) {
+        idle = 0;
+        continue;
+      }
+      bool look = idle % kSpinsPerAbortCheck == 0;
+      if (barrierAny(tid() == 0 && look && loadRelaxed(waiter.abortFlag) != 0)) {
+        waiter.aborted = true;
+        return false;
+      }
+      waiter.backoff(idle++);
     }
     return true;
   }
 
  private:
+  enum class Verdict { wait, go, mismatch };
+
   MNCL_HOSTDEV static uint64_t divUpBytes(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
   // Ops on the same connection (peer and direction) run in the order they were issued.
@@ -87,39 +100,47 @@ struct P2pEngine {
     return f.simple + (step % kSteps) * (size_t)ch.sizes.simpleSlotBytes;
   }
 
-  MNCL_DEV bool trySend(P2pOp& op, size_t stepBytes) {
-    ConnFifo& f = ch.sendTo[op.peer];
-    uint64_t step = ch.sendStep[op.peer];
-    if (loadAcquire(&f.ctrl->head) + kSteps <= step) return false;
-    size_t len = minBytes(stepBytes, op.bytes - op.done);
-    copyElems(slot(f, step), op.buf + op.done, len);
-    f.ctrl->info[step % kSteps] = infoOf(op);
-    storeRelease(&f.ctrl->tail, ++ch.sendStep[op.peer]);
-    op.done += len;
-    --op.stepsLeft;
-    return true;
+  // Thread 0: may this send fill its next slot (the receiver has freed it)?
+  MNCL_DEV Verdict sendVerdict(const P2pOp& op) const {
+    const ConnFifo& f = ch.sendTo[op.peer];
+    return loadAcquire(&f.ctrl->head) + kSteps > ch.sendStep[op.peer] ? Verdict::go : Verdict::wait;
   }
 
-  MNCL_DEV bool tryRecv(P2pOp& op, size_t stepBytes) {
-    ConnFifo& f = ch.recvFrom[op.peer];
+  // Thread 0: has this recv's next step arrived, and does the sender's op match ours?
+  MNCL_DEV Verdict recvVerdict(const P2pOp& op) const {
+    const ConnFifo& f = ch.recvFrom[op.peer];
     uint64_t step = ch.recvStep[op.peer];
-    if (loadAcquire(&f.ctrl->tail) <= step) return false;
+    if (loadAcquire(&f.ctrl->tail) <= step) return Verdict::wait;
     StepInfo want = infoOf(op), got = f.ctrl->info[step % kSteps];
-    if (!sameInfo(want, got)) {
-      if (error && error->peer < 0) {
-        error->peer = op.peer;
-        error->expected = want;
-        error->got = got;
-      }
-      waiter.aborted = true;
-      return false;
+    if (sameInfo(want, got)) return Verdict::go;
+    if (error && error->peer < 0) {
+      error->peer = op.peer;
+      error->expected = want;
+      error->got = got;
     }
+    return Verdict::mismatch;
+  }
+
+  // Every thread copies one step; thread 0 then publishes it and advances the op.
+  MNCL_DEV void moveStep(P2pOp& op, size_t stepBytes) {
+    uint64_t step = op.isSend ? ch.sendStep[op.peer] : ch.recvStep[op.peer];
+    ConnFifo& f = op.isSend ? ch.sendTo[op.peer] : ch.recvFrom[op.peer];
     size_t len = minBytes(stepBytes, op.bytes - op.done);
-    copyElems(op.buf + op.done, slot(f, step), len);
-    storeRelease(&f.ctrl->head, ++ch.recvStep[op.peer]);
-    op.done += len;
-    --op.stepsLeft;
-    return true;
+    if (op.isSend) copyElems(slot(f, step), op.buf + op.done, len);
+    else copyElems(op.buf + op.done, slot(f, step), len);
+    barrier();
+    if (tid() == 0) {
+      fenceSystem();
+      if (op.isSend) {
+        f.ctrl->info[step % kSteps] = infoOf(op);
+        storeRelease(&f.ctrl->tail, ++ch.sendStep[op.peer]);
+      } else {
+        storeRelease(&f.ctrl->head, ++ch.recvStep[op.peer]);
+      }
+      op.done += len;
+      --op.stepsLeft;
+    }
+    barrier();
   }
 
   MNCL_HOSTDEV static size_t minBytes(size_t a, uint64_t b) { return a < b ? a : (size_t)b; }

@@ -12,18 +12,7 @@ namespace mncl::dev {
 constexpr int kMaxSrcs = kMaxPeers + 1;  // own input + every peer received from
 constexpr int kMaxDsts = kMaxPeers + 1;  // own output + every peer sent to
 
-template <typename T>
-MNCL_DEV void copyElems(T* dst, const T* src, size_t n) {
-  if (dst == src || n == 0) return;
 #if defined(__CUDACC__)
-  for (size_t i = tid(); i < n; i += nthreads()) dst[i] = src[i];
-#else
-  std::memcpy(dst, src, n * sizeof(T));
-#endif
-}
-
-#if defined(__CUDACC__)
-
 // GPU loads that fetch from L2 every time (ld.volatile): a FIFO slot is rewritten by its
 // peer on every lap of the FIFO, and this SM's L1 may still hold the previous lap's lines.
 template <typename T>
@@ -69,6 +58,25 @@ MNCL_DEV Vec16<T> loadFresh16(const T* p) {
                : "memory");
   return v;
 }
+
+#endif
+
+template <typename T>
+MNCL_DEV void copyElems(T* dst, const T* src, size_t n) {
+  if (dst == src || n == 0) return;
+#if defined(__CUDACC__)
+  // 16 bytes at a time when both ends allow it; loads fresh from L2 (src may be a FIFO slot).
+  constexpr int kVec = Vec16<T>::kElems;
+  bool aligned = (((uintptr_t)dst | (uintptr_t)src) & 15) == 0;
+  size_t nvec = aligned ? n / kVec : 0;
+  for (size_t i = tid(); i < nvec; i += nthreads()) *reinterpret_cast<uint4*>(dst + i * kVec) = loadFresh16(src + i * kVec).u;
+  for (size_t i = nvec * kVec + tid(); i < n; i += nthreads()) dst[i] = loadFresh(src + i);
+#else
+  std::memcpy(dst, src, n * sizeof(T));
+#endif
+}
+
+#if defined(__CUDACC__)
 
 template <typename T, typename Fn>
 MNCL_DEV void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,

@@ -251,7 +251,7 @@ mnclResult_t mnclAlltoAll(const void* s, void* r, size_t n, mnclDataType_t t, mn
   return guarded([&] {
     Comm& cm = use(c);
     checkStream(cm, st);
-    enqueueAlltoAll(cm, s, r, n, (DataType)t);
+    enqueueAlltoAll(cm, s, r, n, (DataType)t, st);
   });
 }
 
@@ -259,7 +259,7 @@ mnclResult_t mnclSend(const void* buf, size_t n, mnclDataType_t t, int peer, mnc
   return guarded([&] {
     Comm& cm = use(c);
     checkStream(cm, st);
-    enqueueP2p(cm, {true, const_cast<void*>(buf), n, (DataType)t, peer});
+    enqueueP2p(cm, {true, const_cast<void*>(buf), n, (DataType)t, peer, st});
   });
 }
 
@@ -267,7 +267,7 @@ mnclResult_t mnclRecv(void* buf, size_t n, mnclDataType_t t, int peer, mnclComm_
   return guarded([&] {
     Comm& cm = use(c);
     checkStream(cm, st);
-    enqueueP2p(cm, {false, buf, n, (DataType)t, peer});
+    enqueueP2p(cm, {false, buf, n, (DataType)t, peer, st});
   });
 }
 

@@ -364,12 +364,44 @@ def test_array_on_another_gpu_is_refused(gpus: GpuPool, cp: Any) -> None:
         c.allreduce(cp.ones(8, cp.float32), other)
 
 
-def test_point_to_point_is_not_on_gpus_yet(gpus: GpuPool, cp: Any) -> None:
-    c = gpus.get(2)[0]
-    x = cp.ones(8, cp.float32)
-    for fn in (lambda: c.send(x, 1), lambda: c.recv(x, 1), lambda: c.alltoall(cp.ones(8, cp.float32))):
-        with pytest.raises(minincl.InvalidUsage):
-            fn()
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_send_recv_ring_exchange(gpus: GpuPool, cp: Any, nranks: int) -> None:
+    """Every rank sends to the next and receives from the previous, in one group per call
+    (both directions at once: no order can deadlock), plus a send to itself."""
+    comms = gpus.get(nranks)
+    for dtype, count in (("float32", 0), ("float32", 1), ("int8", 1009), ("float64", 65537), ("float32", BIG)):
+        inputs = inputs_for(nranks, count, dtype, "sum", seed=count % 5)
+        sends = [cp.asarray(x) for x in inputs]
+        recvs = [cp.full(count, 99, dtype) for _ in range(nranks)]
+        selfs = [cp.full(count, 99, dtype) for _ in range(nranks)]
+        with minincl.group():
+            for c in comms:
+                r = c.rank
+                c.send(sends[r], (r + 1) % nranks)
+                c.recv(recvs[r], (r - 1) % nranks)
+                c.send(sends[r], r)
+                c.recv(selfs[r], r)
+        for r in range(nranks):
+            where = f"{dtype} count {count} rank {r}"
+            np.testing.assert_array_equal(cp.asnumpy(recvs[r]), inputs[(r - 1) % nranks], err_msg=where)
+            np.testing.assert_array_equal(cp.asnumpy(selfs[r]), inputs[r], err_msg=where)
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_alltoall(gpus: GpuPool, cp: Any, nranks: int) -> None:
+    comms = gpus.get(nranks)
+    for count in (1, 1009, 300_007):
+        inputs = [np.arange(count * nranks, dtype=np.int32) * 10 + r for r in range(nranks)]
+        sends = [cp.asarray(x) for x in inputs]
+        recvs = [cp.full(count * nranks, -1, cp.int32) for _ in range(nranks)]
+        with minincl.group():
+            for c in comms:
+                c.alltoall(sends[c.rank], recvs[c.rank])
+        for r in range(nranks):
+            want = np.concatenate([inputs[q][r * count : (r + 1) * count] for q in range(nranks)])
+            np.testing.assert_array_equal(cp.asnumpy(recvs[r]), want, err_msg=f"count {count} rank {r}")
+    with pytest.raises(minincl.InvalidUsage, match="in-place alltoall"):
+        comms[0].alltoall(cp.ones(2 * nranks, cp.float32), None)
 
 
 @pytest.mark.parametrize("nranks", [2, 4, 8])
@@ -588,6 +620,31 @@ def test_two_processes_over_cuda_ipc() -> None:
     counts = [0, 1, 1009, 65537]
     results = minincl.launch(ipc_worker, 2, counts, device="cuda", timeout=180)
     assert results == [results[0]] * 2 and results[0] == 6 * 4 * len(counts)
+
+
+def test_mismatched_send_recv_is_an_error(cp: Any) -> None:
+    """Rank 1 expects more than rank 0 sends: rank 1's kernel finds it at the first step and
+    stops; the monitor turns the kernel's record into the communicator's error."""
+    comms = minincl.Communicator.init_all(2, device=DEVICE)
+    try:
+        a, b = cp.ones(8, cp.float32), cp.zeros(9, cp.float32)
+        with minincl.group():
+            comms[0].send(a, 1)
+            comms[1].recv(b, 0)
+        cp.cuda.Device().synchronize()  # both kernels end: rank 0's step fitted in the FIFO
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                comms[1].allreduce(cp.ones(0, cp.float32))  # launches nothing; raises once failed
+            except minincl.InvalidUsage as e:
+                assert "mismatched send/recv" in str(e), str(e)
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("rank 1 never reported the mismatched recv")
+    finally:
+        for c in comms:
+            c.abort()
 
 
 def test_abort_stops_a_spinning_kernel(cp: Any) -> None:

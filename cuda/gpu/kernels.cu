@@ -33,10 +33,32 @@ cudaError_t launch(const GpuLaunch& l, Fn fn) {
   return cudaGetLastError();
 }
 
+#if defined(MININCL_KERNEL_COPY)
+// Sends and receives: the block's ops go to shared memory, where thread 0 advances them and
+// every thread reads their progress (see P2pEngine::run).
+__global__ void __launch_bounds__(kGpuThreads)
+    p2pKernel(DevChannel* channels, const __grid_constant__ GpuP2pWorks works, DevError* errors) {
+  __shared__ alignas(P2pOp) unsigned char storage[sizeof(P2pOp) * kMaxGpuP2pOps];
+  P2pOp* ops = reinterpret_cast<P2pOp*>(storage);
+  int first = works.first[blockIdx.x], n = works.first[blockIdx.x + 1] - first;
+  if (tid() == 0) memcpy(ops, &works.ops[first], sizeof(P2pOp) * n);
+  barrier();
+  DevChannel& ch = channels[blockIdx.x];
+  Waiter waiter{ch.abortFlag, ch.spinBudget};
+  P2pEngine engine{ch, waiter, errors + blockIdx.x};
+  engine.run(ops, n);
+}
+#endif
+
 }  // namespace
 
 #if defined(MININCL_KERNEL_COPY)
 cudaError_t launchCopy(const GpuLaunch& l) { return launch<uint8_t>(l, FuncCopy<uint8_t>{}); }
+
+cudaError_t launchP2p(const GpuP2pLaunch& l) {
+  p2pKernel<<<l.nChannels, l.nThreads, 0, l.stream>>>(l.channels, l.works, l.errors);
+  return cudaGetLastError();
+}
 #elif defined(MININCL_KERNEL_OP)
 cudaError_t MNCL_KERNEL_NAME(MININCL_KERNEL_OP, MININCL_KERNEL_TYPE)(const GpuLaunch& l) {
   using T = MNCL_KERNEL_CTYPE(MININCL_KERNEL_TYPE);

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "../channel.h"
+#include "../p2p.h"
 
 namespace mncl::dev {
 
@@ -27,6 +28,24 @@ struct GpuLaunch {
 };
 
 cudaError_t launchCollective(const GpuLaunch& l, Coll coll, DataType dtype, RedOp op);
+
+// A group's sends and receives on one communicator: channel c runs ops[first[c], first[c+1]).
+constexpr int kMaxGpuP2pOps = 56;
+struct GpuP2pWorks {
+  int16_t first[kMaxGpuChannels + 1];
+  P2pOp ops[kMaxGpuP2pOps];
+};
+static_assert(sizeof(GpuP2pWorks) + 64 <= 4096, "kernel arguments are limited to 4 KiB");
+
+struct GpuP2pLaunch {
+  DevChannel* channels;
+  GpuP2pWorks works;
+  DevError* errors;
+  int nChannels, nThreads;
+  cudaStream_t stream;
+};
+
+cudaError_t launchP2p(const GpuP2pLaunch& l);
 
 // The (reduction, type) kernel instances: each is a translation unit of its own (see
 // CMakeLists.txt), so a build spreads them over every core. Signed sums and products run as

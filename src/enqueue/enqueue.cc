@@ -100,8 +100,6 @@ void validate(Comm& comm, const CollCall& c) {
 
 void validate(Comm& comm, const P2pCall& c) {
   checkUsable(comm);
-  MNCL_CHECK(!comm.onGpu(), mnclInvalidUsage,
-        std::string(c.isSend ? "send" : "recv") + " on a CUDA communicator: point-to-point (send, recv, alltoall) runs on CPU communicators only so far");
   checkTypeOp(c.dtype, RedOp::sum, false);
   MNCL_CHECK(c.peer >= 0 && c.peer < comm.nranks(), mnclInvalidArgument,
         std::string(c.isSend ? "send" : "recv") + ": peer " + std::to_string(c.peer) + " is out of range for " +
@@ -154,42 +152,15 @@ void planColl(CommPlan& plan, const CollCall& c) {
 }
 
 void planP2p(CommPlan& plan, const P2pCall& c) {
-  Comm& comm = *plan.comm;
-  if (c.peer == comm.rank()) {
+  if (c.peer == plan.comm->rank()) {
     (c.isSend ? plan.selfSends : plan.selfRecvs).push_back(&c);
     return;
   }
-  size_t bytes = c.count * dataTypeSize(c.dtype);
-  // Big transfers spread over channels; channel 0 always carries a step so a receiver
-  // compares sizes with its sender even when they disagree on the channel count.
-  size_t perChannel = 4 * (size_t)comm.channel(0).dev.sizes.simpleSlotBytes;
-  int nch = (int)std::clamp<size_t>(bytes / perChannel, 1, (size_t)comm.nChannels());
-  size_t share = alignedShare(bytes, nch, 1);
-  for (int ch = 0; ch < nch; ++ch) {
-    size_t off = std::min(bytes, (size_t)ch * share);
-    dev::P2pOp op{};
-    op.isSend = c.isSend;
-    op.peer = c.peer;
-    op.buf = static_cast<char*>(c.buf) + off;
-    op.bytes = std::min(share, bytes - off);
-    op.totalBytes = bytes;
-    op.dtype = c.dtype;
-    plan.p2p[ch].push_back(op);
-  }
+  planP2pOps(*plan.comm, c, plan.p2p);
 }
 
 void matchSelf(CommPlan& plan) {
-  MNCL_CHECK(plan.selfSends.size() == plan.selfRecvs.size(), mnclInvalidUsage,
-        "rank " + std::to_string(plan.comm->rank()) + " sends to itself " + std::to_string(plan.selfSends.size()) +
-            " time(s) but receives from itself " + std::to_string(plan.selfRecvs.size()) + " time(s) in this group");
-  for (size_t i = 0; i < plan.selfSends.size(); ++i) {
-    const P2pCall& s = *plan.selfSends[i];
-    const P2pCall& r = *plan.selfRecvs[i];
-    size_t sb = s.count * dataTypeSize(s.dtype), rb = r.count * dataTypeSize(r.dtype);
-    MNCL_CHECK(sb == rb && s.dtype == r.dtype, mnclInvalidUsage,
-          "send to self of " + std::to_string(sb) + " bytes (" + typeName(s.dtype) + ") does not match the recv from self of " +
-              std::to_string(rb) + " bytes (" + typeName(r.dtype) + ")");
-  }
+  checkSelfPairs(plan.comm->rank(), plan.selfSends, plan.selfRecvs);
   for (size_t i = 0; i < plan.selfSends.size(); ++i) {
     const P2pCall& s = *plan.selfSends[i];
     if (s.count && plan.selfRecvs[i]->buf != s.buf) {
@@ -261,15 +232,15 @@ void plan(CommPlan& p, const Recorded& r) {
   else planColl(p, r.coll);
 }
 
-// A GPU group: every call is a collective of a GPU communicator (validation turned the
-// others away), launched in the order recorded.
+// A GPU group: every call is of a GPU communicator, launched in the order recorded (each
+// communicator's sends and receives together, after its collectives).
 void runRecordedOnGpu(std::vector<Recorded>& calls) {
   std::vector<GpuCall> gpuCalls;
   std::vector<std::unique_ptr<Comm::CallScope>> scopes;
   for (Recorded& r : calls) {
-    MNCL_CHECK(r.comm->onGpu() && !r.isP2p, mnclInvalidUsage,
+    MNCL_CHECK(r.comm->onGpu(), mnclInvalidUsage,
           "a group mixes CPU and CUDA communicators: run each kind in a group of its own");
-    gpuCalls.push_back({r.comm, r.coll});
+    gpuCalls.push_back({r.comm, r.isP2p, r.coll, r.p2p});
   }
   for (Recorded& r : calls) scopes.push_back(std::make_unique<Comm::CallScope>(*r.comm));
   launchGpuCalls(gpuCalls);
@@ -297,7 +268,7 @@ void record(const Recorded& r) {
   }
   Comm::CallScope scope(*r.comm);
   if (r.comm->onGpu()) {
-    launchGpuCalls({{r.comm, r.coll}});
+    launchGpuCalls({{r.comm, r.isP2p, r.coll, r.p2p}});
     return;
   }
   thread_local CommPlan single;
@@ -318,12 +289,12 @@ void enqueueP2p(Comm& comm, const P2pCall& call) {
   record({&comm, true, {}, call});
 }
 
-void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, DataType dtype) {
+void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, DataType dtype, void* stream) {
   checkUsable(comm);
-  MNCL_CHECK(!comm.onGpu(), mnclInvalidUsage,
-        "alltoall on a CUDA communicator: point-to-point (send, recv, alltoall) runs on CPU communicators only so far");
   checkTypeOp(dtype, RedOp::sum, false);
   size_t bytes = count * dataTypeSize(dtype);
+  MNCL_CHECK(!(comm.onGpu() && send == recv && bytes), mnclInvalidUsage,
+        "in-place alltoall on a CUDA communicator: pass a separate recv buffer");
   MNCL_CHECK(count == 0 || (send && recv), mnclInvalidArgument, "alltoall: a buffer is null");
   // In place, a block could be overwritten before it is sent: send from a copy.
   std::shared_ptr<std::vector<char>> copy;
@@ -336,8 +307,8 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
   groupStart();
   try {
     for (int p = 0; p < comm.nranks(); ++p) {
-      enqueueP2p(comm, {true, (char*)send + p * bytes, count, dtype, p});
-      enqueueP2p(comm, {false, (char*)recv + p * bytes, count, dtype, p});
+      enqueueP2p(comm, {true, (char*)send + p * bytes, count, dtype, p, stream});
+      enqueueP2p(comm, {false, (char*)recv + p * bytes, count, dtype, p, stream});
     }
   } catch (...) {
     groupEnd();

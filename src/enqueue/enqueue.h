@@ -31,13 +31,14 @@ struct P2pCall {
   size_t count;
   DataType dtype;
   int peer;
+  void* stream = nullptr;  // GPU: as CollCall::stream
 };
 
 // Validate (throwing InvalidArgument / InvalidUsage before anything is written), then run
 // the call, or record it if a group is open on this thread.
 void enqueueColl(Comm& comm, const CollCall& call);
 void enqueueP2p(Comm& comm, const P2pCall& call);
-void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, DataType dtype);
+void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, DataType dtype, void* stream = nullptr);
 
 void groupStart();
 void groupEnd();  // runs everything recorded since the outermost groupStart

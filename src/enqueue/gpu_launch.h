@@ -10,10 +10,13 @@ namespace mncl {
 
 struct GpuCall {
   Comm* comm;
-  CollCall call;
+  bool isP2p;
+  CollCall coll;
+  P2pCall p2p;
 };
 
-// Launches `calls` in order. Communicators that share a caller stream (several ranks driven
+// Launches `calls` in order, one kernel per collective; each communicator's sends and
+// receives run together in one more kernel, after its collectives. Communicators that share a caller stream (several ranks driven
 // by one thread in a group) would wait for each other on it: all but the first run on their
 // own side stream, forked from the caller's stream before and joined back into it after,
 // which also keeps the whole group inside a CUDA graph capture.

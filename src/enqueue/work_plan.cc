@@ -4,6 +4,7 @@
 
 #include "../core/comm.h"
 #include "../core/env.h"
+#include "../core/error.h"
 
 namespace mncl {
 
@@ -22,7 +23,44 @@ bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
   return x < y + bBytes && y < x + aBytes;
 }
 
+const char* typeName(DataType t) {
+  static const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16"};
+  return (int)t < (int)DataType::count ? names[(int)t] : "?";
+}
+
 }  // namespace
+
+void planP2pOps(Comm& comm, const P2pCall& c, std::vector<std::vector<dev::P2pOp>>& perChannel) {
+  size_t bytes = c.count * dataTypeSize(c.dtype);
+  size_t perChannelBytes = 4 * (size_t)comm.channel(0).dev.sizes.simpleSlotBytes;
+  int nch = (int)std::clamp<size_t>(bytes / perChannelBytes, 1, (size_t)comm.nChannels());
+  size_t share = alignedShare(bytes, nch, 1);
+  for (int ch = 0; ch < nch; ++ch) {
+    size_t off = std::min(bytes, (size_t)ch * share);
+    dev::P2pOp op{};
+    op.isSend = c.isSend;
+    op.peer = c.peer;
+    op.buf = static_cast<char*>(c.buf) + off;
+    op.bytes = std::min(share, bytes - off);
+    op.totalBytes = bytes;
+    op.dtype = c.dtype;
+    perChannel[ch].push_back(op);
+  }
+}
+
+void checkSelfPairs(int rank, const std::vector<const P2pCall*>& sends, const std::vector<const P2pCall*>& recvs) {
+  MNCL_CHECK(sends.size() == recvs.size(), mnclInvalidUsage,
+        "rank " + std::to_string(rank) + " sends to itself " + std::to_string(sends.size()) +
+            " time(s) but receives from itself " + std::to_string(recvs.size()) + " time(s) in this group");
+  for (size_t i = 0; i < sends.size(); ++i) {
+    const P2pCall& s = *sends[i];
+    const P2pCall& r = *recvs[i];
+    size_t sb = s.count * dataTypeSize(s.dtype), rb = r.count * dataTypeSize(r.dtype);
+    MNCL_CHECK(sb == rb && s.dtype == r.dtype, mnclInvalidUsage,
+          "send to self of " + std::to_string(sb) + " bytes (" + typeName(s.dtype) + ") does not match the recv from self of " +
+              std::to_string(rb) + " bytes (" + typeName(r.dtype) + ")");
+  }
+}
 
 bool copyWithoutPeers(const Comm& comm, const CollCall& c) { return c.count > 0 && comm.nranks() == 1; }
 

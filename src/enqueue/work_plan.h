@@ -3,9 +3,11 @@
 // same cut serves the CPU launch and the GPU one.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "../../cuda/channel.h"
+#include "../../cuda/p2p.h"
 #include "enqueue.h"
 
 namespace mncl {
@@ -22,6 +24,15 @@ inline size_t alignedShare(size_t count, int parts, size_t elemSize) {
 // Appends one work item per channel used to `out` (nothing when count is 0 or there is a
 // single rank: see copyWithoutPeers). Returns how many it appended.
 int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out);
+
+// Appends a send or recv to another rank to the channels' op lists (perChannel[c], sized
+// to the communicator's channels): big transfers spread over channels, and channel 0 always
+// carries a step, so a receiver compares sizes with its sender even when they would
+// disagree on the channel count.
+void planP2pOps(Comm& comm, const P2pCall& c, std::vector<std::vector<dev::P2pOp>>& perChannel);
+
+// Sends to self pair with recvs from self in order; throws InvalidUsage unless they match.
+void checkSelfPairs(int rank, const std::vector<const P2pCall*>& sends, const std::vector<const P2pCall*>& recvs);
 
 // A single rank has nothing to exchange: the result is its own input. True if the call is
 // of that kind (its copy is then the caller's to make, on the host or the GPU stream).

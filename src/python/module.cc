@@ -271,21 +271,30 @@ class PyComm {
     void* rp = r.data;
     DataType t = s.dtype;
     return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
-               [=](Comm& cm, void*) { enqueueAlltoAll(cm, sp, rp, per, t); });
+               [=](Comm& cm, void* st) { enqueueAlltoAll(cm, sp, rp, per, t, st); });
   }
 
   py::object send(py::object buf, int peer, bool asyncOp, py::object stream) {
     ArrayView b = py_arrays::view(buf, false, "buf");
     checkDevice(b, "buf");
     P2pCall c{true, b.data, b.count, b.dtype, peer};
-    return run(asyncOp, stream, py::none(), {b.keepAlive}, [c](Comm& cm, void*) { enqueueP2p(cm, c); });
+    return run(
+        asyncOp, stream, py::none(), {b.keepAlive},
+        [c](Comm& cm, void* st) mutable {
+          c.stream = st;
+          enqueueP2p(cm, c);
+        },
+        buf);
   }
 
   py::object recv(py::object buf, int peer, bool asyncOp, py::object stream) {
     ArrayView b = py_arrays::view(buf, true, "buf");
     checkDevice(b, "buf");
     P2pCall c{false, b.data, b.count, b.dtype, peer};
-    return run(asyncOp, stream, buf, {b.keepAlive}, [c](Comm& cm, void*) { enqueueP2p(cm, c); });
+    return run(asyncOp, stream, buf, {b.keepAlive}, [c](Comm& cm, void* st) mutable {
+      c.stream = st;
+      enqueueP2p(cm, c);
+    });
   }
 
   // (new nranks, unique id, new rank) of the group this rank joins, or None for color < 0.
@@ -484,7 +493,7 @@ class PyComm {
   }
 
   py::object run(bool asyncOp, py::object stream, py::object result, std::initializer_list<py::object> keep,
-                 std::function<void(Comm&, void*)> op) {
+                 std::function<void(Comm&, void*)> op, py::handle like = py::none()) {
     Comm& cm = live();
     if (!stream.is_none() && cm.device() < 0) throwError(mnclInvalidArgument, "a CPU communicator takes no stream");
     void* st = nullptr;
@@ -493,7 +502,7 @@ class PyComm {
         throwError(mnclInvalidUsage, "async_op=True on a CUDA communicator: its calls are already asynchronous, ordered on "
                                      "the stream; synchronize the stream (or record an event) to wait for them");
       }
-      st = callStream(stream, result, cm.device());
+      st = callStream(stream, like.is_none() ? py::handle(result) : like, cm.device());
     }
     if (groupDepth() > 0) {
       if (asyncOp) throwError(mnclInvalidUsage, "async_op=True inside minincl.group(): the group itself is the unit of completion");
