@@ -573,7 +573,7 @@ def test_cuda_graph_capture_and_replay(gpus: GpuPool, cp: Any, nranks: int) -> N
 
 
 def ipc_worker(comm: minincl.Communicator, counts: list[int]) -> int:
-    """One rank process of test_two_processes_over_cuda_ipc (launch imports it from here):
+    """One rank process of test_two_processes (launch imports it from here):
     every collective with CuPy on this process's own stream, checked against NumPy here."""
     import cupy as cp
 
@@ -613,11 +613,15 @@ def ipc_worker(comm: minincl.Communicator, counts: list[int]) -> int:
     return checks
 
 
-def test_two_processes_over_cuda_ipc() -> None:
-    """Two rank processes on the GPU(s), connected through CUDA IPC. On one GPU without MPS
-    the two contexts are time-sliced, so the counts stay small."""
+@pytest.mark.parametrize("transport", ["ipc", "host"])
+def test_two_processes(monkeypatch: pytest.MonkeyPatch, transport: str) -> None:
+    """Two rank processes on the GPU(s), their FIFOs in device memory reached through CUDA
+    IPC, or in pinned host memory (the fallback when IPC is unavailable), forced through
+    MININCL_GPU_TRANSPORT. On one GPU without MPS the two contexts are time-sliced, so the
+    counts stay small."""
     _cupy()
-    counts = [0, 1, 1009, 65537]
+    monkeypatch.setenv("MININCL_GPU_TRANSPORT", transport)  # the spawned ranks inherit it
+    counts = [0, 1, 1009, 65537] if transport == "ipc" else [1, 1009]
     results = minincl.launch(ipc_worker, 2, counts, device="cuda", timeout=180)
     assert results == [results[0]] * 2 and results[0] == 6 * 4 * len(counts)
 

@@ -114,8 +114,11 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   for (const PeerInfo& p : peers_) nch = std::min(nch, (int)p.nChannels);
 
   RegionLayout layout(nranks, nch, mine.sizes);
-  // On a GPU the host region keeps only the control block; the FIFOs go to device memory.
-  size_t hostBytes = onGpu() ? RegionLayout(nranks, 0, mine.sizes).totalBytes() : layout.totalBytes();
+  // On a GPU the FIFOs go to device memory and the host region keeps the control block; across
+  // processes it also has room for the FIFOs (untouched pages cost nothing), where they go
+  // instead, pinned, when CUDA IPC is unavailable.
+  bool hostFifos = !onGpu() || otherProcess;
+  size_t hostBytes = hostFifos ? layout.totalBytes() : RegionLayout(nranks, 0, mine.sizes).totalBytes();
   std::shared_ptr<ShmMapping> shm;
   if (otherProcess) {
     shm = ShmMapping::create(hostBytes, "r" + std::to_string(rank));
@@ -157,7 +160,9 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   }
   if (plan_.searched) tuner_.setPathBandwidth(plan_.bwGBs);
   if (nranks > 1) monitor_ = std::make_unique<Monitor>(*this);
-  const char* transport = onGpu() ? (otherProcess ? "p2p (CUDA IPC)" : "local (device memory)") : otherProcess ? "shm" : "local";
+  const char* transport = !onGpu() ? (otherProcess ? "shm" : "local")
+                          : !gpuRegion_ ? "pinned host memory (no CUDA IPC)"
+                          : otherProcess ? "p2p (CUDA IPC)" : "local (device memory)";
   MNCL_INFO(kInit, "rank %d/%d: %d channel(s), transport %s, FIFO simple %u B x %d, ll %u lines, ll128 %u lines",
             rank, nranks, nch, transport, mine.sizes.simpleSlotBytes, dev::kSteps,
             mine.sizes.llSlotLines, mine.sizes.ll128SlotLines);
@@ -214,30 +219,70 @@ void Comm::createGpuRegion(size_t bytes) {
   bool otherProcess = false;
   for (const PeerInfo& p : peers_) otherProcess |= p.pid != peers_[rank_].pid;
   if (otherProcess) {
-    cudaIpcMemHandle_t h = region->ipcHandle();
-    static_assert(sizeof(h) <= sizeof(PeerInfo::gpuIpcHandle), "IPC handle does not fit");
-    std::memcpy(peers_[rank_].gpuIpcHandle, &h, sizeof(h));
+    try {
+      cudaIpcMemHandle_t h = region->ipcHandle();
+      static_assert(sizeof(h) <= sizeof(PeerInfo::gpuIpcHandle), "IPC handle does not fit");
+      std::memcpy(peers_[rank_].gpuIpcHandle, &h, sizeof(h));
+      peers_[rank_].gpuIpcOk = 1;
+    } catch (const Error& e) {
+      MNCL_WARN(kInit, "rank %d: %s", rank_, e.what());
+    }
   }
 }
 
-// Ranks of this process: the device address itself (after enabling peer access when the
-// peer is on another GPU); ranks of other processes: CUDA IPC.
+// Where each rank's FIFOs are. Ranks of this process: device memory, by address (after
+// enabling peer access when the peer is on another GPU); ranks of other processes: device
+// memory through CUDA IPC, or else, for every rank alike, pinned host memory: the shared
+// host regions registered with CUDA (MININCL_GPU_TRANSPORT=ipc|host forces one).
 void Comm::openPeerGpuRegions() {
-  size_t bytes = gpuRegion_->size();
+  std::string mode = env::str("MININCL_GPU_TRANSPORT");
+  MNCL_CHECK(mode.empty() || mode == "ipc" || mode == "host", mnclInvalidArgument,
+        "MININCL_GPU_TRANSPORT must be ipc or host (or unset: ipc, host if IPC fails)");
+  bool otherProcess = false;
+  for (const PeerInfo& p : peers_) otherProcess |= p.pid != peers_[rank_].pid;
+  bool hostFifos = false;
+  if (otherProcess) {
+    // A receiver's FIFOs are all in one place, so every rank must agree.
+    std::vector<int32_t> ok(nranks_, 0);
+    ok[rank_] = mode != "host" && openPeerIpcRegions();
+    bootstrap_->allgather(ok.data(), sizeof(int32_t));
+    hostFifos = std::find(ok.begin(), ok.end(), 0) != ok.end();
+    MNCL_CHECK(!(hostFifos && mode == "ipc"), mnclSystemError,
+          "MININCL_GPU_TRANSPORT=ipc, but CUDA IPC does not work between these ranks (see the warnings above)");
+    if (hostFifos && rank_ == 0 && mode != "host") {
+      MNCL_WARN(kInit, "CUDA IPC is unavailable between some ranks: every rank's FIFOs are in pinned host memory (slower)");
+    }
+  }
   for (int r = 0; r < nranks_; ++r) {
     const PeerInfo& p = peers_[r];
-    if (r == rank_) {
+    if (hostFifos) {
+      peerFifos_[r] = gpu::registeredHostMemory(peerRegions_[r]);
+    } else if (r == rank_) {
       peerFifos_[r] = gpuRegion_;
     } else if (p.pid == peers_[rank_].pid) {
       gpu::enablePeerAccess(device_, p.device);
       peerFifos_[r] = findRegion(p.gpuRegionId);
-    } else {
+    }  // (other processes: opened by openPeerIpcRegions)
+    MNCL_CHECK(peerFifos_[r] != nullptr, mnclInternalError, "rank " + std::to_string(r) + "'s FIFO memory vanished during init");
+  }
+  if (hostFifos) gpuRegion_.reset();
+}
+
+bool Comm::openPeerIpcRegions() {
+  for (int r = 0; r < nranks_; ++r) {
+    const PeerInfo& p = peers_[r];
+    if (p.pid == peers_[rank_].pid) continue;
+    if (!p.gpuIpcOk) return false;
+    try {
       cudaIpcMemHandle_t h;
       std::memcpy(&h, p.gpuIpcHandle, sizeof(h));
-      peerFifos_[r] = std::make_shared<gpu::IpcRegion>(h, bytes);
+      peerFifos_[r] = std::make_shared<gpu::IpcRegion>(h, gpuRegion_->size());
+    } catch (const Error& e) {
+      MNCL_WARN(kInit, "rank %d: opening rank %d's device memory: %s", rank_, r, e.what());
+      return false;
     }
-    MNCL_CHECK(peerFifos_[r] != nullptr, mnclInternalError, "rank " + std::to_string(r) + "'s device memory vanished during init");
   }
+  return true;
 }
 
 // Every block of every rank on a GPU must be resident at once (they wait on each other), so
@@ -269,6 +314,7 @@ void Comm::checkGpuErrors() {
 int Comm::gpuChannelsWanted(int) const { return 1; }
 void Comm::createGpuRegion(size_t) {}
 void Comm::openPeerGpuRegions() {}
+bool Comm::openPeerIpcRegions() { return false; }
 void Comm::checkGpuErrors() {}
 
 #endif

@@ -47,6 +47,7 @@ struct PeerInfo {
   char shmName[96];
   uint64_t gpuRegionId;  // GPU: the device FIFO region's registry key (same process)
   char gpuIpcHandle[64];  // GPU: its CUDA IPC handle (other processes)
+  int32_t gpuIpcOk;       // GPU: the handle could be made
 };
 
 class Comm {
@@ -109,6 +110,7 @@ class Comm {
   void connect(const RegionLayout& layout);
   void createGpuRegion(size_t bytes);
   void openPeerGpuRegions();
+  bool openPeerIpcRegions();  // false if any peer process's device memory cannot be opened
   void checkGpuErrors();  // the monitor's poll: a kernel's error record becomes the comm's error
   void enablePointerSteps();
   void leave();

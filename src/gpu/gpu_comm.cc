@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "../../cuda/gpu/kernels.h"
@@ -38,6 +40,38 @@ IpcRegion::IpcRegion(const cudaIpcMemHandle_t& handle, size_t bytes) {
 }
 
 IpcRegion::~IpcRegion() { cudaIpcCloseMemHandle(base_); }
+
+namespace {
+
+class HostRegistered : public Mapping {
+ public:
+  explicit HostRegistered(std::shared_ptr<Mapping> host) : host_(std::move(host)) {
+    MNCL_CUDA_CHECK(cudaHostRegister(host_->base(), host_->size(), cudaHostRegisterMapped | cudaHostRegisterPortable));
+    void* d = nullptr;
+    cudaError_t e = cudaHostGetDevicePointer(&d, host_->base(), 0);
+    if (e != cudaSuccess) cudaHostUnregister(host_->base());
+    MNCL_CUDA_CHECK(e);
+    base_ = static_cast<char*>(d);
+    size_ = host_->size();
+  }
+  ~HostRegistered() override { cudaHostUnregister(host_->base()); }
+
+ private:
+  std::shared_ptr<Mapping> host_;
+};
+
+std::mutex registeredMutex;
+std::map<const char*, std::weak_ptr<Mapping>> registered;  // by host address
+
+}  // namespace
+
+std::shared_ptr<Mapping> registeredHostMemory(const std::shared_ptr<Mapping>& host) {
+  std::lock_guard<std::mutex> lock(registeredMutex);
+  if (auto m = registered[host->base()].lock()) return m;
+  auto m = std::make_shared<HostRegistered>(host);
+  registered[host->base()] = m;
+  return m;
+}
 
 HostMapped::HostMapped(size_t bytes) {
   MNCL_CUDA_CHECK(cudaHostAlloc(&host_, bytes, cudaHostAllocMapped | cudaHostAllocPortable));

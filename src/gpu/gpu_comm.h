@@ -37,6 +37,10 @@ class IpcRegion : public Mapping {
   ~IpcRegion() override;
 };
 
+// Host memory (a rank's shared region) registered with CUDA, so kernels reach it directly;
+// base() is its device address. One registration per process, shared by whoever asks.
+std::shared_ptr<Mapping> registeredHostMemory(const std::shared_ptr<Mapping>& host);
+
 // Pinned host memory that kernels read and write directly: the abort word (the host sets
 // it, every spin loop on the GPU sees it) and the error records (kernels write, host reads).
 class HostMapped {
