@@ -9,7 +9,7 @@
 #     stops here if it fails
 # (c) minincl-perf built in pip's own build tree (the CUDA kernels are already compiled there;
 #     a separate cmake+ninja tree only if that fails): perf_build.log
-# (d) tests/test_gpu.py -m gpu -x, from tests/ so the installed package is imported:
+# (d) tests/test_gpu.py -m gpu --maxfail=3, from tests/ so the installed package is imported:
 #     gpu_tests.log, gpu_tests.xml
 # (e) minincl-perf on -D cuda: allreduce 8 B at 2 ranks (LL), 256 MiB at 8 ranks per algorithm;
 #     plus device-to-device copy bandwidth (gpu_bench.py d2d) for the memory-bound limit
@@ -18,7 +18,7 @@
 #
 # Every step has its own timeout inside an overall budget (MININCL_CHECK_BUDGET seconds, default
 # 470) and tolerates the failure of the ones before it. Knobs: PYTHON, MININCL_CHECK_BUDGET,
-# MININCL_CHECK_PYTEST_ARGS (default -x), MININCL_CUDA_ARCHS (default: the GPU's, else 90).
+# MININCL_CHECK_PYTEST_ARGS (default --maxfail=3), MININCL_CUDA_ARCHS (default: the GPU's, else 90).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
@@ -164,7 +164,7 @@ EOF
     if timeout 30 "$PY" -c "import pytest_timeout" >/dev/null 2>&1; then
       TIMEOUT_ARGS=(--timeout 150)
     fi
-    read -r -a EXTRA <<<"${MININCL_CHECK_PYTEST_ARGS:--x}"
+    read -r -a EXTRA <<<"${MININCL_CHECK_PYTEST_ARGS:---maxfail=3}"
     (cd tests && step gpu_tests "$(limit 240 100)" "$OUT/gpu_tests.log" \
       "$PY" -m pytest test_gpu.py -m gpu ${EXTRA[@]+"${EXTRA[@]}"} -v -rfEs --durations=15 -p no:cacheprovider \
       -o faulthandler_timeout=120 --junitxml="$OUT/gpu_tests.xml" ${TIMEOUT_ARGS[@]+"${TIMEOUT_ARGS[@]}"})

@@ -101,8 +101,9 @@ struct Waiter {
     if (aborted) return false;
     uint32_t spins = 0;
     while (!ready()) {
-      // On a GPU the word is in host memory, across PCIe: look at it only now and then.
-      if ((spins % kSpinsPerAbortCheck) == 0 && loadRelaxed(abortFlag) != 0) {
+      // On a GPU the word is in host memory, across PCIe: look at it only now and then (and
+      // not on a wait's first miss, which most waits end soon after).
+      if ((spins % kSpinsPerAbortCheck) == kSpinsPerAbortCheck - 1 && loadRelaxed(abortFlag) != 0) {
         aborted = true;
         return false;
       }

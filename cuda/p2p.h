@@ -73,7 +73,7 @@ struct P2pEngine {
         idle = 0;
         continue;
       }
-      bool look = idle % kSpinsPerAbortCheck == 0;
+      bool look = idle % kSpinsPerAbortCheck == kSpinsPerAbortCheck - 1;
       if (barrierAny(tid() == 0 && look && loadRelaxed(waiter.abortFlag) != 0)) {
         waiter.aborted = true;
         return false;

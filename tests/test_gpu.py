@@ -222,6 +222,42 @@ def gpus() -> Any:
     pool.close()
 
 
+# Every GPU communicator a test makes, so that the watchdog can stop their kernels.
+LIVE: list[Any] = []
+WATCHDOG_SECONDS = 60.0
+_original_init_all = minincl.Communicator.init_all.__func__  # type: ignore[attr-defined]
+
+
+def _tracked_init_all(cls: Any, nranks: int, device: Any = "cpu") -> list[Any]:
+    comms = _original_init_all(cls, nranks, device)
+    LIVE.extend(comms)
+    return comms
+
+
+@pytest.fixture(autouse=True)
+def watchdog(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A test still running after WATCHDOG_SECONDS aborts every GPU communicator: the abort
+    word stops any spinning kernel, so a hang becomes this test's failure instead of the
+    rest of the device check's time."""
+    monkeypatch.setattr(minincl.Communicator, "init_all", classmethod(_tracked_init_all))
+    fired = threading.Event()
+
+    def fire() -> None:
+        fired.set()
+        for c in list(LIVE):
+            with contextlib.suppress(Exception):
+                c.abort()
+
+    timer = threading.Timer(WATCHDOG_SECONDS, fire)
+    timer.daemon = True
+    timer.start()
+    yield
+    timer.cancel()
+    LIVE[:] = [c for c in LIVE if not c.destroyed]
+    if fired.is_set():
+        pytest.fail(f"the test ran past {WATCHDOG_SECONDS:.0f} s: the watchdog aborted every GPU communicator")
+
+
 # ---- one collective on every rank, one thread, one group; checked against NumPy ----
 
 
@@ -400,8 +436,9 @@ def test_alltoall(gpus: GpuPool, cp: Any, nranks: int) -> None:
         for r in range(nranks):
             want = np.concatenate([inputs[q][r * count : (r + 1) * count] for q in range(nranks)])
             np.testing.assert_array_equal(cp.asnumpy(recvs[r]), want, err_msg=f"count {count} rank {r}")
+    x = cp.ones(2 * nranks, cp.float32)
     with pytest.raises(minincl.InvalidUsage, match="in-place alltoall"):
-        comms[0].alltoall(cp.ones(2 * nranks, cp.float32), None)
+        comms[0].alltoall(x, x)
 
 
 @pytest.mark.parametrize("nranks", [2, 4, 8])
@@ -465,20 +502,36 @@ def test_one_thread_per_rank_with_own_streams(gpus: GpuPool, cp: Any, nranks: in
     calls = 12
     base = np.arange(count, dtype=np.float32) % 97
 
+    # Everything a rank thread allocates, it allocates before the barrier; results are read
+    # after a synchronisation of the rank's own stream. (A copy to pageable host memory that
+    # waits for a kernel can hold a driver lock another thread's cudaMalloc needs, and that
+    # thread's rank is what the kernel waits for.)
+    _ = cp.asarray(base) * 2 + 1  # CuPy's elementwise kernels, compiled here once
+    cp.cuda.Device().synchronize()
+    ready = threading.Barrier(nranks)
+
     def body(c: Any) -> list[np.ndarray]:
         s = cp.cuda.Stream(non_blocking=True)
         forms = [s, s.ptr, None]
         outs = []
         with s:
-            for i in range(calls):
-                x = cp.asarray(base) * (c.rank + 1) + i  # a CuPy kernel on s, not waited for
-                r = cp.empty(count * nranks, cp.float32)
-                form = forms[(c.rank + i) % 3]
-                c.allreduce(x, stream=form)
-                c.allgather(x[:count], r, stream=form)
-                outs.append(cp.asnumpy(x * 2))  # a kernel after the collective, then the copy
-                outs.append(cp.asnumpy(r))
+            xs = [cp.empty(count, cp.float32) for _ in range(calls)]
+            rs = [cp.empty(count * nranks, cp.float32) for _ in range(calls)]
+            doubled = [cp.empty(count, cp.float32) for _ in range(calls)]
+            src = cp.asarray(base)
             s.synchronize()
+            ready.wait()
+            for i in range(calls):
+                cp.multiply(src, c.rank + 1, out=xs[i])  # CuPy kernels on s, not waited for
+                cp.add(xs[i], i, out=xs[i])
+                form = forms[(c.rank + i) % 3]
+                c.allreduce(xs[i], stream=form)
+                c.allgather(xs[i][:count], rs[i], stream=form)
+                cp.multiply(xs[i], 2, out=doubled[i])  # a kernel after the collective
+            s.synchronize()
+            for i in range(calls):
+                outs.append(cp.asnumpy(doubled[i]))
+                outs.append(cp.asnumpy(rs[i]))
         return outs
 
     total = nranks * (nranks + 1) // 2

@@ -59,12 +59,24 @@ cudaError_t launchP2p(const GpuP2pLaunch& l) {
   p2pKernel<<<l.nChannels, l.nThreads, 0, l.stream>>>(l.channels, l.works, l.errors);
   return cudaGetLastError();
 }
+
+cudaError_t preloadCopy() {
+  cudaFuncAttributes a;
+  cudaError_t e = cudaFuncGetAttributes(&a, collectiveKernel<uint8_t, FuncCopy<uint8_t>>);
+  return e != cudaSuccess ? e : cudaFuncGetAttributes(&a, p2pKernel);
+}
 #elif defined(MININCL_KERNEL_OP)
 cudaError_t MNCL_KERNEL_NAME(MININCL_KERNEL_OP, MININCL_KERNEL_TYPE)(const GpuLaunch& l) {
   using T = MNCL_KERNEL_CTYPE(MININCL_KERNEL_TYPE);
   MNCL_KERNEL_FUNC(MININCL_KERNEL_OP)<T> fn{};
   setRanks(fn, l.nranks);
   return launch<T>(l, fn);
+}
+
+cudaError_t MNCL_KERNEL_PRELOAD(MININCL_KERNEL_OP, MININCL_KERNEL_TYPE)() {
+  using T = MNCL_KERNEL_CTYPE(MININCL_KERNEL_TYPE);
+  cudaFuncAttributes a;
+  return cudaFuncGetAttributes(&a, collectiveKernel<T, MNCL_KERNEL_FUNC(MININCL_KERNEL_OP)<T>>);
 }
 #endif
 

@@ -47,11 +47,16 @@ struct GpuP2pLaunch {
 
 cudaError_t launchP2p(const GpuP2pLaunch& l);
 
+// Makes every kernel instance loaded on the current device (see gpu::preloadKernels).
+cudaError_t preloadKernels();
+
 // The (reduction, type) kernel instances: each is a translation unit of its own (see
 // CMakeLists.txt), so a build spreads them over every core. Signed sums and products run as
 // their unsigned twins; MININCL_CUDA_QUICK leaves out the 16-bit and 64-bit floats.
 #define MNCL_KERNEL_NAME_(op, type) launch_##op##_##type
 #define MNCL_KERNEL_NAME(op, type) MNCL_KERNEL_NAME_(op, type)
+#define MNCL_KERNEL_PRELOAD_(op, type) preload_##op##_##type
+#define MNCL_KERNEL_PRELOAD(op, type) MNCL_KERNEL_PRELOAD_(op, type)
 #define MNCL_KERNEL_CTYPE_i8 int8_t
 #define MNCL_KERNEL_CTYPE_u8 uint8_t
 #define MNCL_KERNEL_CTYPE_i32 int32_t

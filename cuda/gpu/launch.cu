@@ -6,7 +6,10 @@
 namespace mncl::dev {
 
 cudaError_t launchCopy(const GpuLaunch& l);
-#define MNCL_DECLARE(op, type) cudaError_t MNCL_KERNEL_NAME(op, type)(const GpuLaunch& l);
+cudaError_t preloadCopy();
+#define MNCL_DECLARE(op, type)                                  \
+  cudaError_t MNCL_KERNEL_NAME(op, type)(const GpuLaunch& l);  \
+  cudaError_t MNCL_KERNEL_PRELOAD(op, type)();
 MNCL_KERNEL_INSTANCES(MNCL_DECLARE)
 #undef MNCL_DECLARE
 
@@ -18,12 +21,20 @@ using Launcher = cudaError_t (*)(const GpuLaunch&);
 // bits, one instance fewer; a quick build leaves out f16, bf16 and f64).
 struct LauncherTable {
   Launcher at[(int)RedOp::count][(int)DataType::count] = {};
+  cudaError_t (*preload[(int)RedOp::count][(int)DataType::count])() = {};
   LauncherTable() {
-#define MNCL_REGISTER(op, type) at[(int)RedOp::op][(int)DataType::type] = &MNCL_KERNEL_NAME(op, type);
+#define MNCL_REGISTER(op, type)                                             \
+  at[(int)RedOp::op][(int)DataType::type] = &MNCL_KERNEL_NAME(op, type);   \
+  preload[(int)RedOp::op][(int)DataType::type] = &MNCL_KERNEL_PRELOAD(op, type);
     MNCL_KERNEL_INSTANCES(MNCL_REGISTER)
 #undef MNCL_REGISTER
   }
 };
+
+const LauncherTable& table() {
+  static const LauncherTable t;
+  return t;
+}
 
 DataType asInstantiated(RedOp op, DataType t) {
   if (op != RedOp::sum && op != RedOp::prod) return t;
@@ -43,10 +54,19 @@ cudaError_t launchCollective(const GpuLaunch& l, Coll coll, DataType dtype, RedO
     for (int c = 0; c < l.nChannels; ++c) bytes.works.w[c] = asBytes(l.works.w[c]);
     return launchCopy(bytes);
   }
-  static const LauncherTable table;
   if ((unsigned)op >= (unsigned)RedOp::count || (unsigned)dtype >= (unsigned)DataType::count) return cudaErrorInvalidValue;
-  Launcher f = table.at[(int)op][(int)asInstantiated(op, dtype)];
+  Launcher f = table().at[(int)op][(int)asInstantiated(op, dtype)];
   return f ? f(l) : cudaErrorNotSupported;
+}
+
+cudaError_t preloadKernels() {
+  cudaError_t e = preloadCopy();
+  for (int op = 0; op < (int)RedOp::count && e == cudaSuccess; ++op) {
+    for (int t = 0; t < (int)DataType::count && e == cudaSuccess; ++t) {
+      if (table().preload[op][t]) e = table().preload[op][t]();
+    }
+  }
+  return e;
 }
 
 }  // namespace mncl::dev

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -301,6 +302,8 @@ int Comm::gpuChannelsWanted(int ranksOnDevice) const {
   return want;
 }
 
+bool Comm::gpuWorkPending() const { return gpu_ && gpu_->mayBeRunning(); }
+
 void Comm::checkGpuErrors() {
   dev::DevError e;
   if (gpu_ && !failed() && gpu_->firstError(&e)) {
@@ -312,6 +315,7 @@ void Comm::checkGpuErrors() {
 #else
 
 int Comm::gpuChannelsWanted(int) const { return 1; }
+bool Comm::gpuWorkPending() const { return false; }
 void Comm::createGpuRegion(size_t) {}
 void Comm::openPeerGpuRegions() {}
 bool Comm::openPeerIpcRegions() { return false; }
@@ -349,6 +353,14 @@ void Comm::enablePointerSteps() {
 
 Comm::~Comm() {
   leave();
+  // A kernel still waiting on peers that will never come would block freeing the device
+  // memory below (it synchronises the device): give it MININCL_TIMEOUT, then stop it.
+  if (gpuWorkPending()) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(Monitor::timeoutSeconds());
+    uint32_t spins = 0;
+    while (gpuWorkPending() && std::chrono::steady_clock::now() < until) dev::cpuBackoff(spins++);
+    if (gpuWorkPending()) fail(mnclAborted, "destroyed while a kernel still waited on its peers");
+  }
   monitor_.reset();
   executor_.reset();
   peerFifos_.clear();  // before the device state that the regions' memory belongs with

@@ -98,6 +98,9 @@ class Comm {
   // group's first rank starts its root and sends the id to the others).
   bool splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdData* id);
 
+  // GPU: whether this communicator's last kernel may still be running.
+  bool gpuWorkPending() const;
+
   // Why peer r stopped, if it has failed (from its control block); empty if it has not.
   std::string peerFailure(int r) const;
 

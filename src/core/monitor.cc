@@ -74,7 +74,9 @@ void Monitor::checkPeer(int r, double now) {
   bool sameProcess = peer.pid == comm_.peers_[comm_.rank()].pid && peer.hostHash == comm_.peers_[comm_.rank()].hostHash;
   if (state == RankCtrl::kLeft) {
     if (w.leftSince < 0) w.leftSince = now;
-    if (comm_.callsInside_.load() > 0 && now - w.leftSince > timeout_) {
+    // (A GPU call returns at once: what may still wait on the peer is its kernel.)
+    bool waiting = comm_.callsInside_.load() > 0 || comm_.gpuWorkPending();
+    if (waiting && now - w.leftSince > timeout_) {
       comm_.fail(mnclRemoteError, who + " destroyed its communicator while this rank was still waiting on it");
     }
     return;

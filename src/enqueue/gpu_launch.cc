@@ -78,20 +78,28 @@ class DeviceScope {
   throwError(mnclUnhandledCudaError, msg);
 }
 
-void launchOne(Comm& comm, const CollCall& c, cudaStream_t stream) {
-  DeviceScope scope(comm.device());
-  if (copyWithoutPeers(comm, c)) {
-    if (c.send != c.recv) {
-      MNCL_CUDA_CHECK(cudaMemcpyAsync(c.recv, c.send, c.count * dataTypeSize(c.dtype), cudaMemcpyDeviceToDevice, stream));
-    }
-    return;
-  }
+// One launch of a communicator, planned in full before anything of the group is launched.
+struct Launch {
+  Comm* comm;
+  cudaStream_t stream;
+  const char* what;
+  std::vector<std::pair<const P2pCall*, const P2pCall*>> selfCopies;  // (send, recv) to self
+  bool kernel = false, isP2p = false;
+  CollCall coll{};
+  dev::GpuLaunch collLaunch{};
+  dev::GpuP2pLaunch p2pLaunch{};
+};
+
+Launch planColl(Comm& comm, const CollCall& c, cudaStream_t stream) {
+  Launch L{&comm, stream, collName(c.coll)};
+  L.coll = c;
+  if (copyWithoutPeers(comm, c)) return L;  // launch() copies send to recv
   thread_local std::vector<dev::DevWork> works;
   works.clear();
   int n = planCollWorks(comm, c, works);
-  if (n == 0) return;
+  if (n == 0) return L;
   gpu::GpuComm& g = *comm.gpu();
-  dev::GpuLaunch l{};
+  dev::GpuLaunch& l = L.collLaunch;
   l.channels = g.channels();
   for (int ch = 0; ch < n; ++ch) l.works.w[ch] = works[ch];
   l.errors = g.errorsOnDevice();
@@ -99,14 +107,15 @@ void launchOne(Comm& comm, const CollCall& c, cudaStream_t stream) {
   l.nThreads = dev::kGpuThreads;
   l.nranks = comm.nranks();
   l.stream = stream;
-  cudaError_t e = dev::launchCollective(l, c.coll, c.dtype, c.op);
-  if (e != cudaSuccess) failLaunch(comm, collName(c.coll), e);
+  L.kernel = true;
+  return L;
 }
 
 // One communicator's sends and receives of a group: one kernel, each channel progressing its
 // ops together (so no order of calls across ranks deadlocks); sends to self are copies.
-void launchP2p(Comm& comm, const std::vector<const P2pCall*>& calls, cudaStream_t stream) {
-  DeviceScope scope(comm.device());
+Launch planP2p(Comm& comm, const std::vector<const P2pCall*>& calls, cudaStream_t stream) {
+  Launch L{&comm, stream, "send/recv"};
+  L.isP2p = true;
   std::vector<const P2pCall*> selfSends, selfRecvs;
   std::vector<std::vector<dev::P2pOp>> perChannel(comm.nChannels());
   for (const P2pCall* c : calls) {
@@ -114,24 +123,19 @@ void launchP2p(Comm& comm, const std::vector<const P2pCall*>& calls, cudaStream_
     else planP2pOps(comm, *c, perChannel);
   }
   checkSelfPairs(comm.rank(), selfSends, selfRecvs);
-  for (size_t i = 0; i < selfSends.size(); ++i) {
-    size_t bytes = selfSends[i]->count * dataTypeSize(selfSends[i]->dtype);
-    if (bytes && selfRecvs[i]->buf != selfSends[i]->buf) {
-      MNCL_CUDA_CHECK(cudaMemcpyAsync(selfRecvs[i]->buf, selfSends[i]->buf, bytes, cudaMemcpyDeviceToDevice, stream));
-    }
-  }
+  for (size_t i = 0; i < selfSends.size(); ++i) L.selfCopies.push_back({selfSends[i], selfRecvs[i]});
   int nch = 0, total = 0;
   for (int c = 0; c < comm.nChannels(); ++c) {
     if (!perChannel[c].empty()) nch = c + 1;
     total += (int)perChannel[c].size();
   }
-  if (nch == 0) return;
+  if (nch == 0) return L;
   MNCL_CHECK(total <= dev::kMaxGpuP2pOps, mnclInvalidUsage,
         "a group of " + std::to_string(calls.size()) + " sends/recvs on a CUDA communicator needs " + std::to_string(total) +
             " channel ops, more than one launch holds (" + std::to_string(dev::kMaxGpuP2pOps) +
             "): split it into smaller groups, or lower MININCL_NCHANNELS");
   gpu::GpuComm& g = *comm.gpu();
-  dev::GpuP2pLaunch l{};
+  dev::GpuP2pLaunch& l = L.p2pLaunch;
   l.channels = g.channels();
   int at = 0;
   for (int c = 0; c < nch; ++c) {
@@ -143,16 +147,52 @@ void launchP2p(Comm& comm, const std::vector<const P2pCall*>& calls, cudaStream_
   l.nChannels = nch;
   l.nThreads = dev::kGpuThreads;
   l.stream = stream;
-  cudaError_t e = dev::launchP2p(l);
-  if (e != cudaSuccess) failLaunch(comm, "send/recv", e);
+  L.kernel = true;
+  return L;
+}
+
+void launch(const Launch& L) {
+  Comm& comm = *L.comm;
+  DeviceScope scope(comm.device());
+  gpu::GpuComm& g = *comm.gpu();
+  g.orderAfterPrevious(L.stream);
+  if (!L.isP2p && copyWithoutPeers(comm, L.coll) && L.coll.send != L.coll.recv) {
+    size_t bytes = L.coll.count * dataTypeSize(L.coll.dtype);
+    MNCL_CUDA_CHECK(cudaMemcpyAsync(L.coll.recv, L.coll.send, bytes, cudaMemcpyDeviceToDevice, L.stream));
+  }
+  for (auto [send, recv] : L.selfCopies) {
+    size_t bytes = send->count * dataTypeSize(send->dtype);
+    if (bytes && recv->buf != send->buf) {
+      MNCL_CUDA_CHECK(cudaMemcpyAsync(recv->buf, send->buf, bytes, cudaMemcpyDeviceToDevice, L.stream));
+    }
+  }
+  if (L.kernel) {
+    cudaError_t e = L.isP2p ? dev::launchP2p(L.p2pLaunch)
+                            : dev::launchCollective(L.collLaunch, L.coll.coll, L.coll.dtype, L.coll.op);
+    if (e != cudaSuccess) failLaunch(comm, L.what, e);
+  }
+  g.recordLaunch(L.stream);
 }
 
 }  // namespace
 
+// Two passes. First every stream is forked and every launch planned, so that nothing is
+// launched before a fork (a side stream forked after a peer's kernel would wait for that
+// kernel, which waits for this one) and nothing throws once kernels wait for each other.
+// Then the launches, breadth-first: every communicator's first kernel before any second one,
+// so that no kernel queued behind a waiting one (in a stream, or in a hardware queue that
+// streams share) holds up a kernel it waits for.
 void launchGpuCalls(const std::vector<GpuCall>& calls) {
   Lanes lanes;
+  std::vector<std::pair<Comm*, std::vector<Launch>>> byComm;  // in order of first appearance
+  auto queueOf = [&](Comm* c) -> std::vector<Launch>& {
+    for (auto& [comm, q] : byComm) {
+      if (comm == c) return q;
+    }
+    return byComm.emplace_back(c, std::vector<Launch>{}).second;
+  };
   try {
-    std::vector<std::pair<Comm*, std::vector<const P2pCall*>>> p2p;  // by communicator, in order
+    std::vector<std::pair<Comm*, std::vector<const P2pCall*>>> p2p;
     for (const GpuCall& gc : calls) {
       if (gc.isP2p) {
         auto it = std::find_if(p2p.begin(), p2p.end(), [&](const auto& e) { return e.first == gc.comm; });
@@ -160,12 +200,22 @@ void launchGpuCalls(const std::vector<GpuCall>& calls) {
         it->second.push_back(&gc.p2p);
         continue;
       }
-      auto caller = static_cast<cudaStream_t>(gc.coll.stream);
-      launchOne(*gc.comm, gc.coll, lanes.runStreamFor(*gc.comm, caller));
+      cudaStream_t run = lanes.runStreamFor(*gc.comm, static_cast<cudaStream_t>(gc.coll.stream));
+      queueOf(gc.comm).push_back(planColl(*gc.comm, gc.coll, run));
     }
     for (auto& [comm, ops] : p2p) {
-      auto caller = static_cast<cudaStream_t>(ops.front()->stream);
-      launchP2p(*comm, ops, lanes.runStreamFor(*comm, caller));
+      cudaStream_t run = lanes.runStreamFor(*comm, static_cast<cudaStream_t>(ops.front()->stream));
+      queueOf(comm).push_back(planP2p(*comm, ops, run));
+    }
+    for (size_t k = 0;; ++k) {
+      bool any = false;
+      for (auto& [comm, queue] : byComm) {
+        if (k < queue.size()) {
+          launch(queue[k]);
+          any = true;
+        }
+      }
+      if (!any) break;
     }
   } catch (...) {
     lanes.join();  // a capture must end joined, whatever happened

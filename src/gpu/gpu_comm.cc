@@ -81,6 +81,8 @@ HostMapped::HostMapped(size_t bytes) {
 
 HostMapped::~HostMapped() { cudaFreeHost(host_); }
 
+void preloadKernels() { MNCL_CUDA_CHECK(dev::preloadKernels()); }
+
 void useDevice(int device) {
   int n = usableDeviceCount();
   MNCL_CHECK(n > 0, mnclInvalidArgument, "device cuda:" + std::to_string(device) + ": no usable CUDA GPU (no driver or no device)");
@@ -110,12 +112,42 @@ GpuComm::GpuComm(int device) : device_(device), errors_(sizeof(dev::DevError) * 
   MNCL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
   MNCL_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
   MNCL_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+  MNCL_CUDA_CHECK(cudaEventCreateWithFlags(&last_, cudaEventDisableTiming));
+  preloadKernels();
+}
+
+namespace {
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  MNCL_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+}  // namespace
+
+void GpuComm::orderAfterPrevious(cudaStream_t stream) {
+  if (!haveLast_ || stream == lastStream_) return;
+  // (Not inside a capture: a graph cannot wait for work outside it.)
+  if (!capturing(stream)) MNCL_CUDA_CHECK(cudaStreamWaitEvent(stream, last_, 0));
+}
+
+void GpuComm::recordLaunch(cudaStream_t stream) {
+  haveLast_ = !capturing(stream);
+  lastStream_ = stream;
+  if (haveLast_) MNCL_CUDA_CHECK(cudaEventRecord(last_, stream));
+}
+
+bool GpuComm::mayBeRunning() const {
+  if (!haveLast_) return false;
+  cudaError_t e = cudaEventQuery(last_);
+  if (e != cudaSuccess && e != cudaErrorNotReady) cudaGetLastError();
+  return e == cudaErrorNotReady;
 }
 
 GpuComm::~GpuComm() {
   if (side_) cudaStreamSynchronize(side_);
   cudaEventDestroy(fork_);
   cudaEventDestroy(join_);
+  cudaEventDestroy(last_);
   cudaStreamDestroy(side_);
   cudaFree(channels_);
   cudaFree(arrays_);

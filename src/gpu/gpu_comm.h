@@ -80,6 +80,14 @@ class GpuComm {
   cudaEvent_t forkEvent() const { return fork_; }
   cudaEvent_t joinEvent() const { return join_; }
 
+  // A communicator's kernels share its channels' step counters, so they must run one after
+  // the other even when the caller alternates streams (NCCL orders them the same way): a
+  // launch on another stream than the last one first waits for the last one.
+  void orderAfterPrevious(cudaStream_t stream);
+  void recordLaunch(cudaStream_t stream);
+  // Whether the last launch may not have finished (false when unknown, e.g. after a capture).
+  bool mayBeRunning() const;
+
  private:
   int device_;
   int nChannels_ = 0;
@@ -88,7 +96,15 @@ class GpuComm {
   HostMapped errors_;
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  cudaEvent_t last_ = nullptr;
+  cudaStream_t lastStream_ = nullptr;
+  bool haveLast_ = false;  // last_ holds the previous launch (not recorded inside a capture)
 };
+
+// Loads every kernel now. With lazy loading (CUDA's default since 12.2) the first launch of a
+// kernel may wait for the device to go idle, which never happens while ranks' kernels spin
+// on each other.
+void preloadKernels();
 
 // Makes `device` current on this thread after checking it exists.
 void useDevice(int device);
