@@ -52,13 +52,20 @@ def collectives_with_stats(comm: minincl.Communicator, counts: list[int]) -> tup
     return all_collectives(comm, counts), comm.stats()
 
 
-def die_mid_run(comm: minincl.Communicator, victim: int) -> str:
-    """The victim kills itself between collectives; the others are inside the next one."""
+def die_mid_run(comm: minincl.Communicator, victim: int, flags: str) -> str:
+    """The victim kills itself between collectives; the others are inside the next one.
+    It dies only once every other rank has left the warm-up (a file each in `flags`): a
+    rank still finishing its last warm-up collective would otherwise fail there, rightly,
+    since a dead peer stops every collective in flight."""
     x = np.ones(1 << 16, np.float32)
     for _ in range(3):
         comm.allreduce(x)
     if comm.rank == victim:
+        deadline = time.monotonic() + 30
+        while len(os.listdir(flags)) < comm.nranks - 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
         os.kill(os.getpid(), signal.SIGKILL)
+    open(os.path.join(flags, str(comm.rank)), "w").close()
     t0 = time.monotonic()
     try:
         for _ in range(1000):
