@@ -408,8 +408,13 @@ def die_or_notice(out: str) -> None:
     rank = int(os.environ["RANK"])
     dist.init_process_group("minincl")
     dist.all_reduce(torch.ones(4))
+    ready = Path(out + ".ready")  # rank 0 is past the first allreduce (else it may fail there)
     if rank == 1:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.001)
         os._exit(3)  # gone without a word: no destroy, no error message
+    ready.touch()
     start = time.monotonic()
     try:
         for _ in range(1000):
