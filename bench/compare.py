@@ -37,7 +37,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="allreduce + broadcast, fewer sizes and repetitions")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds (at least 2)")
     p.add_argument("--collectives", help="comma-separated subset of " + ",".join(FULL_COLLECTIVES))
-    p.add_argument("--libraries", default="minincl,minincl-threads,gloo,mpich,openmpi")
+    p.add_argument("--libraries", default="minincl,minincl-window,minincl-threads,gloo,mpich,openmpi")
     p.add_argument("--mpich-venv", default="/tmp/venv-mpich")
     p.add_argument("--openmpi-venv", default="/tmp/venv-ompi")
     p.add_argument(

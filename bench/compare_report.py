@@ -121,22 +121,22 @@ def _best_other(results: Results, coll: str, size: int) -> tuple[str, float, flo
     return best
 
 
-def targets(results: Results) -> list[str]:
-    """The issue's targets, each PASS / FAIL / n/a with its numbers."""
+def targets(results: Results, me: str = "minincl") -> list[str]:
+    """The issue's targets for runner `me`, each PASS / FAIL / n/a with its numbers."""
     out = []
 
     def verdict(ok: bool | None) -> str:
         return "n/a " if ok is None else ("PASS" if ok else "FAIL")
 
-    ar8, ompi8 = results.median("minincl", "allreduce", 8), results.median("openmpi", "allreduce", 8)
+    ar8, ompi8 = results.median(me, "allreduce", 8), results.median("openmpi", "allreduce", 8)
     ok = None if not (ar8 and ompi8) else ar8[0] <= ompi8[0]
-    detail = f"minincl {ar8[0]:.2f} us vs Open MPI {ompi8[0]:.2f} us" if ar8 and ompi8 else "missing data"
+    detail = f"{me} {ar8[0]:.2f} us vs Open MPI {ompi8[0]:.2f} us" if ar8 and ompi8 else "missing data"
     out.append(f"- {verdict(ok)} allreduce 8 B no slower than Open MPI: {detail}")
 
     big = [s for s in results.sizes("allreduce") if s >= 8 << 20]
     worst: tuple[float, int] | None = None
     for s in big:
-        m, b = results.median("minincl", "allreduce", s), _best_other(results, "allreduce", s)
+        m, b = results.median(me, "allreduce", s), _best_other(results, "allreduce", s)
         if m and b:
             r = m[1] / b[2]
             worst = (r, s) if worst is None or r < worst[0] else worst
@@ -145,7 +145,7 @@ def targets(results: Results) -> list[str]:
     out.append(f"- {verdict(ok)} allreduce busbw >= 2x best of the others at every size >= 8 MiB: {detail}")
 
     top = max(results.sizes("allreduce"), default=0)
-    m = results.median("minincl", "allreduce", top) if top else None
+    m = results.median(me, "allreduce", top) if top else None
     ok = None if not (m and top >= 256 << 20) else m[1] >= results.memcpy() / 2
     detail = f"{m[1]:.2f} GB/s at {human(top)} vs memcpy/2 = {results.memcpy() / 2:.2f} GB/s" if m else "missing data"
     out.append(f"- {verdict(ok)} allreduce at 256 MiB >= half the memcpy bandwidth: {detail}")
@@ -153,7 +153,7 @@ def targets(results: Results) -> list[str]:
     for coll in ("broadcast", "allgather"):
         worst = None
         for s in (s for s in results.sizes(coll) if s >= 1 << 20):
-            m, b = results.median("minincl", coll, s), _best_other(results, coll, s)
+            m, b = results.median(me, coll, s), _best_other(results, coll, s)
             if m and b:
                 r = m[1] / b[2]
                 worst = (r, s, b[0]) if worst is None or r < worst[0] else worst
@@ -178,7 +178,9 @@ def section_markdown(results: Results, libraries: list[Any], plots: list[str], m
     lines.append("Libraries: " + "; ".join(f"{lib.name} = {lib.version}" for lib in libraries) + ".")
     lines.append(
         "Method: float32 sum; each library's runner is 2 processes (minincl-threads: 2 ranks as "
-        "threads of one process, shown for reference; the ratios and targets use minincl's processes); "
+        "threads of one process, shown for reference; minincl-window: minincl's processes with buffers "
+        "from `Communicator.empty`, which peers read directly; the first ratio column and the first "
+        "targets use plain NumPy buffers, like the other libraries); "
         "per size warm-up calls, then "
         "repetitions of a fixed call count (the slowest rank counts, median repetition); "
         "libraries alternate order between rounds; figures are medians over rounds. "
@@ -199,20 +201,30 @@ def section_markdown(results: Results, libraries: list[Any], plots: list[str], m
             + " | "
             + " | ".join(f"{lib} GB/s" for lib in libs)
             + " | minincl / best other (busbw) |"
+            + (" minincl-window / best other |" if "minincl-window" in libs else "")
         )
-        lines.append("|---:|" + "---:|" * (2 * len(libs) + 1))
+        lines.append("|---:|" + "---:|" * (2 * len(libs) + 1 + ("minincl-window" in libs)))
         for s in sizes:
             ms = [results.median(lib, coll, s) for lib in libs]
             lat = [f"{m[0]:.2f}" if m else "-" for m in ms]
             bw = [f"{m[1]:.3f}" if m else "-" for m in ms]
-            mine, best = results.median("minincl", coll, s), _best_other(results, coll, s)
-            ratio = f"{mine[1] / best[2]:.2f}x ({best[0]})" if mine and best and best[2] > 0 else "-"
-            lines.append(f"| {human(s)} | " + " | ".join(lat) + " | " + " | ".join(bw) + f" | {ratio} |")
+            best = _best_other(results, coll, s)
+            ratios = []
+            for me in [lib for lib in ("minincl", "minincl-window") if lib in libs]:
+                mine = results.median(me, coll, s)
+                ratios.append(f"{mine[1] / best[2]:.2f}x ({best[0]})" if mine and best and best[2] > 0 else "-")
+            cells = [human(s), *lat, *bw, *ratios]
+            lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    lines.append("Targets:")
+    lines.append("Targets (minincl, plain NumPy buffers):")
     lines.append("")
     lines.extend(targets(results))
     lines.append("")
+    if "minincl-window" in results.libraries:
+        lines.append("Targets (minincl-window, buffers from `Communicator.empty`):")
+        lines.append("")
+        lines.extend(targets(results, "minincl-window"))
+        lines.append("")
     if results.failures:
         lines.append("Runs that failed (their sizes are missing above):")
         lines.append("")

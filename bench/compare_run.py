@@ -42,10 +42,15 @@ def _package_version(name: str) -> str:
         return "not installed"
 
 
-# minincl's two runners: (script, how its ranks run, for the report).
+# minincl's runners: (script, how its ranks run, for the report, extra environment).
 MININCL_RUNNERS = {
-    "minincl": ("run_minincl.py", "ranks bound to cores (MININCL_CPU_BIND=1)"),
-    "minincl-threads": ("run_minincl_threads.py", "2 ranks as threads of one process"),
+    "minincl": ("run_minincl.py", "ranks bound to cores (MININCL_CPU_BIND=1)", {}),
+    "minincl-window": (
+        "run_minincl.py",
+        "ranks bound to cores, buffers from Communicator.empty (a window the peer maps)",
+        {"MININCL_BENCH_WINDOW": "1", "MININCL_WINDOW_BYTES": "2G"},
+    ),
+    "minincl-threads": ("run_minincl_threads.py", "2 ranks as threads of one process", {}),
 }
 
 
@@ -56,13 +61,13 @@ def available_libraries(
     out = []
     for name in names:
         if name in MININCL_RUNNERS:
-            script, how = MININCL_RUNNERS[name]
+            script, how, extra = MININCL_RUNNERS[name]
             note = "".join(f" {k}={v}" for k, v in minincl_env.items())
             out.append(
                 Library(
                     name,
                     [sys.executable, os.path.join(RUNNERS, script)],
-                    dict(minincl_env),
+                    {**minincl_env, **extra},
                     f"minincl {_package_version('minincl')}{note}, {how}",
                 )
             )
@@ -89,7 +94,8 @@ def available_libraries(
             cmd = [mpiexec, "-n", "2", python, os.path.join(RUNNERS, "run_mpi.py"), "--library", name]
             out.append(Library(name, cmd, env, _mpi_version(python, env)))
         else:
-            raise SystemExit(f"unknown library {name!r}: expected minincl, minincl-threads, gloo, mpich, openmpi")
+            known = ", ".join([*MININCL_RUNNERS, "gloo", "mpich", "openmpi"])
+            raise SystemExit(f"unknown library {name!r}: expected one of {known}")
     return out
 
 

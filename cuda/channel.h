@@ -44,12 +44,19 @@ struct ConnCtrl {
   // Set once by the receiver at init: it can read the sender's memory (same process, or
   // cross-memory attach to the sender's process), so the sender may post pointer steps.
   uint32_t readsSenderMemory;
+  // Set once by the receiver at init: it maps the sender's window (see DevChannel::window),
+  // so the sender may post pointer steps for data that lies there.
+  uint32_t mapsSenderWindow;
 };
 
 // One direction of a (peer, channel) connection, as the device addresses it.
 struct ConnFifo {
   ConnCtrl* ctrl = nullptr;
   int32_t peerPid = 0;             // receiving end: the sender's process, 0 if it is this one
+  // Receiving end: the sender's window as mapped in this process, and where it lies in the
+  // sender's (a pointer step into it is read here, at the same offset).
+  const char* senderWindow = nullptr;
+  uint64_t senderWindowAt = 0, senderWindowBytes = 0;
   char* simple = nullptr;          // kSteps * simpleSlotBytes
   LLLine* ll = nullptr;            // kSteps * llSlotLines
   LL128Line* ll128 = nullptr;      // kSteps * ll128SlotLines
@@ -85,6 +92,10 @@ struct DevChannel {
   bool pointerStepsPosted = false;
   uint32_t pointerStepMinBytes = 32 << 10;  // smaller steps are copied: not worth a handshake
   uint64_t pointerStepsSent = 0;            // counter, for tests and tuning
+  // CPU: this rank's window, shared memory every peer process maps (user buffers allocated
+  // with comm.empty live there): data in it can go as pointer steps to other processes.
+  const char* window = nullptr;
+  uint64_t windowBytes = 0;
 };
 
 // Why a channel stopped early, for the host to turn into a message.

@@ -66,16 +66,25 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   // Pointer steps: instead of copying a step's data into every receiver's FIFO, the sender
   // posts where the data already is, if that memory keeps it until the end of the operation:
   // our output (every algorithm writes each output element once), or an input that shares
-  // no memory with the output. Worth a synchronisation only for big steps.
+  // no memory with the output. Worth a synchronisation only for big steps. Every receiver
+  // must be able to read it: any memory of ours (same process, cross-memory attach), or our
+  // window, which every peer process maps.
   MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, size_t n) const {
     if constexpr (!kPointerSteps) return nullptr;
     if (n * sizeof(T) < cx_.ch.pointerStepMinBytes) return nullptr;
+    const T* p = dst ? dst : !recv && src && cx_.work.sendIsReadOnly && inSendBuffer(src) ? src : nullptr;
+    if (!p) return nullptr;
+    bool inWindow = inOwnWindow(p, n);
     for (int i = 0; i < send_.n; ++i) {
-      if (!loadRelaxed(&cx_.ch.sendTo[send_.peer[i]].ctrl->readsSenderMemory)) return nullptr;
+      const ConnCtrl* c = cx_.ch.sendTo[send_.peer[i]].ctrl;
+      if (!loadRelaxed(&c->readsSenderMemory) && !(inWindow && loadRelaxed(&c->mapsSenderWindow))) return nullptr;
     }
-    if (dst) return dst;
-    if (!recv && src && cx_.work.sendIsReadOnly && inSendBuffer(src)) return src;
-    return nullptr;
+    return p;
+  }
+
+  MNCL_DEV bool inOwnWindow(const T* p, size_t n) const {
+    auto at = (uintptr_t)p, base = (uintptr_t)cx_.ch.window;
+    return cx_.ch.windowBytes && at >= base && at + n * sizeof(T) <= base + cx_.ch.windowBytes;
   }
 
   MNCL_DEV bool inSendBuffer(const T* p) const {
@@ -86,8 +95,8 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   }
 
   // Where the data of recv peer i's current step is: its FIFO slot; or, for a pointer step,
-  // the sender's memory itself (same process), or a kernel copy of it into `landing` (or
-  // into the slot) for a sender in another process.
+  // the sender's memory itself (same process), the sender's window as mapped here, or a
+  // kernel copy of it into `landing` (or into the slot) for a sender in another process.
   MNCL_DEV const T* received(int i, size_t n, T* landing) {
     int p = recv_.peer[i];
     const ConnFifo& f = cx_.ch.recvFrom[p];
@@ -97,6 +106,9 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     uint64_t at = f.ctrl->dataAt[step % kSteps];
     if (at == 0) return inSlot;
     if (f.peerPid == 0) return reinterpret_cast<const T*>(at);
+    if (at - f.senderWindowAt < f.senderWindowBytes) {  // in the sender's window, mapped here
+      return reinterpret_cast<const T*>(f.senderWindow + (at - f.senderWindowAt));
+    }
     T* to = landing ? landing : inSlot;
     int err = 0;
     if (tid() == 0) err = readPeerMemory(f.peerPid, to, reinterpret_cast<const void*>(at), n * sizeof(T));

@@ -56,6 +56,7 @@ class Config:
     op: str
     root: int
     check: bool
+    window: bool = False
 
 
 def sizes(cfg: Config) -> list[int]:
@@ -138,6 +139,12 @@ def _buffers(cfg: Config, n: int, rank: int, nbytes: int, dtype: Any) -> tuple[i
     return count, _pattern(rank, count, dtype), np.zeros(count, dtype)
 
 
+def _in_window(comm: Communicator, a: np.ndarray) -> np.ndarray:
+    w = comm.empty(a.shape, a.dtype)
+    w[...] = a
+    return w
+
+
 def iterations(cfg: Config, nbytes: int) -> tuple[int, int]:
     """(timed, warm-up) calls for one size: --iters/--warmup if given, else enough calls to
     move about 64 MiB (20 to 1000) after as many warm-up calls, so one scheduling stall cannot
@@ -157,6 +164,8 @@ def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, i
         print(_header(cfg, n), flush=True)
     for nbytes in sizes(cfg):
         count, send, recv = _buffers(cfg, n, comm.rank, nbytes, dtype)
+        if cfg.window:  # the same values, in the communicator's window
+            send, recv = _in_window(comm, send), _in_window(comm, recv)
         iters, warmup = iterations(cfg, nbytes)
         for _ in range(warmup):
             _run_one(cfg, comm, send, recv)
@@ -288,6 +297,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default: cuda when a GPU and CuPy are usable, else cpu)",
     )
     p.add_argument("--check", action="store_true", help="verify results against NumPy; counts #wrong")
+    p.add_argument(
+        "--window",
+        action="store_true",
+        help="buffers from Communicator.empty (shared memory peers read directly; sets MININCL_WINDOW_BYTES)",
+    )
 
 
 def _default_device() -> str:
@@ -310,6 +324,9 @@ def run(args: argparse.Namespace) -> int:
     if args.proto:
         os.environ["MININCL_PROTO"] = args.proto
     os.environ.setdefault("MININCL_CPU_BIND", "1")  # a core per rank process, as mpirun binds
+    if args.window:  # the largest send and receive buffers, with room to spare
+        need = 4 * parse_size(args.maxbytes) * (args.ranks if args.collective != "allreduce" else 1)
+        os.environ.setdefault("MININCL_WINDOW_BYTES", str(need + (64 << 20)))
     cfg = Config(
         args.collective,
         parse_size(args.minbytes),
@@ -321,6 +338,7 @@ def run(args: argparse.Namespace) -> int:
         args.op,
         args.root,
         args.check,
+        args.window,
     )
     if args.device == "cuda":
         comms = Communicator.init_all(args.ranks, device="cuda")

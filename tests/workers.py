@@ -90,3 +90,59 @@ def affinity_after_init(comm: minincl.Communicator) -> list[int]:
 
 def channels_after_init(comm: minincl.Communicator) -> int:
     return comm.stats()["channels"]
+
+
+def window_collectives(comm: minincl.Communicator, counts: list[int]) -> tuple[int, int]:
+    """Every collective on arrays from comm.empty (the window peers map), checked against
+    NumPy; also with only one side in the window. Returns (checks, pointer steps sent)."""
+    n, r = comm.nranks, comm.rank
+    checks = 0
+
+    def win(a: np.ndarray) -> np.ndarray:
+        w = comm.empty(a.shape, a.dtype)
+        w[...] = a
+        return w
+
+    for count in counts:
+        for dtype in (np.float32, np.int32):
+            xs = [((np.arange(count) * (q + 3) + q) % 11).astype(dtype) for q in range(n)]
+            total = np.sum(xs, axis=0, dtype=dtype)
+            send, out = win(xs[r]), comm.empty(count, dtype)
+            comm.allreduce(send, out)
+            np.testing.assert_array_equal(out, total)
+            comm.allreduce(send, np.zeros(count, dtype))  # the output outside the window
+            comm.allreduce(send)  # in place
+            np.testing.assert_array_equal(send, total)
+            b = win(xs[r])
+            comm.broadcast(b, root=n - 1)
+            np.testing.assert_array_equal(b, xs[n - 1])
+            red = comm.empty(count, dtype)
+            red[...] = 7
+            comm.reduce(win(xs[r]), red, op="max", root=0)
+            np.testing.assert_array_equal(red, np.max(xs, axis=0) if r == 0 else np.full(count, 7, dtype))
+            g = comm.empty(count * n, dtype)
+            comm.allgather(win(xs[r]), g)
+            np.testing.assert_array_equal(g, np.concatenate(xs))
+            whole = [np.tile(x, n) + q for q, x in enumerate(xs)]
+            rs = comm.empty(count, dtype)
+            comm.reduce_scatter(win(whole[r]), rs)
+            np.testing.assert_array_equal(rs, np.sum(whole, axis=0, dtype=dtype)[r * count : (r + 1) * count])
+            checks += 6
+    return checks, int(comm.stats()["pointer_steps"])
+
+
+def window_errors(comm: minincl.Communicator) -> list[str]:
+    """What a full window and a freed array do; the array outlives its communicator."""
+    out = []
+    big = comm.empty(3 << 20, np.uint8)  # most of a 4 MiB window
+    try:
+        comm.empty(2 << 20, np.uint8)
+    except minincl.InvalidUsage as e:
+        out.append(str(e))
+    del big  # its space comes back
+    again = comm.empty(3 << 20, np.uint8)
+    again[:] = 5
+    comm.barrier()
+    comm.destroy()
+    out.append(str(int(again.sum())))  # still mapped after destroy
+    return out

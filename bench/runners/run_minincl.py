@@ -1,4 +1,5 @@
-"""minincl runner: two local processes through minincl.launch; prints CSV rows."""
+"""minincl runner: two local processes through minincl.launch; prints CSV rows. With
+MININCL_BENCH_WINDOW=1 (the minincl-window line) the buffers come from Communicator.empty."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from common import CSV_HEADER, RunConfig, counts, iterations, parse_args, rows, 
 import minincl
 
 NRANKS = 2
+WINDOW = os.environ.get("MININCL_BENCH_WINDOW") == "1"
 
 
 def make_op(comm: minincl.Communicator, collective: str, send: np.ndarray, recv: np.ndarray) -> Callable[[], object]:
@@ -33,15 +35,19 @@ def rank_main(comm: minincl.Communicator, cfg: RunConfig) -> dict[int, list[floa
         send_n, recv_n = counts(cfg.collective, size, comm.nranks)
         if min(send_n, recv_n) == 0:
             continue
-        send = np.ones(send_n, np.float32)
-        recv = np.zeros(recv_n, np.float32)
+        if WINDOW:  # the same arrays, in the communicator's window (see Communicator.empty)
+            send, recv = comm.empty(send_n, np.float32), comm.empty(recv_n, np.float32)
+            send[:], recv[:] = 1, 0
+        else:
+            send = np.ones(send_n, np.float32)
+            recv = np.zeros(recv_n, np.float32)
         op = make_op(comm, cfg.collective, send, recv)
         times[size] = time_reps(op, comm.barrier, iterations(cfg, size), cfg.reps, cfg.warmup)
     return times
 
 
 def main() -> None:
-    cfg = parse_args("minincl")
+    cfg = parse_args("minincl-window" if WINDOW else "minincl")
     # One core per rank process, as Open MPI binds its ranks by default (unbound, a fresh pair
     # of processes often shares a core for its first milliseconds).
     os.environ.setdefault("MININCL_CPU_BIND", "1")

@@ -130,6 +130,13 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   }
   peers_[rank].regionId = registerRegion(region_);
   peers_[rank].regionBytes = hostBytes;
+  size_t windowBytes = (size_t)env::bytes("MININCL_WINDOW_BYTES", 0);
+  if (!onGpu() && otherProcess && windowBytes > 0) {
+    window_ = std::make_shared<Window>(windowBytes, std::to_string(rank));
+    std::strncpy(peers_[rank].windowName, window_->name().c_str(), sizeof(peers_[rank].windowName) - 1);
+    peers_[rank].windowBytes = window_->size();
+    peers_[rank].windowAt = (uint64_t)(uintptr_t)window_->base();
+  }
   if (onGpu()) createGpuRegion(layout.totalBytes());
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
 
@@ -141,10 +148,16 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
     else peerRegions_[r] = ShmMapping::open(p.shmName, p.regionBytes);
     MNCL_CHECK(peerRegions_[r] != nullptr, mnclInternalError, "rank " + std::to_string(r) + "'s region vanished during init");
   }
+  peerWindows_.resize(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    const PeerInfo& p = peers_[r];
+    if (r != rank && p.windowBytes > 0 && p.pid != mine.pid) peerWindows_[r] = ShmMapping::open(p.windowName, p.windowBytes);
+  }
   peerFifos_ = peerRegions_;
   if (onGpu()) openPeerGpuRegions();
   bootstrap_->barrier();  // everyone has mapped everything: the names can go
   if (shm) shm->unlink();
+  if (window_) window_->unlink();
 
   setupChannels(mine.sizes);
   bool oversubscribed = !onGpu() && localRanks * nch > cores;
@@ -327,14 +340,21 @@ void Comm::checkGpuErrors() {}
 // default; in another one only when asked (MININCL_POINTER_STEPS=2) and cross-memory attach
 // works (checked by reading a known word of the peer's). Across processes the kernel copy
 // leaves the sender idle while the receiver copies, which measured slower here than the
-// FIFO, where both sides copy at once. The receiving end says so in its control words; the
-// sender reads them before each step.
+// FIFO, where both sides copy at once. Also from any peer process whose window this rank
+// maps, for data in that window (no kernel involved: a plain read of shared memory). The
+// receiving end says so in its control words; the sender reads them before each step.
 void Comm::enablePointerSteps() {
   int64_t mode = env::integer("MININCL_POINTER_STEPS", 1);
   MNCL_CHECK(mode >= 0 && mode <= 2, mnclInvalidArgument, "MININCL_POINTER_STEPS must be 0, 1 or 2");
   int64_t minBytes = env::integer("MININCL_POINTER_STEP_BYTES", 32 << 10);
   MNCL_CHECK(minBytes >= 0 && minBytes <= (1ll << 31), mnclInvalidArgument, "MININCL_POINTER_STEP_BYTES must be between 0 and 2^31");
-  for (auto& ch : channels_) ch->dev.pointerStepMinBytes = (uint32_t)minBytes;
+  for (auto& ch : channels_) {
+    ch->dev.pointerStepMinBytes = (uint32_t)minBytes;
+    if (window_) {
+      ch->dev.window = window_->base();
+      ch->dev.windowBytes = window_->size();
+    }
+  }
   pid_t me = getpid();
   for (int p = 0; p < nranks_; ++p) {
     if (p == rank_) continue;
@@ -344,9 +364,17 @@ void Comm::enablePointerSteps() {
       readable = canReadPeerMemory(peers_[p].pid, peers_[p].probeAddr);
       if (!readable) MNCL_WARN(kInit, "rank %d: cannot read rank %d's memory (cross-memory attach); its steps go through the FIFO", rank_, p);
     }
+    const std::shared_ptr<Mapping>& theirs = peerWindows_[p];
     for (auto& ch : channels_) {
-      ch->recvFrom[p].peerPid = local ? 0 : peers_[p].pid;
-      dev::storeRelease(&ch->recvFrom[p].ctrl->readsSenderMemory, (uint32_t)readable);
+      dev::ConnFifo& f = ch->recvFrom[p];
+      f.peerPid = local ? 0 : peers_[p].pid;
+      dev::storeRelease(&f.ctrl->readsSenderMemory, (uint32_t)readable);
+      if (theirs && mode >= 1) {  // the peer's window, read through our own mapping of it
+        f.senderWindow = theirs->base();
+        f.senderWindowAt = peers_[p].windowAt;
+        f.senderWindowBytes = peers_[p].windowBytes;
+        dev::storeRelease(&f.ctrl->mapsSenderWindow, 1u);
+      }
     }
   }
 }

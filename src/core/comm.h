@@ -15,6 +15,7 @@
 #include "../bootstrap/bootstrap.h"
 #include "../topo/comm_plan.h"
 #include "../transport/region.h"
+#include "../transport/window.h"
 #include "../tune/tuner.h"
 #include "minincl.h"
 
@@ -48,6 +49,8 @@ struct PeerInfo {
   uint64_t gpuRegionId;  // GPU: the device FIFO region's registry key (same process)
   char gpuIpcHandle[64];  // GPU: its CUDA IPC handle (other processes)
   int32_t gpuIpcOk;       // GPU: the handle could be made
+  char windowName[96];    // CPU: this rank's window (MININCL_WINDOW_BYTES), if it has one
+  uint64_t windowBytes, windowAt;  // its size and where it lies in this rank's process
 };
 
 class Comm {
@@ -69,6 +72,10 @@ class Comm {
   Bootstrap& bootstrap() { return *bootstrap_; }
   // How the rings were chosen (same on every rank); channel(c).ring holds the order in use.
   const topo::CommPlan& topoPlan() const { return plan_; }
+
+  // This rank's window (null without one): shared memory for user buffers that peer
+  // processes read directly (see transport/window.h).
+  const std::shared_ptr<Window>& window() const { return window_; }
 
   // The word every spin loop watches; non-zero stops all in-flight work.
   // (On a GPU communicator it lives in pinned host memory the kernels read.)
@@ -134,6 +141,8 @@ class Comm {
   std::vector<std::shared_ptr<Mapping>> peerRegions_;
   // Where the FIFOs are: the regions above on the CPU; device memory on a GPU (whose host
   // regions then hold only the control block).
+  std::shared_ptr<Window> window_;
+  std::vector<std::shared_ptr<Mapping>> peerWindows_;  // [rank]: its window mapped here, or null
   std::shared_ptr<Mapping> gpuRegion_;
   std::vector<std::shared_ptr<Mapping>> peerFifos_;
   std::unique_ptr<gpu::GpuComm> gpu_;

@@ -1,6 +1,7 @@
 // minincl._core: the communicator as Python sees it. The per-call path (array -> pointer,
 // count, type -> enqueue) stays in compiled code, and every blocking call releases the GIL so
 // that ranks running as Python threads of one process progress together.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -299,6 +300,29 @@ class PyComm {
 
   // (new nranks, unique id, new rank) of the group this rank joins, or None for color < 0.
   // Counters for tests and tuning.
+  // A NumPy array in this rank's window (see Communicator.empty). The array keeps the window
+  // mapped, whatever happens to the communicator, and gives its space back when collected.
+  py::array windowEmpty(const std::vector<int64_t>& shape, const py::dtype& dtype) {
+    std::shared_ptr<Window> window = live().window();
+    if (!window) {
+      throwError(mnclInvalidUsage, "this communicator has no window: set MININCL_WINDOW_BYTES (e.g. 1G) before it is "
+                                   "created (a window is made only when some peer is another process)");
+    }
+    size_t bytes = (size_t)dtype.itemsize();
+    for (int64_t d : shape) {
+      if (d < 0) throwError(mnclInvalidArgument, "empty: negative dimension " + std::to_string(d));
+      bytes *= (size_t)d;
+    }
+    void* p = window->allocate(bytes);
+    using Owner = std::pair<std::shared_ptr<Window>, void*>;
+    py::capsule keeper(new Owner(window, p), [](void* o) {
+      auto* owner = static_cast<Owner*>(o);
+      owner->first->release(owner->second);
+      delete owner;
+    });
+    return py::array(dtype, shape, p, keeper);
+  }
+
   py::dict stats() {
     Comm& cm = live();
     uint64_t pointerSteps = 0;
@@ -633,6 +657,7 @@ PYBIND11_MODULE(_core, m) {
       .def("stats", &PyComm::stats,
            "Counters: channels; pointer_steps, steps whose data a receiver read straight from this rank's buffers; "
            "readable_peers, peers whose buffers this rank reads directly.")
+      .def("_window_empty", &PyComm::windowEmpty, py::arg("shape"), py::arg("dtype"))
       .def("_topology", &PyComm::topology)
       .def("abort", &PyComm::abort)
       .def("destroy", &PyComm::destroy);

@@ -1,0 +1,56 @@
+#include "window.h"
+
+#include "../core/error.h"
+
+namespace mncl {
+
+namespace {
+constexpr size_t kPage = 4096;
+size_t pages(size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
+}  // namespace
+
+Window::Window(size_t bytes, const std::string& tag) : shm_(ShmMapping::create(pages(bytes), "w" + tag)) {
+  free_[0] = shm_->size();
+}
+
+void* Window::allocate(size_t bytes) {
+  size_t want = pages(bytes ? bytes : 1);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < want) continue;
+    size_t off = it->first, left = it->second - want;
+    free_.erase(it);
+    if (left) free_[off + want] = left;
+    used_[off] = want;
+    return shm_->base() + off;
+  }
+  size_t freeBytes = 0;
+  for (auto& [off, len] : free_) freeBytes += len;
+  throwError(mnclInvalidUsage, "the communicator's window cannot hold " + std::to_string(bytes) + " more bytes (" +
+                                   std::to_string(freeBytes) + " of " + std::to_string(shm_->size()) +
+                                   " free): raise MININCL_WINDOW_BYTES, or free arrays made with empty()");
+}
+
+void Window::release(void* p) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t off = static_cast<char*>(p) - shm_->base();
+  auto it = used_.find(off);
+  if (it == used_.end()) return;
+  size_t len = it->second;
+  used_.erase(it);
+  auto next = free_.lower_bound(off);
+  if (next != free_.end() && next->first == off + len) {  // merge with the block after
+    len += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {  // and with the one before
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == off) {
+      prev->second += len;
+      return;
+    }
+  }
+  free_[off] = len;
+}
+
+}  // namespace mncl
