@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import numpy as np
@@ -28,6 +30,26 @@ NCHANNELS = 2
 
 DTYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32", "float64"]
 OPS = ["sum", "prod", "max", "min", "avg"]
+# The collectives each algorithm implements, and the protocols every one runs under.
+ALGOS = {
+    "ring": ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"],
+    "tree": ["allreduce", "broadcast", "reduce"],
+    "direct": ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"],
+}
+PROTOS = ["simple", "ll", "ll128"]
+# All ten types, each with an op that exercises it.
+TYPES_OPS = [
+    ("int8", "sum"),
+    ("uint8", "prod"),
+    ("int32", "avg"),
+    ("uint32", "min"),
+    ("int64", "prod"),
+    ("uint64", "max"),
+    ("float16", "max"),
+    ("bfloat16", "sum"),
+    ("float32", "avg"),
+    ("float64", "sum"),
+]
 
 
 def run_ranks(comms: list[Any], fn: Callable[[Any], Any], timeout: float = 60.0) -> list[Any]:
@@ -53,6 +75,27 @@ def run_ranks(comms: list[Any], fn: Callable[[Any], Any], timeout: float = 60.0)
         if e is not None:
             raise e
     return results
+
+
+@contextlib.contextmanager
+def forced_env(algo: str | None, proto: str | None) -> Iterator[None]:
+    """MININCL_ALGO / MININCL_PROTO as given (None: unset) while communicators are made,
+    as they were afterwards (the C++ side reads them at init)."""
+    names = {"MININCL_ALGO": algo, "MININCL_PROTO": proto}
+    saved = {k: os.environ.get(k) for k in names}
+
+    def put(values: dict[str, str | None]) -> None:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    put(names)
+    try:
+        yield
+    finally:
+        put(saved)
 
 
 class CommPool:

@@ -3,34 +3,26 @@ representative types and ops, on rank counts that are odd, even and not powers o
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import assert_same, counts_for, empty, make, needs, rank_values, reduce_ref, run_ranks
+from conftest import (
+    ALGOS,
+    PROTOS,
+    TYPES_OPS,
+    assert_same,
+    counts_for,
+    empty,
+    forced_env,
+    make,
+    needs,
+    rank_values,
+    reduce_ref,
+    run_ranks,
+)
 
 import minincl
-
-ALGOS = {
-    "ring": ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"],
-    "tree": ["allreduce", "broadcast", "reduce"],
-    "direct": ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"],
-}
-PROTOS = ["simple", "ll", "ll128"]
-# All ten types, each with an op that exercises it.
-TYPES_OPS = [
-    ("int8", "sum"),
-    ("uint8", "prod"),
-    ("int32", "avg"),
-    ("uint32", "min"),
-    ("int64", "prod"),
-    ("uint64", "max"),
-    ("float16", "max"),
-    ("bfloat16", "sum"),
-    ("float32", "avg"),
-    ("float64", "sum"),
-]
 
 
 class ForcedPool:
@@ -44,16 +36,8 @@ class ForcedPool:
         key = (nranks, algo, proto)
         if key != self.key or any(c.destroyed for c in self.comms):
             self.close()
-            saved = {k: os.environ.get(k) for k in ("MININCL_ALGO", "MININCL_PROTO")}
-            os.environ["MININCL_ALGO"], os.environ["MININCL_PROTO"] = algo, proto
-            try:
+            with forced_env(algo, proto):
                 self.comms = minincl.Communicator.init_all(nranks)
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
             self.key = key
         return self.comms
 

@@ -14,14 +14,13 @@ that ``import minincl`` finds the installed package. Rank processes started by
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import assert_same, reduce_ref, run_ranks
+from conftest import ALGOS, PROTOS, TYPES_OPS, assert_same, forced_env, reduce_ref, run_ranks
 
 import minincl
 
@@ -45,12 +44,6 @@ if GPUS == 0:
 pytestmark = pytest.mark.gpu
 
 DEVICE = "cuda:0"
-ALGOS = {
-    "ring": ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"],
-    "tree": ["allreduce", "broadcast", "reduce"],
-    "direct": ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"],
-}
-PROTOS = ["simple", "ll", "ll128"]
 REDUCING = ("allreduce", "reduce", "reduce_scatter")
 # Reductions: each type with an op that exercises it (bfloat16 goes through PyTorch).
 REDUCE_CASES = [
@@ -66,18 +59,6 @@ COPY_CASES = [("float32", "sum"), ("uint8", "sum")]
 COUNTS = [0, 1, 1009]
 BIG = (1 << 20) + 3  # float32: 4 MiB per rank, crosses every slot, step and channel boundary
 PERIOD = 65537
-ALL_TYPES_OPS = [
-    ("int8", "sum"),
-    ("uint8", "prod"),
-    ("int32", "avg"),
-    ("uint32", "min"),
-    ("int64", "prod"),
-    ("uint64", "max"),
-    ("float16", "max"),
-    ("bfloat16", "sum"),
-    ("float32", "avg"),
-    ("float64", "sum"),
-]
 
 
 # ---- arrays: CuPy for NumPy's types, PyTorch for bfloat16 (and its own tests) ----
@@ -189,20 +170,8 @@ class GpuPool:
         if algo is not None:
             for k in [k for k in self.groups if k[1] is not None]:
                 self.discard(k)
-        saved = {k: os.environ.get(k) for k in ("MININCL_ALGO", "MININCL_PROTO")}
-        try:
-            for name, value in (("MININCL_ALGO", algo), ("MININCL_PROTO", proto)):
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+        with forced_env(algo, proto):
             group = minincl.Communicator.init_all(nranks, device=DEVICE)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         self.groups[key] = group
         return group
 
@@ -445,7 +414,7 @@ def test_alltoall(gpus: GpuPool, cp: Any, nranks: int) -> None:
 def test_every_type_default_tuner(gpus: GpuPool, nranks: int) -> None:
     """All ten types under the tuner's own choice (the full build compiles every (op, type))."""
     comms = gpus.get(nranks)
-    for dtype, op in ALL_TYPES_OPS:
+    for dtype, op in TYPES_OPS:
         if dtype == "bfloat16" and not _torch_available():
             continue
         lib = Lib.for_dtype(dtype)

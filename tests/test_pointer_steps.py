@@ -12,15 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 import workers
-from conftest import assert_same, rank_values, reduce_ref, run_ranks
+from conftest import ALGOS, assert_same, rank_values, reduce_ref, run_ranks
 
 import minincl
 
-ALGOS = {
-    "ring": ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"],
-    "tree": ["allreduce", "broadcast", "reduce"],
-    "direct": ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"],
-}
 COUNT = 50021  # prime, several 16 KiB steps per channel
 
 

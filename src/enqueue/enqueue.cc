@@ -19,10 +19,6 @@ namespace mncl {
 
 namespace {
 
-const char* typeName(DataType t) {
-  static const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16"};
-  return (int)t < (int)DataType::count ? names[(int)t] : "?";
-}
 const char* opName(uint8_t op) {
   static const char* names[] = {"sum", "prod", "max", "min", "avg"};
   return op < 5 ? names[op] : "?";
@@ -30,10 +26,10 @@ const char* opName(uint8_t op) {
 
 std::string describe(const dev::StepInfo& s) {
   if (s.coll == (uint8_t)Coll::sendrecv) {
-    return "send of " + std::to_string(s.count) + " bytes (" + typeName((DataType)s.dtype) + ")";
+    return "send of " + std::to_string(s.count) + " bytes (" + dataTypeName((DataType)s.dtype) + ")";
   }
   std::string d = std::string(collName((Coll)s.coll)) + "(count=" + std::to_string(s.count) + ", " +
-                  typeName((DataType)s.dtype);
+                  dataTypeName((DataType)s.dtype);
   if (s.coll != (uint8_t)Coll::broadcast && s.coll != (uint8_t)Coll::allgather) d += std::string(", ") + opName(s.op);
   if (s.coll == (uint8_t)Coll::broadcast || s.coll == (uint8_t)Coll::reduce) d += ", root=" + std::to_string(s.root);
   return d + ", " + algoName((Algo)s.algo) + ")";
@@ -43,8 +39,8 @@ std::string mismatchMessage(int rank, const dev::DevError& e) {
   std::string me = "rank " + std::to_string(rank), peer = "rank " + std::to_string(e.peer);
   if (e.expected.coll == (uint8_t)Coll::sendrecv && e.got.coll == (uint8_t)Coll::sendrecv) {
     return "mismatched send/recv: " + me + " posted a recv of " + std::to_string(e.expected.count) + " bytes (" +
-           typeName((DataType)e.expected.dtype) + ") from " + peer + ", but " + peer + " sent " +
-           std::to_string(e.got.count) + " bytes (" + typeName((DataType)e.got.dtype) + ")";
+           dataTypeName((DataType)e.expected.dtype) + ") from " + peer + ", but " + peer + " sent " +
+           std::to_string(e.got.count) + " bytes (" + dataTypeName((DataType)e.got.dtype) + ")";
   }
   return "mismatched calls: " + me + " called " + describe(e.expected) + " but " + peer + " called " + describe(e.got) +
          "; every rank must make the same collective calls in the same order";

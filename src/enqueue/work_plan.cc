@@ -23,11 +23,6 @@ bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
   return x < y + bBytes && y < x + aBytes;
 }
 
-const char* typeName(DataType t) {
-  static const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16"};
-  return (int)t < (int)DataType::count ? names[(int)t] : "?";
-}
-
 }  // namespace
 
 void planP2pOps(Comm& comm, const P2pCall& c, std::vector<std::vector<dev::P2pOp>>& perChannel) {
@@ -57,8 +52,8 @@ void checkSelfPairs(int rank, const std::vector<const P2pCall*>& sends, const st
     const P2pCall& r = *recvs[i];
     size_t sb = s.count * dataTypeSize(s.dtype), rb = r.count * dataTypeSize(r.dtype);
     MNCL_CHECK(sb == rb && s.dtype == r.dtype, mnclInvalidUsage,
-          "send to self of " + std::to_string(sb) + " bytes (" + typeName(s.dtype) + ") does not match the recv from self of " +
-              std::to_string(rb) + " bytes (" + typeName(r.dtype) + ")");
+          "send to self of " + std::to_string(sb) + " bytes (" + dataTypeName(s.dtype) + ") does not match the recv from self of " +
+              std::to_string(rb) + " bytes (" + dataTypeName(r.dtype) + ")");
   }
 }
 

@@ -13,31 +13,29 @@ void check(cudaError_t e, const char* what) {
                                          cudaGetErrorString(e) + ")");
 }
 
+namespace {
+// A query whose failure only means "no answer": clears the error so the next call is unaffected.
+bool answered(cudaError_t e) {
+  if (e == cudaSuccess) return true;
+  cudaGetLastError();
+  return false;
+}
+}  // namespace
+
 int usableDeviceCount() {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
+  return answered(cudaGetDeviceCount(&n)) ? n : 0;
 }
 
 int currentDevice() {
   int d = 0;
-  if (cudaGetDevice(&d) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return d;
+  return answered(cudaGetDevice(&d)) ? d : 0;
 }
 
 int deviceOfPointer(const void* p) {
   if (p == nullptr || usableDeviceCount() == 0) return -1;
   cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
+  if (!answered(cudaPointerGetAttributes(&a, p))) return -1;
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? a.device : -1;
 }
 

@@ -212,11 +212,6 @@ bool viewCudaArrayInterface(py::handle obj, bool writable, const char* role, Arr
 
 }  // namespace
 
-const char* dtypeName(DataType t) {
-  static const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16"};
-  return names[(int)t];
-}
-
 ArrayView view(py::handle obj, bool writable, const char* role) {
   if (obj.is_none()) invalid(std::string(role) + " is None; expected an array");
   if (PyObject_CheckBuffer(obj.ptr())) return viewBuffer(obj, writable, role);

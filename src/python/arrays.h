@@ -29,6 +29,5 @@ ArrayView view(py::handle obj, bool writable, const char* role);
 // A new array like `like` (same library, type and device) of the given shape.
 py::object emptyLike(py::handle like, const std::vector<int64_t>& shape);
 
-const char* dtypeName(DataType t);
 
 }  // namespace mncl::py_arrays

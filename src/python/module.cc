@@ -485,8 +485,8 @@ class PyComm {
                           const char* aRole = "recv") {
     const char* bRole = std::strcmp(aRole, "recv") == 0 ? "send" : "recv";
     if (a.dtype != b.dtype) {
-      throwError(mnclInvalidArgument, std::string(what) + ": " + bRole + " is " + py_arrays::dtypeName(b.dtype) + " but " +
-                                          aRole + " is " + py_arrays::dtypeName(a.dtype) + "; they must match");
+      throwError(mnclInvalidArgument, std::string(what) + ": " + bRole + " is " + dataTypeName(b.dtype) + " but " +
+                                          aRole + " is " + dataTypeName(a.dtype) + "; they must match");
     }
     if (a.count != expect) {
       throwError(mnclInvalidArgument, std::string(what) + ": " + aRole + " has " + std::to_string(a.count) +

@@ -64,6 +64,10 @@ int log2Up(int n) {
 const char* algoName(Algo a) { return kAlgoNames[(int)a]; }
 const char* protoName(Proto p) { return kProtoNames[(int)p]; }
 const char* collName(Coll c) { return kCollNames[(int)c]; }
+const char* dataTypeName(DataType t) {
+  static const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16"};
+  return (unsigned)t < (unsigned)DataType::count ? names[(int)t] : "?";
+}
 
 unsigned parseNameList(const std::string& list, const char* const* names, int count, const char* var) {
   if (list.empty()) return (1u << count) - 1;
