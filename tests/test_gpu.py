@@ -481,7 +481,7 @@ def test_one_thread_per_rank_with_own_streams(gpus: GpuPool, cp: Any, nranks: in
     # thread's rank is what the kernel waits for.)
     _ = cp.asarray(base) * 2 + 1  # CuPy's elementwise kernels, compiled here once
     cp.cuda.Device().synchronize()
-    ready = threading.Barrier(nranks)
+    ready = threading.Barrier(nranks, timeout=60)  # a rank that failed early breaks it, not hangs it
 
     def body(c: Any) -> list[np.ndarray]:
         s = cp.cuda.Stream(non_blocking=True)
