@@ -41,22 +41,37 @@ struct ConnCtrl {
   // Otherwise its address in the sender's memory, which the sender keeps unchanged until the
   // receiver has consumed the step, so the receiver reads it there: one copy instead of two.
   alignas(128) uint64_t dataAt[kSteps];
+  // Simple, direct writes (CPU): the sender already wrote the step's data into the receiver's
+  // own memory, at dataAt as the receiver addresses it (see outputAt below).
+  uint32_t wroteToReceiver[kSteps];
   // Set once by the receiver at init: it can read the sender's memory (same process, or
   // cross-memory attach to the sender's process), so the sender may post pointer steps.
   uint32_t readsSenderMemory;
   // Set once by the receiver at init: it maps the sender's window (see DevChannel::window),
   // so the sender may post pointer steps for data that lies there.
   uint32_t mapsSenderWindow;
+  // Direct writes (CPU), for operations whose output is the same on every rank (allreduce,
+  // allgather, broadcast): the receiver publishes its output buffer (its own address and size)
+  // when an operation starts, and a sender that can write there puts the final values of a
+  // step straight into it at the step's offset, instead of into the FIFO (NCCL's direct
+  // write). Valid for the operation whose first step from this sender is outputFromStep - 1,
+  // which only that operation has (0: nothing published); outputInfo is checked as well.
+  alignas(128) uint64_t outputFromStep;
+  uint64_t outputAt, outputBytes;
+  StepInfo outputInfo;
 };
 
 // One direction of a (peer, channel) connection, as the device addresses it.
 struct ConnFifo {
   ConnCtrl* ctrl = nullptr;
-  int32_t peerPid = 0;             // receiving end: the sender's process, 0 if it is this one
-  // Receiving end: the sender's window as mapped in this process, and where it lies in the
-  // sender's (a pointer step into it is read here, at the same offset).
-  const char* senderWindow = nullptr;
-  uint64_t senderWindowAt = 0, senderWindowBytes = 0;
+  int32_t peerPid = 0;             // the process of the peer at the other end, 0 if it is this one
+  // The peer's window as mapped in this process, and where it lies in the peer's: a receiving
+  // end reads pointer steps into it here, a sending end makes direct writes into it here.
+  char* peerWindow = nullptr;
+  uint64_t peerWindowAt = 0, peerWindowBytes = 0;
+  // Sending end (CPU): we may make direct writes into the receiver's published output (it is
+  // in this process, or we map its window; see ConnCtrl::outputAt).
+  bool directWrites = false;
   char* simple = nullptr;          // kSteps * simpleSlotBytes
   LLLine* ll = nullptr;            // kSteps * llSlotLines
   LL128Line* ll128 = nullptr;      // kSteps * ll128SlotLines
@@ -79,6 +94,9 @@ struct DevChannel {
   ConnFifo* recvFrom = nullptr;     // [nranks]
   uint64_t* sendStep = nullptr;     // [nranks]: steps this side has sent to each peer
   uint64_t* recvStep = nullptr;     // [nranks]: steps this side has received from each peer
+  // CPU, [nranks]: sendStep and recvStep when the current operation started (direct writes).
+  uint64_t* opFirstSendStep = nullptr;
+  uint64_t* opFirstRecvStep = nullptr;
   const int* ring = nullptr;        // [nranks]: ring order; ring[ringPos] == rank
   int ringPos = 0;
   ProtoSizes sizes{};
@@ -92,6 +110,7 @@ struct DevChannel {
   bool pointerStepsPosted = false;
   uint32_t pointerStepMinBytes = 32 << 10;  // smaller steps are copied: not worth a handshake
   uint64_t pointerStepsSent = 0;            // counter, for tests and tuning
+  uint64_t directWritesSent = 0;            // counter, for tests and tuning
   // CPU: this rank's window, shared memory every peer process maps (user buffers allocated
   // with comm.empty live there): data in it can go as pointer steps to other processes.
   const char* window = nullptr;

@@ -48,16 +48,14 @@ struct Direct {
     int n = ch.nranks, me = ch.rank;
     const T* src = (const T*)w.send + w.chanOffset;
     T* dst = (T*)w.recv + w.chanOffset;
-    PeerSet all = PeerSet::allBut(me, n);
-    P gather(cx, all, PeerSet()), scatter(cx, PeerSet(), all);
-    size_t step = gather.stepElems();
+    P exchange(cx, PeerSet::allBut(me, n), PeerSet::allBut(me, n));
+    size_t step = exchange.stepElems();
     for (size_t base = 0; base < w.chanCount;) {
       RingLoop L{base, ringChunk<T>(w.chanCount - base, n, step), w.chanCount};
       for (int p = 0; p < n; ++p) {
         if (p != me) P(cx, PeerSet(), PeerSet(p)).send(src + L.off(p), L.len(p));
       }
-      gather.recvReduceCopy(src + L.off(me), dst + L.off(me), L.len(me), true);
-      scatter.send(dst + L.off(me), L.len(me));
+      exchange.recvReduceCopySend(src + L.off(me), dst + L.off(me), L.len(me), true);
       for (int p = 0; p < n; ++p) {
         if (p != me) P(cx, PeerSet(p), PeerSet()).recv(dst + L.off(p), L.len(p));
       }

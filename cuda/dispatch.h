@@ -62,6 +62,12 @@ template <typename T, typename Fn>
 MNCL_DEV bool runTyped(DevChannel& ch, const DevWork& w, Fn fn, DevError* err) {
   Waiter waiter{ch.abortFlag, ch.spinBudget};
   PrimsContext<Fn> cx{ch, w, fn, waiter, err};
+  if constexpr (kPointerSteps) {  // where this operation's steps start, for direct writes
+    for (int p = 0; p < ch.nranks; ++p) {
+      ch.opFirstSendStep[p] = ch.sendStep[p];
+      ch.opFirstRecvStep[p] = ch.recvStep[p];
+    }
+  }
   switch (w.proto) {
     case Proto::simple: runAlgorithm<PrimsSimple, T, Fn>(cx); break;
     case Proto::ll: runAlgorithm<PrimsLL, T, Fn>(cx); break;

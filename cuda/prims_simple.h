@@ -4,7 +4,10 @@
 // round of flag traffic, so the latency is the highest of the three protocols.
 //
 // On the CPU, big steps may be pointer steps: the sender posts the address of data that is
-// already in a stable buffer, and the receiver reads it there (see ConnCtrl::dataAt).
+// already in a stable buffer, and the receiver reads it there (see ConnCtrl::dataAt). And a
+// step of final output values may be a direct write: the sender writes it straight into the
+// receiver's output, which the receiver published (see ConnCtrl::outputAt), and the receiver
+// finds it already in place.
 #pragma once
 
 #include "prims.h"
@@ -15,7 +18,15 @@ template <typename T, typename Fn>
 class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
  public:
   MNCL_DEV PrimsSimple(PrimsContext<Fn> cx, PeerSet recvPeers, PeerSet sendPeers)
-      : cx_(cx), recv_(recvPeers), send_(sendPeers) {}
+      : cx_(cx), recv_(recvPeers), send_(sendPeers) {
+    // Every algorithm receives at least one step from each peer it names when its channel
+    // has work: a publication never belongs to an operation without steps (see outputFromStep).
+    if constexpr (kPointerSteps) {
+      if (cx_.work.chanCount > 0 && outputsAlike(cx_.work.coll)) {
+        for (int i = 0; i < recv_.n; ++i) publishOutput(recv_.peer[i]);
+      }
+    }
+  }
 
   MNCL_DEV size_t stepElems() const { return cx_.ch.sizes.simpleSlotBytes / sizeof(T); }
 
@@ -34,7 +45,15 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       cx_.waiter.aborted = true;
       return;
     }
-    const T* published = SEND ? pointerToPublish(src, dst, RECV, n) : nullptr;
+    DirectWrite written[kMaxPeers];
+    const T* published = nullptr;
+    if (SEND) {
+      // A broadcast's receivers have nothing else to do: they copy for themselves (a pointer
+      // step) when they can, rather than leave every copy to the sender's core.
+      if (cx_.work.coll == Coll::broadcast) published = pointerToPublish(src, dst, RECV, n, written);
+      for (int i = 0; dst && !published && i < send_.n; ++i) written[i] = directWrite(send_.peer[i], dst, n);
+      if (!published) published = pointerToPublish(src, dst, RECV, n, written);
+    }
     // A plain forward (one peer's data to dst) reads the peer's memory straight into dst.
     T* landing = RECV && !src && !post && recv_.n == 1 ? dst : nullptr;
     for (int i = 0; i <= (RECV ? recv_.n : 0); ++i) {
@@ -42,23 +61,31 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       if (RECV && i < recv_.n) srcs[nsrc++] = received(i, n, landing);
     }
     if (cx_.waiter.aborted) return;
-    if (dst) dsts[ndst++] = dst;
-    if (SEND && !published) {
-      for (int i = 0; i < send_.n; ++i) dsts[ndst++] = slot(ch.sendTo[send_.peer[i]], ch.sendStep[send_.peer[i]]);
+    // Data already in dst (a sender wrote it there, or an in-place copy) needs no copy to dst.
+    bool inPlace = dst && nsrc == 1 && srcs[0] == dst && !(post && Fn::kHasPost);
+    if (dst && !inPlace) dsts[ndst++] = dst;
+    for (int i = 0; SEND && i < send_.n; ++i) {
+      if (written[i].here) dsts[ndst++] = written[i].here;
+      else if (!published) dsts[ndst++] = slot(ch.sendTo[send_.peer[i]], ch.sendStep[send_.peer[i]]);
     }
     // Streaming stores bypass the cache: only for an output nobody reads during the operation.
-    bool streamDst = dst && !published && cx_.work.streamOutput;
+    bool streamDst = dst && !inPlace && !published && cx_.work.streamOutput;
     if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, post, streamDst);
     barrier();
     if (tid() == 0) {
       fenceSystem();
       if (RECV) postRecv();
-      if (SEND) postSend(published);
+      if (SEND) postSend(published, written);
     }
     barrier();
   }
 
  private:
+  struct DirectWrite {
+    T* here = nullptr;   // the receiver's output at the step's offset, as we address it
+    uint64_t there = 0;  // the same place as the receiver addresses it
+  };
+
   MNCL_DEV T* slot(const ConnFifo& f, uint64_t step) const {
     return reinterpret_cast<T*>(f.simple + (step % kSteps) * (size_t)cx_.ch.sizes.simpleSlotBytes);
   }
@@ -69,17 +96,62 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   // no memory with the output. Worth a synchronisation only for big steps. Every receiver
   // must be able to read it: any memory of ours (same process, cross-memory attach), or our
   // window, which every peer process maps.
-  MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, size_t n) const {
+  // Receivers that get a direct write need no pointer.
+  MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, size_t n, const DirectWrite* written) const {
     if constexpr (!kPointerSteps) return nullptr;
     if (n * sizeof(T) < cx_.ch.pointerStepMinBytes) return nullptr;
     const T* p = dst ? dst : !recv && src && cx_.work.sendIsReadOnly && inSendBuffer(src) ? src : nullptr;
     if (!p) return nullptr;
-    bool inWindow = inOwnWindow(p, n);
+    bool inWindow = inOwnWindow(p, n), needed = false;
     for (int i = 0; i < send_.n; ++i) {
+      if (written[i].here) continue;
       const ConnCtrl* c = cx_.ch.sendTo[send_.peer[i]].ctrl;
       if (!loadRelaxed(&c->readsSenderMemory) && !(inWindow && loadRelaxed(&c->mapsSenderWindow))) return nullptr;
+      needed = true;
     }
-    return p;
+    return needed ? p : nullptr;
+  }
+
+  // Direct writes. Only for operations whose output is the same on every rank: there the
+  // final values of our output at some offset are the receiver's final values at the same
+  // offset, and writing them early is safe even in place, since they exist only after every
+  // rank's input at that offset has been read.
+  MNCL_HOSTDEV static bool outputsAlike(Coll c) {
+    return c == Coll::allreduce || c == Coll::allgather || c == Coll::broadcast;
+  }
+
+  // Tells the sender `p` where our output is, for the operation now starting.
+  MNCL_DEV void publishOutput(int p) {
+    ConnCtrl* c = cx_.ch.recvFrom[p].ctrl;
+    uint64_t from = cx_.ch.opFirstRecvStep[p] + 1;
+    if (loadRelaxed(&c->outputFromStep) == from) return;  // done by an earlier primitive of this operation
+    const DevWork& w = cx_.work;
+    uint64_t elems = w.coll == Coll::allgather ? w.count * (uint64_t)cx_.ch.nranks : w.count;
+    storeRelaxed(&c->outputAt, (uint64_t)(uintptr_t)w.recv);
+    storeRelaxed(&c->outputBytes, elems * sizeof(T));
+    c->outputInfo = w.info();
+    storeRelease(&c->outputFromStep, from);
+  }
+
+  // Where we may write this step's copy for receiver `p`, straight into its output: here,
+  // as we address it, and there, as the receiver does. None unless the receiver published
+  // its output for this very operation and we can write that memory (same process, or its
+  // window, which we map).
+  MNCL_DEV DirectWrite directWrite(int p, const T* dst, size_t n) const {
+    if constexpr (!kPointerSteps) return {};
+    const DevWork& w = cx_.work;
+    const ConnFifo& f = cx_.ch.sendTo[p];
+    const ConnCtrl* c = f.ctrl;
+    if (!f.directWrites || !outputsAlike(w.coll)) return {};
+    if (loadAcquire(&c->outputFromStep) != cx_.ch.opFirstSendStep[p] + 1 || !sameInfo(c->outputInfo, w.info())) return {};
+    uint64_t off = (uint64_t)((const char*)dst - (const char*)w.recv), bytes = n * sizeof(T);
+    uint64_t outBytes = loadRelaxed(&c->outputBytes);
+    if (off > outBytes || bytes > outBytes - off) return {};
+    uint64_t there = loadRelaxed(&c->outputAt) + off;
+    if (f.peerPid == 0) return {reinterpret_cast<T*>(there), there};
+    uint64_t rel = there - f.peerWindowAt;  // in its window?
+    if (rel >= f.peerWindowBytes || bytes > f.peerWindowBytes - rel) return {};
+    return {reinterpret_cast<T*>(f.peerWindow + rel), there};
   }
 
   MNCL_DEV bool inOwnWindow(const T* p, size_t n) const {
@@ -105,9 +177,10 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     if (!kPointerSteps) return inSlot;
     uint64_t at = f.ctrl->dataAt[step % kSteps];
     if (at == 0) return inSlot;
-    if (f.peerPid == 0) return reinterpret_cast<const T*>(at);
-    if (at - f.senderWindowAt < f.senderWindowBytes) {  // in the sender's window, mapped here
-      return reinterpret_cast<const T*>(f.senderWindow + (at - f.senderWindowAt));
+    // Our own memory (a direct write), or the sender's in this process.
+    if (f.ctrl->wroteToReceiver[step % kSteps] || f.peerPid == 0) return reinterpret_cast<const T*>(at);
+    if (at - f.peerWindowAt < f.peerWindowBytes) {  // in the sender's window, mapped here
+      return reinterpret_cast<const T*>(f.peerWindow + (at - f.peerWindowAt));
     }
     T* to = landing ? landing : inSlot;
     int err = 0;
@@ -153,14 +226,19 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     }
   }
 
-  MNCL_DEV void postSend(const T* published) {
+  MNCL_DEV void postSend(const T* published, const DirectWrite* written) {
     DevChannel& ch = cx_.ch;
     StepInfo info = cx_.work.info();
     for (int i = 0; i < send_.n; ++i) {
       int p = send_.peer[i];
       ConnCtrl* c = ch.sendTo[p].ctrl;
-      c->info[ch.sendStep[p] % kSteps] = info;
-      if (kPointerSteps) c->dataAt[ch.sendStep[p] % kSteps] = (uint64_t)(uintptr_t)published;
+      int s = (int)(ch.sendStep[p] % kSteps);
+      c->info[s] = info;
+      if constexpr (kPointerSteps) {
+        c->dataAt[s] = written[i].here ? written[i].there : (uint64_t)(uintptr_t)published;
+        c->wroteToReceiver[s] = written[i].here ? 1u : 0u;
+        ch.directWritesSent += written[i].here ? 1u : 0u;
+      }
       storeRelease(&c->tail, ++ch.sendStep[p]);
     }
     if (published) {

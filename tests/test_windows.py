@@ -1,6 +1,7 @@
 """Windows: user buffers from Communicator.empty live in shared memory every peer process
 maps, so collectives read them straight from the sender (pointer steps between processes,
-no kernel involved). Real processes, results against NumPy."""
+no kernel involved) and write final values straight into the receiver's output (direct
+writes). Real processes, results against NumPy."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ def test_collectives_on_window_arrays(monkeypatch: pytest.MonkeyPatch, nranks: i
     monkeypatch.setenv("MININCL_POINTER_STEP_BYTES", "4096")  # the tests' FIFO slots are 16 KiB
     counts = [1, 50021, 1 << 18]  # below, around and well above the pointer-step size
     results = minincl.launch(workers.window_collectives, nranks, counts)
-    for checks, pointer_steps in results:
+    for checks, pointer_steps, direct_writes in results:
         assert checks == 6 * 2 * len(counts)
         assert pointer_steps > 0  # the big steps really went as pointers into the window
+        assert direct_writes > 0  # and final values straight into the peers' windows
 
 
 def test_window_full_freed_and_outliving_its_communicator(monkeypatch: pytest.MonkeyPatch) -> None:

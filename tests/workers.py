@@ -92,9 +92,10 @@ def channels_after_init(comm: minincl.Communicator) -> int:
     return comm.stats()["channels"]
 
 
-def window_collectives(comm: minincl.Communicator, counts: list[int]) -> tuple[int, int]:
+def window_collectives(comm: minincl.Communicator, counts: list[int]) -> tuple[int, int, int]:
     """Every collective on arrays from comm.empty (the window peers map), checked against
-    NumPy; also with only one side in the window. Returns (checks, pointer steps sent)."""
+    NumPy; also with only one side in the window. Returns (checks, pointer steps sent,
+    direct writes made)."""
     n, r = comm.nranks, comm.rank
     checks = 0
 
@@ -128,7 +129,8 @@ def window_collectives(comm: minincl.Communicator, counts: list[int]) -> tuple[i
             comm.reduce_scatter(win(whole[r]), rs)
             np.testing.assert_array_equal(rs, np.sum(whole, axis=0, dtype=dtype)[r * count : (r + 1) * count])
             checks += 6
-    return checks, int(comm.stats()["pointer_steps"])
+    stats = comm.stats()
+    return checks, int(stats["pointer_steps"]), int(stats["direct_writes"])
 
 
 def window_errors(comm: minincl.Communicator) -> list[str]:

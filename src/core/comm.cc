@@ -192,6 +192,8 @@ void Comm::setupChannels(const dev::ProtoSizes& sizes) {
     ch->recvFrom.resize(nranks_);
     ch->sendStep.assign(nranks_, 0);
     ch->recvStep.assign(nranks_, 0);
+    ch->opFirstSendStep.assign(nranks_, 0);
+    ch->opFirstRecvStep.assign(nranks_, 0);
     ch->ring = plan_.rings[c % plan_.rings.size()];  // the search's order (or rank order)
     dev::DevChannel& d = ch->dev;
     d.id = c;
@@ -201,6 +203,8 @@ void Comm::setupChannels(const dev::ProtoSizes& sizes) {
     d.recvFrom = ch->recvFrom.data();
     d.sendStep = ch->sendStep.data();
     d.recvStep = ch->recvStep.data();
+    d.opFirstSendStep = ch->opFirstSendStep.data();
+    d.opFirstRecvStep = ch->opFirstRecvStep.data();
     d.ring = ch->ring.data();
     d.ringPos = (int)(std::find(ch->ring.begin(), ch->ring.end(), rank_) - ch->ring.begin());
     d.sizes = sizes;
@@ -343,9 +347,13 @@ void Comm::checkGpuErrors() {}
 // FIFO, where both sides copy at once. Also from any peer process whose window this rank
 // maps, for data in that window (no kernel involved: a plain read of shared memory). The
 // receiving end says so in its control words; the sender reads them before each step.
+// Direct writes (MININCL_DIRECT_WRITES, default 1) go the other way: into the output of a
+// receiver in this process, or into its window when the output lies there.
 void Comm::enablePointerSteps() {
   int64_t mode = env::integer("MININCL_POINTER_STEPS", 1);
   MNCL_CHECK(mode >= 0 && mode <= 2, mnclInvalidArgument, "MININCL_POINTER_STEPS must be 0, 1 or 2");
+  int64_t directWrites = env::integer("MININCL_DIRECT_WRITES", 1);
+  MNCL_CHECK(directWrites == 0 || directWrites == 1, mnclInvalidArgument, "MININCL_DIRECT_WRITES must be 0 or 1");
   int64_t minBytes = env::integer("MININCL_POINTER_STEP_BYTES", 32 << 10);
   MNCL_CHECK(minBytes >= 0 && minBytes <= (1ll << 31), mnclInvalidArgument, "MININCL_POINTER_STEP_BYTES must be between 0 and 2^31");
   for (auto& ch : channels_) {
@@ -366,15 +374,17 @@ void Comm::enablePointerSteps() {
     }
     const std::shared_ptr<Mapping>& theirs = peerWindows_[p];
     for (auto& ch : channels_) {
-      dev::ConnFifo& f = ch->recvFrom[p];
-      f.peerPid = local ? 0 : peers_[p].pid;
-      dev::storeRelease(&f.ctrl->readsSenderMemory, (uint32_t)readable);
-      if (theirs && mode >= 1) {  // the peer's window, read through our own mapping of it
-        f.senderWindow = theirs->base();
-        f.senderWindowAt = peers_[p].windowAt;
-        f.senderWindowBytes = peers_[p].windowBytes;
-        dev::storeRelease(&f.ctrl->mapsSenderWindow, 1u);
+      for (dev::ConnFifo* f : {&ch->recvFrom[p], &ch->sendTo[p]}) {
+        f->peerPid = local ? 0 : peers_[p].pid;
+        if (theirs && mode >= 1) {  // the peer's window, through our own mapping of it
+          f->peerWindow = theirs->base();
+          f->peerWindowAt = peers_[p].windowAt;
+          f->peerWindowBytes = peers_[p].windowBytes;
+        }
       }
+      dev::storeRelease(&ch->recvFrom[p].ctrl->readsSenderMemory, (uint32_t)readable);
+      if (theirs && mode >= 1) dev::storeRelease(&ch->recvFrom[p].ctrl->mapsSenderWindow, 1u);
+      ch->sendTo[p].directWrites = directWrites == 1 && mode >= 1 && (local || theirs);
     }
   }
 }

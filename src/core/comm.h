@@ -33,6 +33,7 @@ struct Channel {
   dev::DevChannel dev;
   std::vector<dev::ConnFifo> sendTo, recvFrom;
   std::vector<uint64_t> sendStep, recvStep;
+  std::vector<uint64_t> opFirstSendStep, opFirstRecvStep;
   std::vector<int> ring;
 };
 

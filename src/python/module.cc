@@ -325,10 +325,13 @@ class PyComm {
 
   py::dict stats() {
     Comm& cm = live();
-    uint64_t pointerSteps = 0;
+    uint64_t pointerSteps = 0, directWrites = 0;
     int readable = 0;
     if (!cm.onGpu()) {  // (pointer steps are CPU-only; a GPU's FIFOs are in device memory)
-      for (int c = 0; c < cm.nChannels(); ++c) pointerSteps += cm.channel(c).dev.pointerStepsSent;
+      for (int c = 0; c < cm.nChannels(); ++c) {
+        pointerSteps += cm.channel(c).dev.pointerStepsSent;
+        directWrites += cm.channel(c).dev.directWritesSent;
+      }
       const dev::DevChannel& ch0 = cm.channel(0).dev;
       for (int p = 0; p < cm.nranks(); ++p) {
         if (p != cm.rank()) readable += (int)dev::loadRelaxed(&ch0.recvFrom[p].ctrl->readsSenderMemory);
@@ -337,6 +340,7 @@ class PyComm {
     py::dict d;
     d["channels"] = cm.nChannels();
     d["pointer_steps"] = pointerSteps;
+    d["direct_writes"] = directWrites;
     d["readable_peers"] = readable;
     return d;
   }
