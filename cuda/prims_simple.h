@@ -61,16 +61,22 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       if (RECV && i < recv_.n) srcs[nsrc++] = received(i, n, landing);
     }
     if (cx_.waiter.aborted) return;
-    // Data already in dst (a sender wrote it there, or an in-place copy) needs no copy to dst.
+    // Outputs first (ours, then receivers'), FIFO slots last. Data already in dst (a sender
+    // wrote it there, or an in-place copy) needs no copy to dst.
     bool inPlace = dst && nsrc == 1 && srcs[0] == dst && !(post && Fn::kHasPost);
     if (dst && !inPlace) dsts[ndst++] = dst;
+    bool ownOutput = ndst > 0;
     for (int i = 0; SEND && i < send_.n; ++i) {
       if (written[i].here) dsts[ndst++] = written[i].here;
-      else if (!published) dsts[ndst++] = slot(ch.sendTo[send_.peer[i]], ch.sendStep[send_.peer[i]]);
     }
-    // Streaming stores bypass the cache: only for an output nobody reads during the operation.
-    bool streamDst = dst && !inPlace && !published && cx_.work.streamOutput;
-    if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, post, streamDst);
+    int outputs = ndst;
+    for (int i = 0; SEND && !published && i < send_.n; ++i) {
+      if (!written[i].here) dsts[ndst++] = slot(ch.sendTo[send_.peer[i]], ch.sendStep[send_.peer[i]]);
+    }
+    // Streaming stores bypass the cache: only for outputs nobody reads during the operation
+    // (not ours once it is published as a pointer step).
+    int nStream = !cx_.work.streamOutput ? 0 : published && ownOutput ? 0 : outputs;
+    if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, post, nStream);
     barrier();
     if (tid() == 0) {
       fenceSystem();

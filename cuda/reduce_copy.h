@@ -80,7 +80,7 @@ MNCL_DEV void copyElems(T* dst, const T* src, size_t n) {
 
 template <typename T, typename Fn>
 MNCL_DEV void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                         size_t n, bool post, bool /*streamDst0*/ = false) {
+                         size_t n, bool post, int /*nStream*/ = 0) {
   post = post && Fn::kHasPost;
   // 16-byte loads and stores when every pointer allows them (FIFO slots and channel slices
   // are 64-byte aligned; a ring chunk of an odd size may not be: it takes the scalar loop).
@@ -137,7 +137,7 @@ void streamCopy(void* dst, const void* src, size_t bytes);  // cpu/stream_copy.c
 
 template <typename T, typename Fn>
 inline void reduceCopyBlocked(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                              size_t n, bool post, bool streamDst0) {
+                              size_t n, bool post, int nStream) {
   // In L1-sized blocks: accumulate, finish, then fan out.
   constexpr size_t kBlock = 4096 / sizeof(T) > 0 ? 4096 / sizeof(T) : 1;
   alignas(64) T acc[kBlock];
@@ -151,26 +151,26 @@ inline void reduceCopyBlocked(const Fn& fn, int nsrc, const T* const* srcs, int 
     for (int s = 2; s < nsrc; ++s) reduceInto(fn, acc, srcs[s] + off, len);
     if (post) postInPlace(fn, acc, len);
     for (int d = 0; d < ndst; ++d) {
-      if (d == 0 && streamDst0) streamCopy(dsts[d] + off, acc, len * sizeof(T));
+      if (d < nStream) streamCopy(dsts[d] + off, acc, len * sizeof(T));
       else std::memcpy(dsts[d] + off, acc, len * sizeof(T));
     }
   }
 }
 
-// streamDst0: dsts[0] is an output nobody reads during the operation (see streamCopy).
+// nStream: dsts[0, nStream) are outputs nobody reads during the operation (see streamCopy).
 template <typename T, typename Fn>
 inline void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                       size_t n, bool post, bool streamDst0 = false) {
+                       size_t n, bool post, int nStream = 0) {
   if (n == 0 || ndst == 0) return;
   post = post && Fn::kHasPost;
   if (nsrc == 1 && !post) {
     for (int d = 0; d < ndst; ++d) {
-      if (d == 0 && streamDst0 && dsts[0] != srcs[0]) streamCopy(dsts[0], srcs[0], n * sizeof(T));
+      if (d < nStream && dsts[d] != srcs[0]) streamCopy(dsts[d], srcs[0], n * sizeof(T));
       else copyElems(dsts[d], srcs[0], n);
     }
     return;
   }
-  if (!streamDst0) {
+  if (nStream == 0) {
     bool distinct = true;  // restrict loops need outputs that alias no input
     for (int d = 0; d < ndst; ++d) distinct &= dsts[d] != srcs[0] && (nsrc < 2 || dsts[d] != srcs[1]);
     if (nsrc == 2 && !post && distinct && ndst == 1) {
@@ -182,7 +182,7 @@ inline void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T
       return;
     }
   }
-  reduceCopyBlocked(fn, nsrc, srcs, ndst, dsts, n, post, streamDst0);
+  reduceCopyBlocked(fn, nsrc, srcs, ndst, dsts, n, post, nStream);
 }
 
 #endif
