@@ -3,6 +3,10 @@ representative types and ops, on rank counts that are odd, even and not powers o
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -116,3 +120,25 @@ def test_thousands_of_small_allreduces_per_protocol(forced: ForcedPool) -> None:
             return 0
 
         run_ranks(comms, body, timeout=120)
+
+
+def test_tuner_remembers_its_last_choice_per_collective(tmp_path: Path) -> None:
+    """MININCL_DEBUG=INFO logs a choice when the tuner makes it: once for a loop of same-sized
+    calls, again when the size changes, and the remembered plan keeps giving NumPy's answer."""
+    code = (
+        "import numpy as np, minincl\n"
+        "cs = minincl.Communicator.init_all(2)\n"
+        "for n in [1000] * 5 + [3000] * 3 + [1000]:\n"
+        "    with minincl.group():\n"
+        "        outs = [c.allreduce(np.full(n, c.rank + 1.0, np.float32)) for c in cs]\n"
+        "    assert all((o == 3.0).all() and o.size == n for o in outs)\n"
+        "[c.destroy() for c in cs]\n"
+    )
+    env = {**os.environ, "MININCL_DEBUG": "INFO", "MININCL_DEBUG_SUBSYS": "TUNE"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    choices = [line for line in out.stderr.splitlines() if "allreduce" in line and "estimated" in line]
+    per_rank = [sum(f"allreduce {b} bytes" in line for line in choices) for b in (4000, 12000)]
+    assert per_rank == [2 * 2, 2], choices  # 2 ranks: 4000 B chosen twice (it came back), 12000 B once

@@ -5,7 +5,9 @@
 // and NCCL_PROTO do: a comma list of names, or `^` first to exclude them.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "../../cuda/dtypes.h"
@@ -35,7 +37,8 @@ class Tuner {
   // A GPU communicator: the GPU cost table.
   void initGpu(int nranks, int maxChannels);
   // Deterministic from its arguments and the communicator-wide settings, so every rank plans
-  // the same way.
+  // the same way. Remembers the last answer per collective: a loop of same-sized calls pays
+  // for the estimates once (MININCL_DEBUG=INFO logs a choice when it is made).
   Plan choose(Coll coll, size_t bytes) const;
   // The topology search's per-channel bandwidth (GB/s) along the rings. A path slower than
   // what a channel of this machine moves scales every protocol's bandwidth down by the
@@ -46,7 +49,9 @@ class Tuner {
   unsigned protoMask() const { return protoMask_; }
 
  private:
+  Plan chooseUncached(Coll coll, size_t bytes) const;
   double estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, int nch) const;
+  void forget();
   bool available(Coll coll, Algo a) const;
 
   int nranks_ = 1, maxChannels_ = 1;
@@ -55,6 +60,9 @@ class Tuner {
   bool gpu_ = false;
   double bwScale_ = 1.0;  // setPathBandwidth
   unsigned algoMask_ = ~0u, protoMask_ = ~0u;
+  // Per collective: the last (bytes + 1) << 12 | plan, packed so one atomic word holds it
+  // (a communicator may be driven from several threads). 0: nothing remembered.
+  mutable std::atomic<uint64_t> last_[(int)Coll::count] = {};
 };
 
 }  // namespace mncl
