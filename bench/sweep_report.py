@@ -75,8 +75,8 @@ def estimate(model, n, algo, proto, variant, nbytes, nch=1):
         steps, factor = 2 * (n - 1), 2 * (n - 1) / n
     elif algo == "tree":
         steps, factor = 2 * log2up(n) * TREE_STEP_COST, 2.0
-    elif variant == 0:
-        steps, factor = n - 1, n
+    elif variant == 0:  # CPU one-shot: Simple's memory traffic, (2n+1)/4 (see Tuner::estimate)
+        steps, factor = n - 1, (2 * n + 1) / 4 if proto == "simple" else n
     else:
         steps, factor = 2 * (n - 1), 2 * (n - 1) / n
     lat, bw = model["cost"][proto]

@@ -127,7 +127,7 @@ bool Tuner::available(Coll coll, Algo a) const {
 //            broadcast, reduce n-1 (pipelined), 1
 //   tree     allreduce 2d, 2; broadcast, reduce d, 1 (pipelined)
 //   direct   one-shot allreduce 1 step but n-1 sends, and every rank reduces all n inputs
-//            over the whole buffer: n; two-shot 2 steps, 2(n-1)/n;
+//            over the whole buffer: n (CPU: (2n+1)/4, see below); two-shot 2 steps, 2(n-1)/n;
 //            the others 1 step, (n-1)/n (broadcast and reduce: the root moves (n-1))
 // A CPU channel is one thread, so a rank's sends and receives to several peers in one
 // "step" still cost it one step each: direct pays (n-1) step latencies per phase.
@@ -148,7 +148,13 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
     case Algo::direct:
       if (reduceAll && variant == 0) {
         steps = n - 1;
-        factor = n;
+        // Simple on CPUs moves bytes at copy speed, so its cost is memory traffic: a rank
+        // copies its input into n-1 FIFOs in one pass (reads b, writes (n-1)b) and reduces n
+        // inputs (reads nb, writes b), (2n+1)b in all, against 4b for a 2-rank ring (factor
+        // 1). Measured at 2 ranks: one-shot 2.9 us at 16 KiB, ring 4.9, two-shot 5.0
+        // (bench/RESULTS.md, fourth session). LL and LL128 pay per line sent and polled; their
+        // constants were fitted with factor n.
+        factor = gpu_ || p != Proto::simple ? n : (2 * n + 1) / 4;
       } else {
         steps = (reduceAll ? 2 : 1) * (n - 1);
         factor = reduceAll ? 2 * (n - 1) / n : rootColl ? n - 1 : (n - 1) / n;
