@@ -49,8 +49,11 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     const T* published = nullptr;
     if (SEND) {
       // A broadcast's receivers have nothing else to do: they copy for themselves (a pointer
-      // step) when they can, rather than leave every copy to the sender's core.
-      if (cx_.work.coll == Coll::broadcast) published = pointerToPublish(src, dst, RECV, n, written);
+      // step) when they can, rather than leave every copy to the sender's core. A sender with
+      // no copy of its own (an in-place root) writes every other step itself, so both copy.
+      bool senderIdle = !RECV && src == dst;
+      bool pushThisStep = senderIdle && ch.sendStep[send_.peer[0]] % 2 == 0;
+      if (cx_.work.coll == Coll::broadcast && !pushThisStep) published = pointerToPublish(src, dst, RECV, n, written);
       for (int i = 0; dst && !published && i < send_.n; ++i) written[i] = directWrite(send_.peer[i], dst, n);
       if (!published) published = pointerToPublish(src, dst, RECV, n, written);
     }
