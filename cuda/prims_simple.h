@@ -52,7 +52,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       // step) when they can, rather than leave every copy to the sender's core. A sender with
       // no copy of its own (an in-place root) writes every other step itself, so both copy.
       bool senderIdle = !RECV && src == dst;
-      bool pushThisStep = senderIdle && ch.sendStep[send_.peer[0]] % 2 == 0;
+      bool pushThisStep = senderIdle && send_.n > 0 && ch.sendStep[send_.peer[0]] % 2 == 0;
       if (cx_.work.coll == Coll::broadcast && !pushThisStep) published = pointerToPublish(src, dst, RECV, n, written);
       for (int i = 0; dst && !published && i < send_.n; ++i) written[i] = directWrite(send_.peer[i], dst, n);
       if (!published) published = pointerToPublish(src, dst, RECV, n, written);
