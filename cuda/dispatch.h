@@ -75,6 +75,14 @@ MNCL_DEV bool runTyped(DevChannel& ch, const DevWork& w, Fn fn, DevError* err) {
     default: break;
   }
   if (kPointerSteps && ch.pointerStepsPosted) drainPointerSteps(ch, waiter);
+  if constexpr (kPointerSteps) {
+    // Stopped early: take back our published outputs, so that senders still running stop
+    // writing into buffers the caller gets back with the error (a step already past the
+    // check may still land).
+    for (int p = 0; waiter.aborted && p < ch.nranks; ++p) {
+      if (p != ch.rank && ch.recvFrom[p].ctrl) storeRelease(&ch.recvFrom[p].ctrl->outputFromStep, (uint64_t)0);
+    }
+  }
   return !waiter.aborted;
 }
 

@@ -50,9 +50,10 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     if (SEND) {
       // A broadcast's receivers have nothing else to do: they copy for themselves (a pointer
       // step) when they can, rather than leave every copy to the sender's core. A sender with
-      // no copy of its own (an in-place root) writes every other step itself, so both copy.
-      bool senderIdle = !RECV && src == dst;
-      bool pushThisStep = senderIdle && send_.n > 0 && ch.sendStep[send_.peer[0]] % 2 == 0;
+      // no copy of its own and one receiver (an in-place root of 2 ranks, or of a ring) writes
+      // every other step itself, so both copy. (Steps too small for a pointer are written.)
+      bool senderIdle = !RECV && src == dst && send_.n == 1;
+      bool pushThisStep = senderIdle && ch.sendStep[send_.peer[0]] % 2 == 0;
       if (cx_.work.coll == Coll::broadcast && !pushThisStep) published = pointerToPublish(src, dst, RECV, n, written);
       for (int i = 0; dst && !published && i < send_.n; ++i) written[i] = directWrite(send_.peer[i], dst, n);
       if (!published) published = pointerToPublish(src, dst, RECV, n, written);
@@ -77,8 +78,10 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       if (!written[i].here) dsts[ndst++] = slot(ch.sendTo[send_.peer[i]], ch.sendStep[send_.peer[i]]);
     }
     // Streaming stores bypass the cache: only for outputs nobody reads during the operation
-    // (not ours once it is published as a pointer step).
-    int nStream = !cx_.work.streamOutput ? 0 : published && ownOutput ? 0 : outputs;
+    // (not ours once it is published as a pointer step; not a receiver's that it forwards,
+    // as ring and tree receivers do when there are more than 2 ranks).
+    bool receiversKeepIt = cx_.work.algo == Algo::direct || ch.nranks == 2;
+    int nStream = !cx_.work.streamOutput || (published && ownOutput) ? 0 : receiversKeepIt ? outputs : ownOutput ? 1 : 0;
     if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, post, nStream);
     barrier();
     if (tid() == 0) {
@@ -133,8 +136,9 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   MNCL_DEV void publishOutput(int p) {
     ConnCtrl* c = cx_.ch.recvFrom[p].ctrl;
     uint64_t from = cx_.ch.opFirstRecvStep[p] + 1;
-    if (loadRelaxed(&c->outputFromStep) == from) return;  // done by an earlier primitive of this operation
     const DevWork& w = cx_.work;
+    // Done already by an earlier primitive of this operation?
+    if (loadRelaxed(&c->outputFromStep) == from && sameInfo(c->outputInfo, w.info())) return;
     uint64_t elems = w.coll == Coll::allgather ? w.count * (uint64_t)cx_.ch.nranks : w.count;
     storeRelaxed(&c->outputAt, (uint64_t)(uintptr_t)w.recv);
     storeRelaxed(&c->outputBytes, elems * sizeof(T));
