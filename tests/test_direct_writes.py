@@ -6,8 +6,6 @@ place; a publication must never outlive its operation; MININCL_DIRECT_WRITES=0 t
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,16 +17,11 @@ import minincl
 
 
 @pytest.fixture
-def simple_env() -> Iterator[None]:
-    """Simple protocol (the one with direct writes), the test's algorithm forced by init_forced."""
-    saved = {k: os.environ.get(k) for k in ("MININCL_ALGO", "MININCL_PROTO")}
-    os.environ["MININCL_PROTO"] = "simple"
-    yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+def simple_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Simple protocol (the one with direct writes); init_forced sets the algorithm, and
+    monkeypatch puts both variables back afterwards."""
+    monkeypatch.setenv("MININCL_PROTO", "simple")
+    monkeypatch.delenv("MININCL_ALGO", raising=False)
 
 
 @pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])

@@ -6,7 +6,6 @@ not return before its peers have read its buffers."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -20,17 +19,12 @@ COUNT = 50021  # prime, several 16 KiB steps per channel
 
 
 @pytest.fixture
-def pointer_env() -> Iterator[None]:
-    """Every Simple step of 1 KiB or more may be a pointer step (the tests' FIFO slots are 16 KiB)."""
-    saved = {k: os.environ.get(k) for k in ("MININCL_POINTER_STEP_BYTES", "MININCL_ALGO", "MININCL_PROTO")}
-    os.environ["MININCL_POINTER_STEP_BYTES"] = "1024"
-    os.environ["MININCL_PROTO"] = "simple"
-    yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+def pointer_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every Simple step of 1 KiB or more may be a pointer step (the tests' FIFO slots are 16 KiB).
+    init_forced sets the algorithm; monkeypatch puts every variable back afterwards."""
+    monkeypatch.setenv("MININCL_POINTER_STEP_BYTES", "1024")
+    monkeypatch.setenv("MININCL_PROTO", "simple")
+    monkeypatch.delenv("MININCL_ALGO", raising=False)
 
 
 def init_forced(nranks: int, algo: str) -> list[minincl.Communicator]:
