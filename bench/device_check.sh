@@ -5,26 +5,30 @@
 #   OUT=/tmp/out bench/device_check.sh
 #
 # (a) env.txt: nvidia-smi, nproc, tool and package versions
-# (b) pip install . (no build isolation, no deps, no index) with every core: build.log, timed;
-#     stops here if it fails
+# (b) a package built ahead for this Python (.prebuilt/, made by bench/device_prebuild.sh on a
+#     machine without a GPU and carried along) if it imports here; else pip install . (no build
+#     isolation, no deps, no index) with every core: build.log, timed; stops here if both fail
+# (b2) bench/gpu_smoke.py: every algorithm x protocol, each in a process of its own: smoke.log/json
 # (c) minincl-perf built in pip's own build tree (the CUDA kernels are already compiled there;
 #     a separate cmake+ninja tree only if that fails): perf_build.log
-# (d) tests/test_gpu.py -m gpu --maxfail=3, from tests/ so the installed package is imported:
-#     gpu_tests.log, gpu_tests.xml
 # (e) minincl-perf on -D cuda: allreduce 8 B at 2 ranks (LL), 256 MiB at 8 ranks per algorithm;
 #     plus device-to-device copy bandwidth (gpu_bench.py d2d) for the memory-bound limit
 # (f) bench/gpu_bench.py: 8-byte allreduce latency, back to back and replayed from a CUDA graph
-# (g) results.json and a short summary (bench/device_check_report.py)
+# (d) tests/test_gpu.py -m gpu with what is left of the budget, from tests/ so the installed
+#     package is imported: gpu_tests.log, gpu_tests.xml
+# (g) results.json and a short summary (bench/device_check_report.py); everything else packed
+#     into logs.tgz (the device tool brings back at most 8 files)
 #
 # Every step has its own timeout inside an overall budget (MININCL_CHECK_BUDGET seconds, default
 # 470) and tolerates the failure of the ones before it. Knobs: PYTHON, MININCL_CHECK_BUDGET,
-# MININCL_CHECK_PYTEST_ARGS (default --maxfail=3), MININCL_CUDA_ARCHS (default: the GPU's, else 90).
+# MININCL_CHECK_PYTEST_ARGS (default --maxfail=25), MININCL_CUDA_ARCHS (default: the GPU's, else 90).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
-OUT=${OUT:-$ROOT/bench/out/device-check}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+FINAL_OUT=${OUT:-$ROOT/bench/out/device-check}
+mkdir -p "$FINAL_OUT"
+FINAL_OUT=$(cd "$FINAL_OUT" && pwd)
+OUT=$(mktemp -d /tmp/device-check.XXXXXX)  # packed into FINAL_OUT at the end
 PY=${PYTHON:-python3}
 BUDGET=${MININCL_CHECK_BUDGET:-470}
 START=$(date +%s)
@@ -109,15 +113,15 @@ EOF
 } >"$OUT/env.txt" 2>&1
 echo "[$(elapsed)s] env: $NPROC cores, archs $ARCH, $(grep -c MISSING "$OUT/env.txt") python package(s) missing -> env.txt"
 
-# ---- (b) build and install the Python package ----
+# ---- (b) the package: built ahead and carried (.prebuilt/), or built here ----
 BUILD_OK=0
-if step pip_install "$(limit 420 45)" "$OUT/build.log" \
-  env CMAKE_BUILD_PARALLEL_LEVEL="$NPROC" "$PY" -m pip install --no-build-isolation --no-deps --no-index -v \
-  --config-settings=cmake.define.MININCL_CUDA_ARCHS="$ARCH" .; then
-  BUILD_OK=1
+PERF=""
+PREBUILT=/tmp/minincl-prebuilt
+if [ -f "$ROOT/.prebuilt/prebuilt.tgz" ]; then
+  rm -rf "$PREBUILT" && mkdir -p "$PREBUILT" && tar xzf "$ROOT/.prebuilt/prebuilt.tgz" -C "$PREBUILT"
 fi
-# What got installed: imported away from the source tree.
-(cd "$OUT" && timeout 60 "$PY" -c '
+probe() {  # imports minincl away from the source tree; writes installed.json
+  (cd "$OUT" && timeout 60 "$PY" -c '
 import json, minincl
 info = dict(minincl.build_info())
 info["file"] = minincl.__file__
@@ -128,10 +132,32 @@ except Exception as e:
     info["gpu_count"] = f"{type(e).__name__}: {e}"
 print(json.dumps(info))
 ' >"$OUT/installed.json" 2>"$OUT/installed.err")
-echo "[$(elapsed)s] installed: $(cat "$OUT/installed.json" 2>/dev/null || echo none) $(tail -1 "$OUT/installed.err" 2>/dev/null)"
+}
+if [ -d "$PREBUILT/minincl" ] && [ -z "${MININCL_CHECK_NO_PREBUILT:-}" ]; then
+  export PYTHONPATH=$PREBUILT${PYTHONPATH:+:$PYTHONPATH}
+  if probe && grep -q '"cuda": true' "$OUT/installed.json"; then
+    BUILD_OK=1
+    [ -x "$PREBUILT/minincl-perf" ] && PERF=$PREBUILT/minincl-perf
+    printf 'prebuilt\t0\t0\t-\n' >>"$STEPS"
+    echo "[$(elapsed)s] prebuilt package imports: $(cat "$OUT/installed.json")"
+  else
+    echo "[$(elapsed)s] prebuilt package unusable here: $(tail -2 "$OUT/installed.err" 2>/dev/null); building"
+    printf 'prebuilt\t1\t0\t-\n' >>"$STEPS"
+    export PYTHONPATH=${PYTHONPATH#"$PREBUILT"}
+    PYTHONPATH=${PYTHONPATH#:}
+  fi
+fi
+if ((!BUILD_OK)); then
+  if step pip_install "$(limit 420 45)" "$OUT/build.log" \
+    env CMAKE_BUILD_PARALLEL_LEVEL="$NPROC" "$PY" -m pip install --no-build-isolation --no-deps --no-index -v \
+    --config-settings=cmake.define.MININCL_CUDA_ARCHS="$ARCH" .; then
+    BUILD_OK=1
+  fi
+  probe
+  echo "[$(elapsed)s] installed: $(cat "$OUT/installed.json" 2>/dev/null || echo none) $(tail -1 "$OUT/installed.err" 2>/dev/null)"
+fi
 
-PERF=""
-if ((BUILD_OK)); then
+if ((BUILD_OK)) && [ -z "$PERF" ]; then
   # ---- (c) minincl-perf, in pip's build tree (kernels already built there) ----
   SKB=$(ls -td build/cp*/ 2>/dev/null | head -1)
   # Per-object compile times of the package build (the slowest kernels bound the build time).
@@ -139,57 +165,23 @@ if ((BUILD_OK)); then
   if [ -n "$SKB" ] && [ -f "$SKB/build.ninja" ] &&
     step perf_build "$(limit 90 60)" "$OUT/perf_build.log" cmake --build "$SKB" --target minincl-perf -j "$NPROC"; then
     PERF=$ROOT/${SKB%/}/bench/minincl-perf
-  else
-    # A tree of its own, built while the tests run (it compiles the kernels again).
-    echo "[$(elapsed)s] perf_build: pip's build tree not usable; separate build in the background"
-    PBD=$ROOT/build/device-check
-    PBL=$(limit 400 60)
-    export ROOT PBD ARCH PY NPROC STEPS PBL
-    cat >"$OUT/perf_build_separate.sh" <<'EOF'
-t0=$(date +%s)
-timeout -k 10 "$PBL" sh -c 'cmake -S "$ROOT" -B "$PBD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMININCL_CUDA=ON \
-  -DMININCL_CUDA_ARCHS="$ARCH" -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)" &&
-  ninja -C "$PBD" -j "$NPROC" minincl-perf'
-rc=$?
-printf 'perf_build_separate\t%s\t%s\t%s\n' "$rc" "$(($(date +%s) - t0))" "$PBL" >>"$STEPS"
-EOF
-    # setsid: a process group of its own, so that what is left of it can be stopped at the end.
-    setsid bash "$OUT/perf_build_separate.sh" >"$OUT/perf_build_separate.log" 2>&1 &
-    PERF_BG=$!
   fi
+fi
 
-  # ---- (d) the GPU tests ----
-  if timeout 30 "$PY" -c "import pytest" >/dev/null 2>&1; then
-    TIMEOUT_ARGS=()
-    if timeout 30 "$PY" -c "import pytest_timeout" >/dev/null 2>&1; then
-      TIMEOUT_ARGS=(--timeout 150)
-    fi
-    read -r -a EXTRA <<<"${MININCL_CHECK_PYTEST_ARGS:---maxfail=3}"
-    (cd tests && step gpu_tests "$(limit 240 100)" "$OUT/gpu_tests.log" \
-      "$PY" -m pytest test_gpu.py -m gpu ${EXTRA[@]+"${EXTRA[@]}"} -v -rfEs --durations=15 -p no:cacheprovider \
-      -o faulthandler_timeout=120 --junitxml="$OUT/gpu_tests.xml" ${TIMEOUT_ARGS[@]+"${TIMEOUT_ARGS[@]}"})
-  else
-    echo "[$(elapsed)s] gpu_tests: pytest is not installed; skipped"
-    printf 'gpu_tests\tno-pytest\t0\t-\n' >>"$STEPS"
-  fi
+if ((BUILD_OK)); then
+  # ---- (b2) every algorithm x protocol, a process each ----
+  step smoke "$(limit 150 150)" "$OUT/smoke.log" \
+    "$PY" bench/gpu_smoke.py --json "$OUT/smoke.json" --timeout 30 --budget 120
+  sed 's/^/  smoke| /' "$OUT/smoke.log" | head -60
 
   # ---- (e) benchmarks: copy bandwidth, then minincl-perf ----
-  step gpu_bench_d2d "$(limit 40 70)" "$OUT/gpu_bench_d2d.log" \
+  step gpu_bench_d2d "$(limit 40 120)" "$OUT/gpu_bench_d2d.log" \
     "$PY" bench/gpu_bench.py d2d --json "$OUT/gpu_bench_d2d.json"
-  if [ -z "$PERF" ] && [ -n "${PERF_BG:-}" ]; then
-    wait_for=$(limit 120 60)
-    echo "[$(elapsed)s] waiting up to ${wait_for}s for the separate minincl-perf build"
-    for _ in $(seq "$wait_for"); do
-      kill -0 "$PERF_BG" 2>/dev/null || break
-      sleep 1
-    done
-    [ -x "$PBD/bench/minincl-perf" ] && PERF=$PBD/bench/minincl-perf
-  fi
   if [ -n "$PERF" ] && [ -x "$PERF" ]; then
-    step perf_lat_2 "$(limit 45 55)" "$OUT/perf_lat_2.log" \
+    step perf_lat_2 "$(limit 45 110)" "$OUT/perf_lat_2.log" \
       "$PERF" allreduce -t 2 -b 8 -e 8 -n 2000 -w 200 -P ll -D cuda -c 1
     for algo in ring tree direct; do
-      step "perf_bw_8_$algo" "$(limit 60 40)" "$OUT/perf_bw_8_$algo.log" \
+      step "perf_bw_8_$algo" "$(limit 45 100)" "$OUT/perf_bw_8_$algo.log" \
         env MININCL_DEBUG=INFO MININCL_DEBUG_SUBSYS=TUNE \
         "$PERF" allreduce -t 8 -b 256M -e 256M -n 10 -w 3 -A "$algo" -D cuda -c 0
     done
@@ -199,23 +191,39 @@ EOF
   fi
 
   # ---- (f) latency: back to back, CUDA graph, a thread per rank ----
-  step gpu_bench_latency "$(limit 60 30)" "$OUT/gpu_bench_latency.log" \
+  step gpu_bench_latency "$(limit 40 90)" "$OUT/gpu_bench_latency.log" \
     "$PY" bench/gpu_bench.py latency --json "$OUT/gpu_bench_latency.json"
-  step gpu_bench_graph "$(limit 45 25)" "$OUT/gpu_bench_graph.log" \
+  step gpu_bench_graph "$(limit 30 80)" "$OUT/gpu_bench_graph.log" \
     "$PY" bench/gpu_bench.py graph --json "$OUT/gpu_bench_graph.json"
-  step gpu_bench_threads "$(limit 45 20)" "$OUT/gpu_bench_threads.log" \
+  step gpu_bench_threads "$(limit 30 80)" "$OUT/gpu_bench_threads.log" \
     "$PY" bench/gpu_bench.py threads --json "$OUT/gpu_bench_threads.json"
-  if [ -n "$PERF" ] && (($(left) > 45)); then
-    step perf_lat_2proc "$(limit 30 15)" "$OUT/perf_lat_2proc.log" \
+  if [ -n "$PERF" ] && (($(left) > 100)); then
+    step perf_lat_2proc "$(limit 30 80)" "$OUT/perf_lat_2proc.log" \
       "$PERF" allreduce -p 2 -b 8 -e 8 -n 200 -w 20 -D cuda -c 1
   fi
-  if [ -n "${PERF_BG:-}" ] && kill -0 "$PERF_BG" 2>/dev/null; then
-    kill -- -"$PERF_BG" 2>/dev/null  # the separate build's process group
+
+  # ---- (d) the GPU tests, with what is left ----
+  if timeout 30 "$PY" -c "import pytest" >/dev/null 2>&1; then
+    TIMEOUT_ARGS=()
+    if timeout 30 "$PY" -c "import pytest_timeout" >/dev/null 2>&1; then
+      TIMEOUT_ARGS=(--timeout 100)
+    fi
+    read -r -a EXTRA <<<"${MININCL_CHECK_PYTEST_ARGS:---maxfail=25}"
+    (cd tests && step gpu_tests "$(limit 400 25)" "$OUT/gpu_tests.log" \
+      env MININCL_TEST_WATCHDOG=40 "$PY" -m pytest test_gpu.py -m gpu ${EXTRA[@]+"${EXTRA[@]}"} -v -rfEs \
+      --durations=15 -p no:cacheprovider -o faulthandler_timeout=90 --junitxml="$OUT/gpu_tests.xml" \
+      ${TIMEOUT_ARGS[@]+"${TIMEOUT_ARGS[@]}"})
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | cut -c1-400 | tail -40
+  else
+    echo "[$(elapsed)s] gpu_tests: pytest is not installed; skipped"
+    printf 'gpu_tests\tno-pytest\t0\t-\n' >>"$STEPS"
   fi
 else
-  echo "[$(elapsed)s] pip install failed: no tests, no benchmarks (see build.log)"
+  echo "[$(elapsed)s] no usable package: no tests, no benchmarks (see build.log)"
 fi
 
-# ---- (g) results.json and the summary ----
-timeout 60 "$PY" bench/device_check_report.py "$OUT" --budget "$BUDGET" --elapsed "$(elapsed)" ||
-  echo "device_check_report.py failed (rc=$?); raw files are in $OUT"
+# ---- (g) results.json and the summary; the logs packed (at most 8 files come back) ----
+timeout 60 "$PY" bench/device_check_report.py "$OUT" --budget "$BUDGET" --elapsed "$(elapsed)" |
+  tee "$OUT/summary.txt" || echo "device_check_report.py failed; raw files are in logs.tgz"
+cp "$OUT/results.json" "$OUT/summary.txt" "$FINAL_OUT/" 2>/dev/null
+tar czf "$FINAL_OUT/logs.tgz" -C "$OUT" . && echo "logs: $FINAL_OUT/logs.tgz ($(du -k "$FINAL_OUT/logs.tgz" | cut -f1) KiB)"

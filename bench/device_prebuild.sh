@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds the package for the GPU machine's Python ahead, on a machine without a GPU, so that the
+# device check spends its few minutes on the GPU instead of compiling. Stages it in .prebuilt/
+# (git-ignored) as one gzipped tar (a third of the size: the device tool carries at most 64 MiB),
+# which bench/device_check.sh unpacks and imports when it can (and builds from source when it
+# cannot: other system libraries, another Python).
+#
+#   bench/device_prebuild.sh [PYTHON] [BUILD_DIR]   # default: python3.12, /tmp/minincl-prebuild
+#
+# The GPU machine runs Python 3.12 (see the device tool's KINDS.md); the extension module must
+# be built for the same minor version. Needs nvcc, cmake, ninja and pybind11 for that Python.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${1:-python3.12}
+BD=${2:-/tmp/minincl-prebuild}
+cmake -S . -B "$BD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMININCL_CUDA=ON -DPython_EXECUTABLE="$(command -v "$PY")" \
+  -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)" >/dev/null
+ninja -C "$BD" _core minincl-perf
+STAGE=$BD/stage
+rm -rf "$STAGE" .prebuilt
+mkdir -p "$STAGE/minincl" .prebuilt
+cp minincl/*.py "$STAGE/minincl/"
+cp "$BD"/_core*.so "$STAGE/minincl/"
+cp "$BD"/bench/minincl-perf "$STAGE/"
+strip --strip-debug "$STAGE"/minincl/_core*.so "$STAGE/minincl-perf"
+tar czf .prebuilt/prebuilt.tgz -C "$STAGE" .
+git rev-parse HEAD >.prebuilt/commit
+du -sh .prebuilt/prebuilt.tgz
