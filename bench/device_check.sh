@@ -185,6 +185,22 @@ if ((BUILD_OK)); then
         env MININCL_DEBUG=INFO MININCL_DEBUG_SUBSYS=TUNE \
         "$PERF" allreduce -t 8 -b 256M -e 256M -n 10 -w 3 -A "$algo" -D cuda -c 0
     done
+    # More channels (8 ranks x 16 blocks still fit on the GPU at once); checked once.
+    step perf_bw_8_ring_16ch "$(limit 45 100)" "$OUT/perf_bw_8_ring_16ch.log" \
+      env MININCL_NCHANNELS=16 "$PERF" allreduce -t 8 -b 256M -e 256M -n 10 -w 3 -A ring -D cuda -c 1
+    # Every algorithm x protocol through the C API, checked, 8 B to 64 MiB (no Python involved).
+    for n in 2 8; do
+      for algo in ring tree direct; do
+        for proto in simple ll ll128; do
+          step "perf_check_${n}_${algo}_$proto" "$(limit 25 100)" "$OUT/perf_check_${n}_${algo}_$proto.log" \
+            "$PERF" allreduce -t "$n" -b 8 -e 64M -f 8 -n 5 -w 1 -A "$algo" -P "$proto" -D cuda -c 1
+        done
+      done
+    done
+    for f in "$OUT"/perf_check_*.log; do  # name, size, time (us), busbw, #wrong
+      awk -v f="$(basename "$f" .log)" '/^ +[0-9]+ /{if (!n++) t0 = $6; bw = $8; w += $9; rows++}
+        END {printf "%-28s rows %d  8 B %s us  64 MiB busbw %s GB/s  #wrong %d\n", f, rows, t0, bw, w}' "$f"
+    done
   else
     echo "[$(elapsed)s] minincl-perf: no binary; GPU perf runs skipped"
     printf 'perf_runs\tno-binary\t0\t-\n' >>"$STEPS"

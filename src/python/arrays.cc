@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "../core/error.h"
@@ -94,11 +95,18 @@ bool fromDLPack(DLDataType t, DataType* out) {
 
 const char* kSupported = "int8, uint8, int32, uint32, int64, uint64, float16, bfloat16, float32, float64";
 
-ArrayView viewBuffer(py::handle obj, bool writable, const char* role) {
+bool hasGpuInterface(py::handle obj) {
+  return py::hasattr(obj, "__cuda_array_interface__") || py::hasattr(obj, "__dlpack__");
+}
+
+// Empty when the object offers the buffer protocol only to refuse it and has a GPU interface
+// instead (CuPy's device arrays do, under Python 3.12).
+std::optional<ArrayView> viewBuffer(py::handle obj, bool writable, const char* role) {
   Py_buffer b;
   int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
   if (PyObject_GetBuffer(obj.ptr(), &b, flags) != 0) {
     PyErr_Clear();
+    if (hasGpuInterface(obj)) return std::nullopt;
     if (writable) {
       Py_buffer ro;
       if (PyObject_GetBuffer(obj.ptr(), &ro, PyBUF_STRIDES | PyBUF_FORMAT) == 0) {
@@ -214,7 +222,9 @@ bool viewCudaArrayInterface(py::handle obj, bool writable, const char* role, Arr
 
 ArrayView view(py::handle obj, bool writable, const char* role) {
   if (obj.is_none()) invalid(std::string(role) + " is None; expected an array");
-  if (PyObject_CheckBuffer(obj.ptr())) return viewBuffer(obj, writable, role);
+  if (PyObject_CheckBuffer(obj.ptr())) {
+    if (std::optional<ArrayView> v = viewBuffer(obj, writable, role)) return *v;
+  }
   ArrayView cuda;
   if (py::hasattr(obj, "__cuda_array_interface__") && viewCudaArrayInterface(obj, writable, role, &cuda)) return cuda;
   if (py::hasattr(obj, "__dlpack__")) {
