@@ -185,9 +185,19 @@ if ((BUILD_OK)); then
         env MININCL_DEBUG=INFO MININCL_DEBUG_SUBSYS=TUNE \
         "$PERF" allreduce -t 8 -b 256M -e 256M -n 10 -w 3 -A "$algo" -D cuda -c 0
     done
-    # More channels (8 ranks x 16 blocks still fit on the GPU at once); checked once.
-    step perf_bw_8_ring_16ch "$(limit 45 100)" "$OUT/perf_bw_8_ring_16ch.log" \
-      env MININCL_NCHANNELS=16 "$PERF" allreduce -t 8 -b 256M -e 256M -n 10 -w 3 -A ring -D cuda -c 1
+    # More channels (8 ranks x 16 blocks still fit on the GPU at once), checked; the tuner's
+    # own choice; and direct without pointer steps / direct writes (the FIFO path), for A/B.
+    for algo in ring direct; do
+      step "perf_bw_8_${algo}_16ch" "$(limit 45 100)" "$OUT/perf_bw_8_${algo}_16ch.log" \
+        env MININCL_NCHANNELS=16 "$PERF" allreduce -t 8 -b 256M -e 256M -n 10 -w 3 -A "$algo" -D cuda -c 1
+    done
+    step perf_bw_8_auto "$(limit 45 100)" "$OUT/perf_bw_8_auto.log" env MININCL_DEBUG=INFO MININCL_DEBUG_SUBSYS=TUNE \
+      "$PERF" allreduce -t 8 -b 256M -e 256M -n 10 -w 3 -D cuda -c 1
+    step perf_bw_8_direct_fifo "$(limit 45 100)" "$OUT/perf_bw_8_direct_fifo.log" \
+      env MININCL_POINTER_STEPS=0 "$PERF" allreduce -t 8 -b 256M -e 256M -n 10 -w 3 -A direct -D cuda -c 0
+    for f in "$OUT"/perf_bw_8_*.log; do
+      awk -v f="$(basename "$f" .log)" '/^ +[0-9]+ /{printf "%-26s %10s us  busbw %8s GB/s  #wrong %s\n", f, $6, $8, $9}' "$f"
+    done
     # Every algorithm x protocol through the C API, checked, 8 B to 64 MiB (no Python involved).
     for n in 2 8; do
       for algo in ring tree direct; do

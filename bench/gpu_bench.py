@@ -202,6 +202,9 @@ def part_threads(args: argparse.Namespace) -> dict[str, Any]:
     times: list[float] = [0.0] * n
     errors: list[str | None] = [None] * n
     ready = threading.Barrier(n)
+    # Every array made up front: a CuPy kernel loaded (lazily) by one rank's thread while the
+    # other rank's collective spins can wait for the device to go idle, which it never does.
+    xs = [cp.full(count, r + 1, cp.float32) for r in range(n)]
     ys = [cp.zeros(count, cp.float32) for _ in range(n)]
     cp.cuda.Device().synchronize()
 
@@ -209,7 +212,7 @@ def part_threads(args: argparse.Namespace) -> dict[str, Any]:
         try:
             s = cp.cuda.Stream(non_blocking=True)
             with s:
-                x = cp.full(count, c.rank + 1, cp.float32)
+                x = xs[c.rank]
                 for _ in range(100):
                     c.allreduce(x, ys[c.rank])
                 s.synchronize()

@@ -122,25 +122,50 @@ void cpuBackoff(uint32_t spins, uint32_t spinBudget = 200);
 inline void Waiter::backoff(uint32_t spins) { cpuBackoff(spins, spinBudget); }
 #endif
 
-// Pointer steps (see ConnCtrl::dataAt) exist on the CPU only: there a receiver can read a
-// sender's memory directly (same process) or through the kernel (cross-memory attach).
+// Pointer steps and direct writes (see ConnCtrl::dataAt, ConnCtrl::outputAt): a receiver reads
+// a sender's memory, or a sender writes a receiver's, where the host found that it can: ranks
+// of one process (one GPU, or CPU threads), or on the CPU through the kernel (cross-memory
+// attach) and shared windows.
 #if defined(__CUDACC__)
-constexpr bool kPointerSteps = false;
-MNCL_DEV int readPeerMemory(int, void*, const void*, size_t) { return -1; }
+MNCL_DEV int readPeerMemory(int, void*, const void*, size_t) { return -1; }  // never asked on a GPU
 #else
-constexpr bool kPointerSteps = true;
 // Copies `bytes` at `remote` in process `pid` to `dst`. Returns 0 or an errno.
 int readPeerMemory(int pid, void* dst, const void* remote, size_t bytes);  // cpu/peer_memory.cc
+#endif
+
+// A variable every thread of a channel sees: the block's shared memory on a GPU (it must have
+// no constructor there), an ordinary local on the CPU's one thread.
+#if defined(__CUDACC__)
+#define MNCL_CHANNEL_SHARED __shared__
+#else
+#define MNCL_CHANNEL_SHARED
 #endif
 
 }  // namespace mncl::dev
 
 namespace mncl::dev {
-// Makes this channel's earlier writes (by all its threads) visible system-wide before a flag
-// store. On the CPU the release store itself is enough.
+// Makes this channel's earlier writes (by all its threads, after a barrier) visible to its
+// peers before a flag store. `system`: some peer reads them from outside this GPU's memory
+// (pinned host memory, another GPU); otherwise a device-wide fence is enough, and much cheaper.
+// On the CPU the release store of the flag itself is enough.
 #if defined(__CUDACC__)
-MNCL_DEV void fenceSystem() { __threadfence_system(); }
+MNCL_DEV void fenceFor(bool system) {
+  if (system) __threadfence_system();
+  else __threadfence();
+}
 #else
-inline void fenceSystem() {}
+inline void fenceFor(bool) {}
 #endif
+
+// Stores a flag (a step counter) that a peer polls. On the GPU it follows an explicit
+// fenceFor() where it publishes data, and needs no ordering where it only says that we
+// finished reading a slot (those reads completed before the barrier that precedes it).
+template <typename T>
+MNCL_DEV void storeFlag(T* p, T v) {
+#if defined(__CUDACC__)
+  storeRelaxed(p, v);
+#else
+  storeRelease(p, v);
+#endif
+}
 }  // namespace mncl::dev

@@ -101,6 +101,9 @@ struct DevChannel {
   int ringPos = 0;
   ProtoSizes sizes{};
   const uint32_t* abortFlag = nullptr;
+  // GPU: some connection's memory (or peer) is outside this GPU (pinned host memory, another
+  // GPU), so flags need system-wide fences; false when every peer shares this GPU's memory.
+  bool systemScope = true;
   // CPU: pauses before a wait starts yielding. Long when every channel thread has a core of
   // its own (a yield only adds latency), short when threads outnumber cores (the peer we
   // wait for may need our core to run at all).

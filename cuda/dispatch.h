@@ -62,20 +62,21 @@ template <typename T, typename Fn>
 MNCL_DEV bool runTyped(DevChannel& ch, const DevWork& w, Fn fn, DevError* err) {
   Waiter waiter{ch.abortFlag, ch.spinBudget};
   PrimsContext<Fn> cx{ch, w, fn, waiter, err};
-  if constexpr (kPointerSteps) {  // where this operation's steps start, for direct writes
+  if (tid() == 0) {  // where this operation's steps start, for direct writes
     for (int p = 0; p < ch.nranks; ++p) {
       ch.opFirstSendStep[p] = ch.sendStep[p];
       ch.opFirstRecvStep[p] = ch.recvStep[p];
     }
   }
+  barrier();
   switch (w.proto) {
     case Proto::simple: runAlgorithm<PrimsSimple, T, Fn>(cx); break;
     case Proto::ll: runAlgorithm<PrimsLL, T, Fn>(cx); break;
     case Proto::ll128: runAlgorithm<PrimsLL128, T, Fn>(cx); break;
     default: break;
   }
-  if (kPointerSteps && ch.pointerStepsPosted) drainPointerSteps(ch, waiter);
-  if constexpr (kPointerSteps) {
+  if (tid() == 0) {
+    if (ch.pointerStepsPosted) drainPointerSteps(ch, waiter);
     // Stopped early: take back our published outputs, so that senders still running stop
     // writing into buffers the caller gets back with the error (a step already past the
     // check may still land).

@@ -130,12 +130,12 @@ struct P2pEngine {
     else copyElems(op.buf + op.done, slot(f, step), len);
     barrier();
     if (tid() == 0) {
-      fenceSystem();
       if (op.isSend) {
         f.ctrl->info[step % kSteps] = infoOf(op);
-        storeRelease(&f.ctrl->tail, ++ch.sendStep[op.peer]);
+        fenceFor(ch.systemScope);  // the step's data and its StepInfo, before the tail
+        storeFlag(&f.ctrl->tail, ++ch.sendStep[op.peer]);
       } else {
-        storeRelease(&f.ctrl->head, ++ch.recvStep[op.peer]);
+        storeFlag(&f.ctrl->head, ++ch.recvStep[op.peer]);  // only frees the slot
       }
       op.done += len;
       --op.stepsLeft;

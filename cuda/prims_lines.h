@@ -25,7 +25,7 @@ struct LLFormat {
   MNCL_DEV static uint32_t slotLines(const ProtoSizes& s) { return s.llSlotLines; }
 
   template <typename P>
-  MNCL_DEV static void write(Line* l, const P& p, uint32_t flag) {
+  MNCL_DEV static void write(Line* l, const P& p, uint32_t flag, bool /*system*/) {
     uint64_t v = p.w[0];
     uint64_t lo = (v & 0xffffffffull) | ((uint64_t)flag << 32);
     uint64_t hi = (v >> 32) | ((uint64_t)flag << 32);
@@ -59,9 +59,14 @@ struct LL128Format {
   MNCL_DEV static uint32_t slotLines(const ProtoSizes& s) { return s.ll128SlotLines; }
 
   template <typename P>
-  MNCL_DEV static void write(Line* l, const P& p, uint32_t flag) {
+  MNCL_DEV static void write(Line* l, const P& p, uint32_t flag, bool system) {
     for (int j = 0; j < kLL128DataWords; ++j) l->w[j] = p.w[j];
+#if defined(__CUDACC__)
+    fenceFor(system);  // this thread's data words before its flag
+    storeRelaxed(&l->w[kLL128DataWords], (uint64_t)flag);
+#else
     storeRelease(&l->w[kLL128DataWords], (uint64_t)flag);
+#endif
   }
 
   template <typename P>
@@ -110,7 +115,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
         uint32_t flag = (uint32_t)(ch.recvStep[peer] + 1);
         if (!cx_.waiter.until([&] { return Format::read(l, x, flag); })) break;
         if (i == 0) {  // the sender published its StepInfo before the step's first line
-          fenceSystem();
+          fenceFor(ch.systemScope);
           if (!checkStepInfo(cx_, peer, ch.recvFrom[peer].ctrl->info[ch.recvStep[peer] % kSteps])) break;
         }
         combine(v, x, have);
@@ -121,7 +126,8 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
       if (SEND) {
         for (int s = 0; s < send_.n; ++s) {
           int peer = send_.peer[s];
-          Format::write(lineAt(ch.sendTo[peer], ch.sendStep[peer], i), v, (uint32_t)(ch.sendStep[peer] + 1));
+          Format::write(lineAt(ch.sendTo[peer], ch.sendStep[peer], i), v, (uint32_t)(ch.sendStep[peer] + 1),
+                        ch.systemScope);
         }
       }
     }
@@ -130,7 +136,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
       if (RECV) {
         for (int r = 0; r < recv_.n; ++r) {
           int peer = recv_.peer[r];
-          storeRelease(&ch.recvFrom[peer].ctrl->head, ++ch.recvStep[peer]);
+          storeFlag(&ch.recvFrom[peer].ctrl->head, ++ch.recvStep[peer]);  // only frees the slot
         }
       }
       if (SEND) {
@@ -166,7 +172,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
       if (!cx_.waiter.until([&] { return loadAcquire(&c->head) + kSteps > step; })) return;
       c->info[step % kSteps] = info;
     }
-    fenceSystem();  // GPU: the StepInfo lands before any line (the lines' stores are not releases)
+    fenceFor(ch.systemScope);  // GPU: the StepInfo lands before any line (line stores are not releases)
   }
 
   PrimsContext<Fn> cx_;

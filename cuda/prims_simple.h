@@ -21,10 +21,8 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       : cx_(cx), recv_(recvPeers), send_(sendPeers) {
     // Every algorithm receives at least one step from each peer it names when its channel
     // has work: a publication never belongs to an operation without steps (see outputFromStep).
-    if constexpr (kPointerSteps) {
-      if (cx_.work.chanCount > 0 && outputsAlike(cx_.work.coll)) {
-        for (int i = 0; i < recv_.n; ++i) publishOutput(recv_.peer[i]);
-      }
+    if (tid() == 0 && cx_.work.chanCount > 0 && outputsAlike(cx_.work.coll)) {
+      for (int i = 0; i < recv_.n; ++i) publishOutput(recv_.peer[i]);
     }
   }
 
@@ -36,28 +34,21 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     const T* srcs[kMaxSrcs];
     T* dsts[kMaxDsts];
     int nsrc = 0, ndst = 0;
+    // Thread 0 waits, then decides where this step's data goes: the peers' control words it
+    // reads may change meanwhile, so on a GPU every thread takes its decision (shared memory).
+    MNCL_CHANNEL_SHARED SendPlan plan;
     if (tid() == 0) {
       if (RECV) waitRecv();
       if (SEND) waitSend();
+      if (SEND && !cx_.waiter.aborted) plan = planSend(src, dst, n, RECV);
     }
     // Only thread 0 waited: if it gave up, every thread must stop here, together.
     if (barrierAny(cx_.waiter.aborted)) {
       cx_.waiter.aborted = true;
       return;
     }
-    DirectWrite written[kMaxPeers];
-    const T* published = nullptr;
-    if (SEND) {
-      // A broadcast's receivers have nothing else to do: they copy for themselves (a pointer
-      // step) when they can, rather than leave every copy to the sender's core. A sender with
-      // no copy of its own and one receiver (an in-place root of 2 ranks, or of a ring) writes
-      // every other step itself, so both copy. (Steps too small for a pointer are written.)
-      bool senderIdle = !RECV && src == dst && send_.n == 1;
-      bool pushThisStep = senderIdle && ch.sendStep[send_.peer[0]] % 2 == 0;
-      if (cx_.work.coll == Coll::broadcast && !pushThisStep) published = pointerToPublish(src, dst, RECV, n, written);
-      for (int i = 0; dst && !published && i < send_.n; ++i) written[i] = directWrite(send_.peer[i], dst, n);
-      if (!published) published = pointerToPublish(src, dst, RECV, n, written);
-    }
+    const T* published = SEND ? plan.published : nullptr;
+    const DirectWrite* written = plan.written;
     // A plain forward (one peer's data to dst) reads the peer's memory straight into dst.
     T* landing = RECV && !src && !post && recv_.n == 1 ? dst : nullptr;
     for (int i = 0; i <= (RECV ? recv_.n : 0); ++i) {
@@ -85,7 +76,6 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, post, nStream);
     barrier();
     if (tid() == 0) {
-      fenceSystem();
       if (RECV) postRecv();
       if (SEND) postSend(published, written);
     }
@@ -93,10 +83,33 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   }
 
  private:
+  // (Plain structs: a GPU's shared memory holds no constructors.)
   struct DirectWrite {
-    T* here = nullptr;   // the receiver's output at the step's offset, as we address it
-    uint64_t there = 0;  // the same place as the receiver addresses it
+    T* here;         // the receiver's output at the step's offset, as we address it (or null)
+    uint64_t there;  // the same place as the receiver addresses it
   };
+  struct SendPlan {
+    const T* published;              // a pointer step for every receiver not written directly
+    DirectWrite written[kMaxPeers];  // per send peer
+  };
+
+  // Where a step we send goes: straight into receivers' outputs (direct writes), a pointer to
+  // where the data already is (pointer steps), or (neither) the FIFO slots.
+  MNCL_DEV SendPlan planSend(const T* src, T* dst, size_t n, bool recv) const {
+    SendPlan s;
+    s.published = nullptr;
+    for (int i = 0; i < send_.n; ++i) s.written[i] = DirectWrite{nullptr, 0};
+    // A broadcast's receivers have nothing else to do: they copy for themselves (a pointer
+    // step) when they can, rather than leave every copy to the sender's core. A sender with
+    // no copy of its own and one receiver (an in-place root of 2 ranks, or of a ring) writes
+    // every other step itself, so both copy. (Steps too small for a pointer are written.)
+    bool senderIdle = !recv && src == dst && send_.n == 1;
+    bool pushThisStep = senderIdle && cx_.ch.sendStep[send_.peer[0]] % 2 == 0;
+    if (cx_.work.coll == Coll::broadcast && !pushThisStep) s.published = pointerToPublish(src, dst, recv, n, s.written);
+    for (int i = 0; dst && !s.published && i < send_.n; ++i) s.written[i] = directWrite(send_.peer[i], dst, n);
+    if (!s.published) s.published = pointerToPublish(src, dst, recv, n, s.written);
+    return s;
+  }
 
   MNCL_DEV T* slot(const ConnFifo& f, uint64_t step) const {
     return reinterpret_cast<T*>(f.simple + (step % kSteps) * (size_t)cx_.ch.sizes.simpleSlotBytes);
@@ -110,7 +123,6 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   // window, which every peer process maps.
   // Receivers that get a direct write need no pointer.
   MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, size_t n, const DirectWrite* written) const {
-    if constexpr (!kPointerSteps) return nullptr;
     if (n * sizeof(T) < cx_.ch.pointerStepMinBytes) return nullptr;
     const T* p = dst ? dst : !recv && src && cx_.work.sendIsReadOnly && inSendBuffer(src) ? src : nullptr;
     if (!p) return nullptr;
@@ -151,7 +163,6 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   // its output for this very operation and we can write that memory (same process, or its
   // window, which we map).
   MNCL_DEV DirectWrite directWrite(int p, const T* dst, size_t n) const {
-    if constexpr (!kPointerSteps) return {};
     const DevWork& w = cx_.work;
     const ConnFifo& f = cx_.ch.sendTo[p];
     const ConnCtrl* c = f.ctrl;
@@ -187,11 +198,11 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     const ConnFifo& f = cx_.ch.recvFrom[p];
     uint64_t step = cx_.ch.recvStep[p];
     T* inSlot = slot(f, step);
-    if (!kPointerSteps) return inSlot;
-    uint64_t at = f.ctrl->dataAt[step % kSteps];
+    // (Atomic loads: on a GPU they skip L1, which may still hold an earlier lap's words.)
+    uint64_t at = loadRelaxed(&f.ctrl->dataAt[step % kSteps]);
     if (at == 0) return inSlot;
     // Our own memory (a direct write), or the sender's in this process.
-    if (f.ctrl->wroteToReceiver[step % kSteps] || f.peerPid == 0) return reinterpret_cast<const T*>(at);
+    if (loadRelaxed(&f.ctrl->wroteToReceiver[step % kSteps]) || f.peerPid == 0) return reinterpret_cast<const T*>(at);
     if (at - f.peerWindowAt < f.peerWindowBytes) {  // in the sender's window, mapped here
       return reinterpret_cast<const T*>(f.peerWindow + (at - f.peerWindowAt));
     }
@@ -235,7 +246,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     DevChannel& ch = cx_.ch;
     for (int i = 0; i < recv_.n; ++i) {
       int p = recv_.peer[i];
-      storeRelease(&ch.recvFrom[p].ctrl->head, ++ch.recvStep[p]);
+      storeFlag(&ch.recvFrom[p].ctrl->head, ++ch.recvStep[p]);  // only frees the slot
     }
   }
 
@@ -247,12 +258,14 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       ConnCtrl* c = ch.sendTo[p].ctrl;
       int s = (int)(ch.sendStep[p] % kSteps);
       c->info[s] = info;
-      if constexpr (kPointerSteps) {
-        c->dataAt[s] = written[i].here ? written[i].there : (uint64_t)(uintptr_t)published;
-        c->wroteToReceiver[s] = written[i].here ? 1u : 0u;
-        ch.directWritesSent += written[i].here ? 1u : 0u;
-      }
-      storeRelease(&c->tail, ++ch.sendStep[p]);
+      c->dataAt[s] = written[i].here ? written[i].there : (uint64_t)(uintptr_t)published;
+      c->wroteToReceiver[s] = written[i].here ? 1u : 0u;
+      ch.directWritesSent += written[i].here ? 1u : 0u;
+    }
+    fenceFor(ch.systemScope);  // the whole channel's data and the words above, before the tails
+    for (int i = 0; i < send_.n; ++i) {
+      int p = send_.peer[i];
+      storeFlag(&ch.sendTo[p].ctrl->tail, ++ch.sendStep[p]);
     }
     if (published) {
       ch.pointerStepsPosted = true;

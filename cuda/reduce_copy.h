@@ -61,6 +61,50 @@ MNCL_DEV Vec16<T> loadFresh16(const T* p) {
 
 #endif
 
+#if defined(__CUDACC__)
+// Vectors of 16 bytes each thread keeps in flight per source: a block's bandwidth is the bytes
+// it has in flight over the memory latency, and one load per thread leaves most of it idle.
+constexpr int kUnroll = 4;
+
+// The 16-byte part of reduceCopy: vectors [0, nvec), each thread taking kUnroll of them, a
+// block apart, per round; every load of a round is issued before any of them is used.
+template <typename T, typename Fn>
+MNCL_DEV void reduceCopyVectors(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
+                                size_t nvec, bool post) {
+  constexpr int kVec = Vec16<T>::kElems;
+  const size_t stride = (size_t)nthreads();
+  for (size_t first = tid(); first < nvec; first += kUnroll * stride) {
+    Vec16<T> acc[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      size_t i = first + u * stride;
+      if (i < nvec) acc[u] = loadFresh16(srcs[0] + i * kVec);
+    }
+    for (int s = 1; s < nsrc; ++s) {
+      Vec16<T> x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        size_t i = first + u * stride;
+        if (i < nvec) x[u] = loadFresh16(srcs[s] + i * kVec);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        for (int j = 0; j < kVec; ++j) acc[u].e[j] = fn(acc[u].e[j], x[u].e[j]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      size_t i = first + u * stride;
+      if (i >= nvec) break;
+      if (post) {
+        for (int j = 0; j < kVec; ++j) acc[u].e[j] = fn.post(acc[u].e[j]);
+      }
+      for (int d = 0; d < ndst; ++d) *reinterpret_cast<uint4*>(dsts[d] + i * kVec) = acc[u].u;
+    }
+  }
+}
+#endif
+
 template <typename T>
 MNCL_DEV void copyElems(T* dst, const T* src, size_t n) {
   if (dst == src || n == 0) return;
@@ -69,7 +113,7 @@ MNCL_DEV void copyElems(T* dst, const T* src, size_t n) {
   constexpr int kVec = Vec16<T>::kElems;
   bool aligned = (((uintptr_t)dst | (uintptr_t)src) & 15) == 0;
   size_t nvec = aligned ? n / kVec : 0;
-  for (size_t i = tid(); i < nvec; i += nthreads()) *reinterpret_cast<uint4*>(dst + i * kVec) = loadFresh16(src + i * kVec).u;
+  reduceCopyVectors(FuncCopy<T>{}, 1, &src, 1, &dst, nvec, false);
   for (size_t i = nvec * kVec + tid(); i < n; i += nthreads()) dst[i] = loadFresh(src + i);
 #else
   std::memcpy(dst, src, n * sizeof(T));
@@ -89,17 +133,7 @@ MNCL_DEV void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst,
   for (int d = 0; d < ndst; ++d) aligned &= ((uintptr_t)dsts[d] & 15) == 0;
   constexpr int kVec = Vec16<T>::kElems;
   size_t nvec = aligned ? n / kVec : 0;
-  for (size_t i = tid(); i < nvec; i += nthreads()) {
-    Vec16<T> v = loadFresh16(srcs[0] + i * kVec);
-    for (int s = 1; s < nsrc; ++s) {
-      Vec16<T> x = loadFresh16(srcs[s] + i * kVec);
-      for (int j = 0; j < kVec; ++j) v.e[j] = fn(v.e[j], x.e[j]);
-    }
-    if (post) {
-      for (int j = 0; j < kVec; ++j) v.e[j] = fn.post(v.e[j]);
-    }
-    for (int d = 0; d < ndst; ++d) *reinterpret_cast<uint4*>(dsts[d] + i * kVec) = v.u;
-  }
+  reduceCopyVectors(fn, nsrc, srcs, ndst, dsts, nvec, post);
   for (size_t i = nvec * kVec + tid(); i < n; i += nthreads()) {
     T v = loadFresh(srcs[0] + i);
     for (int s = 1; s < nsrc; ++s) v = fn(v, loadFresh(srcs[s] + i));

@@ -222,7 +222,8 @@ void Comm::connect(const RegionLayout& layout) {
       ch.recvFrom[p] = layout.conn(peerFifos_[rank_]->base(), p, c);
     }
   }
-  if (!onGpu()) enablePointerSteps();  // (a GPU's FIFOs are device memory the host must not touch)
+  if (onGpu()) enableGpuPointerSteps();
+  else enablePointerSteps();
 }
 
 // ---- GPU: FIFOs in device memory ----
@@ -387,6 +388,36 @@ void Comm::enablePointerSteps() {
       ch->sendTo[p].directWrites = directWrites == 1 && mode >= 1 && (local || theirs);
     }
   }
+}
+
+// On a GPU, pointer steps and direct writes between ranks of this process on the same GPU:
+// their buffers are device memory at addresses valid in every kernel of the process. (Not
+// across processes: CUDA IPC maps the FIFOs, not the callers' buffers.) The receiving end's
+// flag is in device memory, set with a copy.
+void Comm::enableGpuPointerSteps() {
+#if defined(MININCL_HAVE_CUDA)
+  int64_t mode = env::integer("MININCL_POINTER_STEPS", 1);
+  MNCL_CHECK(mode >= 0 && mode <= 2, mnclInvalidArgument, "MININCL_POINTER_STEPS must be 0, 1 or 2");
+  int64_t directWrites = env::integer("MININCL_DIRECT_WRITES", 1);
+  MNCL_CHECK(directWrites == 0 || directWrites == 1, mnclInvalidArgument, "MININCL_DIRECT_WRITES must be 0 or 1");
+  int64_t minBytes = env::integer("MININCL_POINTER_STEP_BYTES", 0);
+  MNCL_CHECK(minBytes >= 0 && minBytes <= (1ll << 31), mnclInvalidArgument, "MININCL_POINTER_STEP_BYTES must be between 0 and 2^31");
+  for (auto& ch : channels_) ch->dev.pointerStepMinBytes = (uint32_t)minBytes;
+  pid_t me = getpid();
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_) continue;
+    bool local = peers_[p].pid == me && peers_[p].device == device_;
+    bool readable = mode >= 1 && local;
+    for (auto& ch : channels_) {
+      for (dev::ConnFifo* f : {&ch->recvFrom[p], &ch->sendTo[p]}) f->peerPid = peers_[p].pid == me ? 0 : peers_[p].pid;
+      uint32_t flag = readable ? 1u : 0u;
+      MNCL_CUDA_CHECK(cudaMemcpyAsync(&ch->recvFrom[p].ctrl->readsSenderMemory, &flag, sizeof(flag), cudaMemcpyHostToDevice,
+                                      gpu_->sideStream()));
+      MNCL_CUDA_CHECK(cudaStreamSynchronize(gpu_->sideStream()));  // (flag is on this stack)
+      ch->sendTo[p].directWrites = directWrites == 1 && readable;
+    }
+  }
+#endif
 }
 
 Comm::~Comm() {

@@ -124,6 +124,7 @@ class Comm {
   bool openPeerIpcRegions();  // false if any peer process's device memory cannot be opened
   void checkGpuErrors();  // the monitor's poll: a kernel's error record becomes the comm's error
   void enablePointerSteps();
+  void enableGpuPointerSteps();
   void leave();
 
   int rank_, nranks_, device_;

@@ -155,6 +155,17 @@ GpuComm::~GpuComm() {
 
 namespace {
 size_t alignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// Whether any FIFO of the channel lies outside `device`'s memory (pinned host memory, another
+// GPU, or anything CUDA cannot place): then its flags need system-wide fences.
+bool outsideThisGpu(const Channel& ch, int device) {
+  for (const auto* fifos : {&ch.sendTo, &ch.recvFrom}) {
+    for (const dev::ConnFifo& f : *fifos) {
+      if (f.ctrl && deviceOfPointer(f.ctrl) != device) return true;
+    }
+  }
+  return false;
+}
 }  // namespace
 
 void GpuComm::upload(const std::vector<std::unique_ptr<Channel>>& channels, const uint32_t* abortWordOnDevice) {
@@ -162,9 +173,10 @@ void GpuComm::upload(const std::vector<std::unique_ptr<Channel>>& channels, cons
   MNCL_CHECK(nChannels_ <= dev::kMaxGpuChannels, mnclInvalidArgument,
         "a GPU communicator runs at most " + std::to_string(dev::kMaxGpuChannels) + " channels (MININCL_NCHANNELS)");
   int n = channels.empty() ? 0 : channels[0]->dev.nranks;
-  // Per channel: sendTo[n], recvFrom[n], sendStep[n], recvStep[n], ring[n].
+  // Per channel: sendTo[n], recvFrom[n], sendStep[n], recvStep[n], opFirstSendStep[n],
+  // opFirstRecvStep[n], ring[n].
   size_t fifos = sizeof(dev::ConnFifo) * n, steps = sizeof(uint64_t) * n, ring = sizeof(int) * n;
-  size_t per = alignUp(2 * fifos + 2 * steps + ring, 256);
+  size_t per = alignUp(2 * fifos + 4 * steps + ring, 256);
   std::vector<char> staging(per * nChannels_, 0);
   std::vector<dev::DevChannel> devChannels(nChannels_);
   MNCL_CUDA_CHECK(cudaMalloc(&arrays_, std::max<size_t>(staging.size(), 1)));
@@ -175,14 +187,17 @@ void GpuComm::upload(const std::vector<std::unique_ptr<Channel>>& channels, cons
     char* onDev = static_cast<char*>(arrays_) + per * c;
     std::memcpy(host, ch.sendTo.data(), fifos);
     std::memcpy(host + fifos, ch.recvFrom.data(), fifos);
-    std::memcpy(host + 2 * fifos + 2 * steps, ch.ring.data(), ring);  // step counters stay zero
+    std::memcpy(host + 2 * fifos + 4 * steps, ch.ring.data(), ring);  // step counters stay zero
     dev::DevChannel d = ch.dev;
     d.sendTo = reinterpret_cast<dev::ConnFifo*>(onDev);
     d.recvFrom = reinterpret_cast<dev::ConnFifo*>(onDev + fifos);
     d.sendStep = reinterpret_cast<uint64_t*>(onDev + 2 * fifos);
     d.recvStep = reinterpret_cast<uint64_t*>(onDev + 2 * fifos + steps);
-    d.ring = reinterpret_cast<const int*>(onDev + 2 * fifos + 2 * steps);
+    d.opFirstSendStep = reinterpret_cast<uint64_t*>(onDev + 2 * fifos + 2 * steps);
+    d.opFirstRecvStep = reinterpret_cast<uint64_t*>(onDev + 2 * fifos + 3 * steps);
+    d.ring = reinterpret_cast<const int*>(onDev + 2 * fifos + 4 * steps);
     d.abortFlag = abortWordOnDevice;
+    d.systemScope = outsideThisGpu(ch, device_);
     devChannels[c] = d;
   }
   // (On the side stream: the legacy one would wait for other communicators' kernels.)

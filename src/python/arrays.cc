@@ -95,12 +95,10 @@ bool fromDLPack(DLDataType t, DataType* out) {
 
 const char* kSupported = "int8, uint8, int32, uint32, int64, uint64, float16, bfloat16, float32, float64";
 
-bool hasGpuInterface(py::handle obj) {
-  return py::hasattr(obj, "__cuda_array_interface__") || py::hasattr(obj, "__dlpack__");
-}
+bool hasGpuInterface(py::handle obj) { return py::hasattr(obj, "__cuda_array_interface__"); }
 
-// Empty when the object offers the buffer protocol only to refuse it and has a GPU interface
-// instead (CuPy's device arrays do, under Python 3.12).
+// Empty when the object offers the buffer protocol only to refuse it and describes itself as a
+// GPU array instead (CuPy's device arrays do, under Python 3.12).
 std::optional<ArrayView> viewBuffer(py::handle obj, bool writable, const char* role) {
   Py_buffer b;
   int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
