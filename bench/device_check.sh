@@ -185,18 +185,34 @@ if ((BUILD_OK)); then
         env MININCL_DEBUG=INFO MININCL_DEBUG_SUBSYS=TUNE \
         "$PERF" allreduce -t 8 -b 256M -e 256M -n 10 -w 3 -A "$algo" -D cuda -c 0
     done
-    # More channels (8 ranks x 16 blocks still fit on the GPU at once), checked; the tuner's
-    # own choice; and direct without pointer steps / direct writes (the FIFO path), for A/B.
-    for algo in ring direct; do
-      step "perf_bw_8_${algo}_16ch" "$(limit 45 100)" "$OUT/perf_bw_8_${algo}_16ch.log" \
-        env MININCL_NCHANNELS=16 "$PERF" allreduce -t 8 -b 256M -e 256M -n 10 -w 3 -A "$algo" -D cuda -c 1
-    done
+    # The tuner's own choice, checked; a bigger Simple step for direct; direct without pointer
+    # steps / direct writes (the FIFO path), for A/B.
     step perf_bw_8_auto "$(limit 45 100)" "$OUT/perf_bw_8_auto.log" env MININCL_DEBUG=INFO MININCL_DEBUG_SUBSYS=TUNE \
       "$PERF" allreduce -t 8 -b 256M -e 256M -n 10 -w 3 -D cuda -c 1
+    step perf_bw_8_direct_2m "$(limit 45 100)" "$OUT/perf_bw_8_direct_2m.log" \
+      env MININCL_SIMPLE_SLOT_BYTES=2M "$PERF" allreduce -t 8 -b 256M -e 256M -n 10 -w 3 -A direct -D cuda -c 0
     step perf_bw_8_direct_fifo "$(limit 45 100)" "$OUT/perf_bw_8_direct_fifo.log" \
       env MININCL_POINTER_STEPS=0 "$PERF" allreduce -t 8 -b 256M -e 256M -n 10 -w 3 -A direct -D cuda -c 0
     for f in "$OUT"/perf_bw_8_*.log; do
       awk -v f="$(basename "$f" .log)" '/^ +[0-9]+ /{printf "%-26s %10s us  busbw %8s GB/s  #wrong %s\n", f, $6, $8, $9}' "$f"
+    done
+    # 8-byte latency, A/B: waits that sleep at once (MININCL_GPU_SPINS=0), whole blocks.
+    step perf_lat_2_sleepy "$(limit 30 100)" "$OUT/perf_lat_2_sleepy.log" \
+      env MININCL_GPU_SPINS=0 "$PERF" allreduce -t 2 -b 8 -e 8 -n 2000 -w 200 -P ll -D cuda -c 1
+    step perf_lat_2_512t "$(limit 30 100)" "$OUT/perf_lat_2_512t.log" \
+      env MININCL_GPU_THREADS=512 "$PERF" allreduce -t 2 -b 8 -e 8 -n 2000 -w 200 -P ll -D cuda -c 1
+    for a in ring tree direct; do
+      step "perf_lat_2_$a" "$(limit 30 100)" "$OUT/perf_lat_2_$a.log" \
+        "$PERF" allreduce -t 2 -b 8 -e 8 -n 2000 -w 200 -P ll -A "$a" -D cuda -c 1
+    done
+    for f in "$OUT"/perf_lat_2*.log; do
+      awk -v f="$(basename "$f" .log)" '/^ +[0-9]+ /{printf "%-26s %10s us  #wrong %s\n", f, $6, $9}' "$f"
+    done
+    # The tuner's choice from 8 B to 256 MiB, 2 and 8 ranks, checked.
+    for n in 2 8; do
+      step "perf_sweep_$n" "$(limit 40 100)" "$OUT/perf_sweep_$n.log" env MININCL_DEBUG=INFO MININCL_DEBUG_SUBSYS=TUNE \
+        "$PERF" allreduce -t "$n" -b 8 -e 256M -f 4 -n 20 -w 5 -D cuda -c 1
+      grep -v INFO "$OUT/perf_sweep_$n.log" | grep -E "^ +[0-9]+ " | awk '{printf "%s:%s/%s ", $1, $6, $8} END {print ""}'
     done
     # Every algorithm x protocol through the C API, checked, 8 B to 64 MiB (no Python involved).
     for n in 2 8; do

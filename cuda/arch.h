@@ -93,7 +93,7 @@ constexpr uint32_t kSpinsPerAbortCheck = 1;
 
 struct Waiter {
   const uint32_t* abortFlag;
-  uint32_t spinBudget = 200;  // CPU: pauses before yielding
+  uint32_t spinBudget = 200;  // CPU: pauses before yielding; GPU: hot spins before sleeping
   bool aborted = false;
 
   template <typename Ready>
@@ -116,7 +116,11 @@ struct Waiter {
 };
 
 #if defined(__CUDACC__)
-MNCL_DEV void Waiter::backoff(uint32_t) { pause(); }
+// Spins hot first: a sleeping thread wakes up late (the sleep is coarse), and most waits end
+// within microseconds. Only a long wait (a peer still busy, a late launch) starts sleeping.
+MNCL_DEV void Waiter::backoff(uint32_t spins) {
+  if (spins >= spinBudget) pause();
+}
 #else
 void cpuBackoff(uint32_t spins, uint32_t spinBudget = 200);
 inline void Waiter::backoff(uint32_t spins) { cpuBackoff(spins, spinBudget); }

@@ -106,7 +106,7 @@ struct DevChannel {
   bool systemScope = true;
   // CPU: pauses before a wait starts yielding. Long when every channel thread has a core of
   // its own (a yield only adds latency), short when threads outnumber cores (the peer we
-  // wait for may need our core to run at all).
+  // wait for may need our core to run at all). GPU: hot spins before a wait starts sleeping.
   uint32_t spinBudget = 200;
   // Pointer steps posted during the current operation: before it returns, the channel waits
   // until its receivers have consumed them (the user may reuse the buffers right after).

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "../core/comm.h"
+#include "../core/env.h"
 #include "../core/error.h"
 #include "work_plan.h"
 
@@ -90,6 +91,22 @@ struct Launch {
   dev::GpuP2pLaunch p2pLaunch{};
 };
 
+// Threads per block: a whole block where there is data to move, fewer for small operations,
+// where each barrier of the block's 16 warps costs more than the copy (a thread moves 16 bytes
+// per pass). MININCL_GPU_THREADS (a multiple of 32, at most 512) fixes it.
+int threadsFor(const CollCall& c, int nChannels) {
+  static const int fixed = [] {
+    int64_t t = env::integer("MININCL_GPU_THREADS", 0);
+    MNCL_CHECK(t == 0 || (t % 32 == 0 && t >= 32 && t <= dev::kGpuThreads), mnclInvalidArgument,
+               "MININCL_GPU_THREADS must be 0 (by size) or a multiple of 32 up to " + std::to_string(dev::kGpuThreads));
+    return (int)t;
+  }();
+  if (fixed) return fixed;
+  size_t perChannel = c.count * dataTypeSize(c.dtype) / (size_t)std::max(nChannels, 1);
+  size_t warps = (perChannel / 16 + 31) / 32;
+  return (int)std::clamp<size_t>(warps, 1, dev::kGpuThreads / 32) * 32;
+}
+
 Launch planColl(Comm& comm, const CollCall& c, cudaStream_t stream) {
   Launch L{&comm, stream, collName(c.coll)};
   L.coll = c;
@@ -104,7 +121,7 @@ Launch planColl(Comm& comm, const CollCall& c, cudaStream_t stream) {
   for (int ch = 0; ch < n; ++ch) l.works.w[ch] = works[ch];
   l.errors = g.errorsOnDevice();
   l.nChannels = n;
-  l.nThreads = dev::kGpuThreads;
+  l.nThreads = threadsFor(c, n);
   l.nranks = comm.nranks();
   l.stream = stream;
   L.kernel = true;

@@ -36,6 +36,12 @@ class Tuner {
   void init(int nranks, int maxChannels, size_t bytesPerChannel, bool oversubscribed);
   // A GPU communicator: the GPU cost table.
   void initGpu(int nranks, int maxChannels);
+  // GPU: every rank reads and writes its peers' buffers directly (one process, one GPU), so
+  // direct two-shot allreduce moves each byte in and out once instead of through FIFOs.
+  void setGpuPointerSteps(bool on) {
+    gpuPointerSteps_ = on;
+    forget();
+  }
   // Deterministic from its arguments and the communicator-wide settings, so every rank plans
   // the same way. Remembers the last answer per collective: a loop of same-sized calls pays
   // for the estimates once (MININCL_DEBUG=INFO logs a choice when it is made).
@@ -58,6 +64,7 @@ class Tuner {
   size_t bytesPerChannel_ = 1;
   bool oversubscribed_ = false;
   bool gpu_ = false;
+  bool gpuPointerSteps_ = false;
   double bwScale_ = 1.0;  // setPathBandwidth
   unsigned algoMask_ = ~0u, protoMask_ = ~0u;
   // Per collective: the last (bytes + 1) << 12 | plan, packed so one atomic word holds it
