@@ -87,8 +87,10 @@ def build(out: Path, st: dict[str, Any]) -> dict[str, Any]:
     log = read(out / "build.log") or ""
     lines = log.splitlines()
     errors = [ln.strip()[:300] for ln in lines if re.search(r"(?i)\berror\b|FAILED:|\bfatal\b", ln)]
+    prebuilt = st.get("prebuilt", {}).get("rc") == 0  # carried in, built elsewhere (device_prebuild.sh)
     result: dict[str, Any] = {
-        "ok": pip.get("rc") == 0,
+        "ok": pip.get("rc") == 0 or prebuilt,
+        "prebuilt": prebuilt,
         "rc": pip.get("rc"),
         "seconds": pip.get("seconds"),
         "timed_out": pip.get("timed_out", False),
@@ -315,7 +317,8 @@ def print_summary(res: dict[str, Any]) -> None:
     env = res["env"]
     p(f"env: {env['gpu_count']} GPU(s) {env['gpus'][:1]}, {env['nproc']} cores, missing: {env['missing_packages']}")
     b = res["build"]
-    p(f"build: ok={b['ok']} rc={b['rc']} {fmt(b['seconds'], '.0f')} s{' TIMED OUT' if b['timed_out'] else ''}")
+    how = " (the carried prebuilt package)" if b.get("prebuilt") else ""
+    p(f"build: ok={b['ok']}{how} rc={b['rc']} {fmt(b['seconds'], '.0f')} s{' TIMED OUT' if b['timed_out'] else ''}")
     p(f"  installed: {b.get('installed')}")
     if b.get("cmake_cuda"):
         p(f"  {b['cmake_cuda']}")

@@ -35,13 +35,13 @@ struct StepInfo {
 // sides). Lives, with the FIFOs, in the receiver's memory.
 struct ConnCtrl {
   alignas(128) uint64_t tail;  // Simple: steps the sender has filled (release)
-  alignas(128) uint64_t head;  // all protocols: steps the receiver has consumed (release)
+  alignas(128) uint64_t head;  // all protocols: steps the receiver has consumed (only frees slots)
   alignas(128) StepInfo info[kSteps];
-  // Simple, pointer steps (CPU): where a step's data is. 0: in the FIFO slot, as usual.
+  // Simple, pointer steps: where a step's data is. 0: in the FIFO slot, as usual.
   // Otherwise its address in the sender's memory, which the sender keeps unchanged until the
   // receiver has consumed the step, so the receiver reads it there: one copy instead of two.
   alignas(128) uint64_t dataAt[kSteps];
-  // Simple, direct writes (CPU): the sender already wrote the step's data into the receiver's
+  // Simple, direct writes: the sender already wrote the step's data into the receiver's
   // own memory, at dataAt as the receiver addresses it (see outputAt below).
   uint32_t wroteToReceiver[kSteps];
   // Set once by the receiver at init: it can read the sender's memory (same process, or
@@ -50,7 +50,7 @@ struct ConnCtrl {
   // Set once by the receiver at init: it maps the sender's window (see DevChannel::window),
   // so the sender may post pointer steps for data that lies there.
   uint32_t mapsSenderWindow;
-  // Direct writes (CPU), for operations whose output is the same on every rank (allreduce,
+  // Direct writes, for operations whose output is the same on every rank (allreduce,
   // allgather, broadcast): the receiver publishes its output buffer (its own address and size)
   // when an operation starts, and a sender that can write there puts the final values of a
   // step straight into it at the step's offset, instead of into the FIFO (NCCL's direct
@@ -69,7 +69,7 @@ struct ConnFifo {
   // end reads pointer steps into it here, a sending end makes direct writes into it here.
   char* peerWindow = nullptr;
   uint64_t peerWindowAt = 0, peerWindowBytes = 0;
-  // Sending end (CPU): we may make direct writes into the receiver's published output (it is
+  // Sending end: we may make direct writes into the receiver's published output (it is
   // in this process, or we map its window; see ConnCtrl::outputAt).
   bool directWrites = false;
   char* simple = nullptr;          // kSteps * simpleSlotBytes

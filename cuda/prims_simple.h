@@ -34,8 +34,9 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     const T* srcs[kMaxSrcs];
     T* dsts[kMaxDsts];
     int nsrc = 0, ndst = 0;
-    // Thread 0 waits, then decides where this step's data goes: the peers' control words it
-    // reads may change meanwhile, so on a GPU every thread takes its decision (shared memory).
+    // Thread 0 waits, then decides where this step's data goes; on a GPU every thread takes
+    // that one decision from shared memory (the peers' control words it reads may change
+    // while the block's threads look at them, and the data must go to one place).
     MNCL_CHANNEL_SHARED SendPlan plan;
     if (tid() == 0) {
       if (RECV) waitRecv();

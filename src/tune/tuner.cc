@@ -41,13 +41,16 @@ constexpr CostTable kCpuCostOversubscribed = {{
     {0.8, 0.3},   // ll
     {0.6, 1.2},   // ll128
 }, 3.0};
-// One GPU block per channel, ranks on one GPU or NVLink (NCCL's published shape: LL ~1 us a
-// hop at half the bandwidth, LL128 ~2 us near full, Simple ~6 us at full). Not yet fitted to
-// a measured sweep: no GPU was lent to the sessions that wrote it.
+// One GPU block per channel, ranks on one GPU. Fitted to forced sweeps on one H200 (2 and 8
+// ranks, every algorithm x protocol, 8 B to 16 MiB; bench/RESULTS.md, fifth session): a Simple
+// step costs ~8-9 us and a channel moves ~10 GB/s; LL ~4 us a step, and its cost grows by ~5 us
+// per 4 KiB slot beyond the first (fitted as 2.9 GB/s, which puts the LL / Simple crossover
+// between 4 and 32 KiB, where it was measured). This LL128 (not yet warp-cooperative: a fence
+// per line) was never the fastest: priced so that it is not chosen.
 constexpr CostTable kGpuCost = {{
-    {6.0, 20.0},  // simple
-    {1.0, 6.0},   // ll
-    {2.0, 18.0},  // ll128
+    {8.0, 10.0},  // simple
+    {4.0, 2.9},   // ll
+    {6.0, 1.0},   // ll128
 }, 1.0};
 constexpr size_t kCacheBytes = 256 << 10;
 // A tree step costs more than a ring step: an inner node waits for two children.
@@ -144,6 +147,10 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
     case Algo::tree:
       steps = (reduceAll ? 2 : 1) * log2Up(nranks_) * kTreeStepCost;
       factor = reduceAll ? 2.0 : 1.0;
+      // On a GPU an LL tree pipelines its small slots through nodes that serve three
+      // connections from one block: per byte it measured 3-4x the direct or ring LL
+      // (8 ranks, 4 -> 32 KiB: +91 us against +34 and +5).
+      if (gpu_ && p != Proto::simple) factor *= 4;
       break;
     case Algo::direct:
       if (reduceAll && variant == 0) {
