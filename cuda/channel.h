@@ -94,7 +94,7 @@ struct DevChannel {
   ConnFifo* recvFrom = nullptr;     // [nranks]
   uint64_t* sendStep = nullptr;     // [nranks]: steps this side has sent to each peer
   uint64_t* recvStep = nullptr;     // [nranks]: steps this side has received from each peer
-  // CPU, [nranks]: sendStep and recvStep when the current operation started (direct writes).
+  // [nranks]: sendStep and recvStep when the current operation started (direct writes).
   uint64_t* opFirstSendStep = nullptr;
   uint64_t* opFirstRecvStep = nullptr;
   const int* ring = nullptr;        // [nranks]: ring order; ring[ringPos] == rank

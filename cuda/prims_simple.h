@@ -3,11 +3,12 @@
 // tail with acquire, consumes the slot, then bumps head. Full bandwidth; each step costs a
 // round of flag traffic, so the latency is the highest of the three protocols.
 //
-// On the CPU, big steps may be pointer steps: the sender posts the address of data that is
-// already in a stable buffer, and the receiver reads it there (see ConnCtrl::dataAt). And a
-// step of final output values may be a direct write: the sender writes it straight into the
-// receiver's output, which the receiver published (see ConnCtrl::outputAt), and the receiver
-// finds it already in place.
+// Between ranks that can reach each other's memory (CPUs; ranks of one process on one GPU),
+// big steps may be pointer steps: the sender posts the address of data that is already in a
+// stable buffer, and the receiver reads it there (see ConnCtrl::dataAt). And a step of final
+// output values may be a direct write: the sender writes it straight into the receiver's
+// output, which the receiver published (see ConnCtrl::outputAt), and the receiver finds it
+// already in place.
 #pragma once
 
 #include "prims.h"

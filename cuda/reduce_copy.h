@@ -125,6 +125,7 @@ MNCL_DEV void copyElems(T* dst, const T* src, size_t n) {
 template <typename T, typename Fn>
 MNCL_DEV void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
                          size_t n, bool post, int /*nStream*/ = 0) {
+  if (n == 0 || ndst == 0) return;  // (data already in place: loading it would only cost time)
   post = post && Fn::kHasPost;
   // 16-byte loads and stores when every pointer allows them (FIFO slots and channel slices
   // are 64-byte aligned; a ring chunk of an odd size may not be: it takes the scalar loop).

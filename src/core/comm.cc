@@ -416,13 +416,15 @@ void Comm::enableGpuPointerSteps() {
     bool readable = mode >= 1 && local;
     for (auto& ch : channels_) {
       for (dev::ConnFifo* f : {&ch->recvFrom[p], &ch->sendTo[p]}) f->peerPid = peers_[p].pid == me ? 0 : peers_[p].pid;
-      uint32_t flag = readable ? 1u : 0u;
-      MNCL_CUDA_CHECK(cudaMemcpyAsync(&ch->recvFrom[p].ctrl->readsSenderMemory, &flag, sizeof(flag), cudaMemcpyHostToDevice,
-                                      gpu_->sideStream()));
-      MNCL_CUDA_CHECK(cudaStreamSynchronize(gpu_->sideStream()));  // (flag is on this stack)
+      if (readable) {  // (the FIFO memory starts zeroed: nothing to write for 0)
+        static const uint32_t one = 1;
+        MNCL_CUDA_CHECK(cudaMemcpyAsync(&ch->recvFrom[p].ctrl->readsSenderMemory, &one, sizeof(one), cudaMemcpyDefault,
+                                        gpu_->sideStream()));
+      }
       ch->sendTo[p].directWrites = directWrites == 1 && readable;
     }
   }
+  MNCL_CUDA_CHECK(cudaStreamSynchronize(gpu_->sideStream()));
 #endif
 }
 

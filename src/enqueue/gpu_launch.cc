@@ -94,7 +94,7 @@ struct Launch {
 // Threads per block: a whole block where there is data to move, fewer for small operations,
 // where each barrier of the block's 16 warps costs more than the copy (a thread moves 16 bytes
 // per pass). MININCL_GPU_THREADS (a multiple of 32, at most 512) fixes it.
-int threadsFor(const CollCall& c, int nChannels) {
+int threadsFor(const Comm& comm, const CollCall& c, int nChannels) {
   static const int fixed = [] {
     int64_t t = env::integer("MININCL_GPU_THREADS", 0);
     MNCL_CHECK(t == 0 || (t % 32 == 0 && t >= 32 && t <= dev::kGpuThreads), mnclInvalidArgument,
@@ -102,7 +102,9 @@ int threadsFor(const CollCall& c, int nChannels) {
     return (int)t;
   }();
   if (fixed) return fixed;
-  size_t perChannel = c.count * dataTypeSize(c.dtype) / (size_t)std::max(nChannels, 1);
+  bool perRank = c.coll == Coll::allgather || c.coll == Coll::reducescatter;  // count is one rank's block
+  size_t bytes = c.count * dataTypeSize(c.dtype) * (perRank ? (size_t)comm.nranks() : 1);
+  size_t perChannel = bytes / (size_t)std::max(nChannels, 1);
   size_t warps = (perChannel / 16 + 31) / 32;
   return (int)std::clamp<size_t>(warps, 1, dev::kGpuThreads / 32) * 32;
 }
@@ -121,7 +123,7 @@ Launch planColl(Comm& comm, const CollCall& c, cudaStream_t stream) {
   for (int ch = 0; ch < n; ++ch) l.works.w[ch] = works[ch];
   l.errors = g.errorsOnDevice();
   l.nChannels = n;
-  l.nThreads = threadsFor(c, n);
+  l.nThreads = threadsFor(comm, c, n);
   l.nranks = comm.nranks();
   l.stream = stream;
   L.kernel = true;
