@@ -356,13 +356,24 @@ void Comm::checkGpuErrors() {}
 // receiving end says so in its control words; the sender reads them before each step.
 // Direct writes (MININCL_DIRECT_WRITES, default 1) go the other way: into the output of a
 // receiver in this process, or into its window when the output lies there.
+namespace {
+// MININCL_POINTER_STEPS, MININCL_DIRECT_WRITES and MININCL_POINTER_STEP_BYTES, checked.
+struct PointerStepSettings {
+  int64_t mode, directWrites, minBytes;
+};
+PointerStepSettings pointerStepSettings(int64_t defaultMinBytes) {
+  PointerStepSettings s{env::integer("MININCL_POINTER_STEPS", 1), env::integer("MININCL_DIRECT_WRITES", 1),
+                        env::integer("MININCL_POINTER_STEP_BYTES", defaultMinBytes)};
+  MNCL_CHECK(s.mode >= 0 && s.mode <= 2, mnclInvalidArgument, "MININCL_POINTER_STEPS must be 0, 1 or 2");
+  MNCL_CHECK(s.directWrites == 0 || s.directWrites == 1, mnclInvalidArgument, "MININCL_DIRECT_WRITES must be 0 or 1");
+  MNCL_CHECK(s.minBytes >= 0 && s.minBytes <= (1ll << 31), mnclInvalidArgument,
+             "MININCL_POINTER_STEP_BYTES must be between 0 and 2^31");
+  return s;
+}
+}  // namespace
+
 void Comm::enablePointerSteps() {
-  int64_t mode = env::integer("MININCL_POINTER_STEPS", 1);
-  MNCL_CHECK(mode >= 0 && mode <= 2, mnclInvalidArgument, "MININCL_POINTER_STEPS must be 0, 1 or 2");
-  int64_t directWrites = env::integer("MININCL_DIRECT_WRITES", 1);
-  MNCL_CHECK(directWrites == 0 || directWrites == 1, mnclInvalidArgument, "MININCL_DIRECT_WRITES must be 0 or 1");
-  int64_t minBytes = env::integer("MININCL_POINTER_STEP_BYTES", 32 << 10);
-  MNCL_CHECK(minBytes >= 0 && minBytes <= (1ll << 31), mnclInvalidArgument, "MININCL_POINTER_STEP_BYTES must be between 0 and 2^31");
+  auto [mode, directWrites, minBytes] = pointerStepSettings(32 << 10);
   for (auto& ch : channels_) {
     ch->dev.pointerStepMinBytes = (uint32_t)minBytes;
     if (window_) {
@@ -402,12 +413,7 @@ void Comm::enablePointerSteps() {
 // flag is in device memory, set with a copy.
 void Comm::enableGpuPointerSteps() {
 #if defined(MININCL_HAVE_CUDA)
-  int64_t mode = env::integer("MININCL_POINTER_STEPS", 1);
-  MNCL_CHECK(mode >= 0 && mode <= 2, mnclInvalidArgument, "MININCL_POINTER_STEPS must be 0, 1 or 2");
-  int64_t directWrites = env::integer("MININCL_DIRECT_WRITES", 1);
-  MNCL_CHECK(directWrites == 0 || directWrites == 1, mnclInvalidArgument, "MININCL_DIRECT_WRITES must be 0 or 1");
-  int64_t minBytes = env::integer("MININCL_POINTER_STEP_BYTES", 0);
-  MNCL_CHECK(minBytes >= 0 && minBytes <= (1ll << 31), mnclInvalidArgument, "MININCL_POINTER_STEP_BYTES must be between 0 and 2^31");
+  auto [mode, directWrites, minBytes] = pointerStepSettings(0);
   for (auto& ch : channels_) ch->dev.pointerStepMinBytes = (uint32_t)minBytes;
   pid_t me = getpid();
   for (int p = 0; p < nranks_; ++p) {
