@@ -62,13 +62,14 @@ template <typename T, typename Fn>
 MNCL_DEV bool runTyped(DevChannel& ch, const DevWork& w, Fn fn, DevError* err) {
   Waiter waiter{ch.abortFlag, ch.spinBudget};
   PrimsContext<Fn> cx{ch, w, fn, waiter, err};
-  if (tid() == 0) {  // where this operation's steps start, for direct writes
+  // Where this operation's steps start, for direct writes (only thread 0 reads them: it
+  // publishes outputs and plans each step's destination).
+  if (tid() == 0) {
     for (int p = 0; p < ch.nranks; ++p) {
       ch.opFirstSendStep[p] = ch.sendStep[p];
       ch.opFirstRecvStep[p] = ch.recvStep[p];
     }
   }
-  barrier();
   switch (w.proto) {
     case Proto::simple: runAlgorithm<PrimsSimple, T, Fn>(cx); break;
     case Proto::ll: runAlgorithm<PrimsLL, T, Fn>(cx); break;

@@ -115,17 +115,23 @@ def test_a_returned_call_leaves_no_reader_behind(pointer_env: None) -> None:
             c.destroy()
 
 
-def test_pointer_steps_can_be_turned_off(pointer_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MININCL_POINTER_STEPS", "0")
-    comms = init_forced(2, "ring")
+def ring_allreduce_counter(nranks: int, counter: str) -> list[int]:
+    """A ring allreduce of COUNT float32 on nranks threads, checked against the sum; returns
+    each rank's stats()[counter] after it."""
+    comms = init_forced(nranks, "ring")
     try:
         got = run_ranks(comms, lambda c: c.allreduce(np.full(COUNT, c.rank + 1.0, np.float32)))
         for g in got:
-            np.testing.assert_array_equal(g, np.full(COUNT, 3.0, np.float32))
-        assert [c.stats()["pointer_steps"] for c in comms] == [0, 0]
+            np.testing.assert_array_equal(g, np.full(COUNT, nranks * (nranks + 1) / 2, np.float32))
+        return [c.stats()[counter] for c in comms]
     finally:
         for c in comms:
             c.destroy()
+
+
+def test_pointer_steps_can_be_turned_off(pointer_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MININCL_POINTER_STEPS", "0")
+    assert ring_allreduce_counter(2, "pointer_steps") == [0, 0]
 
 
 def test_bad_pointer_steps_setting_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
