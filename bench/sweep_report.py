@@ -20,19 +20,24 @@ PROTOS = ["simple", "ll", "ll128"]
 COMBOS = [f"{a}/{p}" for a in ALGOS for p in PROTOS]
 
 # tuner.cc's kCpuCost (every channel thread has a core) and kCpuCostOversubscribed, fitted to
-# the second session's sweeps (bench/RESULTS.md).
+# the sixth session's sweeps (bench/RESULTS.md).
 ONE_CORE_EACH = {
     "base": 1.0,
-    "cost": {"simple": (0.3, 6.0), "ll": (0.1, 0.3), "ll128": (0.2, 1.2)},
+    "cost": {"simple": (0.3, 6.0), "ll": (0.1, 0.3), "ll128": (0.2, 1.5)},
     "cacheBoost": 3.0,
+    "treeStepCost": 1.0,
+    "treeFactor": 1.6,
+    "oversubscribed": False,
 }
 OVERSUBSCRIBED = {
     "base": 1.0,
-    "cost": {"simple": (1.3, 4.0), "ll": (0.8, 0.3), "ll128": (0.6, 1.2)},
+    "cost": {"simple": (1.3, 4.0), "ll": (0.8, 0.2), "ll128": (0.9, 1.2)},
     "cacheBoost": 3.0,
+    "treeStepCost": 1.0,
+    "treeFactor": 1.6,
+    "oversubscribed": True,
 }
 CACHE_BYTES = 256 << 10
-TREE_STEP_COST = 1.5
 
 
 def fmt_size(b):
@@ -63,9 +68,9 @@ def med(runs, c, s, key="us"):
     return statistics.median(x[key] for x in samples) if samples else math.nan
 
 
-def log2up(n):
+def tree_depth(n):
     d = 0
-    while (1 << d) < n:
+    while (2 << d) <= n:
         d += 1
     return d
 
@@ -74,9 +79,10 @@ def estimate(model, n, algo, proto, variant, nbytes, nch=1):
     if algo == "ring":
         steps, factor = 2 * (n - 1), 2 * (n - 1) / n
     elif algo == "tree":
-        steps, factor = 2 * log2up(n) * TREE_STEP_COST, 2.0
-    elif variant == 0:  # CPU one-shot: Simple's memory traffic, (2n+1)/4 (see Tuner::estimate)
-        steps, factor = n - 1, (2 * n + 1) / 4 if proto == "simple" else n
+        steps, factor = 2 * tree_depth(n) * model["treeStepCost"], model["treeFactor"]
+    elif variant == 0:  # CPU one-shot: Simple's memory traffic (see Tuner::estimate)
+        traffic = n - 1 if model["oversubscribed"] else (2 * n + 1) / 4
+        steps, factor = n - 1, traffic if proto == "simple" else n
     else:
         steps, factor = 2 * (n - 1), 2 * (n - 1) / n
     lat, bw = model["cost"][proto]

@@ -81,6 +81,9 @@ struct ProtoSizes {
   uint32_t simpleSlotBytes;
   uint32_t llSlotLines;
   uint32_t ll128SlotLines;
+  // The smallest piece a pipeline (tree, ring or direct broadcast and reduce) cuts a message
+  // into: a step's handshake must stay cheap next to the bytes it moves.
+  uint32_t pipelineChunkBytes;
 };
 
 // The most peers one primitive talks to at once: tree children, or every peer of a direct

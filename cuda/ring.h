@@ -18,6 +18,19 @@ MNCL_DEV void forEachStep(size_t step, size_t count, F f) {
   for (size_t off = 0; off < count; off += step) f(off, minSize(step, count - off));
 }
 
+// The step for a message of `count` elements that crosses a pipeline `hops` connections deep.
+// Steps of a whole slot would cross the hops one after another; cut into `hops` pieces, every
+// hop works on a piece at once. Pieces stay at least the channel's pipelineChunkBytes (a
+// step's handshake must stay cheap next to its bytes) and at most a step, rounded to 64 bytes
+// so copies stay aligned. One hop has nothing to overlap: its steps stay whole.
+template <typename T>
+MNCL_HOSTDEV size_t pipelineStep(const ProtoSizes& sizes, size_t stepElems, size_t count, int hops) {
+  size_t align = 64 / sizeof(T);
+  size_t piece = divUp(divUp(count, (size_t)(hops > 1 ? hops : 1)), align) * align;
+  size_t smallest = sizes.pipelineChunkBytes / sizeof(T);
+  return minSize(stepElems, piece > smallest ? piece : smallest);
+}
+
 // The n chunks of one loop of a ring: chunk c covers [off(c), off(c) + len(c)).
 struct RingLoop {
   size_t base, chunk, end;
@@ -81,7 +94,8 @@ struct Ring {
     bool isRoot = ch.rank == w.root;
     bool isLast = at(ch, ch.ringPos + 1) == w.root;
     auto pr = Prims<T, Fn>(cx, PeerSet(isRoot ? -1 : at(ch, ch.ringPos - 1)), PeerSet(isLast ? -1 : at(ch, ch.ringPos + 1)));
-    forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
+    size_t step = pipelineStep<T>(ch.sizes, pr.stepElems(), w.chanCount, ch.nranks - 1);
+    forEachStep(step, w.chanCount, [&](size_t off, size_t len) {
       if (isRoot) pr.copySend(src + off, dst + off, len);
       else if (isLast) pr.recv(dst + off, len);
       else pr.recvCopySend(dst + off, len);
@@ -97,7 +111,8 @@ struct Ring {
     bool isRoot = ch.rank == w.root;
     bool isFirst = at(ch, ch.ringPos - 1) == w.root;
     auto pr = Prims<T, Fn>(cx, PeerSet(isFirst ? -1 : at(ch, ch.ringPos - 1)), PeerSet(isRoot ? -1 : at(ch, ch.ringPos + 1)));
-    forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
+    size_t step = pipelineStep<T>(ch.sizes, pr.stepElems(), w.chanCount, ch.nranks - 1);
+    forEachStep(step, w.chanCount, [&](size_t off, size_t len) {
       if (isRoot) pr.recvReduceCopy(src + off, dst + off, len, true);
       else if (isFirst) pr.send(src + off, len);
       else pr.recvReduceSend(src + off, len);

@@ -32,6 +32,13 @@ MNCL_HOSTDEV TreeNode treeNode(int rank, int n, int root, int index) {
   return t;
 }
 
+// Connections from the deepest leaf to the root: floor(log2(n)) in a binary heap.
+MNCL_HOSTDEV int treeDepth(int n) {
+  int d = 0;
+  while ((2 << d) <= n) ++d;
+  return d;
+}
+
 template <template <class, class> class Prims, typename T, typename Fn>
 struct Tree {
   using Cx = PrimsContext<Fn>;
@@ -39,6 +46,12 @@ struct Tree {
 
   MNCL_DEV static TreeNode node(const Cx& cx, int root) {
     return treeNode(cx.ch.rank, cx.ch.nranks, root, cx.work.treeIndex);
+  }
+  // Pieces for a pipeline `levels` times the tree's depth: up (reduce, broadcast) or up and
+  // down (allreduce). Every rank cuts the same way, so parent and child agree on steps.
+  template <typename P>
+  MNCL_DEV static size_t step(const Cx& cx, const P& pr, int levels) {
+    return pipelineStep<T>(cx.ch.sizes, pr.stepElems(), cx.work.chanCount, levels * treeDepth(cx.ch.nranks));
   }
 
   MNCL_DEV static void allReduce(Cx cx) {
@@ -49,23 +62,23 @@ struct Tree {
     PeerSet parent(t.parent);
     if (t.parent < 0) {  // root: reduce the children's sums and send the result straight back
       auto pr = Prims<T, Fn>(cx, t.children, t.children);
-      forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
+      forEachStep(step(cx, pr, 2), w.chanCount, [&](size_t off, size_t len) {
         pr.recvReduceCopySend(src + off, dst + off, len, true);
       });
       return;
     }
     auto up = Prims<T, Fn>(cx, t.children, parent);
     auto down = Prims<T, Fn>(cx, parent, t.children);
-    size_t step = up.stepElems();
-    size_t nchunks = divUp(w.chanCount, step);
+    size_t chunk = step(cx, up, 2);
+    size_t nchunks = divUp(w.chanCount, chunk);
     for (size_t i = 0; i < nchunks + kLag; ++i) {
       if (i < nchunks) {
-        size_t off = i * step, len = minSize(step, w.chanCount - off);
+        size_t off = i * chunk, len = minSize(chunk, w.chanCount - off);
         if (t.children.n == 0) up.send(src + off, len);
         else up.recvReduceSend(src + off, len);
       }
       if (i >= kLag && i - kLag < nchunks) {
-        size_t off = (i - kLag) * step, len = minSize(step, w.chanCount - off);
+        size_t off = (i - kLag) * chunk, len = minSize(chunk, w.chanCount - off);
         if (t.children.n == 0) down.recv(dst + off, len);
         else down.recvCopySend(dst + off, len);
       }
@@ -78,7 +91,7 @@ struct Tree {
     T* dst = (T*)w.recv + w.chanOffset;
     TreeNode t = node(cx, w.root);
     auto pr = Prims<T, Fn>(cx, PeerSet(t.parent), t.children);
-    forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
+    forEachStep(step(cx, pr, 1), w.chanCount, [&](size_t off, size_t len) {
       if (t.parent < 0) pr.copySend(src + off, dst + off, len);
       else if (t.children.n == 0) pr.recv(dst + off, len);
       else pr.recvCopySend(dst + off, len);
@@ -91,7 +104,7 @@ struct Tree {
     T* dst = (T*)w.recv + w.chanOffset;
     TreeNode t = node(cx, w.root);
     auto pr = Prims<T, Fn>(cx, t.children, PeerSet(t.parent));
-    forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
+    forEachStep(step(cx, pr, 1), w.chanCount, [&](size_t off, size_t len) {
       if (t.parent < 0) pr.recvReduceCopy(src + off, dst + off, len, true);
       else if (t.children.n == 0) pr.send(src + off, len);
       else pr.recvReduceSend(src + off, len);

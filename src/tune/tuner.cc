@@ -27,20 +27,22 @@ const char* const kCollNames[] = {"allreduce", "broadcast", "reduce", "allgather
 struct CostTable {
   ProtoCost proto[3];       // simple, ll, ll128
   double cacheBoost;        // bandwidth multiplier for messages of up to kCacheBytes
+  double treeStepCost;      // a tree step against a ring step (an inner node serves 3 peers)
+  double treeFactor;        // bytes a tree allreduce moves per byte of the buffer
 };
 // Every channel thread has a core (2 rank processes on 2 cores, bound to them).
 constexpr CostTable kCpuCost = {{
     {0.3, 6.0},   // simple
     {0.1, 0.3},   // ll
-    {0.2, 1.2},   // ll128
-}, 3.0};
+    {0.2, 1.5},   // ll128
+}, 3.0, 1.0, 1.6};
 // Channel threads outnumber cores (4 rank processes on 2 cores): a step costs several times
 // more, since the peer it waits for may first need this core.
 constexpr CostTable kCpuCostOversubscribed = {{
     {1.3, 4.0},   // simple
-    {0.8, 0.3},   // ll
-    {0.6, 1.2},   // ll128
-}, 3.0};
+    {0.8, 0.2},   // ll
+    {0.9, 1.2},   // ll128
+}, 3.0, 1.0, 1.6};
 // One GPU block per channel, ranks on one GPU. Fitted to forced sweeps on one H200 (2 and 8
 // ranks, every algorithm x protocol, 8 B to 16 MiB; bench/RESULTS.md, fifth session): a Simple
 // step costs ~8-9 us and a channel moves ~10 GB/s; LL ~4 us a step, and its cost grows by ~5 us
@@ -51,15 +53,14 @@ constexpr CostTable kGpuCost = {{
     {8.0, 10.0},  // simple
     {4.0, 2.9},   // ll
     {6.0, 1.0},   // ll128
-}, 1.0};
+}, 1.0, 1.5, 2.0};
 constexpr size_t kCacheBytes = 256 << 10;
-// A tree step costs more than a ring step: an inner node waits for two children.
-constexpr double kTreeStepCost = 1.5;
 constexpr double kBaseLatencyUs = 1.0;
 
-int log2Up(int n) {
+// A binary heap's depth: connections from its deepest leaf to the root.
+int treeDepth(int n) {
   int d = 0;
-  while ((1 << d) < n) ++d;
+  while ((2 << d) <= n) ++d;
   return d;
 }
 }  // namespace
@@ -128,7 +129,8 @@ bool Tuner::available(Coll coll, Algo a) const {
 // algorithm (n ranks, the tree's depth d):
 //   ring     allreduce 2(n-1) steps, 2(n-1)/n; allgather, reduce_scatter n-1, (n-1)/n;
 //            broadcast, reduce n-1 (pipelined), 1
-//   tree     allreduce 2d, 2; broadcast, reduce d, 1 (pipelined)
+//   tree     allreduce 2d, 2 (CPUs: fitted 1.6); broadcast, reduce d, 1 (all cut into pieces
+//            that pipeline, cuda/ring.h's pipelineStep)
 //   direct   one-shot allreduce 1 step but n-1 sends, and every rank reduces all n inputs
 //            over the whole buffer: n (CPU: (2n+1)/4, see below); two-shot 2 steps, 2(n-1)/n;
 //            the others 1 step, (n-1)/n (broadcast and reduce: the root moves (n-1))
@@ -136,6 +138,7 @@ bool Tuner::available(Coll coll, Algo a) const {
 // "step" still cost it one step each: direct pays (n-1) step latencies per phase.
 double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, int nch) const {
   double n = nranks_;
+  const CostTable& table = gpu_ ? kGpuCost : oversubscribed_ ? kCpuCostOversubscribed : kCpuCost;
   double steps = 0, factor = 0;
   bool reduceAll = coll == Coll::allreduce;
   bool rootColl = coll == Coll::broadcast || coll == Coll::reduce;
@@ -145,8 +148,8 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
       factor = reduceAll ? 2 * (n - 1) / n : rootColl ? 1.0 : (n - 1) / n;
       break;
     case Algo::tree:
-      steps = (reduceAll ? 2 : 1) * log2Up(nranks_) * kTreeStepCost;
-      factor = reduceAll ? 2.0 : 1.0;
+      steps = (reduceAll ? 2 : 1) * treeDepth(nranks_) * table.treeStepCost;
+      factor = reduceAll ? table.treeFactor : 1.0;
       // On a GPU an LL tree pipelines its small slots through nodes that serve three
       // connections from one block: per byte it measured 3-4x the direct or ring LL
       // (8 ranks, 4 -> 32 KiB: +91 us against +34 and +5).
@@ -161,7 +164,9 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
         // 1). Measured at 2 ranks: one-shot 2.9 us at 16 KiB, ring 4.9, two-shot 5.0
         // (bench/RESULTS.md, fourth session). LL and LL128 pay per line sent and polled; their
         // constants were fitted with factor n.
-        factor = gpu_ || p != Proto::simple ? n : (2 * n + 1) / 4;
+        // When channel threads outnumber cores, a core serves several ranks and all ranks'
+        // copies add up: n(n-1) against the ring's 2(n-1), so n/2 times the ring's factor.
+        factor = gpu_ || p != Proto::simple ? n : oversubscribed_ ? n - 1 : (2 * n + 1) / 4;
       } else {
         steps = (reduceAll ? 2 : 1) * (n - 1);
         factor = reduceAll ? 2 * (n - 1) / n : rootColl ? n - 1 : (n - 1) / n;
@@ -172,7 +177,6 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
       break;
     default: break;
   }
-  const CostTable& table = gpu_ ? kGpuCost : oversubscribed_ ? kCpuCostOversubscribed : kCpuCost;
   const ProtoCost& c = table.proto[(int)p];
   double bw = c.bandwidthGBs * nch * 1e3;  // bytes per us
   if (bytes <= kCacheBytes) bw *= table.cacheBoost;
