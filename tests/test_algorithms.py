@@ -100,6 +100,29 @@ def test_forced_algorithm_and_protocol(forced: ForcedPool, nranks: int, algo: st
                 check_collective(comms, coll, dtype, op, count)
 
 
+@pytest.mark.parametrize("proto", ["simple", "ll128"])
+@pytest.mark.parametrize("algo", ["ring", "tree"])
+def test_pipelines_cut_into_small_ragged_pieces(monkeypatch: pytest.MonkeyPatch, algo: str, proto: str) -> None:
+    """64-byte pieces: a message crosses the tree / ring in many steps with a ragged last one."""
+    monkeypatch.setenv("MININCL_PIPELINE_CHUNK_BYTES", "64")
+    for nranks in (3, 5):
+        with forced_env(algo, proto):
+            comms = minincl.Communicator.init_all(nranks)
+        try:
+            for coll in ("allreduce", "broadcast", "reduce"):
+                for count in (1, 7, 1009, 40009):
+                    check_collective(comms, coll, "float32", "sum", count)
+        finally:
+            for c in comms:
+                c.destroy()
+
+
+def test_pipeline_piece_too_small_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MININCL_PIPELINE_CHUNK_BYTES", "32")
+    with pytest.raises(minincl.InvalidArgument, match="MININCL_PIPELINE_CHUNK_BYTES"):
+        minincl.Communicator.init_all(2)
+
+
 def test_algorithm_that_cannot_run_a_collective_is_a_clear_error(forced: ForcedPool) -> None:
     comms = forced.get(2, "tree", "simple")
     with pytest.raises(minincl.InvalidUsage, match="allgather"):
