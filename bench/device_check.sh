@@ -208,6 +208,19 @@ if ((BUILD_OK)); then
     for f in "$OUT"/perf_lat_2*.log; do
       awk -v f="$(basename "$f" .log)" '/^ +[0-9]+ /{printf "%-26s %10s us  #wrong %s\n", f, $6, $9}' "$f"
     done
+    # Pipeline pieces (MININCL_PIPELINE_CHUNK_BYTES; GPU default: a whole slot, i.e. uncut),
+    # A/B on the 8-rank tree allreduce and ring broadcast, 64 KiB to 16 MiB, checked.
+    for chunk in whole 64K; do
+      pipe_env=()
+      [ "$chunk" = whole ] || pipe_env=(MININCL_PIPELINE_CHUNK_BYTES="$chunk")
+      step "perf_pipe_8_tree_$chunk" "$(limit 25 100)" "$OUT/perf_pipe_8_tree_$chunk.log" env "${pipe_env[@]}" \
+        "$PERF" allreduce -t 8 -b 64K -e 16M -f 4 -n 20 -w 5 -A tree -P simple -D cuda -c 1
+      step "perf_pipe_8_bcast_$chunk" "$(limit 25 100)" "$OUT/perf_pipe_8_bcast_$chunk.log" env "${pipe_env[@]}" \
+        "$PERF" broadcast -t 8 -b 64K -e 16M -f 4 -n 20 -w 5 -A ring -P simple -D cuda -c 1
+    done
+    for f in "$OUT"/perf_pipe_8_*.log; do
+      awk -v f="$(basename "$f" .log)" '/^ +[0-9]+ /{s = s sprintf(" %s:%sus", $1, $6); w += $9} END {printf "%-26s%s  #wrong %d\n", f, s, w}' "$f"
+    done
     # The tuner's choice from 8 B to 256 MiB, 2 and 8 ranks, checked.
     for n in 2 8; do
       step "perf_sweep_$n" "$(limit 40 100)" "$OUT/perf_sweep_$n.log" env MININCL_DEBUG=INFO MININCL_DEBUG_SUBSYS=TUNE \

@@ -235,6 +235,32 @@ def test_results_have_the_callers_array_type(comms_of: Any) -> None:
         assert swapped.dtype == np.uint8 and swapped.shape == (6,)
 
 
+class HostArrayThroughCudaInterface:
+    """Host memory described only by __cuda_array_interface__ (the way CuPy and PyTorch describe
+    device memory), counting how often the interface is read: those libraries build it anew
+    on every read."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+        self.reads = 0
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        self.reads += 1
+        return {"shape": self.a.shape, "typestr": self.a.dtype.str, "data": (self.a.ctypes.data, False), "version": 3}
+
+
+def test_arrays_through_the_cuda_array_interface_are_read_once_per_call(comms_of: Any) -> None:
+    comms = comms_of(2)
+    sends = [HostArrayThroughCudaInterface(np.arange(5, dtype=np.float64) * (r + 1)) for r in range(2)]
+    recvs = [HostArrayThroughCudaInterface(np.zeros(5, np.float64)) for _ in range(2)]
+    for call in range(3):
+        run_ranks(comms, lambda c: c.allreduce(sends[c.rank], recvs[c.rank]))
+        for r in range(2):
+            np.testing.assert_array_equal(recvs[r].a, np.arange(5) * 3.0)
+            assert sends[r].reads == recvs[r].reads == call + 1
+
+
 def test_group_of_collectives_across_communicators() -> None:
     """One thread drives every rank, as single-process multi-GPU NCCL code does."""
     import minincl

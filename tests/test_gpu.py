@@ -544,6 +544,24 @@ def test_torch_cuda_tensors(gpus: GpuPool, torch_cuda: Any) -> None:
         np.testing.assert_array_equal(xs[r].cpu().numpy(), np.full(4099, 6.0, np.float32))
 
 
+def test_stats_count_pointer_steps_and_direct_writes(gpus: GpuPool, cp: Any) -> None:
+    """Ranks of one process on one GPU read and write each other's buffers; stats() reads the
+    counters from the device's copy of the channels."""
+    comms = gpus.get(2, "ring", "simple")
+    before = [c.stats() for c in comms]
+    assert [s["readable_peers"] for s in before] == [1, 1]
+    xs = [cp.full(1 << 20, r + 1, cp.float32) for r in range(2)]
+    with minincl.group():
+        for c in comms:
+            c.allreduce(xs[c.rank])
+    cp.cuda.runtime.deviceSynchronize()
+    after = [c.stats() for c in comms]
+    for b, a in zip(before, after):
+        assert a["pointer_steps"] + a["direct_writes"] > b["pointer_steps"] + b["direct_writes"], (b, a)
+    for x in xs:
+        np.testing.assert_array_equal(cp.asnumpy(x), np.full(1 << 20, 3, np.float32))
+
+
 def test_new_result_arrays_are_on_the_gpu(gpus: GpuPool, cp: Any) -> None:
     """allgather / reduce_scatter without recv return a new array of the caller's kind."""
     comms = gpus.get(2)

@@ -425,6 +425,7 @@ void Comm::enableGpuPointerSteps() {
     if (p == rank_) continue;
     bool local = peers_[p].pid == me && peers_[p].device == device_;
     bool readable = mode >= 1 && local;
+    gpuReadablePeers_ += readable;
     for (auto& ch : channels_) {
       for (dev::ConnFifo* f : {&ch->recvFrom[p], &ch->sendTo[p]}) f->peerPid = peers_[p].pid == me ? 0 : peers_[p].pid;
       if (readable) {  // (the FIFO memory starts zeroed: nothing to write for 0)
@@ -437,6 +438,25 @@ void Comm::enableGpuPointerSteps() {
   }
   MNCL_CUDA_CHECK(cudaStreamSynchronize(gpu_->sideStream()));
 #endif
+}
+
+Comm::Stats Comm::stats() {
+  Stats s;
+#if defined(MININCL_HAVE_CUDA)
+  if (onGpu()) {  // the counters live in the device's copy of the channels
+    gpu_->sumCounters(&s.pointerSteps, &s.directWrites);
+    s.readablePeers = gpuReadablePeers_;
+    return s;
+  }
+#endif
+  for (auto& ch : channels_) {
+    s.pointerSteps += ch->dev.pointerStepsSent;
+    s.directWrites += ch->dev.directWritesSent;
+  }
+  for (int p = 0; p < nranks_; ++p) {
+    if (p != rank_) s.readablePeers += (int)dev::loadRelaxed(&channels_[0]->dev.recvFrom[p].ctrl->readsSenderMemory);
+  }
+  return s;
 }
 
 Comm::~Comm() {

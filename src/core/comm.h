@@ -109,6 +109,14 @@ class Comm {
   // GPU: whether this communicator's last kernel may still be running.
   bool gpuWorkPending() const;
 
+  // Steps this rank's senders handed over as pointers and wrote straight into receivers'
+  // outputs since init, and how many peers read this rank's buffers directly.
+  struct Stats {
+    uint64_t pointerSteps = 0, directWrites = 0;
+    int readablePeers = 0;
+  };
+  Stats stats();
+
   // Why peer r stopped, if it has failed (from its control block); empty if it has not.
   std::string peerFailure(int r) const;
 
@@ -136,6 +144,7 @@ class Comm {
   std::string errorMessage_;
   std::atomic<int> callsInside_{0};
   int splits_ = 0;  // tags bootstrap messages of successive splits apart
+  int gpuReadablePeers_ = 0;  // GPU: peers whose kernels read this rank's buffers
 
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<PeerInfo> peers_;

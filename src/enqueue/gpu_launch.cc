@@ -57,19 +57,6 @@ class Lanes {
   std::vector<Lane> lanes_;
 };
 
-// Makes the communicator's GPU current for the launch, and the caller's one again after.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    cudaGetDevice(&previous_);
-    if (previous_ != device) MNCL_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceScope() { cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
-
 [[noreturn]] void failLaunch(Comm& comm, const char* what, cudaError_t e) {
   // The peers already launched would wait for this rank forever: fail it, so they stop too.
   std::string msg = std::string("rank ") + std::to_string(comm.rank()) + ": launching the " + what +
@@ -172,7 +159,7 @@ Launch planP2p(Comm& comm, const std::vector<const P2pCall*>& calls, cudaStream_
 
 void launch(const Launch& L) {
   Comm& comm = *L.comm;
-  DeviceScope scope(comm.device());
+  gpu::DeviceScope scope(comm.device());
   gpu::GpuComm& g = *comm.gpu();
   g.orderAfterPrevious(L.stream);
   if (!L.isP2p && copyWithoutPeers(comm, L.coll) && L.coll.send != L.coll.recv) {

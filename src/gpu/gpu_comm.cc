@@ -207,6 +207,22 @@ void GpuComm::upload(const std::vector<std::unique_ptr<Channel>>& channels, cons
   MNCL_CUDA_CHECK(cudaStreamSynchronize(side_));
 }
 
+void GpuComm::sumCounters(uint64_t* pointerSteps, uint64_t* directWrites) const {
+  std::vector<dev::DevChannel> snapshot(nChannels_);
+  cudaStream_t s = nullptr;
+  DeviceScope scope(device_);
+  MNCL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaError_t e = cudaMemcpyAsync(snapshot.data(), channels_, snapshot.size() * sizeof(dev::DevChannel),
+                                  cudaMemcpyDeviceToHost, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+  check(e, "copying the channels' counters from the device");
+  for (const dev::DevChannel& ch : snapshot) {
+    *pointerSteps += ch.pointerStepsSent;
+    *directWrites += ch.directWritesSent;
+  }
+}
+
 bool GpuComm::firstError(dev::DevError* out) const {
   const volatile dev::DevError* errs = static_cast<const volatile dev::DevError*>(errors_.host());
   for (int c = 0; c < nChannels_; ++c) {

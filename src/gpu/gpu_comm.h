@@ -13,6 +13,7 @@
 
 #include "../../cuda/channel.h"
 #include "../transport/region.h"
+#include "cuda_api.h"
 
 namespace mncl {
 
@@ -73,6 +74,9 @@ class GpuComm {
   dev::DevError* errorsOnDevice() const { return static_cast<dev::DevError*>(errors_.device()); }
   // The first error record a kernel of this communicator left; false if there is none.
   bool firstError(dev::DevError* out) const;
+  // Sums the channels' pointer-step and direct-write counters as they stand on the device
+  // (copied on a stream of its own, so running kernels are not waited for).
+  void sumCounters(uint64_t* pointerSteps, uint64_t* directWrites) const;
 
   // A stream of this communicator's own, for running beside the caller's stream (several
   // ranks of one process launched on one caller stream would otherwise wait for each other).
@@ -108,6 +112,20 @@ void preloadKernels();
 
 // Makes `device` current on this thread after checking it exists.
 void useDevice(int device);
+
+// Makes a communicator's GPU current for a scope, and the caller's one again after.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device) MNCL_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceScope() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
 // Lets this device's kernels reach `peer`'s memory (ranks of one process on two GPUs).
 void enablePeerAccess(int device, int peer);
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <unordered_set>
 
 #include "../core/error.h"
 #include "../gpu/cuda_api.h"
@@ -95,7 +96,26 @@ bool fromDLPack(DLDataType t, DataType* out) {
 
 const char* kSupported = "int8, uint8, int32, uint32, int64, uint64, float16, bfloat16, float32, float64";
 
-bool hasGpuInterface(py::handle obj) { return py::hasattr(obj, "__cuda_array_interface__"); }
+// The object's __cuda_array_interface__, or None. CuPy and PyTorch build this dict anew on
+// every read, so each view reads it once.
+py::object cudaInterface(py::handle obj) {
+  PyObject* cai = PyObject_GetAttrString(obj.ptr(), "__cuda_array_interface__");
+  if (!cai) {
+    PyErr_Clear();
+    return py::none();
+  }
+  return py::reinterpret_steal<py::object>(cai);
+}
+
+bool hasGpuInterface(py::handle obj) { return !cudaInterface(obj).is_none(); }
+
+// Types that offered the buffer protocol only to refuse it and described themselves through
+// the CUDA array interface instead: their next objects skip the refusal (a Python exception
+// per array). Only touched with the GIL held.
+std::unordered_set<PyTypeObject*>& bufferRefusers() {
+  static auto* types = new std::unordered_set<PyTypeObject*>;
+  return *types;
+}
 
 // Empty when the object offers the buffer protocol only to refuse it and describes itself as a
 // GPU array instead (CuPy's device arrays do, under Python 3.12).
@@ -179,13 +199,9 @@ bool fromTypestr(const std::string& t, DataType* out) {
 // nothing (DLPack export may touch streams, which a CUDA graph capture forbids). False when
 // the interface cannot describe this array (PyTorch has no typestr for bfloat16, and refuses
 // tensors that require grad): DLPack takes it then.
-bool viewCudaArrayInterface(py::handle obj, bool writable, const char* role, ArrayView* out) {
-  py::dict cai;
-  try {
-    cai = obj.attr("__cuda_array_interface__");
-  } catch (py::error_already_set&) {
-    return false;
-  }
+bool viewCudaArrayInterface(py::handle obj, py::handle interface, bool writable, const char* role, ArrayView* out) {
+  if (!py::isinstance<py::dict>(interface)) return false;
+  py::dict cai = py::reinterpret_borrow<py::dict>(interface);
   ArrayView v;
   if (!fromTypestr(py::str(cai["typestr"]), &v.dtype)) return false;
   py::tuple data = cai["data"];
@@ -220,11 +236,14 @@ bool viewCudaArrayInterface(py::handle obj, bool writable, const char* role, Arr
 
 ArrayView view(py::handle obj, bool writable, const char* role) {
   if (obj.is_none()) invalid(std::string(role) + " is None; expected an array");
-  if (PyObject_CheckBuffer(obj.ptr())) {
+  PyTypeObject* type = Py_TYPE(obj.ptr());
+  if (PyObject_CheckBuffer(obj.ptr()) && !bufferRefusers().count(type)) {
     if (std::optional<ArrayView> v = viewBuffer(obj, writable, role)) return *v;
+    bufferRefusers().insert(type);
   }
   ArrayView cuda;
-  if (py::hasattr(obj, "__cuda_array_interface__") && viewCudaArrayInterface(obj, writable, role, &cuda)) return cuda;
+  py::object cai = cudaInterface(obj);
+  if (!cai.is_none() && viewCudaArrayInterface(obj, cai, writable, role, &cuda)) return cuda;
   if (py::hasattr(obj, "__dlpack__")) {
     // PyTorch will not export a tensor that requires grad: read through a detached alias,
     // but refuse to write results into one behind autograd's back.

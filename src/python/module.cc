@@ -325,23 +325,12 @@ class PyComm {
 
   py::dict stats() {
     Comm& cm = live();
-    uint64_t pointerSteps = 0, directWrites = 0;
-    int readable = 0;
-    if (!cm.onGpu()) {  // (pointer steps are CPU-only; a GPU's FIFOs are in device memory)
-      for (int c = 0; c < cm.nChannels(); ++c) {
-        pointerSteps += cm.channel(c).dev.pointerStepsSent;
-        directWrites += cm.channel(c).dev.directWritesSent;
-      }
-      const dev::DevChannel& ch0 = cm.channel(0).dev;
-      for (int p = 0; p < cm.nranks(); ++p) {
-        if (p != cm.rank()) readable += (int)dev::loadRelaxed(&ch0.recvFrom[p].ctrl->readsSenderMemory);
-      }
-    }
+    Comm::Stats s = cm.stats();
     py::dict d;
     d["channels"] = cm.nChannels();
-    d["pointer_steps"] = pointerSteps;
-    d["direct_writes"] = directWrites;
-    d["readable_peers"] = readable;
+    d["pointer_steps"] = s.pointerSteps;
+    d["direct_writes"] = s.directWrites;
+    d["readable_peers"] = s.readablePeers;
     return d;
   }
 
@@ -464,6 +453,12 @@ class PyComm {
       return reinterpret_cast<void*>(py::module_::import("cupy").attr("cuda").attr("get_current_stream")().attr("ptr").cast<uintptr_t>());
     }
     if (module.rfind("torch", 0) == 0) {
+      // The raw handle without building a torch.cuda.Stream object (what Triton calls per
+      // launch); the public path where a PyTorch build lacks it.
+      py::object torchC = py::module_::import("torch").attr("_C");
+      if (py::hasattr(torchC, "_cuda_getCurrentRawStream")) {
+        return reinterpret_cast<void*>(torchC.attr("_cuda_getCurrentRawStream")(device).cast<uintptr_t>());
+      }
       py::object s = py::module_::import("torch").attr("cuda").attr("current_stream")(device);
       return reinterpret_cast<void*>(s.attr("cuda_stream").cast<uintptr_t>());
     }
