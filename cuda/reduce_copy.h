@@ -7,6 +7,10 @@
 #include "channel.h"
 #include "reduce_ops.h"
 
+#if !defined(__CUDACC__) && defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 namespace mncl::dev {
 
 constexpr int kMaxSrcs = kMaxPeers + 1;  // own input + every peer received from
@@ -170,6 +174,58 @@ inline void postInPlace(const Fn& fn, T* __restrict__ acc, size_t n) {
 // keep a large output from evicting what the operation still needs (its FIFOs).
 void streamCopy(void* dst, const void* src, size_t bytes);  // cpu/stream_copy.cc
 
+// Streaming loops read four 4 KiB stretches at once, a line from each in turn: a core's
+// prefetchers follow each stretch, so four times the reads are in flight. Measured on this
+// 2-core VM, one core, 256 MiB in 128 KiB steps: a copy with non-temporal stores 16.5 -> 22
+// GB/s of traffic, two inputs reduced into two outputs 13.6 -> 20 (both cores at once: the
+// same). With ordinary stores it gains nothing (12.7 -> 13.5): the read for ownership rules.
+constexpr size_t kStreamStretch = 4096;
+constexpr size_t kStreamStretches = 4;
+
+// Stores the 64 bytes at `line` (64-byte aligned) to dst (16-byte aligned), bypassing the
+// caches. The caller fences (storeFence) before anything that publishes the data.
+inline void streamLine(void* dst, const void* line) {
+#if defined(__x86_64__)
+  const __m128i* s = static_cast<const __m128i*>(line);
+  __m128i* d = static_cast<__m128i*>(dst);
+  __m128i a = _mm_load_si128(s), b = _mm_load_si128(s + 1), c = _mm_load_si128(s + 2), e = _mm_load_si128(s + 3);
+  _mm_stream_si128(d, a);
+  _mm_stream_si128(d + 1, b);
+  _mm_stream_si128(d + 2, c);
+  _mm_stream_si128(d + 3, e);
+#else
+  std::memcpy(dst, line, 64);
+#endif
+}
+
+inline void streamFence() {
+#if defined(__x86_64__)
+  _mm_sfence();  // streamed lines are weakly ordered: before the step's release store
+#endif
+}
+
+// Line `off` (elements) of the result: the sources combined, finished, then streamed to
+// dsts[0, nStream) and copied to the others.
+template <typename T, typename Fn>
+inline void reduceStreamLine(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t off,
+                             bool post, int nStream) {
+  constexpr int kElems = 64 / (int)sizeof(T);
+  alignas(64) T acc[kElems];
+  alignas(64) T x[kElems];
+  std::memcpy(acc, srcs[0] + off, 64);
+  for (int s = 1; s < nsrc; ++s) {
+    std::memcpy(x, srcs[s] + off, 64);
+    for (int j = 0; j < kElems; ++j) acc[j] = fn(acc[j], x[j]);
+  }
+  if (post) {
+    for (int j = 0; j < kElems; ++j) acc[j] = fn.post(acc[j]);
+  }
+  for (int d = 0; d < ndst; ++d) {
+    if (d < nStream) streamLine(dsts[d] + off, acc);
+    else std::memcpy(dsts[d] + off, acc, 64);
+  }
+}
+
 template <typename T, typename Fn>
 inline void reduceCopyBlocked(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
                               size_t n, bool post, int nStream) {
@@ -192,12 +248,43 @@ inline void reduceCopyBlocked(const Fn& fn, int nsrc, const T* const* srcs, int 
   }
 }
 
+// The whole lines of [0, n) with streamed outputs, stretches interleaved (kStreamStretch);
+// returns how many elements it did.
+template <typename T, typename Fn>
+inline size_t reduceCopyStreamed(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n,
+                                 bool post, int nStream) {
+  constexpr size_t kLine = 64 / sizeof(T), kStretch = kStreamStretch / sizeof(T);
+  size_t i = 0;
+  for (; i + kStreamStretches * kStretch <= n; i += kStreamStretches * kStretch) {
+    for (size_t l = 0; l < kStretch; l += kLine) {
+      for (size_t p = 0; p < kStreamStretches; ++p) {
+        reduceStreamLine(fn, nsrc, srcs, ndst, dsts, i + p * kStretch + l, post, nStream);
+      }
+    }
+  }
+  for (; i + kLine <= n; i += kLine) reduceStreamLine(fn, nsrc, srcs, ndst, dsts, i, post, nStream);
+  streamFence();
+  return i;
+}
+
 // nStream: dsts[0, nStream) are outputs nobody reads during the operation (see streamCopy).
 template <typename T, typename Fn>
 inline void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
                        size_t n, bool post, int nStream = 0) {
   if (n == 0 || ndst == 0) return;
   post = post && Fn::kHasPost;
+  bool streamAligned = nStream > 0 && (nsrc >= 2 || post);  // (a plain copy: streamCopy, below)
+  for (int d = 0; d < nStream; ++d) streamAligned &= ((uintptr_t)dsts[d] & 15) == 0;
+  if (streamAligned) {
+    size_t done = reduceCopyStreamed(fn, nsrc, srcs, ndst, dsts, n, post, nStream);
+    if (done == n) return;
+    const T* s[kMaxSrcs];
+    T* d[kMaxDsts];
+    for (int k = 0; k < nsrc; ++k) s[k] = srcs[k] + done;
+    for (int k = 0; k < ndst; ++k) d[k] = dsts[k] + done;
+    reduceCopyBlocked(fn, nsrc, s, ndst, d, n - done, post, nStream);
+    return;
+  }
   if (nsrc == 1 && !post) {
     for (int d = 0; d < ndst; ++d) {
       if (d < nStream && dsts[d] != srcs[0]) streamCopy(dsts[d], srcs[0], n * sizeof(T));

@@ -19,6 +19,20 @@ def test_collectives_over_shm(nranks: int) -> None:
     assert results == [results[0]] * nranks and results[0] > 0
 
 
+@pytest.mark.parametrize("threads", [False, True])
+def test_streamed_outputs_match_numpy(monkeypatch: pytest.MonkeyPatch, threads: bool) -> None:
+    """MININCL_STREAM_OUTPUT_BYTES=0: every output written with non-temporal stores, whole
+    interleaved stretches, lines and a ragged tail, aligned and not, through the FIFO
+    (processes) and through pointer steps and direct writes (threads)."""
+    monkeypatch.setenv("MININCL_STREAM_OUTPUT_BYTES", "0")
+    counts = [1, 7, 4099, 50021]
+    if threads:
+        (results,) = minincl.launch(workers.thread_ranks, 1, 3, counts)
+    else:
+        results = minincl.launch(workers.unaligned_outputs_and_avg, 3, counts)
+    assert results == [results[0]] * 3 and results[0] == len(counts) * (4 * 6 + 2)
+
+
 def test_no_segment_outlives_init() -> None:
     before = workers.shm_segments()
     during = minincl.launch(workers.report_segments, 3)

@@ -48,6 +48,62 @@ def all_collectives(comm: minincl.Communicator, counts: list[int]) -> int:
     return checks + 1
 
 
+def unaligned_outputs_and_avg(comm: minincl.Communicator, counts: list[int]) -> int:
+    """Out-of-place results into arrays 16-byte aligned and not (a view one element in), and
+    avg (whose division runs on the reduced value), checked against NumPy."""
+    n, r = comm.nranks, comm.rank
+    checks = 0
+    for count in counts:
+        for dtype in (np.float32, np.float64, np.int32, np.float16):
+            inputs = [((np.arange(count) * (q + 1)) % 7).astype(dtype) for q in range(n)]
+            total = np.add.reduce(np.stack(inputs), axis=0, dtype=dtype)
+            for shift in (0, 1):
+                out = np.zeros(count + shift, dtype)[shift:]
+                comm.allreduce(inputs[r], out)
+                np.testing.assert_array_equal(out, total)
+                gathered = np.zeros(count * n + shift, dtype)[shift:]
+                comm.allgather(inputs[r], gathered)
+                np.testing.assert_array_equal(gathered, np.concatenate(inputs))
+                bcast = np.zeros(count + shift, dtype)[shift:]
+                comm.broadcast(inputs[r], bcast, root=n - 1)
+                np.testing.assert_array_equal(bcast, inputs[n - 1])
+                checks += 3
+            if dtype in (np.float32, np.float64):
+                avg = np.zeros(count, dtype)
+                comm.allreduce(inputs[r], avg, op="avg")
+                np.testing.assert_allclose(avg, total / n, rtol=1e-6)
+                checks += 1
+    return checks
+
+
+def thread_ranks(_launched: minincl.Communicator, nranks: int, counts: list[int]) -> list[int]:
+    """`nranks` ranks as threads of this one process (pointer steps, direct writes), each
+    running unaligned_outputs_and_avg (the launcher's own 1-rank communicator is unused)."""
+    import threading
+
+    comms = minincl.Communicator.init_all(nranks)
+    results = [0] * nranks
+    errors: list[BaseException] = []
+
+    def body(c: minincl.Communicator) -> None:
+        try:
+            results[c.rank] = unaligned_outputs_and_avg(c, counts)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+            c.abort()
+
+    threads = [threading.Thread(target=body, args=(c,)) for c in comms]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for c in comms:
+        c.destroy()
+    if errors:
+        raise errors[0]
+    return results
+
+
 def collectives_with_stats(comm: minincl.Communicator, counts: list[int]) -> tuple[int, dict[str, int]]:
     return all_collectives(comm, counts), comm.stats()
 

@@ -1,13 +1,22 @@
 // Copies with non-temporal stores (x86: movntdq), for outputs too large to stay in cache.
-// Elsewhere, or for a destination that is not 16-byte aligned, a plain memcpy.
+// Elsewhere a plain memcpy.
 #include <cstdint>
 #include <cstring>
 
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
+#include "../reduce_copy.h"
 
 namespace mncl::dev {
+
+namespace {
+// Line by line, from possibly unaligned src to 16-byte aligned dst.
+void streamLines(char* d, const char* s, size_t lines) {
+  for (size_t l = 0; l < lines; ++l) {
+    alignas(64) char line[64];
+    std::memcpy(line, s + l * 64, 64);
+    streamLine(d + l * 64, line);
+  }
+}
+}  // namespace
 
 void streamCopy(void* dst, const void* src, size_t bytes) {
 #if defined(__x86_64__)
@@ -17,22 +26,19 @@ void streamCopy(void* dst, const void* src, size_t bytes) {
   if (head > bytes) head = bytes;
   std::memcpy(d, s, head);
   d += head, s += head, bytes -= head;
+  // Stretches read at once (see kStreamStretch), a line of each in turn.
+  constexpr size_t kBlock = kStreamStretches * kStreamStretch;
   size_t i = 0;
-  for (; i + 64 <= bytes; i += 64) {
-    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-    __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  for (; i + kBlock <= bytes; i += kBlock) {
+    for (size_t l = 0; l < kStreamStretch; l += 64) {
+      for (size_t p = 0; p < kStreamStretches; ++p) streamLines(d + i + p * kStreamStretch + l, s + i + p * kStreamStretch + l, 1);
+    }
   }
-  for (; i + 16 <= bytes; i += 16) {
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
-  }
+  size_t lines = (bytes - i) / 64;
+  streamLines(d + i, s + i, lines);
+  i += lines * 64;
   std::memcpy(d + i, s + i, bytes - i);
-  _mm_sfence();  // order the streamed lines before the step's release store
+  streamFence();
 #else
   std::memcpy(dst, src, bytes);
 #endif
