@@ -182,8 +182,9 @@ void streamCopy(void* dst, const void* src, size_t bytes);  // cpu/stream_copy.c
 constexpr size_t kStreamStretch = 4096;
 constexpr size_t kStreamStretches = 4;
 
-// Stores the 64 bytes at `line` (64-byte aligned) to dst (16-byte aligned), bypassing the
-// caches. The caller fences (storeFence) before anything that publishes the data.
+// Stores the 64 bytes at `line` (64-byte aligned) to dst (a whole cache line, see
+// reduceCopyStreamed), bypassing the caches. The caller fences (streamFence) before anything
+// that publishes the data.
 inline void streamLine(void* dst, const void* line) {
 #if defined(__x86_64__)
   const __m128i* s = static_cast<const __m128i*>(line);
@@ -248,13 +249,36 @@ inline void reduceCopyBlocked(const Fn& fn, int nsrc, const T* const* srcs, int 
   }
 }
 
-// The whole lines of [0, n) with streamed outputs, stretches interleaved (kStreamStretch);
-// returns how many elements it did.
+// Elements [from, to) through reduceCopyBlocked.
 template <typename T, typename Fn>
-inline size_t reduceCopyStreamed(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n,
-                                 bool post, int nStream) {
+inline void reduceCopyBlockedRange(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
+                                   size_t from, size_t to, bool post, int nStream) {
+  if (from >= to) return;
+  const T* s[kMaxSrcs];
+  T* d[kMaxDsts];
+  for (int k = 0; k < nsrc; ++k) s[k] = srcs[k] + from;
+  for (int k = 0; k < ndst; ++k) d[k] = dsts[k] + from;
+  reduceCopyBlocked(fn, nsrc, s, ndst, d, to - from, post, nStream);
+}
+
+// Streamed outputs, stretches interleaved (kStreamStretch). Non-temporal stores must fill
+// whole cache lines, or the partly filled lines of every stretch and output compete for the
+// core's few write-combining buffers (a 2-rank allreduce into NumPy arrays, which start 16
+// bytes into a line, fell from 6 to 1.6 GB/s): so the streamed outputs must share their
+// offset within a line, and the elements up to the first line boundary go the blocked way.
+// False (nothing done) when they do not share it.
+template <typename T, typename Fn>
+inline bool reduceCopyStreamed(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n,
+                               bool post, int nStream) {
+  uintptr_t lineOffset = (uintptr_t)dsts[0] & 63;
+  for (int d = 1; d < nStream; ++d) {
+    if (((uintptr_t)dsts[d] & 63) != lineOffset) return false;
+  }
   constexpr size_t kLine = 64 / sizeof(T), kStretch = kStreamStretch / sizeof(T);
-  size_t i = 0;
+  size_t head = lineOffset ? (64 - lineOffset) / sizeof(T) : 0;
+  if (head > n) head = n;
+  reduceCopyBlockedRange(fn, nsrc, srcs, ndst, dsts, 0, head, post, nStream);
+  size_t i = head;
   for (; i + kStreamStretches * kStretch <= n; i += kStreamStretches * kStretch) {
     for (size_t l = 0; l < kStretch; l += kLine) {
       for (size_t p = 0; p < kStreamStretches; ++p) {
@@ -264,7 +288,8 @@ inline size_t reduceCopyStreamed(const Fn& fn, int nsrc, const T* const* srcs, i
   }
   for (; i + kLine <= n; i += kLine) reduceStreamLine(fn, nsrc, srcs, ndst, dsts, i, post, nStream);
   streamFence();
-  return i;
+  reduceCopyBlockedRange(fn, nsrc, srcs, ndst, dsts, i, n, post, nStream);
+  return true;
 }
 
 // nStream: dsts[0, nStream) are outputs nobody reads during the operation (see streamCopy).
@@ -273,18 +298,8 @@ inline void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T
                        size_t n, bool post, int nStream = 0) {
   if (n == 0 || ndst == 0) return;
   post = post && Fn::kHasPost;
-  bool streamAligned = nStream > 0 && (nsrc >= 2 || post);  // (a plain copy: streamCopy, below)
-  for (int d = 0; d < nStream; ++d) streamAligned &= ((uintptr_t)dsts[d] & 15) == 0;
-  if (streamAligned) {
-    size_t done = reduceCopyStreamed(fn, nsrc, srcs, ndst, dsts, n, post, nStream);
-    if (done == n) return;
-    const T* s[kMaxSrcs];
-    T* d[kMaxDsts];
-    for (int k = 0; k < nsrc; ++k) s[k] = srcs[k] + done;
-    for (int k = 0; k < ndst; ++k) d[k] = dsts[k] + done;
-    reduceCopyBlocked(fn, nsrc, s, ndst, d, n - done, post, nStream);
-    return;
-  }
+  // (A plain copy takes streamCopy, below.)
+  if (nStream > 0 && (nsrc >= 2 || post) && reduceCopyStreamed(fn, nsrc, srcs, ndst, dsts, n, post, nStream)) return;
   if (nsrc == 1 && !post) {
     for (int d = 0; d < ndst; ++d) {
       if (d < nStream && dsts[d] != srcs[0]) streamCopy(dsts[d], srcs[0], n * sizeof(T));

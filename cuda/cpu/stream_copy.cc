@@ -8,7 +8,7 @@
 namespace mncl::dev {
 
 namespace {
-// Line by line, from possibly unaligned src to 16-byte aligned dst.
+// Line by line, from possibly unaligned src to 64-byte aligned dst.
 void streamLines(char* d, const char* s, size_t lines) {
   for (size_t l = 0; l < lines; ++l) {
     alignas(64) char line[64];
@@ -22,7 +22,8 @@ void streamCopy(void* dst, const void* src, size_t bytes) {
 #if defined(__x86_64__)
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
-  size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
+  // Whole cache lines only (see reduceCopyStreamed): up to the first line boundary, a memcpy.
+  size_t head = (64 - (reinterpret_cast<uintptr_t>(d) & 63)) & 63;
   if (head > bytes) head = bytes;
   std::memcpy(d, s, head);
   d += head, s += head, bytes -= head;
