@@ -81,7 +81,7 @@ struct ProtoSizes {
   uint32_t simpleSlotBytes;
   uint32_t llSlotLines;
   uint32_t ll128SlotLines;
-  // The smallest piece a pipeline (tree, ring or direct broadcast and reduce) cuts a message
+  // The smallest piece a pipeline (a tree, a ring broadcast or reduce) cuts a message
   // into: a step's handshake must stay cheap next to the bytes it moves.
   uint32_t pipelineChunkBytes;
 };
