@@ -12,7 +12,9 @@
 namespace perf {
 
 // Runs one rank to the end; returns the rank's exit status (0: all good).
-using RankMain = std::function<int(mnclComm_t comm, int rank, int nranks)>;
+// A rank that gives up aborts its communicator (which frees it) and sets `comm` to null, so
+// the launcher does not destroy it a second time.
+using RankMain = std::function<int(mnclComm_t& comm, int rank, int nranks)>;
 
 // Sets MININCL_ALGO / MININCL_PROTO / MININCL_NCHANNELS from -A / -P / -C.
 void applyEnvironment(const Options& opt);

@@ -81,7 +81,7 @@ double combineTime(Scalars& scalars, double seconds, int average, int nranks) {
   }
 }
 
-int runRank(const Options& opt, mnclComm_t comm, int rank, int nranks) {
+int runRank(const Options& opt, mnclComm_t& comm, int rank, int nranks) {
   try {
     std::unique_ptr<Device> dev = makeDevice(opt.device, rank);
     size_t typeSize = typeInfo(opt.dtype).size;
@@ -137,7 +137,8 @@ int runRank(const Options& opt, mnclComm_t comm, int rank, int nranks) {
     return wrongTotal ? 1 : 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "minincl-perf: rank %d: %s\n", rank, e.what());
-    mnclCommAbort(comm);
+    mnclCommAbort(comm);  // the peers stop instead of waiting for this rank; frees comm
+    comm = nullptr;
     return 2;
   }
 }
@@ -149,7 +150,7 @@ int main(int argc, char** argv) {
   using namespace perf;
   Options opt = parseOptions(argc, argv);
   applyEnvironment(opt);
-  RankMain rankMain = [&opt](mnclComm_t comm, int rank, int nranks) { return runRank(opt, comm, rank, nranks); };
+  RankMain rankMain = [&opt](mnclComm_t& comm, int rank, int nranks) { return runRank(opt, comm, rank, nranks); };
   try {
     return opt.nThreads > 0 ? runThreads(opt, rankMain) : runProcesses(opt, argv, rankMain);
   } catch (const std::exception& e) {

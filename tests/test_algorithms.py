@@ -123,6 +123,24 @@ def test_pipeline_piece_too_small_is_a_clear_error(monkeypatch: pytest.MonkeyPat
         minincl.Communicator.init_all(2)
 
 
+def test_malformed_stream_output_bytes_fails_at_init(tmp_path: Path) -> None:
+    """Read once per process, so in a process of its own; sizes take K / M / G suffixes."""
+    code = (
+        "import minincl\n"
+        "try:\n"
+        "    minincl.Communicator.init_all(2)\n"
+        "except minincl.InvalidArgument as e:\n"
+        "    print('refused:', e)\n"
+    )
+    for value, refused in (("4M", False), ("lots", True)):
+        env = {**os.environ, "MININCL_STREAM_OUTPUT_BYTES": value}
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stderr
+        assert ("refused:" in out.stdout and "MININCL_STREAM_OUTPUT_BYTES" in out.stdout) == refused, out.stdout
+
+
 def test_algorithm_that_cannot_run_a_collective_is_a_clear_error(forced: ForcedPool) -> None:
     comms = forced.get(2, "tree", "simple")
     with pytest.raises(minincl.InvalidUsage, match="allgather"):

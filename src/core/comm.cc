@@ -12,6 +12,7 @@
 
 #include "../enqueue/enqueue.h"
 #include "../enqueue/executor.h"
+#include "../enqueue/work_plan.h"
 #include "../gpu/cuda_api.h"
 #include "../gpu/gpu_comm.h"
 #if defined(MININCL_HAVE_CUDA)
@@ -86,6 +87,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   mine.device = device;
   mine.hostHash = hostHash();
   mine.sizes = protoSizesFromEnv(onGpu());
+  streamOutputBytes();  // a malformed MININCL_STREAM_OUTPUT_BYTES fails here, not mid-collective
   mine.probeAddr = peerMemoryProbeAddress();
   mine.cpu = sched_getcpu();
   if (sched_getaffinity(0, sizeof(mine.affinity), &mine.affinity) != 0) CPU_ZERO(&mine.affinity);

@@ -8,15 +8,15 @@
 
 namespace mncl {
 
-namespace {
-
 // Outputs at least this big (per rank) are written with non-temporal stores on the CPU: far
 // past the per-core caches they would only evict the FIFOs the operation streams through.
 // (Measured on a 2-core VM: a gain from 32 MiB on, a loss at 8 MiB.)
 size_t streamOutputBytes() {
-  static const size_t bytes = (size_t)env::integer("MININCL_STREAM_OUTPUT_BYTES", 32 << 20);
+  static const size_t bytes = (size_t)env::bytes("MININCL_STREAM_OUTPUT_BYTES", 32 << 20);
   return bytes;
 }
+
+namespace {
 
 bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
   auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);

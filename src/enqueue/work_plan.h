@@ -34,6 +34,10 @@ void planP2pOps(Comm& comm, const P2pCall& c, std::vector<std::vector<dev::P2pOp
 // Sends to self pair with recvs from self in order; throws InvalidUsage unless they match.
 void checkSelfPairs(int rank, const std::vector<const P2pCall*>& sends, const std::vector<const P2pCall*>& recvs);
 
+// MININCL_STREAM_OUTPUT_BYTES, read once per process (communicator init reads it first, so
+// a malformed value fails there rather than in a collective).
+size_t streamOutputBytes();
+
 // A single rank has nothing to exchange: the result is its own input. True if the call is
 // of that kind (its copy is then the caller's to make, on the host or the GPU stream).
 bool copyWithoutPeers(const Comm& comm, const CollCall& c);
