@@ -370,7 +370,7 @@ struct PointerStepSettings {
 };
 PointerStepSettings pointerStepSettings(int64_t defaultMinBytes) {
   PointerStepSettings s{env::integer("MININCL_POINTER_STEPS", 1), env::integer("MININCL_DIRECT_WRITES", 1),
-                        env::integer("MININCL_POINTER_STEP_BYTES", defaultMinBytes)};
+                        env::bytes("MININCL_POINTER_STEP_BYTES", defaultMinBytes)};
   MNCL_CHECK(s.mode >= 0 && s.mode <= 2, mnclInvalidArgument, "MININCL_POINTER_STEPS must be 0, 1 or 2");
   MNCL_CHECK(s.directWrites == 0 || s.directWrites == 1, mnclInvalidArgument, "MININCL_DIRECT_WRITES must be 0 or 1");
   MNCL_CHECK(s.minBytes >= 0 && s.minBytes <= (1ll << 31), mnclInvalidArgument,
