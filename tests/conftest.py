@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +16,8 @@ os.environ.setdefault("MININCL_SIMPLE_SLOT_BYTES", "16K")
 os.environ.setdefault("MININCL_LL_SLOT_LINES", "64")
 os.environ.setdefault("MININCL_LL128_SLOT_LINES", "16")
 os.environ.setdefault("MININCL_NCHANNELS", "2")
+
+from workers import run_ranks  # noqa: F401 - shared with the rank processes' functions
 
 import minincl
 
@@ -50,31 +51,6 @@ TYPES_OPS = [
     ("float32", "avg"),
     ("float64", "sum"),
 ]
-
-
-def run_ranks(comms: list[Any], fn: Callable[[Any], Any], timeout: float = 60.0) -> list[Any]:
-    """Runs fn(comm) for every rank on its own thread; returns results in rank order and
-    re-raises the first exception (by rank)."""
-    results: list[Any] = [None] * len(comms)
-    errors: list[BaseException | None] = [None] * len(comms)
-
-    def body(i: int) -> None:
-        try:
-            results[i] = fn(comms[i])
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
-            errors[i] = e
-
-    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(len(comms))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-        if t.is_alive():
-            raise TimeoutError(f"a rank did not finish within {timeout} s")
-    for e in errors:
-        if e is not None:
-            raise e
-    return results
 
 
 @contextlib.contextmanager

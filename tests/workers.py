@@ -4,11 +4,38 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
+from typing import Any, Callable
 
 import numpy as np
 
 import minincl
+
+
+def run_ranks(comms: list[Any], fn: Callable[[Any], Any], timeout: float = 60.0) -> list[Any]:
+    """Runs fn(comm) for every rank on its own thread; returns results in rank order and
+    re-raises the first exception (by rank)."""
+    results: list[Any] = [None] * len(comms)
+    errors: list[BaseException | None] = [None] * len(comms)
+
+    def body(i: int) -> None:
+        try:
+            results[i] = fn(comms[i])
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+            errors[i] = e
+
+    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(len(comms))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        if t.is_alive():
+            raise TimeoutError(f"a rank did not finish within {timeout} s")
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
 
 
 def all_collectives(comm: minincl.Communicator, counts: list[int]) -> int:
@@ -79,29 +106,12 @@ def unaligned_outputs_and_avg(comm: minincl.Communicator, counts: list[int]) -> 
 def thread_ranks(_launched: minincl.Communicator, nranks: int, counts: list[int]) -> list[int]:
     """`nranks` ranks as threads of this one process (pointer steps, direct writes), each
     running unaligned_outputs_and_avg (the launcher's own 1-rank communicator is unused)."""
-    import threading
-
     comms = minincl.Communicator.init_all(nranks)
-    results = [0] * nranks
-    errors: list[BaseException] = []
-
-    def body(c: minincl.Communicator) -> None:
-        try:
-            results[c.rank] = unaligned_outputs_and_avg(c, counts)
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
-            c.abort()
-
-    threads = [threading.Thread(target=body, args=(c,)) for c in comms]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for c in comms:
-        c.destroy()
-    if errors:
-        raise errors[0]
-    return results
+    try:
+        return run_ranks(comms, lambda c: unaligned_outputs_and_avg(c, counts))
+    finally:
+        for c in comms:
+            c.destroy()
 
 
 def collectives_with_stats(comm: minincl.Communicator, counts: list[int]) -> tuple[int, dict[str, int]]:

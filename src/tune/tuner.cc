@@ -6,6 +6,7 @@
 #include "../core/error.h"
 #include "../core/log.h"
 #include "../../cuda/channel.h"
+#include "../../cuda/tree.h"
 
 namespace mncl {
 
@@ -57,12 +58,6 @@ constexpr CostTable kGpuCost = {{
 constexpr size_t kCacheBytes = 256 << 10;
 constexpr double kBaseLatencyUs = 1.0;
 
-// A binary heap's depth: connections from its deepest leaf to the root.
-int treeDepth(int n) {
-  int d = 0;
-  while ((2 << d) <= n) ++d;
-  return d;
-}
 }  // namespace
 
 const char* algoName(Algo a) { return kAlgoNames[(int)a]; }
@@ -148,7 +143,7 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
       factor = reduceAll ? 2 * (n - 1) / n : rootColl ? 1.0 : (n - 1) / n;
       break;
     case Algo::tree:
-      steps = (reduceAll ? 2 : 1) * treeDepth(nranks_) * table.treeStepCost;
+      steps = (reduceAll ? 2 : 1) * dev::treeDepth(nranks_) * table.treeStepCost;
       factor = reduceAll ? table.treeFactor : 1.0;
       // On a GPU an LL tree pipelines its small slots through nodes that serve three
       // connections from one block: per byte it measured 3-4x the direct or ring LL
