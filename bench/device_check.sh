@@ -221,6 +221,19 @@ if ((BUILD_OK)); then
     for f in "$OUT"/perf_pipe_8_*.log; do
       awk -v f="$(basename "$f" .log)" '/^ +[0-9]+ /{s = s sprintf(" %s:%sus", $1, $6); w += $9} END {printf "%-26s%s  #wrong %d\n", f, s, w}' "$f"
     done
+    # LL / LL128 steps: the seventh session's GPU sizes (2048 / 1024 lines) against the fifth's
+    # (512 / 256), 2 ranks, direct, 4 KiB to 16 MiB, checked.
+    for proto in ll ll128; do
+      for slots in new old; do
+        slot_env=()
+        [ "$slots" = new ] || slot_env=(MININCL_LL_SLOT_LINES=512 MININCL_LL128_SLOT_LINES=256)
+        step "perf_lines_2_${proto}_$slots" "$(limit 25 100)" "$OUT/perf_lines_2_${proto}_$slots.log" env "${slot_env[@]}" \
+          "$PERF" allreduce -t 2 -b 4K -e 16M -f 4 -n 20 -w 5 -A direct -P "$proto" -D cuda -c 1
+      done
+    done
+    for f in "$OUT"/perf_lines_2_*.log; do
+      awk -v f="$(basename "$f" .log)" '/^ +[0-9]+ /{s = s sprintf(" %s:%sus", $1, $6); w += $9} END {printf "%-26s%s  #wrong %d\n", f, s, w}' "$f"
+    done
     # The tuner's choice from 8 B to 256 MiB, 2 and 8 ranks, checked.
     for n in 2 8; do
       step "perf_sweep_$n" "$(limit 40 100)" "$OUT/perf_sweep_$n.log" env MININCL_DEBUG=INFO MININCL_DEBUG_SUBSYS=TUNE \

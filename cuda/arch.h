@@ -35,6 +35,11 @@ MNCL_DEV void barrier() { __syncthreads(); }
 // one thread made (it saw the abort word, or a mismatched peer) becomes the whole channel's.
 MNCL_DEV bool barrierAny(bool p) { return __syncthreads_or(p) != 0; }
 MNCL_DEV void pause() { __nanosleep(32); }
+// Warp-wide: a sync that also orders the lanes' memory accesses (bar.warp.sync), and votes.
+// Called by every lane of the warp at once (blocks are whole warps).
+MNCL_DEV void syncLanes() { __syncwarp(); }
+MNCL_DEV bool allLanes(bool p) { return __all_sync(0xffffffffu, p); }
+MNCL_DEV bool anyLanes(bool p) { return __any_sync(0xffffffffu, p); }
 
 template <typename T>
 MNCL_DEV T loadAcquire(const T* p) {
@@ -61,6 +66,9 @@ inline int tid() { return 0; }
 inline int nthreads() { return 1; }
 inline void barrier() {}
 inline bool barrierAny(bool p) { return p; }
+inline void syncLanes() {}
+inline bool allLanes(bool p) { return p; }
+inline bool anyLanes(bool p) { return p; }
 void pause();  // spin-then-yield-then-sleep; see cpu/spin.cc
 
 template <typename T>
@@ -112,6 +120,23 @@ struct Waiter {
     return true;
   }
 
+  // The same for a condition several lanes of a warp evaluate together (each its own part):
+  // returns once it holds on every lane, and every lane returns the same, so the warp stays
+  // converged for the votes and syncs that follow.
+  template <typename Ready>
+  MNCL_DEV bool untilAllLanes(Ready ready) {
+    if (aborted) return false;
+    uint32_t spins = 0;
+    while (!allLanes(ready())) {
+      if ((spins % kSpinsPerAbortCheck) == kSpinsPerAbortCheck - 1 && anyLanes(loadRelaxed(abortFlag) != 0)) {
+        aborted = true;
+        return false;
+      }
+      backoff(spins++);
+    }
+    return true;
+  }
+
   MNCL_DEV void backoff(uint32_t spins);
 };
 
@@ -149,13 +174,16 @@ int readPeerMemory(int pid, void* dst, const void* remote, size_t bytes);  // cp
 
 namespace mncl::dev {
 // Makes this channel's earlier writes (by all its threads, after a barrier) visible to its
-// peers before a flag store. `system`: some peer reads them from outside this GPU's memory
-// (pinned host memory, another GPU); otherwise a device-wide fence is enough, and much cheaper.
-// On the CPU the release store of the flag itself is enough.
+// peers before a flag store; or, after a flag load, makes the peer's writes before that flag
+// visible to the loads that follow. `system`: some peer reads them from outside this GPU's
+// memory (pinned host memory, another GPU); otherwise a device-wide fence is enough, and much
+// cheaper. An acquire-release fence (fence.acq_rel), not __threadfence's sequentially
+// consistent one (membar.gl): these are plain release / acquire patterns, and no wait here
+// depends on a total order of fences. On the CPU the flag's own release / acquire is enough.
 #if defined(__CUDACC__)
 MNCL_DEV void fenceFor(bool system) {
-  if (system) __threadfence_system();
-  else __threadfence();
+  if (system) cuda::atomic_thread_fence(cuda::memory_order_acq_rel, cuda::thread_scope_system);
+  else cuda::atomic_thread_fence(cuda::memory_order_acq_rel, cuda::thread_scope_device);
 }
 #else
 inline void fenceFor(bool) {}

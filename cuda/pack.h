@@ -3,6 +3,8 @@
 // last pack of a step may be partly filled.
 #pragma once
 
+#include <cstring>
+
 #include "reduce_ops.h"
 
 namespace mncl::dev {
@@ -17,23 +19,50 @@ struct Pack {
   MNCL_HOSTDEV Pack() {}
 };
 
-// Loads elements [first, first + kElems) of src, as far as n reaches; the rest reads as zero.
+// Moves the first m elements of a pack (m <= kElems) between it and user memory at `at`.
+// Elements past m read as zero. On a GPU as 8-byte words where m fills whole words and `at`
+// is 8-byte aligned (whole packs and LL128 lanes' parts, in practice), else element by
+// element; on a CPU through memcpy.
 template <typename T, int Bytes>
-MNCL_DEV void loadPack(Pack<T, Bytes>& p, const T* src, size_t first, size_t n) {
-  constexpr int E = Pack<T, Bytes>::kElems;
-  if (first + E <= n) {
-    for (int j = 0; j < E; ++j) p.e[j] = src[first + j];
+MNCL_DEV void loadPackPrefix(Pack<T, Bytes>& p, const T* at, int m) {
+#if defined(__CUDACC__)
+  if ((m * sizeof(T)) % 8 == 0 && (reinterpret_cast<uintptr_t>(at) & 7) == 0) {
+    const uint64_t* w = reinterpret_cast<const uint64_t*>(at);
+    int words = m * (int)sizeof(T) / 8;
+    for (int j = 0; j < Bytes / 8; ++j) p.w[j] = j < words ? w[j] : 0;
   } else {
     for (int j = 0; j < Bytes / 8; ++j) p.w[j] = 0;
-    for (int j = 0; first + j < n; ++j) p.e[j] = src[first + j];
+    for (int j = 0; j < m; ++j) p.e[j] = at[j];
   }
+#else
+  if (m == Pack<T, Bytes>::kElems) {
+    memcpy(p.w, at, Bytes);  // a constant size: inlined
+    return;
+  }
+  for (int j = 0; j < Bytes / 8; ++j) p.w[j] = 0;
+  memcpy(p.w, at, (size_t)m * sizeof(T));
+#endif
 }
 
 template <typename T, int Bytes>
-MNCL_DEV void storePack(const Pack<T, Bytes>& p, T* dst, size_t first, size_t n) {
-  constexpr int E = Pack<T, Bytes>::kElems;
-  int m = first + E <= n ? E : (int)(n - first);
-  for (int j = 0; j < m; ++j) dst[first + j] = p.e[j];
+MNCL_DEV void storePackPrefix(const Pack<T, Bytes>& p, T* at, int m) {
+#if defined(__CUDACC__)
+  if ((m * sizeof(T)) % 8 == 0 && (reinterpret_cast<uintptr_t>(at) & 7) == 0) {
+    uint64_t* w = reinterpret_cast<uint64_t*>(at);
+    int words = m * (int)sizeof(T) / 8;
+    for (int j = 0; j < Bytes / 8; ++j) {
+      if (j < words) w[j] = p.w[j];
+    }
+  } else {
+    for (int j = 0; j < m; ++j) at[j] = p.e[j];
+  }
+#else
+  if (m == Pack<T, Bytes>::kElems) {
+    memcpy(at, p.w, Bytes);
+    return;
+  }
+  memcpy(at, p.w, (size_t)m * sizeof(T));
+#endif
 }
 
 template <typename T, int Bytes, typename Fn>

@@ -9,8 +9,17 @@
 //   LL    16-byte line = data(4) flag(4) data(4) flag(4); one 8-byte (CPU) or 16-byte (GPU)
 //         store writes data with its flags, so no fence is needed: lowest latency, half the
 //         bytes are payload.
-//   LL128 128-byte line = 120 data bytes + an 8-byte flag written last (release on the CPU;
-//         on the GPU a release store by the thread that wrote the line): ~94% payload.
+//   LL128 128-byte line = 120 data bytes + an 8-byte flag in the last word: ~94% payload. On a
+//         GPU eight lanes of a warp share a line, 16 bytes each (the eighth: 8 data bytes and
+//         the flag), so one store instruction of a warp fills four whole lines. The lanes
+//         store their data, sync, and the flag lanes fence once and store the flags; the
+//         reader's flag lanes acquire the flags, the warp syncs, then every lane reads its
+//         part. (NCCL skips both fences, trusting that a warp's 128-byte store arrives whole;
+//         the memory model does not promise that.) On a CPU one thread writes all 15 data
+//         words, then the flag with a release store.
+//
+// Each thread keeps kLinesInFlight lines per peer in flight: their loads are issued together,
+// so a step costs about one memory latency per pass, not one per line.
 #pragma once
 
 #include "pack.h"
@@ -18,14 +27,26 @@
 
 namespace mncl::dev {
 
+// A CPU thread runs ahead on its own (out-of-order execution, prefetchers): more lines per
+// pass measured slower there (LL at 2 KiB-512 KiB, 2 ranks: 5-15%).
+#if defined(__CUDACC__)
+constexpr int kLinesInFlight = 4;
+#else
+constexpr int kLinesInFlight = 1;
+#endif
+
 struct LLFormat {
-  static constexpr int kPayload = 8;
   using Line = LLLine;
+  static constexpr int kLineBytes = 8;  // payload of one line
+  static constexpr int kLanes = 1;      // threads sharing a line
+  static constexpr int kPartBytes = 8;  // payload one lane carries
+  static constexpr bool kSeparateFlag = false;
   MNCL_DEV static Line* lines(const ConnFifo& f) { return f.ll; }
   MNCL_DEV static uint32_t slotLines(const ProtoSizes& s) { return s.llSlotLines; }
+  MNCL_DEV static int dataWords(int /*lane*/) { return 1; }
 
   template <typename P>
-  MNCL_DEV static void write(Line* l, const P& p, uint32_t flag, bool /*system*/) {
+  MNCL_DEV static void writePart(Line* l, int /*lane*/, const P& p, uint32_t flag) {
     uint64_t v = p.w[0];
     uint64_t lo = (v & 0xffffffffull) | ((uint64_t)flag << 32);
     uint64_t hi = (v >> 32) | ((uint64_t)flag << 32);
@@ -37,8 +58,9 @@ struct LLFormat {
 #endif
   }
 
+  // Reads the line if it carries `flag` (data and flags arrive in one load).
   template <typename P>
-  MNCL_DEV static bool read(const Line* l, P& p, uint32_t flag) {
+  MNCL_DEV static bool tryRead(const Line* l, P& p, uint32_t flag) {
     uint64_t lo, hi;
 #if defined(__CUDACC__)
     asm volatile("ld.volatile.global.v2.u64 {%0,%1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(l->w) : "memory");
@@ -53,42 +75,95 @@ struct LLFormat {
 };
 
 struct LL128Format {
-  static constexpr int kPayload = kLL128DataWords * 8;
   using Line = LL128Line;
+  static constexpr int kLineBytes = kLL128DataWords * 8;
+#if defined(__CUDACC__)
+  static constexpr int kLanes = 8;
+#else
+  static constexpr int kLanes = 1;
+#endif
+  static constexpr int kPartWords = kLL128Words / kLanes - (kLanes == 1 ? 1 : 0);
+  static constexpr int kPartBytes = kPartWords * 8;
+  static constexpr int kFlagLane = kLanes - 1;  // its part ends just before the flag word
+  static constexpr bool kSeparateFlag = true;
   MNCL_DEV static Line* lines(const ConnFifo& f) { return f.ll128; }
   MNCL_DEV static uint32_t slotLines(const ProtoSizes& s) { return s.ll128SlotLines; }
 
+  // Data words of a lane's part: the flag lane has one less on a GPU.
+  MNCL_DEV static int dataWords(int lane) {
+    int w = kLL128DataWords - lane * kPartWords;
+    return w < kPartWords ? w : kPartWords;
+  }
+
   template <typename P>
-  MNCL_DEV static void write(Line* l, const P& p, uint32_t flag, bool system) {
-    for (int j = 0; j < kLL128DataWords; ++j) l->w[j] = p.w[j];
+  MNCL_DEV static void writePart(Line* l, int lane, const P& p, uint32_t /*flag: see publish*/) {
+    uint64_t* w = l->w + lane * kPartWords;
 #if defined(__CUDACC__)
-    fenceFor(system);  // this thread's data words before its flag
+    static_assert(kPartWords == 2, "a GPU lane stores 16 bytes");
+    if (lane != kFlagLane) {
+      asm volatile("st.volatile.global.v2.u64 [%0], {%1,%2};" ::"l"(w), "l"(p.w[0]), "l"(p.w[1]) : "memory");
+    } else {
+      asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(w), "l"(p.w[0]) : "memory");
+    }
+#else
+    memcpy(w, p.w, kPartBytes);  // a constant size: vector moves (a loop became rep movsq)
+#endif
+  }
+
+  // The flag lane, after every lane's writePart of these lines (and a fence on the GPU).
+  MNCL_DEV static void publish(Line* l, uint32_t flag) {
+#if defined(__CUDACC__)
     storeRelaxed(&l->w[kLL128DataWords], (uint64_t)flag);
 #else
     storeRelease(&l->w[kLL128DataWords], (uint64_t)flag);
 #endif
   }
 
+  // GPU: a relaxed load, so that a pass's polls are in flight together (acquires would go one
+  // after another); the flag lane fences once when all are up. CPU: an acquire.
+  MNCL_DEV static bool flagIs(const Line* l, uint32_t flag) {
+#if defined(__CUDACC__)
+    return loadRelaxed(&l->w[kLL128DataWords]) == (uint64_t)flag;
+#else
+    return loadAcquire(&l->w[kLL128DataWords]) == (uint64_t)flag;
+#endif
+  }
+
+  // After the flag lane saw the flag (and, on the GPU, the warp synced).
   template <typename P>
-  MNCL_DEV static bool read(const Line* l, P& p, uint32_t flag) {
-    if (loadAcquire(&l->w[kLL128DataWords]) != (uint64_t)flag) return false;
-    for (int j = 0; j < kLL128DataWords; ++j) p.w[j] = l->w[j];
-    return true;
+  MNCL_DEV static void readPart(const Line* l, int lane, P& p) {
+    const uint64_t* w = l->w + lane * kPartWords;
+#if defined(__CUDACC__)
+    // The flag lane loads the flag word along with its data word: one instruction for all.
+    asm volatile("ld.volatile.global.v2.u64 {%0,%1}, [%2];" : "=l"(p.w[0]), "=l"(p.w[1]) : "l"(w) : "memory");
+#else
+    memcpy(p.w, w, kPartBytes);
+#endif
   }
 };
 
 template <typename T, typename Fn, typename Format>
 class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
-  using P = Pack<T, Format::kPayload>;
+  using P = Pack<T, Format::kPartBytes>;
   using Line = typename Format::Line;
+  static constexpr int kLanes = Format::kLanes;
+  static constexpr int kU = kLinesInFlight;
+  static constexpr size_t kLineElems = Format::kLineBytes / sizeof(T);
+  static constexpr size_t kPartElems = Format::kPartBytes / sizeof(T);
+
+  // The lines one thread works on in one pass of a step, and its part of each.
+  struct Pass {
+    size_t line[kU];
+    bool active[kU];  // the line is part of the step (the last pass may be partly empty)
+    size_t first[kU];  // the part's first element in the caller's buffers
+    int elems[kU];     // its elements there (0 past the end)
+  };
 
  public:
   MNCL_DEV PrimsLines(PrimsContext<Fn> cx, PeerSet recvPeers, PeerSet sendPeers)
       : cx_(cx), recv_(recvPeers), send_(sendPeers) {}
 
-  MNCL_DEV size_t stepElems() const {
-    return (size_t)Format::slotLines(cx_.ch.sizes) * Format::kPayload / sizeof(T);
-  }
+  MNCL_DEV size_t stepElems() const { return (size_t)Format::slotLines(cx_.ch.sizes) * kLineElems; }
 
   template <bool RECV, bool SEND>
   MNCL_DEV_STEP void genericOp(const T* src, T* dst, size_t n, bool post) {
@@ -98,38 +173,48 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
       cx_.waiter.aborted = true;
       return;
     }
-    size_t nlines = (n * sizeof(T) + Format::kPayload - 1) / Format::kPayload;
-    for (size_t i = tid(); i < nlines && !cx_.waiter.aborted; i += nthreads()) {
-      P v;
+    const int lane = tid() % kLanes;
+    const size_t nlines = (n + kLineElems - 1) / kLineElems;
+    const size_t linesPerRow = (size_t)(nthreads() / kLanes);  // lines one u of a pass covers
+    const size_t partCap = (size_t)Format::dataWords(lane) * 8 / sizeof(T);  // elements a part holds
+    // The loop bound is the same for every thread, so a warp's lanes stay together.
+    for (size_t base = 0; base < nlines && !cx_.waiter.aborted; base += kU * linesPerRow) {
+      Pass ps;
+      for (int u = 0; u < kU; ++u) {
+        ps.line[u] = base + u * linesPerRow + tid() / kLanes;
+        ps.active[u] = ps.line[u] < nlines;
+        ps.first[u] = ps.line[u] * kLineElems + lane * kPartElems;
+        size_t left = ps.active[u] && ps.first[u] < n ? n - ps.first[u] : 0;
+        ps.elems[u] = (int)(left < partCap ? left : partCap);
+      }
+      P v[kU], t[kU];  // the value so far, and the next source's packs
       bool have = false;
       for (int r = 0; r <= (RECV ? recv_.n : 0); ++r) {
         if (r == (RECV ? recv_.srcPos : 0) && src) {
-          P own;
-          loadPack(own, src, i * P::kElems, n);
-          combine(v, own, have);
+          gather(v, t, have, [&](P* into) {
+            for (int u = 0; u < kU; ++u) loadPackPrefix(into[u], src + ps.first[u], ps.elems[u]);
+            return true;
+          });
         }
         if (!RECV || r == recv_.n) continue;
-        P x;
         int peer = recv_.peer[r];
-        const Line* l = lineAt(ch.recvFrom[peer], ch.recvStep[peer], i);
-        uint32_t flag = (uint32_t)(ch.recvStep[peer] + 1);
-        if (!cx_.waiter.until([&] { return Format::read(l, x, flag); })) break;
-        if (i == 0) {  // the sender published its StepInfo before the step's first line
-          fenceFor(ch.systemScope);
-          if (!checkStepInfo(cx_, peer, ch.recvFrom[peer].ctrl->info[ch.recvStep[peer] % kSteps])) break;
+        if (!gather(v, t, have, [&](P* into) { return readLines(peer, ps, lane, into); })) break;
+        if (base == 0) {
+          // The sender published its StepInfo before the step's first line.
+          if (tid() == 0) {
+            fenceFor(ch.systemScope);
+            checkStepInfo(cx_, peer, ch.recvFrom[peer].ctrl->info[ch.recvStep[peer] % kSteps]);
+          }
+          if (kLanes > 1) cx_.waiter.aborted = anyLanes(cx_.waiter.aborted);  // the warp stays together
+          if (cx_.waiter.aborted) break;
         }
-        combine(v, x, have);
       }
       if (cx_.waiter.aborted) break;
-      if (post) postPack(cx_.fn, v);
-      if (dst) storePack(v, dst, i * P::kElems, n);
-      if (SEND) {
-        for (int s = 0; s < send_.n; ++s) {
-          int peer = send_.peer[s];
-          Format::write(lineAt(ch.sendTo[peer], ch.sendStep[peer], i), v, (uint32_t)(ch.sendStep[peer] + 1),
-                        ch.systemScope);
-        }
+      for (int u = 0; u < kU; ++u) {
+        if (post) postPack(cx_.fn, v[u]);
+        if (dst && ps.elems[u] > 0) storePackPrefix(v[u], dst + ps.first[u], ps.elems[u]);
       }
+      if (SEND) writeLines(ps, lane, v);
     }
     barrier();
     if (tid() == 0 && !cx_.waiter.aborted) {
@@ -147,17 +232,82 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
   }
 
  private:
-  MNCL_DEV void combine(P& acc, const P& x, bool& have) const {
-    if (have) {
-      reducePack(cx_.fn, acc, x);
-    } else {
-      acc = x;
+  // Takes the next source's packs through `fill`: the first source fills v itself, a later
+  // one the scratch t, which is reduced into v (no pack is ever copied whole).
+  template <typename Fill>
+  MNCL_DEV bool gather(P* v, P* t, bool& have, Fill fill) {
+    if (!have) {
       have = true;
+      return fill(v);
+    }
+    if (!fill(t)) return false;
+    for (int u = 0; u < kU; ++u) reducePack(cx_.fn, v[u], t[u]);
+    return true;
+  }
+
+  MNCL_DEV Line* slotOf(const ConnFifo& f, uint64_t step) const {
+    return Format::lines(f) + (step % kSteps) * Format::slotLines(cx_.ch.sizes);
+  }
+
+  // Waits for this pass's lines from `peer` and reads this lane's part of each.
+  MNCL_DEV bool readLines(int peer, const Pass& ps, int lane, P* x) {
+    DevChannel& ch = cx_.ch;
+    const Line* slot = slotOf(ch.recvFrom[peer], ch.recvStep[peer]);
+    uint32_t flag = (uint32_t)(ch.recvStep[peer] + 1);
+    if constexpr (Format::kSeparateFlag) {
+      auto flagsUp = [&] {  // no early return: the loads do not wait for each other
+        bool up = true;
+        for (int u = 0; u < kU; ++u) {
+          bool mine = ps.active[u] && lane == Format::kFlagLane;
+          up &= !mine || Format::flagIs(slot + ps.line[u], flag);
+        }
+        return up;
+      };
+      bool ok = kLanes > 1 ? cx_.waiter.untilAllLanes(flagsUp) : cx_.waiter.until(flagsUp);
+      if (!ok) return false;
+      if (lane == Format::kFlagLane) fenceFor(ch.systemScope);  // GPU: with the flag loads, an acquire
+      syncLanes();  // the flag lanes' acquires come before every lane's reads
+      for (int u = 0; u < kU; ++u) {
+        if (ps.active[u]) Format::readPart(slot + ps.line[u], lane, x[u]);
+      }
+      return true;
+    } else {
+      unsigned got = 0;  // lines read, by u
+      return cx_.waiter.until([&] {
+        bool all = true;
+        for (int u = 0; u < kU; ++u) {
+          if (!ps.active[u] || (got >> u & 1u)) continue;
+          if (Format::tryRead(slot + ps.line[u], x[u], flag)) got |= 1u << u;
+          else all = false;
+        }
+        return all;
+      });
     }
   }
 
-  MNCL_DEV Line* lineAt(const ConnFifo& f, uint64_t step, size_t i) const {
-    return Format::lines(f) + (step % kSteps) * Format::slotLines(cx_.ch.sizes) + i;
+  // Writes this pass's lines to every peer we send to; LL128 then publishes their flags.
+  MNCL_DEV void writeLines(const Pass& ps, int lane, const P* v) {
+    DevChannel& ch = cx_.ch;
+    for (int s = 0; s < send_.n; ++s) {
+      int peer = send_.peer[s];
+      Line* slot = slotOf(ch.sendTo[peer], ch.sendStep[peer]);
+      uint32_t flag = (uint32_t)(ch.sendStep[peer] + 1);
+      for (int u = 0; u < kU; ++u) {
+        if (ps.active[u]) Format::writePart(slot + ps.line[u], lane, v[u], flag);
+      }
+    }
+    if constexpr (Format::kSeparateFlag) {
+      syncLanes();  // every lane's data before the flag lane's fence
+      if (lane != Format::kFlagLane) return;
+      fenceFor(ch.systemScope);  // GPU: the data words before the flags (CPU: the flags are releases)
+      for (int s = 0; s < send_.n; ++s) {
+        int peer = send_.peer[s];
+        Line* slot = slotOf(ch.sendTo[peer], ch.sendStep[peer]);
+        for (int u = 0; u < kU; ++u) {
+          if (ps.active[u]) Format::publish(slot + ps.line[u], (uint32_t)(ch.sendStep[peer] + 1));
+        }
+      }
+    }
   }
 
   // Waits until every send slot is free, then writes this step's StepInfo; the release on

@@ -449,6 +449,33 @@ def test_forced_algorithm_and_protocol(gpus: GpuPool, nranks: int, algo: str, pr
         check_group(comms, coll, "float32", "sum", BIG, in_place=True, lib=cupy_lib)
 
 
+@pytest.mark.parametrize("proto", PROTOS)
+def test_buffers_off_word_boundaries(gpus: GpuPool, cp: Any, proto: str) -> None:
+    """Arrays that start one element into an allocation: the kernels' 8-byte word paths (an
+    LL word, an LL128 lane's part) must fall back to elements there. 3 ranks, ring."""
+    comms = gpus.get(3, "ring", proto)
+    n = 3
+    for dtype, count in (("int8", 1009), ("float16", 517), ("float32", 3001), ("float64", 131)):
+        inputs = [((np.arange(count) * (r + 3)) % 7 + r).astype(dtype) for r in range(n)]
+        held = [cp.zeros(count + 1, dtype) for _ in range(n)]
+        outs = [cp.full(count + 2, 99, dtype) for _ in range(n)]
+        for r in range(n):
+            held[r][1:] = cp.asarray(inputs[r])
+        with minincl.group():
+            for c in comms:
+                c.allreduce(held[c.rank][1:], outs[c.rank][2:])  # off by one and by two elements
+        with minincl.group():
+            for c in comms:
+                c.allreduce(held[c.rank][1:])  # in place, off by one
+        want = reduce_ref(inputs, "sum", dtype)
+        for r in range(n):
+            where = f"{dtype} count {count} rank {r} ({proto})"
+            np.testing.assert_array_equal(cp.asnumpy(outs[r][2:]), want, err_msg=where)
+            np.testing.assert_array_equal(cp.asnumpy(outs[r][:2]), np.full(2, 99, dtype), err_msg=where)
+            np.testing.assert_array_equal(cp.asnumpy(held[r][1:]), want, err_msg=where)
+            assert cp.asnumpy(held[r][:1]).tolist() == [0], where
+
+
 def test_several_collectives_in_one_group(gpus: GpuPool, cp: Any) -> None:
     comms = gpus.get(4)
     n = 4

@@ -51,8 +51,10 @@ int cpuCount() {
 dev::ProtoSizes protoSizesFromEnv(bool onGpu) {
   dev::ProtoSizes s{};
   s.simpleSlotBytes = (uint32_t)env::bytes("MININCL_SIMPLE_SLOT_BYTES", onGpu ? 512 << 10 : 128 << 10);
-  s.llSlotLines = (uint32_t)env::integer("MININCL_LL_SLOT_LINES", 512);
-  s.ll128SlotLines = (uint32_t)env::integer("MININCL_LL128_SLOT_LINES", 256);
+  // GPU: a step of LL is one pass of a whole block (512 threads x 4 lines in flight each);
+  // LL128 four passes (64 lines x 4 per pass). Steps of a few KiB made LL step-bound there.
+  s.llSlotLines = (uint32_t)env::integer("MININCL_LL_SLOT_LINES", onGpu ? 2048 : 512);
+  s.ll128SlotLines = (uint32_t)env::integer("MININCL_LL128_SLOT_LINES", onGpu ? 1024 : 256);
   // CPU: a piece of 1/8 slot (16 KiB) keeps a 4-rank tree allreduce busy at 64 KiB (19-21 us
   // against 29-30 uncut). GPU: uncut until measured there (a step costs several us).
   s.pipelineChunkBytes =
