@@ -222,16 +222,20 @@ if ((BUILD_OK)); then
       awk -v f="$(basename "$f" .log)" '/^ +[0-9]+ /{s = s sprintf(" %s:%sus", $1, $6); w += $9} END {printf "%-26s%s  #wrong %d\n", f, s, w}' "$f"
     done
     # LL / LL128 steps: the seventh session's GPU sizes (2048 / 1024 lines) against the fifth's
-    # (512 / 256), 2 ranks, direct, 4 KiB to 16 MiB, checked.
-    for proto in ll ll128; do
-      for slots in new old; do
-        slot_env=()
-        [ "$slots" = new ] || slot_env=(MININCL_LL_SLOT_LINES=512 MININCL_LL128_SLOT_LINES=256)
-        step "perf_lines_2_${proto}_$slots" "$(limit 25 100)" "$OUT/perf_lines_2_${proto}_$slots.log" env "${slot_env[@]}" \
-          "$PERF" allreduce -t 2 -b 4K -e 16M -f 4 -n 20 -w 5 -A direct -P "$proto" -D cuda -c 1
+    # (512 / 256), 4 KiB to 16 MiB, checked: direct at 2 ranks, and the pipelines at 8 (a tree
+    # or ring cuts no step of these, so bigger steps pipeline less between hops).
+    for run in 2_direct 8_ring 8_tree; do
+      for proto in ll ll128; do
+        for slots in new old; do
+          slot_env=()
+          [ "$slots" = new ] || slot_env=(MININCL_LL_SLOT_LINES=512 MININCL_LL128_SLOT_LINES=256)
+          step "perf_lines_${run}_${proto}_$slots" "$(limit 25 100)" "$OUT/perf_lines_${run}_${proto}_$slots.log" \
+            env "${slot_env[@]}" "$PERF" allreduce -t "${run%%_*}" -b 4K -e 16M -f 4 -n 20 -w 5 -A "${run#*_}" \
+            -P "$proto" -D cuda -c 1
+        done
       done
     done
-    for f in "$OUT"/perf_lines_2_*.log; do
+    for f in "$OUT"/perf_lines_*.log; do
       awk -v f="$(basename "$f" .log)" '/^ +[0-9]+ /{s = s sprintf(" %s:%sus", $1, $6); w += $9} END {printf "%-26s%s  #wrong %d\n", f, s, w}' "$f"
     done
     # The tuner's choice from 8 B to 256 MiB, 2 and 8 ranks, checked.

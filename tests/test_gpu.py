@@ -476,6 +476,41 @@ def test_buffers_off_word_boundaries(gpus: GpuPool, cp: Any, proto: str) -> None
             assert cp.asnumpy(held[r][:1]).tolist() == [0], where
 
 
+@contextlib.contextmanager
+def default_line_slots() -> Any:
+    """The GPU's own LL / LL128 slot sizes while communicators are made (conftest shrinks
+    them for every other test): steps of several passes, a pass of four lines per thread."""
+    names = ("MININCL_LL_SLOT_LINES", "MININCL_LL128_SLOT_LINES")
+    saved = {k: os.environ.pop(k, None) for k in names}
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is not None:
+                os.environ[k] = v
+
+
+@pytest.mark.parametrize("proto", ["ll", "ll128"])
+@pytest.mark.parametrize("algo", list(ALGOS))
+def test_line_protocols_at_default_step_sizes(gpus: GpuPool, cp: Any, algo: str, proto: str) -> None:
+    """LL and LL128 with the GPU's default steps, 3 ranks: a few lines of one warp, several
+    passes of whole blocks, and ragged last lines of 1-, 2-, 4- and 8-byte elements."""
+    for k in [k for k in gpus.groups if k[1] is not None]:
+        gpus.discard(k)
+    with default_line_slots(), forced_env(algo, proto):
+        comms = minincl.Communicator.init_all(3, device=DEVICE)
+    try:
+        cupy_lib = Lib("cupy")
+        cases = (("uint8", 1009), ("float16", 70_001), ("float32", 1), ("float32", 300_007), ("int64", 40_009))
+        for dtype, count in cases:
+            check_group(comms, "allreduce", dtype, "sum", count, in_place=False, lib=cupy_lib)
+        check_group(comms, "allreduce", "float32", "max", 300_007, in_place=True, lib=cupy_lib)
+        check_group(comms, "broadcast", "uint8", "sum", 250_001, in_place=False, lib=cupy_lib)
+    finally:
+        for c in comms:
+            c.destroy()
+
+
 def test_several_collectives_in_one_group(gpus: GpuPool, cp: Any) -> None:
     comms = gpus.get(4)
     n = 4
