@@ -452,7 +452,8 @@ def test_forced_algorithm_and_protocol(gpus: GpuPool, nranks: int, algo: str, pr
 @pytest.mark.parametrize("proto", PROTOS)
 def test_buffers_off_word_boundaries(gpus: GpuPool, cp: Any, proto: str) -> None:
     """Arrays that start one element into an allocation: the kernels' 8-byte word paths (an
-    LL word, an LL128 lane's part) must fall back to elements there. 3 ranks, ring."""
+    LL word, an LL128 lane's part) must fall back to elements there (float64 stays aligned:
+    the word path at an offset). 3 ranks, ring."""
     comms = gpus.get(3, "ring", proto)
     n = 3
     for dtype, count in (("int8", 1009), ("float16", 517), ("float32", 3001), ("float64", 131)):
