@@ -238,6 +238,11 @@ if ((BUILD_OK)); then
     for f in "$OUT"/perf_lines_*.log; do
       awk -v f="$(basename "$f" .log)" '/^ +[0-9]+ /{s = s sprintf(" %s:%sus", $1, $6); w += $9} END {printf "%-26s%s  #wrong %d\n", f, s, w}' "$f"
     done
+    # Sends and receives (blocks sized by bytes since the seventh session), 2 ranks, checked.
+    step perf_sendrecv_2 "$(limit 25 100)" "$OUT/perf_sendrecv_2.log" \
+      "$PERF" sendrecv -t 2 -b 8 -e 16M -f 8 -n 20 -w 5 -D cuda -c 1
+    awk '/^ +[0-9]+ /{s = s sprintf(" %s:%sus", $1, $6); w += $9} END {printf "%-26s%s  #wrong %d\n", "perf_sendrecv_2", s, w}' \
+      "$OUT/perf_sendrecv_2.log"
     # The tuner's choice from 8 B to 256 MiB, 2 and 8 ranks, checked.
     for n in 2 8; do
       step "perf_sweep_$n" "$(limit 40 100)" "$OUT/perf_sweep_$n.log" env MININCL_DEBUG=INFO MININCL_DEBUG_SUBSYS=TUNE \

@@ -78,10 +78,11 @@ struct Launch {
   dev::GpuP2pLaunch p2pLaunch{};
 };
 
-// Threads per block: a whole block where there is data to move, fewer for small operations,
-// where each barrier of the block's 16 warps costs more than the copy (a thread moves 16 bytes
-// per pass). MININCL_GPU_THREADS (a multiple of 32, at most 512) fixes it.
-int threadsFor(const Comm& comm, const CollCall& c, int nChannels) {
+// Threads per block, for collectives and groups of sends and receives alike: a whole block
+// where there is data to move, fewer for small operations, where each barrier of the block's
+// 16 warps costs more than the copy (a thread moves 16 bytes per pass). MININCL_GPU_THREADS
+// (a multiple of 32, at most 512) fixes it.
+int threadsForBytes(size_t perChannel) {
   static const int fixed = [] {
     int64_t t = env::integer("MININCL_GPU_THREADS", 0);
     MNCL_CHECK(t == 0 || (t % 32 == 0 && t >= 32 && t <= dev::kGpuThreads), mnclInvalidArgument,
@@ -89,11 +90,14 @@ int threadsFor(const Comm& comm, const CollCall& c, int nChannels) {
     return (int)t;
   }();
   if (fixed) return fixed;
-  bool perRank = c.coll == Coll::allgather || c.coll == Coll::reducescatter;  // count is one rank's block
-  size_t bytes = c.count * dataTypeSize(c.dtype) * (perRank ? (size_t)comm.nranks() : 1);
-  size_t perChannel = bytes / (size_t)std::max(nChannels, 1);
   size_t warps = (perChannel / 16 + 31) / 32;
   return (int)std::clamp<size_t>(warps, 1, dev::kGpuThreads / 32) * 32;
+}
+
+int threadsFor(const Comm& comm, const CollCall& c, int nChannels) {
+  bool perRank = c.coll == Coll::allgather || c.coll == Coll::reducescatter;  // count is one rank's block
+  size_t bytes = c.count * dataTypeSize(c.dtype) * (perRank ? (size_t)comm.nranks() : 1);
+  return threadsForBytes(bytes / (size_t)std::max(nChannels, 1));
 }
 
 Launch planColl(Comm& comm, const CollCall& c, cudaStream_t stream) {
@@ -131,9 +135,13 @@ Launch planP2p(Comm& comm, const std::vector<const P2pCall*>& calls, cudaStream_
   checkSelfPairs(comm.rank(), selfSends, selfRecvs);
   for (size_t i = 0; i < selfSends.size(); ++i) L.selfCopies.push_back({selfSends[i], selfRecvs[i]});
   int nch = 0, total = 0;
+  size_t mostBytes = 0;  // the busiest channel's, which sizes every block
   for (int c = 0; c < comm.nChannels(); ++c) {
     if (!perChannel[c].empty()) nch = c + 1;
     total += (int)perChannel[c].size();
+    size_t bytes = 0;
+    for (const dev::P2pOp& op : perChannel[c]) bytes += op.bytes;
+    mostBytes = std::max(mostBytes, bytes);
   }
   if (nch == 0) return L;
   MNCL_CHECK(total <= dev::kMaxGpuP2pOps, mnclInvalidUsage,
@@ -151,7 +159,7 @@ Launch planP2p(Comm& comm, const std::vector<const P2pCall*>& calls, cudaStream_
   l.works.first[nch] = (int16_t)at;
   l.errors = g.errorsOnDevice();
   l.nChannels = nch;
-  l.nThreads = dev::kGpuThreads;
+  l.nThreads = threadsForBytes(mostBytes);
   l.stream = stream;
   L.kernel = true;
   return L;
