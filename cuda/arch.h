@@ -1,9 +1,11 @@
 // The architecture layer: the only place the device code says "GPU" or "CPU".
 //
-// A channel is one CUDA block or one CPU thread. Everything above this file is written in
-// terms of: the thread's index and count within its channel, a channel-wide barrier,
-// acquire/release loads and stores on memory another channel (maybe in another process or on
-// another device) reads, and a spin-wait that gives up when the communicator is aborted.
+// A channel is one CUDA block or one CPU thread (or, in a test, a block of CPU threads that
+// emulates a CUDA block: MNCL_SIMT_EMULATION). Everything above this file is written in terms
+// of: the thread's index and count within its channel, a channel-wide barrier, warp-wide syncs
+// and votes, acquire/release loads and stores on memory another channel (maybe in another
+// process or on another device) reads, and a spin-wait that gives up when the communicator is
+// aborted.
 #pragma once
 
 #include <cstddef>
@@ -22,6 +24,15 @@
 #define MNCL_DEV inline
 #define MNCL_HOSTDEV inline
 #define MNCL_DEV_STEP inline
+#endif
+
+// 1 where a channel is a block of threads in warps of 32 (the GPU's lane layouts apply): CUDA,
+// and the tests' emulation of it on CPU threads (MNCL_SIMT_EMULATION, see
+// tests/simt_lines_check.cc). 0 on the CPU: one thread per channel.
+#if defined(__CUDACC__) || defined(MNCL_SIMT_EMULATION)
+#define MNCL_SIMT 1
+#else
+#define MNCL_SIMT 0
 #endif
 
 namespace mncl::dev {
@@ -60,6 +71,28 @@ MNCL_DEV void storeRelaxed(T* p, T v) {
   cuda::atomic_ref<T, cuda::thread_scope_system>(*p).store(v, cuda::memory_order_relaxed);
 }
 
+#elif defined(MNCL_SIMT_EMULATION)  // Tests only: a channel as a block of CPU threads.
+
+// Provided by the test that defines MNCL_SIMT_EMULATION: the calling thread's index in its
+// block, the block's size (a multiple of 32), and the block- and warp-wide syncs and votes.
+namespace simt {
+int threadIndex();
+int blockThreads();
+void blockSync();
+bool blockAny(bool p);
+void warpSync();
+bool warpAll(bool p);
+bool warpAny(bool p);
+}  // namespace simt
+inline int tid() { return simt::threadIndex(); }
+inline int nthreads() { return simt::blockThreads(); }
+inline void barrier() { simt::blockSync(); }
+inline bool barrierAny(bool p) { return simt::blockAny(p); }
+inline void syncLanes() { simt::warpSync(); }
+inline bool allLanes(bool p) { return simt::warpAll(p); }
+inline bool anyLanes(bool p) { return simt::warpAny(p); }
+void pause();
+
 #else  // CPU: one thread per channel.
 
 inline int tid() { return 0; }
@@ -70,6 +103,10 @@ inline void syncLanes() {}
 inline bool allLanes(bool p) { return p; }
 inline bool anyLanes(bool p) { return p; }
 void pause();  // spin-then-yield-then-sleep; see cpu/spin.cc
+
+#endif
+
+#if !defined(__CUDACC__)  // CPU atomics, for the CPU and its SIMT emulation alike
 
 template <typename T>
 inline T loadAcquire(const T* p) {

@@ -29,7 +29,7 @@ namespace mncl::dev {
 
 // A CPU thread runs ahead on its own (out-of-order execution, prefetchers): more lines per
 // pass measured slower there (LL at 2 KiB-512 KiB, 2 ranks: 5-15%).
-#if defined(__CUDACC__)
+#if MNCL_SIMT
 constexpr int kLinesInFlight = 4;
 #else
 constexpr int kLinesInFlight = 1;
@@ -77,7 +77,7 @@ struct LLFormat {
 struct LL128Format {
   using Line = LL128Line;
   static constexpr int kLineBytes = kLL128DataWords * 8;
-#if defined(__CUDACC__)
+#if MNCL_SIMT
   static constexpr int kLanes = 8;
 #else
   static constexpr int kLanes = 1;
@@ -106,7 +106,7 @@ struct LL128Format {
       asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(w), "l"(p.w[0]) : "memory");
     }
 #else
-    memcpy(w, p.w, kPartBytes);  // a constant size: vector moves (a loop became rep movsq)
+    memcpy(w, p.w, dataWords(lane) * 8);  // one lane on a CPU: 120 bytes, a constant
 #endif
   }
 
@@ -137,7 +137,7 @@ struct LL128Format {
     // The flag lane loads the flag word along with its data word: one instruction for all.
     asm volatile("ld.volatile.global.v2.u64 {%0,%1}, [%2];" : "=l"(p.w[0]), "=l"(p.w[1]) : "l"(w) : "memory");
 #else
-    memcpy(p.w, w, kPartBytes);
+    memcpy(p.w, w, dataWords(lane) * 8);
 #endif
   }
 };
