@@ -2,7 +2,8 @@
 // four lines in flight per thread, warp votes and syncs) run here on CPU threads: each rank's
 // channel is a block of threads in warps of 32, with the block- and warp-wide operations the
 // device code asks for (MNCL_SIMT_EMULATION in cuda/arch.h). Every algorithm's allreduce and
-// broadcast, checked against sums computed here. Exits 0 when every check passes.
+// broadcast, checked against sums computed here; and an abort while a rank is missing must
+// stop every block. Exits 0 when every check passes.
 //
 //   c++ -std=c++20 -O1 -pthread -DMNCL_SIMT_EMULATION -Icuda tests/simt_lines_check.cc
 //   ./a.out [threads-per-block]
@@ -136,16 +137,17 @@ void runOne(PrimsContext<Fn> cx) {
   }
 }
 
-// Runs one operation on every rank (a block of `threads` threads each); false if any
-// channel stopped early.
+// Runs one operation on ranks [0, present) (default: all), a block of `threads` threads
+// each; false if any channel stopped early.
 template <typename T, typename Fn>
-bool runOp(Ranks& ranks, std::vector<DevWork>& works, int threads) {
+bool runOp(Ranks& ranks, std::vector<DevWork>& works, int threads, int present = -1) {
+  if (present < 0) present = ranks.n;
   std::vector<std::unique_ptr<Block>> blocks;
   std::vector<DevError> errors(ranks.n);
   std::vector<char> ok(ranks.n, 1);
   std::vector<std::thread> pool;
   for (int r = 0; r < ranks.n; ++r) blocks.push_back(std::make_unique<Block>(threads));
-  for (int r = 0; r < ranks.n; ++r) {
+  for (int r = 0; r < present; ++r) {
     for (int t = 0; t < threads; ++t) {
       pool.emplace_back([&, r, t] {
         gThread = t;
@@ -224,6 +226,40 @@ void check(Ranks& ranks, int threads, Coll coll, Algo algo, Proto proto, int var
   }
 }
 
+// A rank that never joins: the others wait until the abort word is set, then every warp of
+// every block must leave its waits (the warp-wide ones included) and the operation stop early.
+void checkAbortWithMissingPeer(ProtoSizes sizes, int threads, Algo algo, Proto proto) {
+  Ranks ranks(3, sizes);
+  size_t count = 4099;
+  std::vector<std::vector<float>> send(3, std::vector<float>(count, 1.0f)), recv(3, std::vector<float>(count));
+  std::vector<DevWork> works(3);
+  for (int r = 0; r < 3; ++r) {
+    DevWork& w = works[r];
+    w = DevWork{};
+    w.coll = Coll::allreduce;
+    w.algo = algo;
+    w.proto = proto;
+    w.dtype = DataType::f32;
+    w.op = RedOp::sum;
+    w.send = send[r].data();
+    w.recv = recv[r].data();
+    w.count = count;
+    w.chanCount = count;
+  }
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    storeRelease(&ranks.abortFlag, 1u);
+  });
+  bool ran = runOp<float, FuncSum<float>>(ranks, works, threads, 2);
+  aborter.join();
+  ++checks;
+  if (ran) {
+    ++failures;
+    std::printf("FAIL abort: %s/%s with a rank missing completed instead of stopping\n",
+                algo == Algo::ring ? "ring" : algo == Algo::tree ? "tree" : "direct", proto == Proto::ll ? "ll" : "ll128");
+  }
+}
+
 }  // namespace mncl::dev
 
 int main(int argc, char** argv) {
@@ -254,6 +290,9 @@ int main(int argc, char** argv) {
         check<uint8_t>(ranks, threads, Coll::broadcast, algo, proto, 0, 5003, DataType::u8);
       }
     }
+  }
+  for (Proto proto : {Proto::ll, Proto::ll128}) {
+    for (Algo algo : {Algo::ring, Algo::tree, Algo::direct}) checkAbortWithMissingPeer(sizes, threads, algo, proto);
   }
   std::printf("%d checks, %d failed\n", checks, failures);
   return failures == 0 ? 0 : 1;
