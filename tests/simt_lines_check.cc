@@ -2,11 +2,12 @@
 // four lines in flight per thread, warp votes and syncs) run here on CPU threads: each rank's
 // channel is a block of threads in warps of 32, with the block- and warp-wide operations the
 // device code asks for (MNCL_SIMT_EMULATION in cuda/arch.h). Every algorithm's allreduce and
-// broadcast, checked against sums computed here; and an abort while a rank is missing must
-// stop every block. Exits 0 when every check passes.
+// broadcast, checked against sums computed here; an abort while a rank is missing, and ranks
+// calling with different counts, must stop every block. Exits 0 when every check passes.
 //
 //   c++ -std=c++20 -O1 -pthread -DMNCL_SIMT_EMULATION -Icuda tests/simt_lines_check.cc
 //   ./a.out [threads-per-block]
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cstdio>
@@ -139,11 +140,22 @@ void runOne(PrimsContext<Fn> cx) {
 
 // Runs one operation on ranks [0, present) (default: all), a block of `threads` threads
 // each; false if any channel stopped early.
+// A host monitor's part as well (src/core/monitor.cc): a channel's error record (a peer
+// running another call) sets the abort word, which stops the warps still waiting.
 template <typename T, typename Fn>
-bool runOp(Ranks& ranks, std::vector<DevWork>& works, int threads, int present = -1) {
+bool runOp(Ranks& ranks, std::vector<DevWork>& works, int threads, int present = -1, int* mismatches = nullptr) {
   if (present < 0) present = ranks.n;
   std::vector<std::unique_ptr<Block>> blocks;
   std::vector<DevError> errors(ranks.n);
+  std::atomic<bool> done{false};
+  std::thread monitor([&] {
+    while (!done.load()) {
+      for (DevError& e : errors) {
+        if (loadRelaxed(&e.peer) >= 0) storeRelease(&ranks.abortFlag, 1u);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
   std::vector<char> ok(ranks.n, 1);
   std::vector<std::thread> pool;
   for (int r = 0; r < ranks.n; ++r) blocks.push_back(std::make_unique<Block>(threads));
@@ -169,6 +181,12 @@ bool runOp(Ranks& ranks, std::vector<DevWork>& works, int threads, int present =
     }
   }
   for (std::thread& th : pool) th.join();
+  done = true;
+  monitor.join();
+  if (mismatches) {
+    *mismatches = 0;
+    for (DevError& e : errors) *mismatches += e.peer >= 0;
+  }
   for (char o : ok) {
     if (!o) return false;
   }
@@ -260,6 +278,39 @@ void checkAbortWithMissingPeer(ProtoSizes sizes, int threads, Algo algo, Proto p
   }
 }
 
+// Two ranks calling allreduce with different counts: the first step's check must catch it,
+// record the peer, and stop both ranks (with the monitor's abort) instead of hanging.
+void checkMismatch(ProtoSizes sizes, int threads, Algo algo, Proto proto) {
+  Ranks ranks(2, sizes);
+  size_t counts[2] = {1009, 3001};
+  std::vector<std::vector<float>> send(2), recv(2);
+  std::vector<DevWork> works(2);
+  for (int r = 0; r < 2; ++r) {
+    send[r].assign(counts[r], 1.0f);
+    recv[r].assign(counts[r], 0.0f);
+    DevWork& w = works[r];
+    w = DevWork{};
+    w.coll = Coll::allreduce;
+    w.algo = algo;
+    w.proto = proto;
+    w.dtype = DataType::f32;
+    w.op = RedOp::sum;
+    w.send = send[r].data();
+    w.recv = recv[r].data();
+    w.count = counts[r];
+    w.chanCount = counts[r];
+  }
+  int mismatches = 0;
+  bool ran = runOp<float, FuncSum<float>>(ranks, works, threads, -1, &mismatches);
+  ++checks;
+  if (ran || mismatches == 0) {
+    ++failures;
+    std::printf("FAIL mismatch: %s/%s with counts 1009 and 3001: %s, %d rank(s) reported it\n",
+                algo == Algo::ring ? "ring" : algo == Algo::tree ? "tree" : "direct", proto == Proto::ll ? "ll" : "ll128",
+                ran ? "completed" : "stopped", mismatches);
+  }
+}
+
 }  // namespace mncl::dev
 
 int main(int argc, char** argv) {
@@ -292,7 +343,10 @@ int main(int argc, char** argv) {
     }
   }
   for (Proto proto : {Proto::ll, Proto::ll128}) {
-    for (Algo algo : {Algo::ring, Algo::tree, Algo::direct}) checkAbortWithMissingPeer(sizes, threads, algo, proto);
+    for (Algo algo : {Algo::ring, Algo::tree, Algo::direct}) {
+      checkAbortWithMissingPeer(sizes, threads, algo, proto);
+      checkMismatch(sizes, threads, algo, proto);
+    }
   }
   std::printf("%d checks, %d failed\n", checks, failures);
   return failures == 0 ? 0 : 1;

@@ -2,9 +2,9 @@
 per thread, warp votes and syncs) on CPU threads: tests/simt_lines_check.cc emulates a
 channel as a block of threads in warps of 32 (MNCL_SIMT_EMULATION in cuda/arch.h) and checks
 every algorithm's allreduce and broadcast against its own sums, and that an abort while a rank
-is missing stops every warp (a lane left behind in a warp-wide wait hangs the block: the
-checker fails itself after 120 s). The kernels themselves need a GPU (test_gpu.py); this runs
-their lane logic on any machine."""
+is missing, or two ranks calling with different counts, stops every warp (a lane left behind
+in a warp-wide wait hangs the block: the checker fails itself after 120 s). The kernels
+themselves need a GPU (test_gpu.py); this runs their lane logic on any machine."""
 
 from __future__ import annotations
 
