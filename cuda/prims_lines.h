@@ -175,18 +175,10 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
     }
     const int lane = tid() % kLanes;
     const size_t nlines = (n + kLineElems - 1) / kLineElems;
-    const size_t linesPerRow = (size_t)(nthreads() / kLanes);  // lines one u of a pass covers
-    const size_t partCap = (size_t)Format::dataWords(lane) * 8 / sizeof(T);  // elements a part holds
+    const size_t linesPerPass = kU * (size_t)(nthreads() / kLanes);
     // The loop bound is the same for every thread, so a warp's lanes stay together.
-    for (size_t base = 0; base < nlines && !cx_.waiter.aborted; base += kU * linesPerRow) {
-      Pass ps;
-      for (int u = 0; u < kU; ++u) {
-        ps.line[u] = base + u * linesPerRow + tid() / kLanes;
-        ps.active[u] = ps.line[u] < nlines;
-        ps.first[u] = ps.line[u] * kLineElems + lane * kPartElems;
-        size_t left = ps.active[u] && ps.first[u] < n ? n - ps.first[u] : 0;
-        ps.elems[u] = (int)(left < partCap ? left : partCap);
-      }
+    for (size_t base = 0; base < nlines && !cx_.waiter.aborted; base += linesPerPass) {
+      const Pass ps = planPass(base, lane, n, nlines);
       P v[kU], t[kU];  // the value so far, and the next source's packs
       bool have = false;
       for (int r = 0; r <= (RECV ? recv_.n : 0); ++r) {
@@ -199,15 +191,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
         if (!RECV || r == recv_.n) continue;
         int peer = recv_.peer[r];
         if (!gather(v, t, have, [&](P* into) { return readLines(peer, ps, lane, into); })) break;
-        if (base == 0) {
-          // The sender published its StepInfo before the step's first line.
-          if (tid() == 0) {
-            fenceFor(ch.systemScope);
-            checkStepInfo(cx_, peer, ch.recvFrom[peer].ctrl->info[ch.recvStep[peer] % kSteps]);
-          }
-          if (kLanes > 1) cx_.waiter.aborted = anyLanes(cx_.waiter.aborted);  // the warp stays together
-          if (cx_.waiter.aborted) break;
-        }
+        if (base == 0 && !checkFirstLine(peer)) break;
       }
       if (cx_.waiter.aborted) break;
       for (int u = 0; u < kU; ++u) {
@@ -232,6 +216,33 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
   }
 
  private:
+  // This thread's lines in the pass starting at line `base`, and its part of each.
+  MNCL_DEV Pass planPass(size_t base, int lane, size_t n, size_t nlines) const {
+    const size_t linesPerRow = (size_t)(nthreads() / kLanes);  // lines one u of a pass covers
+    const size_t partCap = (size_t)Format::dataWords(lane) * 8 / sizeof(T);  // elements a part holds
+    Pass ps;
+    for (int u = 0; u < kU; ++u) {
+      ps.line[u] = base + u * linesPerRow + tid() / kLanes;
+      ps.active[u] = ps.line[u] < nlines;
+      ps.first[u] = ps.line[u] * kLineElems + lane * kPartElems;
+      size_t left = ps.active[u] && ps.first[u] < n ? n - ps.first[u] : 0;
+      ps.elems[u] = (int)(left < partCap ? left : partCap);
+    }
+    return ps;
+  }
+
+  // After the first lines of a step from `peer`: the sender published its StepInfo before
+  // them, so thread 0 checks it. False (for a whole warp at once) if the peer runs another call.
+  MNCL_DEV bool checkFirstLine(int peer) {
+    DevChannel& ch = cx_.ch;
+    if (tid() == 0) {
+      fenceFor(ch.systemScope);
+      checkStepInfo(cx_, peer, ch.recvFrom[peer].ctrl->info[ch.recvStep[peer] % kSteps]);
+    }
+    if (kLanes > 1) cx_.waiter.aborted = anyLanes(cx_.waiter.aborted);  // the warp stays together
+    return !cx_.waiter.aborted;
+  }
+
   // Takes the next source's packs through `fill`: the first source fills v itself, a later
   // one the scratch t, which is reduced into v (no pack is ever copied whole).
   template <typename Fill>
