@@ -193,6 +193,22 @@ bool runOp(Ranks& ranks, std::vector<DevWork>& works, int threads, int present =
   return true;
 }
 
+// One rank's whole operation on one channel: a sum (or, for broadcast, a copy) from root 0.
+DevWork workFor(Coll coll, Algo algo, Proto proto, DataType dt, const void* send, void* recv, size_t count) {
+  DevWork w{};
+  w.coll = coll;
+  w.algo = algo;
+  w.proto = proto;
+  w.dtype = dt;
+  w.op = RedOp::sum;
+  w.send = send;
+  w.recv = recv;
+  w.count = count;
+  w.chanCount = count;
+  w.sendIsReadOnly = true;
+  return w;
+}
+
 int failures = 0, checks = 0;
 
 template <typename T>
@@ -204,21 +220,10 @@ void check(Ranks& ranks, int threads, Coll coll, Algo algo, Proto proto, int var
     send[r].resize(count);
     for (size_t i = 0; i < count; ++i) send[r][i] = (T)((i * (r + 3) + r) % 7);
     recv[r].assign(count, (T)99);
-    DevWork& w = works[r];
-    w = DevWork{};
-    w.coll = coll;
-    w.algo = algo;
-    w.proto = proto;
-    w.dtype = dt;
-    w.op = RedOp::sum;
-    w.root = root;
-    w.send = send[r].data();
-    w.recv = recv[r].data();
-    w.count = count;
-    w.chanCount = count;
-    w.treeIndex = (int)(count % 2);
-    w.algoVariant = variant;
-    w.sendIsReadOnly = true;
+    works[r] = workFor(coll, algo, proto, dt, send[r].data(), recv[r].data(), count);
+    works[r].root = root;
+    works[r].treeIndex = (int)(count % 2);
+    works[r].algoVariant = variant;
   }
   bool ran = coll == Coll::broadcast ? runOp<T, FuncCopy<T>>(ranks, works, threads)
                                      : runOp<T, FuncSum<T>>(ranks, works, threads);
@@ -252,17 +257,7 @@ void checkAbortWithMissingPeer(ProtoSizes sizes, int threads, Algo algo, Proto p
   std::vector<std::vector<float>> send(3, std::vector<float>(count, 1.0f)), recv(3, std::vector<float>(count));
   std::vector<DevWork> works(3);
   for (int r = 0; r < 3; ++r) {
-    DevWork& w = works[r];
-    w = DevWork{};
-    w.coll = Coll::allreduce;
-    w.algo = algo;
-    w.proto = proto;
-    w.dtype = DataType::f32;
-    w.op = RedOp::sum;
-    w.send = send[r].data();
-    w.recv = recv[r].data();
-    w.count = count;
-    w.chanCount = count;
+    works[r] = workFor(Coll::allreduce, algo, proto, DataType::f32, send[r].data(), recv[r].data(), count);
   }
   std::thread aborter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -288,17 +283,7 @@ void checkMismatch(ProtoSizes sizes, int threads, Algo algo, Proto proto) {
   for (int r = 0; r < 2; ++r) {
     send[r].assign(counts[r], 1.0f);
     recv[r].assign(counts[r], 0.0f);
-    DevWork& w = works[r];
-    w = DevWork{};
-    w.coll = Coll::allreduce;
-    w.algo = algo;
-    w.proto = proto;
-    w.dtype = DataType::f32;
-    w.op = RedOp::sum;
-    w.send = send[r].data();
-    w.recv = recv[r].data();
-    w.count = counts[r];
-    w.chanCount = counts[r];
+    works[r] = workFor(Coll::allreduce, algo, proto, DataType::f32, send[r].data(), recv[r].data(), counts[r]);
   }
   int mismatches = 0;
   bool ran = runOp<float, FuncSum<float>>(ranks, works, threads, -1, &mismatches);
