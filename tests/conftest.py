@@ -54,24 +54,28 @@ TYPES_OPS = [
 
 
 @contextlib.contextmanager
-def forced_env(algo: str | None, proto: str | None) -> Iterator[None]:
-    """MININCL_ALGO / MININCL_PROTO as given (None: unset) while communicators are made,
-    as they were afterwards (the C++ side reads them at init)."""
-    names = {"MININCL_ALGO": algo, "MININCL_PROTO": proto}
-    saved = {k: os.environ.get(k) for k in names}
+def env_as(values: dict[str, str | None]) -> Iterator[None]:
+    """These environment variables as given (None: unset) inside the block, as they were
+    afterwards (the C++ side reads its settings when a communicator is made)."""
+    saved = {k: os.environ.get(k) for k in values}
 
-    def put(values: dict[str, str | None]) -> None:
-        for k, v in values.items():
+    def put(vals: dict[str, str | None]) -> None:
+        for k, v in vals.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
 
-    put(names)
+    put(values)
     try:
         yield
     finally:
         put(saved)
+
+
+def forced_env(algo: str | None, proto: str | None) -> contextlib.AbstractContextManager[None]:
+    """MININCL_ALGO / MININCL_PROTO as given (None: unset) while communicators are made."""
+    return env_as({"MININCL_ALGO": algo, "MININCL_PROTO": proto})
 
 
 class CommPool:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ALGOS, PROTOS, TYPES_OPS, assert_same, forced_env, reduce_ref, run_ranks
+from conftest import ALGOS, PROTOS, TYPES_OPS, assert_same, env_as, forced_env, reduce_ref, run_ranks
 
 import minincl
 
@@ -477,20 +477,6 @@ def test_buffers_off_word_boundaries(gpus: GpuPool, cp: Any, proto: str) -> None
             assert cp.asnumpy(held[r][:1]).tolist() == [0], where
 
 
-@contextlib.contextmanager
-def default_line_slots() -> Any:
-    """The GPU's own LL / LL128 slot sizes while communicators are made (conftest shrinks
-    them for every other test): steps of several passes, a pass of four lines per thread."""
-    names = ("MININCL_LL_SLOT_LINES", "MININCL_LL128_SLOT_LINES")
-    saved = {k: os.environ.pop(k, None) for k in names}
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is not None:
-                os.environ[k] = v
-
-
 @pytest.mark.parametrize("proto", ["ll", "ll128"])
 @pytest.mark.parametrize("algo", list(ALGOS))
 def test_line_protocols_at_default_step_sizes(gpus: GpuPool, cp: Any, algo: str, proto: str) -> None:
@@ -498,7 +484,9 @@ def test_line_protocols_at_default_step_sizes(gpus: GpuPool, cp: Any, algo: str,
     passes of whole blocks, and ragged last lines of 1-, 2-, 4- and 8-byte elements."""
     for k in [k for k in gpus.groups if k[1] is not None]:
         gpus.discard(k)
-    with default_line_slots(), forced_env(algo, proto):
+    # The GPU's own slot sizes (conftest shrinks them for every other test): steps of several
+    # passes, a pass of four lines per thread.
+    with env_as({"MININCL_LL_SLOT_LINES": None, "MININCL_LL128_SLOT_LINES": None}), forced_env(algo, proto):
         comms = minincl.Communicator.init_all(3, device=DEVICE)
     try:
         cupy_lib = Lib("cupy")
