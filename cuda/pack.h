@@ -1,6 +1,6 @@
-// Packs: a fixed number of payload bytes (one LL word, one LL128 line) viewed as elements.
-// Element sizes (1, 2, 4, 8) divide every pack size, so no element straddles two packs; the
-// last pack of a step may be partly filled.
+// Packs: a fixed number of payload bytes (one LL word; one LL128 line on a CPU, a lane's 16
+// bytes of one on a GPU) viewed as elements. Element sizes (1, 2, 4, 8) divide every pack
+// size, so no element straddles two packs; the last pack of a step may be partly filled.
 #pragma once
 
 #include <cstring>
