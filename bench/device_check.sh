@@ -13,7 +13,8 @@
 #     a separate cmake+ninja tree only if that fails): perf_build.log
 # (e) minincl-perf on -D cuda: allreduce 8 B at 2 ranks (LL), 256 MiB at 8 ranks per algorithm;
 #     plus device-to-device copy bandwidth (gpu_bench.py d2d) for the memory-bound limit
-# (f) bench/gpu_bench.py: 8-byte allreduce latency, back to back and replayed from a CUDA graph
+# (f) bench/gpu_bench.py: 8-byte allreduce latency, back to back and replayed from a CUDA graph,
+#     and the floor under it (empty kernels, a bare handshake)
 # (d) tests/test_gpu.py -m gpu with what is left of the budget, from tests/ so the installed
 #     package is imported: gpu_tests.log, gpu_tests.xml
 # (g) results.json and a short summary (bench/device_check_report.py); everything else packed
@@ -272,6 +273,8 @@ if ((BUILD_OK)); then
     "$PY" bench/gpu_bench.py latency --json "$OUT/gpu_bench_latency.json"
   step gpu_bench_graph "$(limit 30 80)" "$OUT/gpu_bench_graph.log" \
     "$PY" bench/gpu_bench.py graph --json "$OUT/gpu_bench_graph.json"
+  step gpu_bench_floor "$(limit 30 80)" "$OUT/gpu_bench_floor.log" \
+    "$PY" bench/gpu_bench.py floor --json "$OUT/gpu_bench_floor.json"
   step gpu_bench_threads "$(limit 30 80)" "$OUT/gpu_bench_threads.log" \
     "$PY" bench/gpu_bench.py threads --json "$OUT/gpu_bench_threads.json"
   if [ -n "$PERF" ] && (($(left) > 100)); then

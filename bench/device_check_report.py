@@ -281,7 +281,8 @@ def main() -> int:
     bench_lat = read_json(out / "gpu_bench_latency.json")
     bench_graph = read_json(out / "gpu_bench_graph.json")
     bench_threads = read_json(out / "gpu_bench_threads.json")
-    lat["raw"] = {"latency": bench_lat, "graph": bench_graph, "threads": bench_threads}
+    bench_floor = read_json(out / "gpu_bench_floor.json")
+    lat["raw"] = {"latency": bench_lat, "graph": bench_graph, "threads": bench_threads, "floor": bench_floor}
     if isinstance(bench_lat, dict) and isinstance(bench_lat.get("auto"), dict):
         lat["back_to_back_us"] = bench_lat["auto"].get("us_per_op")
         if isinstance(bench_lat.get("ll"), dict):
@@ -408,6 +409,9 @@ def print_summary(res: dict[str, Any]) -> None:
     )
     th = raw["threads"] if isinstance(raw["threads"], dict) else {}
     p(f"latency 8 B, 2 ranks, a thread + stream per rank: {fmt(lat.get('threads_us'))} us{err(th)}")
+    fl = raw.get("floor") if isinstance(raw.get("floor"), dict) else {}
+    shapes = [f"{k} {fmt(v.get('back_to_back'))}/{fmt(v.get('graph'))}" for k, v in fl.items() if isinstance(v, dict)]
+    p(f"floor (our own kernels, us back to back / graph): {', '.join(shapes) or '-'}{err(fl)}")
     p("=" * 100)
 
 

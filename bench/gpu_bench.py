@@ -4,6 +4,7 @@
     python3 bench/gpu_bench.py latency  --json OUT.json   # 8-byte allreduce, 2 ranks, one thread, group
     python3 bench/gpu_bench.py graph    --json OUT.json   # the same captured in a CUDA graph, replayed
     python3 bench/gpu_bench.py threads  --json OUT.json   # 8-byte allreduce, a thread and stream per rank
+    python3 bench/gpu_bench.py floor    --json OUT.json   # what launches and a handshake cost alone
 
 Run it where ``import minincl`` finds the installed package (the source tree's ``minincl/`` has
 no compiled core): ``python3 bench/gpu_bench.py`` from the repository root does, since Python
@@ -251,7 +252,101 @@ def part_threads(args: argparse.Namespace) -> dict[str, Any]:
             c.destroy()
 
 
-PARTS = {"d2d": part_d2d, "latency": part_latency, "graph": part_graph, "threads": part_threads}
+# Two blocks (or two kernels of one block) that each bump their own counter and wait for the
+# other's: the least a 2-rank 8-byte exchange does on one GPU, without minincl.
+_FLOOR_SRC = r"""
+extern "C" __global__ void empty_kernel() {}
+extern "C" __global__ void empty_params_2k(PARAMS) {}
+extern "C" __global__ void handshake(unsigned long long* counters, int first) {
+  if (threadIdx.x != 0) return;
+  int me = first + blockIdx.x;
+  volatile unsigned long long* mine = counters + me * 32;
+  volatile unsigned long long* other = counters + (me ^ 1) * 32;
+  unsigned long long want = *mine + 1;
+  *mine = want;
+  __threadfence();
+  while (*other < want) {
+  }
+}
+"""
+
+
+def part_floor(args: argparse.Namespace) -> dict[str, Any]:
+    """The floor under part_latency and part_graph, from kernels of our own (CuPy RawKernel):
+    an empty kernel per op, two empty kernels forked onto two streams and joined (minincl's
+    shape for two ranks on one stream), and a 2-way flag handshake, as one kernel of two blocks
+    (a fused launch) or as two forked kernels. Back to back and replayed from a graph."""
+    import cupy as cp
+    import numpy as np
+
+    # 2.3 KiB of kernel arguments, as many as minincl's collective kernel takes.
+    n_params = 288
+    params = ", ".join(f"unsigned long long p{i}" for i in range(n_params))
+    mod = cp.RawModule(code=_FLOOR_SRC.replace("PARAMS", params))
+    empty = mod.get_function("empty_kernel")
+    empty_big = mod.get_function("empty_params_2k")
+    big_args = tuple(np.uint64(i) for i in range(n_params))
+    handshake = mod.get_function("handshake")
+    counters = cp.zeros(64, cp.uint64)
+    cp.cuda.Device().synchronize()
+    s = cp.cuda.Stream(non_blocking=True)
+    side = cp.cuda.Stream(non_blocking=True)
+    fork, join = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
+
+    def on(stream: Any, kernel: Any, blocks: int, kargs: tuple[Any, ...]) -> None:
+        with stream:  # a RawKernel launches on the current stream
+            kernel((blocks,), (32,), kargs)
+
+    def forked(kernel: Any, args_a: tuple[Any, ...], args_b: tuple[Any, ...]) -> None:
+        fork.record(s)
+        side.wait_event(fork)
+        on(s, kernel, 1, args_a)
+        on(side, kernel, 1, args_b)
+        join.record(side)
+        s.wait_event(join)
+
+    shapes: dict[str, Callable[[], None]] = {
+        "empty_1": lambda: on(s, empty, 1, ()),
+        "empty_1_params_2k": lambda: on(s, empty_big, 1, big_args),
+        "empty_2_forked": lambda: forked(empty, (), ()),
+        "handshake_fused": lambda: on(s, handshake, 2, (counters, cp.int32(0))),
+        "handshake_forked": lambda: forked(handshake, (counters, cp.int32(0)), (counters, cp.int32(1))),
+    }
+
+    def timed(op: Callable[[], None]) -> dict[str, float]:
+        for _ in range(50):
+            op()
+        s.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(args.calls):
+            op()
+        s.synchronize()
+        eager = (time.perf_counter() - t0) / args.calls * 1e6
+        s.begin_capture()
+        for _ in range(args.per_graph):
+            op()
+        graph = s.end_capture()
+        graph.launch(stream=s)
+        s.synchronize()
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record(s)
+        for _ in range(args.replays):
+            graph.launch(stream=s)
+        e1.record(s)
+        s.synchronize()
+        replayed = cp.cuda.get_elapsed_time(e0, e1) * 1e3 / (args.replays * args.per_graph)
+        return {"back_to_back": eager, "graph": replayed}
+
+    out: dict[str, Any] = {"unit": "us per op"}
+    for name, op in shapes.items():
+        try:
+            out[name] = timed(op)
+        except Exception as e:  # noqa: BLE001 - recorded, the next shape still runs
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+PARTS = {"d2d": part_d2d, "latency": part_latency, "graph": part_graph, "threads": part_threads, "floor": part_floor}
 
 
 def main() -> int:
