@@ -75,7 +75,10 @@ void applyEnvironment(const Options& opt) {
 
 bool isRankProcess() { return std::getenv(kEnvRank) != nullptr; }
 
-int runThreads(const Options& opt, const RankMain& rankMain) {
+namespace {
+
+// mnclCommInitAll over -t N ranks (rank r on the device makeDevice gives it); empty on failure.
+std::vector<mnclComm_t> initAll(const Options& opt) {
   int n = opt.nThreads;
   std::vector<int> devlist;
   for (int r = 0; r < n; ++r) devlist.push_back(makeDevice(opt.device, r)->mnclDevice());
@@ -83,8 +86,17 @@ int runThreads(const Options& opt, const RankMain& rankMain) {
   mnclResult_t rc = mnclCommInitAll(comms.data(), n, devlist.data());
   if (rc != mnclSuccess) {
     report("mnclCommInitAll", rc, nullptr);
-    return 1;
+    return {};
   }
+  return comms;
+}
+
+}  // namespace
+
+int runThreads(const Options& opt, const RankMain& rankMain) {
+  std::vector<mnclComm_t> comms = initAll(opt);
+  if (comms.empty()) return 1;
+  int n = (int)comms.size();
   std::vector<int> status(n, 0);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { status[r] = rankMain(comms[r], r, n); });
@@ -95,6 +107,14 @@ int runThreads(const Options& opt, const RankMain& rankMain) {
     if (status[r] != 0) worst = status[r];
   }
   return worst;
+}
+
+int runOneThread(const Options& opt, const AllRanksMain& allRanks) {
+  std::vector<mnclComm_t> comms = initAll(opt);
+  if (comms.empty()) return 1;
+  int status = allRanks(comms);
+  for (mnclComm_t c : comms) mnclCommDestroy(c);
+  return status;
 }
 
 int runProcesses(const Options& opt, char** argv, const RankMain& rankMain) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include "minincl.h"
 #include "options.h"
@@ -23,6 +24,10 @@ void applyEnvironment(const Options& opt);
 bool isRankProcess();
 
 int runThreads(const Options& opt, const RankMain& rankMain);
+// -t N -g: this thread drives all N communicators; a rank that gives up aborts every one and
+// clears `comms`.
+using AllRanksMain = std::function<int(std::vector<mnclComm_t>& comms)>;
+int runOneThread(const Options& opt, const AllRanksMain& allRanks);
 // In the parent: starts the ranks and waits for them. In a rank process: joins and runs.
 int runProcesses(const Options& opt, char** argv, const RankMain& rankMain);
 

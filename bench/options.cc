@@ -22,6 +22,9 @@ constexpr const char* kOpNames[] = {"sum", "prod", "max", "min", "avg"};
                "  collective   allreduce (default) | broadcast | reduce | allgather |\n"
                "               reduce_scatter | alltoall | sendrecv (or -k NAME)\n"
                "  -t N         N ranks as threads of this process (mnclCommInitAll)\n"
+               "  -g           with -t N: one thread drives all N ranks, each call a group of\n"
+               "               every rank's call (as nccl-tests with -g); ranks on one GPU share\n"
+               "               a stream (and then run as one kernel)\n"
                "  -p N         N ranks as processes (fork/exec, unique id through the environment)\n"
                "  -b SIZE      smallest message, e.g. 8, 64K, 1M (default 32M)\n"
                "  -e SIZE      largest message (default 32M)\n"
@@ -85,11 +88,12 @@ Options parseOptions(int argc, char** argv) {
   optind = first;
   int c;
   try {
-    while ((c = getopt(argc, argv, "hk:t:p:b:e:f:i:n:w:c:o:d:r:a:A:P:C:D:")) != -1) {
+    while ((c = getopt(argc, argv, "hgk:t:p:b:e:f:i:n:w:c:o:d:r:a:A:P:C:D:")) != -1) {
       std::string arg = optarg ? optarg : "";
       switch (c) {
         case 'k': o.coll = parseColl(optarg, prog); break;
         case 't': o.nThreads = std::stoi(arg); break;
+        case 'g': o.grouped = true; break;
         case 'p': o.nProcs = std::stoi(arg); break;
         case 'b': o.minBytes = parseSize(arg); break;
         case 'e': o.maxBytes = parseSize(arg); break;
@@ -132,6 +136,10 @@ Options parseOptions(int argc, char** argv) {
   }
   if ((o.nThreads > 0) == (o.nProcs > 0)) {
     std::fprintf(stderr, "%s: give exactly one of -t N (threads) or -p N (processes)\n", prog);
+    usage(prog, 2);
+  }
+  if (o.grouped && o.nThreads == 0) {
+    std::fprintf(stderr, "%s: -g goes with -t N (ranks of this process)\n", prog);
     usage(prog, 2);
   }
   if (o.maxBytes < o.minBytes || (o.stepBytes == 0 && o.factor <= 1.0) || o.iters < 1 ||

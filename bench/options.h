@@ -13,6 +13,7 @@ enum class Coll { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AlltoA
 struct Options {
   Coll coll = Coll::AllReduce;
   int nThreads = 0;             // -t N: ranks as threads of this process
+  bool grouped = false;         // -g: with -t N, one thread drives every rank, a group per call
   int nProcs = 0;               // -p N: ranks as processes (fork/exec)
   size_t minBytes = 32 << 20;   // -b
   size_t maxBytes = 32 << 20;   // -e

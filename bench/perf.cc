@@ -7,6 +7,7 @@
 // input, runs -w warm-up calls, lines the ranks up, times -n calls, and (with -c 1) runs once
 // more and checks the output against a host reference. Times and wrong counts are combined
 // across ranks with minincl itself, so threads and processes take the same path.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -143,6 +144,89 @@ int runRank(const Options& opt, mnclComm_t& comm, int rank, int nranks) {
   }
 }
 
+// -t N -g: every call is a group of all N ranks' calls, made by this one thread. Ranks on
+// one device share the first one's stream (one caller stream: minincl runs them as one
+// kernel); the time is this thread's, from the first call queued to the last one finished.
+int runGrouped(const Options& opt, std::vector<mnclComm_t>& comms) {
+  int n = (int)comms.size();
+  try {
+    std::vector<std::unique_ptr<Device>> devs;
+    std::vector<void*> streams;
+    for (int r = 0; r < n; ++r) {
+      devs.push_back(makeDevice(opt.device, r));
+      int same = 0;
+      while (devs[same]->mnclDevice() != devs[r]->mnclDevice()) ++same;
+      streams.push_back(devs[same]->stream());
+    }
+    auto syncAll = [&] {
+      for (auto& d : devs) d->synchronize();
+    };
+    size_t typeSize = typeInfo(opt.dtype).size;
+    Shape largest = shapeFor(opt.coll, opt.maxBytes, typeSize, n);
+    std::vector<std::unique_ptr<Buffer>> sends, recvs;
+    for (int r = 0; r < n; ++r) {
+      sends.push_back(std::make_unique<Buffer>(*devs[r], largest.sendCount * typeSize));
+      recvs.push_back(std::make_unique<Buffer>(*devs[r], largest.recvCount * typeSize));
+    }
+    std::vector<char> host(std::max(sends[0]->bytes(), recvs[0]->bytes()));
+    printHeader(opt, n);
+    double busbwTotal = 0;
+    int rows = 0;
+    long long wrongTotal = 0;
+    for (size_t bytes : messageSizes(opt)) {
+      Shape shape = shapeFor(opt.coll, bytes, typeSize, n);
+      if (shape.paramCount == 0) continue;
+      for (int r = 0; r < n; ++r) {
+        fillInput(opt, shape, r, host.data());
+        devs[r]->copyFromHost(sends[r]->data(), host.data(), shape.sendCount * typeSize);
+      }
+      auto once = [&] {
+        mnclResult_t rc = mnclGroupStart();
+        for (int r = 0; r < n && rc == mnclSuccess; ++r) {
+          rc = runCollective(opt, shape, sends[r]->data(), recvs[r]->data(), comms[r], streams[r], r, n);
+        }
+        mnclResult_t end = mnclGroupEnd();
+        if (rc == mnclSuccess) rc = end;
+        if (rc != mnclSuccess) {
+          throw std::runtime_error(std::string(collName(opt.coll)) + " of " + std::to_string(shape.bytes) +
+                                   " B: " + mnclGetErrorString(rc) + " (" + mnclGetLastError(nullptr) + ")");
+        }
+      };
+      for (int i = 0; i < opt.warmup; ++i) once();
+      syncAll();
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < opt.iters; ++i) once();
+      syncAll();
+      double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / opt.iters;
+      long long wrong = -1;
+      if (opt.check) {
+        std::vector<char> poison(shape.recvCount * typeSize, static_cast<char>(0x5a));
+        for (int r = 0; r < n; ++r) devs[r]->copyFromHost(recvs[r]->data(), poison.data(), poison.size());
+        once();
+        syncAll();
+        wrong = 0;
+        for (int r = 0; r < n; ++r) {
+          devs[r]->copyToHost(host.data(), recvs[r]->data(), shape.recvCount * typeSize);
+          wrong += static_cast<long long>(countWrong(opt, shape, r, n, host.data()));
+        }
+        wrongTotal += wrong;
+      }
+      double algbw = static_cast<double>(shape.bytes) / seconds / 1e9;
+      double busbw = algbw * busFactor(opt.coll, n);
+      busbwTotal += busbw;
+      ++rows;
+      printRow(opt, shape, seconds * 1e6, algbw, busbw, wrong);
+    }
+    printFooter(opt, rows ? busbwTotal / rows : 0.0, wrongTotal);
+    return wrongTotal ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "minincl-perf: %s\n", e.what());
+    for (mnclComm_t& c : comms) mnclCommAbort(c);
+    comms.clear();
+    return 2;
+  }
+}
+
 }  // namespace
 }  // namespace perf
 
@@ -152,6 +236,7 @@ int main(int argc, char** argv) {
   applyEnvironment(opt);
   RankMain rankMain = [&opt](mnclComm_t& comm, int rank, int nranks) { return runRank(opt, comm, rank, nranks); };
   try {
+    if (opt.grouped) return runOneThread(opt, [&opt](std::vector<mnclComm_t>& comms) { return runGrouped(opt, comms); });
     return opt.nThreads > 0 ? runThreads(opt, rankMain) : runProcesses(opt, argv, rankMain);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "minincl-perf: %s\n", e.what());

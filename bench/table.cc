@@ -16,7 +16,7 @@ void printHeader(const Options& opt, int nranks) {
   };
   std::printf("# minincl-perf %s: %d ranks as %s on %s, minBytes %zu maxBytes %zu step: %s%s%g, "
               "warmup iters: %d iters: %d, validation: %d\n",
-              collName(opt.coll), nranks, opt.nThreads > 0 ? "threads" : "processes", opt.device.c_str(),
+              collName(opt.coll), nranks, opt.grouped ? "one thread's groups" : opt.nThreads > 0 ? "threads" : "processes", opt.device.c_str(),
               opt.minBytes, opt.maxBytes, opt.stepBytes ? "+" : "x",
               opt.stepBytes ? std::to_string(opt.stepBytes).c_str() : "",
               opt.stepBytes ? 0.0 : opt.factor, opt.warmup, opt.iters, opt.check ? 1 : 0);

@@ -100,6 +100,9 @@ struct DevChannel {
   // [nranks]: sendStep and recvStep when the current operation started (direct writes).
   uint64_t* opFirstSendStep = nullptr;
   uint64_t* opFirstRecvStep = nullptr;
+  // [nranks]: each receiver's head as this side last read it. Heads only grow, so a slot it
+  // shows free is free without reading the receiver's word again (see sendSlotFree).
+  uint64_t* peerHeads = nullptr;
   const int* ring = nullptr;        // [nranks]: ring order; ring[ringPos] == rank
   int ringPos = 0;
   ProtoSizes sizes{};
@@ -122,6 +125,51 @@ struct DevChannel {
   const char* window = nullptr;
   uint64_t windowBytes = 0;
 };
+
+// On a GPU a channel's arrays lie in one block of device memory (GpuComm::upload lays it out,
+// a kernel copies it whole into shared memory); the counters a kernel changes come first.
+struct ChannelArrays {
+  size_t sendStep, recvStep, peerHeads, opFirstSendStep, opFirstRecvStep, sendTo, recvFrom, ring;
+  size_t changedBytes;  // sendStep, recvStep, peerHeads: what a launch writes back
+  size_t bytes;         // whole words: the copies move 8 bytes at a time
+
+  MNCL_HOSTDEV explicit ChannelArrays(int nranks) {
+    size_t steps = sizeof(uint64_t) * (size_t)nranks, fifos = sizeof(ConnFifo) * (size_t)nranks;
+    sendStep = 0;
+    recvStep = steps;
+    peerHeads = 2 * steps;
+    changedBytes = 3 * steps;
+    opFirstSendStep = 3 * steps;
+    opFirstRecvStep = 4 * steps;
+    sendTo = 5 * steps;
+    recvFrom = sendTo + fifos;
+    ring = recvFrom + fifos;
+    bytes = (ring + sizeof(int) * (size_t)nranks + 7) / 8 * 8;
+  }
+
+  // Points the channel's arrays into the block at `base`.
+  MNCL_HOSTDEV void point(DevChannel& d, char* base) const {
+    d.sendStep = reinterpret_cast<uint64_t*>(base + sendStep);
+    d.recvStep = reinterpret_cast<uint64_t*>(base + recvStep);
+    d.peerHeads = reinterpret_cast<uint64_t*>(base + peerHeads);
+    d.opFirstSendStep = reinterpret_cast<uint64_t*>(base + opFirstSendStep);
+    d.opFirstRecvStep = reinterpret_cast<uint64_t*>(base + opFirstRecvStep);
+    d.sendTo = reinterpret_cast<ConnFifo*>(base + sendTo);
+    d.recvFrom = reinterpret_cast<ConnFifo*>(base + recvFrom);
+    d.ring = reinterpret_cast<const int*>(base + ring);
+  }
+};
+
+// Whether this channel may fill its next step's slot to `peer`: the receiver's head is within
+// kSteps of it. Loads the receiver's word only when the head last seen does not already
+// show room (once in kSteps steps, while the receiver keeps up). Thread 0 only.
+MNCL_DEV bool sendSlotFree(DevChannel& ch, int peer) {
+  uint64_t step = ch.sendStep[peer];
+  if (ch.peerHeads[peer] + kSteps > step) return true;
+  uint64_t head = loadAcquire(&ch.sendTo[peer].ctrl->head);
+  ch.peerHeads[peer] = head;
+  return head + kSteps > step;
+}
 
 // Why a channel stopped early, for the host to turn into a message.
 struct DevError {

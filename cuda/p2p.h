@@ -101,10 +101,7 @@ struct P2pEngine {
   }
 
   // Thread 0: may this send fill its next slot (the receiver has freed it)?
-  MNCL_DEV Verdict sendVerdict(const P2pOp& op) const {
-    const ConnFifo& f = ch.sendTo[op.peer];
-    return loadAcquire(&f.ctrl->head) + kSteps > ch.sendStep[op.peer] ? Verdict::go : Verdict::wait;
-  }
+  MNCL_DEV Verdict sendVerdict(const P2pOp& op) const { return sendSlotFree(ch, op.peer) ? Verdict::go : Verdict::wait; }
 
   // Thread 0: has this recv's next step arrived, and does the sender's op match ours?
   MNCL_DEV Verdict recvVerdict(const P2pOp& op) const {

@@ -328,10 +328,8 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
     StepInfo info = cx_.work.info();
     for (int s = 0; s < send_.n; ++s) {
       int peer = send_.peer[s];
-      ConnCtrl* c = ch.sendTo[peer].ctrl;
-      uint64_t step = ch.sendStep[peer];
-      if (!cx_.waiter.until([&] { return loadAcquire(&c->head) + kSteps > step; })) return;
-      c->info[step % kSteps] = info;
+      if (!cx_.waiter.until([&] { return sendSlotFree(ch, peer); })) return;
+      ch.sendTo[peer].ctrl->info[ch.sendStep[peer] % kSteps] = info;
     }
     fenceFor(ch.systemScope);  // GPU: the StepInfo lands before any line (line stores are not releases)
   }

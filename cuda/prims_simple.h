@@ -237,9 +237,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     DevChannel& ch = cx_.ch;
     for (int i = 0; i < send_.n; ++i) {
       int p = send_.peer[i];
-      ConnCtrl* c = ch.sendTo[p].ctrl;
-      uint64_t step = ch.sendStep[p];
-      if (!cx_.waiter.until([&] { return loadAcquire(&c->head) + kSteps > step; })) return false;
+      if (!cx_.waiter.until([&] { return sendSlotFree(ch, p); })) return false;
     }
     return true;
   }

@@ -90,7 +90,7 @@ struct Ranks {
     }
     sendTo.resize(n * n);
     recvFrom.resize(n * n);
-    steps.assign(4 * n * n, 0);
+    steps.assign(5 * n * n, 0);
     ring.resize(n);
     for (int r = 0; r < n; ++r) ring[r] = r;
     channels.resize(n);
@@ -109,6 +109,7 @@ struct Ranks {
       ch.recvStep = &steps[(1 * n + me) * n];
       ch.opFirstSendStep = &steps[(2 * n + me) * n];
       ch.opFirstRecvStep = &steps[(3 * n + me) * n];
+      ch.peerHeads = &steps[(4 * n + me) * n];
       ch.ring = ring.data();
       ch.ringPos = me;
       ch.sizes = sizes;

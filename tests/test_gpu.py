@@ -518,6 +518,20 @@ def test_several_collectives_in_one_group(gpus: GpuPool, cp: Any) -> None:
         np.testing.assert_array_equal(cp.asnumpy(b[r]), np.full(777, 2))
 
 
+@pytest.mark.parametrize("fuse", ["1", "0"])
+def test_group_of_ranks_in_one_kernel_or_one_each(gpus: GpuPool, cp: Any, fuse: str) -> None:
+    """A group of one collective per rank on one stream runs as one kernel (MININCL_GPU_FUSE=1,
+    the default, while every rank's channels fit one launch) or as a kernel per rank on forked
+    streams (0). Both at every collective, small counts (fused) and large (too many channels)."""
+    comms = gpus.get(4)
+    lib = Lib("cupy")
+    with env_as({"MININCL_GPU_FUSE": fuse}):
+        for coll in ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"):
+            for count in (1, 1009, 1 << 20):
+                check_group(comms, coll, "float32", "sum", count, in_place=False, lib=lib)
+        check_group(comms, "allreduce", "int32", "max", 12345, in_place=True, lib=lib)
+
+
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_one_thread_per_rank_with_own_streams(gpus: GpuPool, cp: Any, nranks: int) -> None:
     """Each rank's thread orders its calls on its own non-blocking stream, between CuPy

@@ -14,11 +14,63 @@
 namespace mncl::dev {
 namespace {
 
+static_assert(sizeof(DevChannel) % 8 == 0, "copyWords moves whole words");
+
+// Every thread of the block copies a share of `bytes` (whole words), the loads all in flight
+// together.
+__device__ __forceinline__ void copyWords(void* dst, const void* src, size_t bytes) {
+  for (size_t i = tid(); i < bytes / 8; i += nthreads()) static_cast<uint64_t*>(dst)[i] = static_cast<const uint64_t*>(src)[i];
+}
+
+// The block's channel in shared memory for the length of the launch: the DevChannel, then
+// the arrays it points to (connections, step counters, ring), each copied by all threads at
+// once. Two memory round trips, where the algorithm touching each word as it needs it (a
+// pointer, then what it points to, ...) made a chain of a dozen, which set the time of a
+// small operation. What the operation changes goes back to device memory at its end.
+struct CachedChannel {
+  DevChannel* global;
+  DevChannel* shared;  // = global where there is no cache
+  char* globalArrays;  // where the arrays live in device memory
+  bool arraysCached = false;
+
+  __device__ __forceinline__ CachedChannel(DevChannel* g, DevChannel* s, uint64_t* arrays, uint32_t arraysBytes)
+      : global(g), shared(arraysBytes ? s : g) {
+    if (!arraysBytes) return;
+    copyWords(shared, global, sizeof(DevChannel));
+    barrier();
+    globalArrays = reinterpret_cast<char*>(shared->sendStep);  // the first array
+    const ChannelArrays layout(shared->nranks);
+    // (Always true: the host sized the shared memory for this communicator's ranks.)
+    arraysCached = layout.bytes <= arraysBytes;
+    if (!arraysCached) return;
+    copyWords(arrays, globalArrays, layout.bytes);
+    barrier();
+    if (tid() == 0) layout.point(*shared, reinterpret_cast<char*>(arrays));
+    barrier();
+  }
+
+  // The counters the operation changed, back to device memory for the next launch.
+  __device__ __forceinline__ void writeBack() {
+    if (shared == global) return;
+    barrier();
+    if (arraysCached) copyWords(globalArrays, shared->sendStep, ChannelArrays(shared->nranks).changedBytes);
+    if (tid() == 0) {
+      global->pointerStepsPosted = shared->pointerStepsPosted;
+      global->pointerStepsSent = shared->pointerStepsSent;
+      global->directWritesSent = shared->directWritesSent;
+    }
+  }
+};
+
 template <typename T, typename Fn>
-__global__ void __launch_bounds__(kGpuThreads)
-    collectiveKernel(DevChannel* channels, const __grid_constant__ GpuWorks works, DevError* errors, Fn fn) {
-  DevChannel& ch = channels[blockIdx.x];
-  runTyped<T>(ch, works.w[blockIdx.x], fn, errors + blockIdx.x);
+__global__ void __launch_bounds__(kGpuThreads) collectiveKernel(const __grid_constant__ GpuBlocks blocks, Fn fn) {
+  __shared__ alignas(DevChannel) unsigned char storage[sizeof(DevChannel)];
+  extern __shared__ uint64_t arrays[];
+  int rank = blocks.rank[blockIdx.x], channel = blocks.channel[blockIdx.x];
+  CachedChannel cache(blocks.channels[rank] + channel, reinterpret_cast<DevChannel*>(storage), arrays,
+                      blocks.cachedArraysBytes);
+  runTyped<T>(*cache.shared, blocks.work[blockIdx.x], fn, blocks.errors[rank] + channel);
+  cache.writeBack();
 }
 
 // avg divides by the rank count; the other reductions carry no state.
@@ -29,7 +81,7 @@ void setRanks(Fn& fn, int nranks) {
 
 template <typename T, typename Fn>
 cudaError_t launch(const GpuLaunch& l, Fn fn) {
-  collectiveKernel<T, Fn><<<l.nChannels, l.nThreads, 0, l.stream>>>(l.channels, l.works, l.errors, fn);
+  collectiveKernel<T, Fn><<<l.nBlocks, l.nThreads, l.blocks.cachedArraysBytes, l.stream>>>(l.blocks, fn);
   return cudaGetLastError();
 }
 

@@ -11,19 +11,34 @@ namespace mncl::dev {
 // The most channels (blocks) one GPU operation runs on. The work items travel as a kernel
 // argument (no copy to the device before each launch, and a CUDA graph captures them).
 constexpr int kMaxGpuChannels = 32;
+// The most ranks one launch runs: ranks of one GPU that a group drives from one thread run in
+// a single kernel (see GpuBlocks).
+constexpr int kMaxFusedRanks = 8;
 // Threads per block. The kernels are compiled for it (__launch_bounds__), which caps their
 // registers so that a block of this size always fits on an SM.
 constexpr int kGpuThreads = 512;
-struct GpuWorks {
-  DevWork w[kMaxGpuChannels];
+
+// What each block of a collective launch runs: channel `channel[b]` of the launch's rank
+// `rank[b]`, on work item `work[b]`. One rank's channels in order, or (fused) the channels of
+// several ranks of this GPU that one group calls together: they then start together in one
+// launch, without a stream per rank to fork and join.
+struct GpuBlocks {
+  DevChannel* channels[kMaxFusedRanks];  // per rank: device memory, persistent across launches
+  DevError* errors[kMaxFusedRanks];      // per rank: host-mapped, one record per channel
+  uint8_t rank[kMaxGpuChannels];
+  uint8_t channel[kMaxGpuChannels];
+  DevWork work[kMaxGpuChannels];  // byte counts for copy-only collectives
+  // Shared memory each block holds its channel's arrays in for the launch (see
+  // channelArraysBytes; the launch asks for that much); 0: the block works on device memory.
+  uint32_t cachedArraysBytes;
 };
-static_assert(sizeof(GpuWorks) + 64 <= 4096, "kernel arguments are limited to 4 KiB");
+// Channels whose arrays take more stay in device memory (many ranks).
+constexpr uint32_t kMaxCachedArraysBytes = 32 << 10;
+static_assert(sizeof(GpuBlocks) + 64 <= 4096, "kernel arguments are limited to 4 KiB");
 
 struct GpuLaunch {
-  DevChannel* channels;  // device memory, one per block, persistent across launches
-  GpuWorks works;        // one per block (byte counts for copy-only collectives)
-  DevError* errors;      // host-mapped, one per block
-  int nChannels, nThreads, nranks;
+  GpuBlocks blocks;
+  int nBlocks, nThreads, nranks;
   cudaStream_t stream;
 };
 

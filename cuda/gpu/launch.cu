@@ -51,7 +51,7 @@ DataType asInstantiated(RedOp op, DataType t) {
 cudaError_t launchCollective(const GpuLaunch& l, Coll coll, DataType dtype, RedOp op) {
   if (isCopyOnly(coll)) {
     GpuLaunch bytes = l;
-    for (int c = 0; c < l.nChannels; ++c) bytes.works.w[c] = asBytes(l.works.w[c]);
+    for (int b = 0; b < l.nBlocks; ++b) bytes.blocks.work[b] = asBytes(l.blocks.work[b]);
     return launchCopy(bytes);
   }
   if ((unsigned)op >= (unsigned)RedOp::count || (unsigned)dtype >= (unsigned)DataType::count) return cudaErrorInvalidValue;

@@ -208,6 +208,7 @@ void Comm::setupChannels(const dev::ProtoSizes& sizes) {
     ch->recvStep.assign(nranks_, 0);
     ch->opFirstSendStep.assign(nranks_, 0);
     ch->opFirstRecvStep.assign(nranks_, 0);
+    ch->peerHeads.assign(nranks_, 0);
     ch->ring = plan_.rings[c % plan_.rings.size()];  // the search's order (or rank order)
     dev::DevChannel& d = ch->dev;
     d.id = c;
@@ -219,6 +220,7 @@ void Comm::setupChannels(const dev::ProtoSizes& sizes) {
     d.recvStep = ch->recvStep.data();
     d.opFirstSendStep = ch->opFirstSendStep.data();
     d.opFirstRecvStep = ch->opFirstRecvStep.data();
+    d.peerHeads = ch->peerHeads.data();
     d.ring = ch->ring.data();
     d.ringPos = (int)(std::find(ch->ring.begin(), ch->ring.end(), rank_) - ch->ring.begin());
     d.sizes = sizes;

@@ -34,6 +34,7 @@ struct Channel {
   std::vector<dev::ConnFifo> sendTo, recvFrom;
   std::vector<uint64_t> sendStep, recvStep;
   std::vector<uint64_t> opFirstSendStep, opFirstRecvStep;
+  std::vector<uint64_t> peerHeads;
   std::vector<int> ring;
 };
 

@@ -57,12 +57,14 @@ class Lanes {
   std::vector<Lane> lanes_;
 };
 
-[[noreturn]] void failLaunch(Comm& comm, const char* what, cudaError_t e) {
-  // The peers already launched would wait for this rank forever: fail it, so they stop too.
-  std::string msg = std::string("rank ") + std::to_string(comm.rank()) + ": launching the " + what +
-                    " kernel failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+[[noreturn]] void failLaunch(const std::vector<Comm*>& comms, const char* what, cudaError_t e) {
+  std::string who = comms.size() > 1 ? "ranks " : "rank ";
+  for (size_t i = 0; i < comms.size(); ++i) who += (i ? ", " : "") + std::to_string(comms[i]->rank());
+  std::string msg = who + ": launching the " + what + " kernel failed: " + cudaGetErrorName(e) + " (" +
+                    cudaGetErrorString(e) + ")";
   cudaGetLastError();
-  comm.fail(mnclUnhandledCudaError, msg);
+  // The peers already launched would wait for these ranks forever: fail them, so they stop too.
+  for (Comm* comm : comms) comm->fail(mnclUnhandledCudaError, msg);
   throwError(mnclUnhandledCudaError, msg);
 }
 
@@ -100,6 +102,14 @@ int threadsFor(const Comm& comm, const CollCall& c, int nChannels) {
   return threadsForBytes(bytes / (size_t)std::max(nChannels, 1));
 }
 
+// Shared memory for a block's copy of its channel's arrays (see dev::CachedChannel); 0 keeps
+// them in device memory: many ranks, or MININCL_GPU_CHANNEL_CACHE=0.
+uint32_t cachedArraysBytes(const Comm& comm) {
+  if (env::integer("MININCL_GPU_CHANNEL_CACHE", 1) == 0) return 0;
+  size_t bytes = dev::ChannelArrays(comm.nranks()).bytes;
+  return bytes <= dev::kMaxCachedArraysBytes ? (uint32_t)bytes : 0;
+}
+
 Launch planColl(Comm& comm, const CollCall& c, cudaStream_t stream) {
   Launch L{&comm, stream, collName(c.coll)};
   L.coll = c;
@@ -110,10 +120,15 @@ Launch planColl(Comm& comm, const CollCall& c, cudaStream_t stream) {
   if (n == 0) return L;
   gpu::GpuComm& g = *comm.gpu();
   dev::GpuLaunch& l = L.collLaunch;
-  l.channels = g.channels();
-  for (int ch = 0; ch < n; ++ch) l.works.w[ch] = works[ch];
-  l.errors = g.errorsOnDevice();
-  l.nChannels = n;
+  l.blocks.channels[0] = g.channels();
+  l.blocks.errors[0] = g.errorsOnDevice();
+  for (int ch = 0; ch < n; ++ch) {
+    l.blocks.rank[ch] = 0;
+    l.blocks.channel[ch] = (uint8_t)ch;
+    l.blocks.work[ch] = works[ch];
+  }
+  l.blocks.cachedArraysBytes = cachedArraysBytes(comm);
+  l.nBlocks = n;
   l.nThreads = threadsFor(comm, c, n);
   l.nranks = comm.nranks();
   l.stream = stream;
@@ -183,9 +198,67 @@ void launch(const Launch& L) {
   if (L.kernel) {
     cudaError_t e = L.isP2p ? dev::launchP2p(L.p2pLaunch)
                             : dev::launchCollective(L.collLaunch, L.coll.coll, L.coll.dtype, L.coll.op);
-    if (e != cudaSuccess) failLaunch(comm, L.what, e);
+    if (e != cudaSuccess) failLaunch({&comm}, L.what, e);
   }
   g.recordLaunch(L.stream);
+}
+
+// Whether a group may run its ranks of one GPU in one kernel (MININCL_GPU_FUSE=0: never).
+// Read at every group, so that a program (or a test) can switch it between calls.
+bool fusionEnabled() { return env::integer("MININCL_GPU_FUSE", 1) != 0; }
+
+// A group whose every call is one collective of a different rank, all on one GPU and one
+// caller stream, with the same kernel instance (collective, type, op, rank count): one launch
+// runs every rank's channels (see dev::GpuBlocks). Instead of a kernel per rank on side
+// streams forked from the caller's and joined back, which costs a launch and two stream
+// dependencies per rank, in a graph as well. Returns false, launching nothing, where the
+// group is not of that shape or its blocks do not fit one launch.
+bool launchFused(const std::vector<GpuCall>& calls) {
+  if (!fusionEnabled() || calls.size() < 2 || calls.size() > (size_t)dev::kMaxFusedRanks) return false;
+  const GpuCall& first = calls.front();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const GpuCall& gc = calls[i];
+    if (gc.isP2p || gc.comm->device() != first.comm->device() || gc.coll.stream != first.coll.stream ||
+        gc.coll.coll != first.coll.coll || gc.coll.dtype != first.coll.dtype || gc.coll.op != first.coll.op ||
+        gc.comm->nranks() != first.comm->nranks()) {
+      return false;
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (calls[j].comm == gc.comm) return false;
+    }
+  }
+  auto stream = static_cast<cudaStream_t>(first.coll.stream);
+  std::vector<Launch> plans;
+  int nBlocks = 0;
+  for (const GpuCall& gc : calls) {
+    plans.push_back(planColl(*gc.comm, gc.coll, stream));
+    if (!plans.back().kernel) return false;  // a copy, or nothing to do
+    nBlocks += plans.back().collLaunch.nBlocks;
+  }
+  if (nBlocks > dev::kMaxGpuChannels) return false;
+  Launch fused = plans.front();
+  dev::GpuLaunch& l = fused.collLaunch;
+  for (size_t r = 1; r < plans.size(); ++r) {
+    const dev::GpuLaunch& p = plans[r].collLaunch;
+    l.blocks.channels[r] = p.blocks.channels[0];
+    l.blocks.errors[r] = p.blocks.errors[0];
+    for (int b = 0; b < p.nBlocks; ++b, ++l.nBlocks) {
+      l.blocks.rank[l.nBlocks] = (uint8_t)r;
+      l.blocks.channel[l.nBlocks] = p.blocks.channel[b];
+      l.blocks.work[l.nBlocks] = p.blocks.work[b];
+    }
+    l.nThreads = std::max(l.nThreads, p.nThreads);
+  }
+  gpu::DeviceScope scope(first.comm->device());
+  for (const GpuCall& gc : calls) gc.comm->gpu()->orderAfterPrevious(stream);
+  cudaError_t e = dev::launchCollective(l, first.coll.coll, first.coll.dtype, first.coll.op);
+  if (e != cudaSuccess) {
+    std::vector<Comm*> comms;
+    for (const GpuCall& gc : calls) comms.push_back(gc.comm);
+    failLaunch(comms, fused.what, e);
+  }
+  for (const GpuCall& gc : calls) gc.comm->gpu()->recordLaunch(stream);
+  return true;
 }
 
 }  // namespace
@@ -197,6 +270,7 @@ void launch(const Launch& L) {
 // so that no kernel queued behind a waiting one (in a stream, or in a hardware queue that
 // streams share) holds up a kernel it waits for.
 void launchGpuCalls(const std::vector<GpuCall>& calls) {
+  if (launchFused(calls)) return;
   Lanes lanes;
   std::vector<std::pair<Comm*, std::vector<Launch>>> byComm;  // in order of first appearance
   auto queueOf = [&](Comm* c) -> std::vector<Launch>& {

@@ -16,10 +16,11 @@ struct GpuCall {
 };
 
 // Launches `calls` in order, one kernel per collective; each communicator's sends and
-// receives run together in one more kernel, after its collectives. Communicators that share a caller stream (several ranks driven
-// by one thread in a group) would wait for each other on it: all but the first run on their
-// own side stream, forked from the caller's stream before and joined back into it after,
-// which also keeps the whole group inside a CUDA graph capture.
+// receives run together in one more kernel, after its collectives. Communicators that share a
+// caller stream (several ranks driven by one thread in a group) would wait for each other on
+// it: all but the first run on their own side stream, forked from the caller's stream before
+// and joined back into it after, which also keeps the whole group inside a CUDA graph capture.
+// A group of one collective per rank, all on one GPU and one stream, runs as one kernel instead.
 void launchGpuCalls(const std::vector<GpuCall>& calls);
 
 }  // namespace mncl

@@ -173,10 +173,8 @@ void GpuComm::upload(const std::vector<std::unique_ptr<Channel>>& channels, cons
   MNCL_CHECK(nChannels_ <= dev::kMaxGpuChannels, mnclInvalidArgument,
         "a GPU communicator runs at most " + std::to_string(dev::kMaxGpuChannels) + " channels (MININCL_NCHANNELS)");
   int n = channels.empty() ? 0 : channels[0]->dev.nranks;
-  // Per channel: sendTo[n], recvFrom[n], sendStep[n], recvStep[n], opFirstSendStep[n],
-  // opFirstRecvStep[n], ring[n].
-  size_t fifos = sizeof(dev::ConnFifo) * n, steps = sizeof(uint64_t) * n, ring = sizeof(int) * n;
-  size_t per = alignUp(2 * fifos + 4 * steps + ring, 256);
+  const dev::ChannelArrays layout(n);
+  size_t per = alignUp(layout.bytes, 256);
   std::vector<char> staging(per * nChannels_, 0);
   std::vector<dev::DevChannel> devChannels(nChannels_);
   MNCL_CUDA_CHECK(cudaMalloc(&arrays_, std::max<size_t>(staging.size(), 1)));
@@ -184,18 +182,11 @@ void GpuComm::upload(const std::vector<std::unique_ptr<Channel>>& channels, cons
   for (int c = 0; c < nChannels_; ++c) {
     const Channel& ch = *channels[c];
     char* host = staging.data() + per * c;
-    char* onDev = static_cast<char*>(arrays_) + per * c;
-    std::memcpy(host, ch.sendTo.data(), fifos);
-    std::memcpy(host + fifos, ch.recvFrom.data(), fifos);
-    std::memcpy(host + 2 * fifos + 4 * steps, ch.ring.data(), ring);  // step counters stay zero
+    std::memcpy(host + layout.sendTo, ch.sendTo.data(), sizeof(dev::ConnFifo) * n);
+    std::memcpy(host + layout.recvFrom, ch.recvFrom.data(), sizeof(dev::ConnFifo) * n);
+    std::memcpy(host + layout.ring, ch.ring.data(), sizeof(int) * n);  // step counters stay zero
     dev::DevChannel d = ch.dev;
-    d.sendTo = reinterpret_cast<dev::ConnFifo*>(onDev);
-    d.recvFrom = reinterpret_cast<dev::ConnFifo*>(onDev + fifos);
-    d.sendStep = reinterpret_cast<uint64_t*>(onDev + 2 * fifos);
-    d.recvStep = reinterpret_cast<uint64_t*>(onDev + 2 * fifos + steps);
-    d.opFirstSendStep = reinterpret_cast<uint64_t*>(onDev + 2 * fifos + 2 * steps);
-    d.opFirstRecvStep = reinterpret_cast<uint64_t*>(onDev + 2 * fifos + 3 * steps);
-    d.ring = reinterpret_cast<const int*>(onDev + 2 * fifos + 4 * steps);
+    layout.point(d, static_cast<char*>(arrays_) + per * c);
     d.abortFlag = abortWordOnDevice;
     d.systemScope = outsideThisGpu(ch, device_);
     devChannels[c] = d;
