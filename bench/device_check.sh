@@ -12,9 +12,11 @@
 # (c) minincl-perf built in pip's own build tree (the CUDA kernels are already compiled there;
 #     a separate cmake+ninja tree only if that fails): perf_build.log
 # (e) minincl-perf on -D cuda: allreduce 8 B at 2 ranks (LL), 256 MiB at 8 ranks per algorithm;
-#     plus device-to-device copy bandwidth (gpu_bench.py d2d) for the memory-bound limit
-# (f) bench/gpu_bench.py: 8-byte allreduce latency, back to back and replayed from a CUDA graph,
-#     and the floor under it (empty kernels, a bare handshake)
+#     plus device-to-device copy bandwidth (gpu_bench.py d2d) for the memory-bound limit;
+#     8-byte latency with one thread driving every rank (-g: one fused kernel), A/B without
+#     fusion and without the channel cache; the tuner's sweep; every algorithm x protocol
+# (f) bench/gpu_bench.py: 8-byte allreduce latency, back to back and replayed from a CUDA graph
+#     (A/B as above), and the floor under it (empty kernels, a bare handshake)
 # (d) tests/test_gpu.py -m gpu with what is left of the budget, from tests/ so the installed
 #     package is imported: gpu_tests.log, gpu_tests.xml
 # (g) results.json and a short summary (bench/device_check_report.py); everything else packed
@@ -197,58 +199,43 @@ if ((BUILD_OK)); then
     for f in "$OUT"/perf_bw_8_*.log; do
       awk -v f="$(basename "$f" .log)" '/^ +[0-9]+ /{printf "%-26s %10s us  busbw %8s GB/s  #wrong %s\n", f, $6, $8, $9}' "$f"
     done
-    # 8-byte latency, A/B: waits that sleep at once (MININCL_GPU_SPINS=0), whole blocks.
-    step perf_lat_2_sleepy "$(limit 30 100)" "$OUT/perf_lat_2_sleepy.log" \
-      env MININCL_GPU_SPINS=0 "$PERF" allreduce -t 2 -b 8 -e 8 -n 2000 -w 200 -P ll -D cuda -c 1
-    step perf_lat_2_512t "$(limit 30 100)" "$OUT/perf_lat_2_512t.log" \
-      env MININCL_GPU_THREADS=512 "$PERF" allreduce -t 2 -b 8 -e 8 -n 2000 -w 200 -P ll -D cuda -c 1
+    # 8-byte latency: one thread driving both ranks, a group per call (one fused kernel), and
+    # A/B: a kernel per rank (MININCL_GPU_FUSE=0), channels read from device memory
+    # (MININCL_GPU_CHANNEL_CACHE=0); per algorithm.
+    lat_args=(allreduce -b 8 -e 8 -n 2000 -w 200 -P ll -D cuda -c 1)
+    step perf_lat_2_grouped "$(limit 30 100)" "$OUT/perf_lat_2_grouped.log" "$PERF" "${lat_args[@]}" -t 2 -g
+    step perf_lat_2_grouped_unfused "$(limit 30 100)" "$OUT/perf_lat_2_grouped_unfused.log" \
+      env MININCL_GPU_FUSE=0 "$PERF" "${lat_args[@]}" -t 2 -g
+    step perf_lat_2_grouped_nocache "$(limit 30 100)" "$OUT/perf_lat_2_grouped_nocache.log" \
+      env MININCL_GPU_CHANNEL_CACHE=0 "$PERF" "${lat_args[@]}" -t 2 -g
+    step perf_lat_2_nocache "$(limit 30 100)" "$OUT/perf_lat_2_nocache.log" \
+      env MININCL_GPU_CHANNEL_CACHE=0 "$PERF" "${lat_args[@]}" -t 2
     for a in ring tree direct; do
-      step "perf_lat_2_$a" "$(limit 30 100)" "$OUT/perf_lat_2_$a.log" \
-        "$PERF" allreduce -t 2 -b 8 -e 8 -n 2000 -w 200 -P ll -A "$a" -D cuda -c 1
+      step "perf_lat_2_grouped_$a" "$(limit 30 100)" "$OUT/perf_lat_2_grouped_$a.log" "$PERF" "${lat_args[@]}" -t 2 -g -A "$a"
     done
-    for f in "$OUT"/perf_lat_2*.log; do
-      awk -v f="$(basename "$f" .log)" '/^ +[0-9]+ /{printf "%-26s %10s us  #wrong %s\n", f, $6, $9}' "$f"
-    done
-    # Pipeline pieces (MININCL_PIPELINE_CHUNK_BYTES; GPU default: a whole slot, i.e. uncut),
-    # A/B on the 8-rank tree allreduce and ring broadcast, 64 KiB to 16 MiB, checked.
-    for chunk in whole 64K; do
-      pipe_env=()
-      [ "$chunk" = whole ] || pipe_env=(MININCL_PIPELINE_CHUNK_BYTES="$chunk")
-      step "perf_pipe_8_tree_$chunk" "$(limit 25 100)" "$OUT/perf_pipe_8_tree_$chunk.log" env "${pipe_env[@]}" \
-        "$PERF" allreduce -t 8 -b 64K -e 16M -f 4 -n 20 -w 5 -A tree -P simple -D cuda -c 1
-      step "perf_pipe_8_bcast_$chunk" "$(limit 25 100)" "$OUT/perf_pipe_8_bcast_$chunk.log" env "${pipe_env[@]}" \
-        "$PERF" broadcast -t 8 -b 64K -e 16M -f 4 -n 20 -w 5 -A ring -P simple -D cuda -c 1
-    done
-    for f in "$OUT"/perf_pipe_8_*.log; do
-      awk -v f="$(basename "$f" .log)" '/^ +[0-9]+ /{s = s sprintf(" %s:%sus", $1, $6); w += $9} END {printf "%-26s%s  #wrong %d\n", f, s, w}' "$f"
-    done
-    # LL / LL128 steps: the seventh session's GPU sizes (2048 / 1024 lines) against the fifth's
-    # (512 / 256), 4 KiB to 16 MiB, checked: direct at 2 ranks, and the pipelines at 8 (a tree
-    # or ring cuts no step of these, so bigger steps pipeline less between hops).
-    for run in 2_direct 8_ring 8_tree; do
-      for proto in ll ll128; do
-        for slots in new old; do
-          slot_env=()
-          [ "$slots" = new ] || slot_env=(MININCL_LL_SLOT_LINES=512 MININCL_LL128_SLOT_LINES=256)
-          step "perf_lines_${run}_${proto}_$slots" "$(limit 25 100)" "$OUT/perf_lines_${run}_${proto}_$slots.log" \
-            env "${slot_env[@]}" "$PERF" allreduce -t "${run%%_*}" -b 4K -e 16M -f 4 -n 20 -w 5 -A "${run#*_}" \
-            -P "$proto" -D cuda -c 1
-        done
-      done
-    done
-    for f in "$OUT"/perf_lines_*.log; do
-      awk -v f="$(basename "$f" .log)" '/^ +[0-9]+ /{s = s sprintf(" %s:%sus", $1, $6); w += $9} END {printf "%-26s%s  #wrong %d\n", f, s, w}' "$f"
+    step perf_lat_8_grouped "$(limit 30 100)" "$OUT/perf_lat_8_grouped.log" "$PERF" "${lat_args[@]}" -t 8 -g
+    step perf_lat_8_grouped_nocache "$(limit 30 100)" "$OUT/perf_lat_8_grouped_nocache.log" \
+      env MININCL_GPU_CHANNEL_CACHE=0 "$PERF" "${lat_args[@]}" -t 8 -g
+    for f in "$OUT"/perf_lat_*.log; do
+      awk -v f="$(basename "$f" .log)" '/^ +[0-9]+ /{printf "%-30s %10s us  #wrong %s\n", f, $6, $9}' "$f"
     done
     # Sends and receives (blocks sized by bytes since the seventh session), 2 ranks, checked.
     step perf_sendrecv_2 "$(limit 25 100)" "$OUT/perf_sendrecv_2.log" \
       "$PERF" sendrecv -t 2 -b 8 -e 16M -f 8 -n 20 -w 5 -D cuda -c 1
     awk '/^ +[0-9]+ /{s = s sprintf(" %s:%sus", $1, $6); w += $9} END {printf "%-26s%s  #wrong %d\n", "perf_sendrecv_2", s, w}' \
       "$OUT/perf_sendrecv_2.log"
-    # The tuner's choice from 8 B to 256 MiB, 2 and 8 ranks, checked.
+    # The tuner's choice from 8 B to 256 MiB, 2 and 8 ranks, checked: a thread per rank, and
+    # one thread driving every rank (-g).
     for n in 2 8; do
-      step "perf_sweep_$n" "$(limit 40 100)" "$OUT/perf_sweep_$n.log" env MININCL_DEBUG=INFO MININCL_DEBUG_SUBSYS=TUNE \
-        "$PERF" allreduce -t "$n" -b 8 -e 256M -f 4 -n 20 -w 5 -D cuda -c 1
-      grep -v INFO "$OUT/perf_sweep_$n.log" | grep -E "^ +[0-9]+ " | awk '{printf "%s:%s/%s ", $1, $6, $8} END {print ""}'
+      for how in threads grouped; do
+        g=()
+        [ "$how" = grouped ] && g=(-g)
+        step "perf_sweep_${n}_$how" "$(limit 40 100)" "$OUT/perf_sweep_${n}_$how.log" \
+          env MININCL_DEBUG=INFO MININCL_DEBUG_SUBSYS=TUNE \
+          "$PERF" allreduce -t "$n" "${g[@]}" -b 8 -e 256M -f 4 -n 20 -w 5 -D cuda -c 1
+        grep -v INFO "$OUT/perf_sweep_${n}_$how.log" | grep -E "^ +[0-9]+ " |
+          awk '{printf "%s:%s/%s ", $1, $6, $8} END {print ""}'
+      done
     done
     # Every algorithm x protocol through the C API, checked, 8 B to 64 MiB (no Python involved).
     for n in 2 8; do
@@ -273,6 +260,10 @@ if ((BUILD_OK)); then
     "$PY" bench/gpu_bench.py latency --json "$OUT/gpu_bench_latency.json"
   step gpu_bench_graph "$(limit 30 80)" "$OUT/gpu_bench_graph.log" \
     "$PY" bench/gpu_bench.py graph --json "$OUT/gpu_bench_graph.json"
+  for v in unfused:MININCL_GPU_FUSE=0 nocache:MININCL_GPU_CHANNEL_CACHE=0; do  # A/B of the graph replay
+    step "gpu_bench_graph_${v%%:*}" "$(limit 30 80)" "$OUT/gpu_bench_graph_${v%%:*}.log" \
+      env "${v#*:}" "$PY" bench/gpu_bench.py graph --json "$OUT/gpu_bench_graph_${v%%:*}.json"
+  done
   step gpu_bench_floor "$(limit 30 80)" "$OUT/gpu_bench_floor.log" \
     "$PY" bench/gpu_bench.py floor --json "$OUT/gpu_bench_floor.json"
   step gpu_bench_threads "$(limit 30 80)" "$OUT/gpu_bench_threads.log" \

@@ -250,6 +250,7 @@ def main() -> int:
     res["d2d"] = d2d
     res["perf"] = {
         "lat_2_ll": perf(out, st, "perf_lat_2"),
+        "lat_2_grouped": perf(out, st, "perf_lat_2_grouped"),
         "lat_2proc": perf(out, st, "perf_lat_2proc"),
         "bw_8": {a: perf(out, st, f"perf_bw_8_{a}") for a in ("ring", "tree", "direct")},
     }
@@ -283,6 +284,8 @@ def main() -> int:
     bench_threads = read_json(out / "gpu_bench_threads.json")
     bench_floor = read_json(out / "gpu_bench_floor.json")
     lat["raw"] = {"latency": bench_lat, "graph": bench_graph, "threads": bench_threads, "floor": bench_floor}
+    for variant in ("unfused", "nocache"):
+        lat["raw"][f"graph_{variant}"] = read_json(out / f"gpu_bench_graph_{variant}.json")
     if isinstance(bench_lat, dict) and isinstance(bench_lat.get("auto"), dict):
         lat["back_to_back_us"] = bench_lat["auto"].get("us_per_op")
         if isinstance(bench_lat.get("ll"), dict):
@@ -364,6 +367,12 @@ def print_summary(res: dict[str, Any]) -> None:
             f"perf allreduce 8 B, 2 ranks (threads), LL: {fmt(lat2.get('time_us'))} us, #wrong {lat2.get('wrong')}, "
             f"rc {lat2.get('rc')} {lat2.get('errors', '')}"
         )
+    lat2g = pf["lat_2_grouped"]
+    if lat2g:
+        p(
+            f"perf allreduce 8 B, 2 ranks (one thread, a group per call), LL: {fmt(lat2g.get('time_us'))} us, "
+            f"#wrong {lat2g.get('wrong')}, rc {lat2g.get('rc')} {lat2g.get('errors', '')}"
+        )
     lim = res["limit"] or {}
     for algo, r in pf["bw_8"].items():
         if not r:
@@ -407,6 +416,10 @@ def print_summary(res: dict[str, Any]) -> None:
         f"latency 8 B, 2 ranks, CUDA graph replay: {fmt(lat.get('graph_us'))} us (gpu {fmt(g.get('gpu_us_per_op'))}; "
         f"target <= {TARGET_GRAPH_US}: {lat.get('graph_met')}), correct {g.get('correct')}{err(g)}"
     )
+    for variant in ("unfused", "nocache"):
+        gv = raw.get(f"graph_{variant}")
+        if isinstance(gv, dict):
+            p(f"  graph replay, {variant}: {fmt(gv.get('us_per_op'))} us, correct {gv.get('correct')}{err(gv)}")
     th = raw["threads"] if isinstance(raw["threads"], dict) else {}
     p(f"latency 8 B, 2 ranks, a thread + stream per rank: {fmt(lat.get('threads_us'))} us{err(th)}")
     fl = raw.get("floor") if isinstance(raw.get("floor"), dict) else {}

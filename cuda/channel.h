@@ -90,6 +90,23 @@ struct ProtoSizes {
 // algorithm (which therefore needs nranks <= kMaxPeers + 1).
 constexpr int kMaxPeers = 8;
 
+// Development builds with MININCL_GPU_TRACE: where a collective kernel's time goes. Thread 0
+// of each block adds the clock cycles from the kernel's start to each point it passes (a
+// point passed several times in one launch adds each time); GpuComm prints the means when
+// it is destroyed. Without it, MNCL_TRACE compiles to nothing.
+enum TracePoint {
+  kTraceLoaded,        // the channel is in shared memory
+  kTraceDispatch,      // the operation's first steps recorded, protocol dispatch
+  kTraceAnnounced,     // a send: slots free, StepInfo published and fenced
+  kTraceLinesWritten,  // a send: this thread's lines (or data) written
+  kTraceLinesSeen,     // a receive: the first lines of a step arrived
+  kTraceInfoChecked,   // a receive: the peer's StepInfo matched
+  kTraceStepDone,      // a primitive's step finished (after its closing barrier)
+  kTraceRunDone,       // the operation finished on this channel
+  kTraceWrittenBack,   // the counters are back in device memory
+  kTracePoints
+};
+
 struct DevChannel {
   int id = 0;
   int rank = 0, nranks = 1;
@@ -124,7 +141,23 @@ struct DevChannel {
   // with comm.empty live there): data in it can go as pointer steps to other processes.
   const char* window = nullptr;
   uint64_t windowBytes = 0;
+#if defined(MNCL_GPU_TRACE)
+  long long traceStart = 0;  // clock64 at this launch's start (thread 0)
+  uint64_t traceCycles[kTracePoints] = {};
+  uint64_t traceLaunches = 0;
+#endif
 };
+
+#if defined(__CUDACC__) && defined(MNCL_GPU_TRACE)
+#define MNCL_TRACE(ch, point)                                                        \
+  do {                                                                               \
+    if (threadIdx.x == 0) (ch).traceCycles[point] += (uint64_t)(clock64() - (ch).traceStart); \
+  } while (0)
+#else
+#define MNCL_TRACE(ch, point) \
+  do {                        \
+  } while (0)
+#endif
 
 // On a GPU a channel's arrays lie in one block of device memory (GpuComm::upload lays it out,
 // a kernel copies it whole into shared memory); the counters a kernel changes come first.

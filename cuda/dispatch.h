@@ -70,6 +70,7 @@ MNCL_DEV bool runTyped(DevChannel& ch, const DevWork& w, Fn fn, DevError* err) {
       ch.opFirstRecvStep[p] = ch.recvStep[p];
     }
   }
+  MNCL_TRACE(ch, kTraceDispatch);
   switch (w.proto) {
     case Proto::simple: runAlgorithm<PrimsSimple, T, Fn>(cx); break;
     case Proto::ll: runAlgorithm<PrimsLL, T, Fn>(cx); break;
@@ -85,6 +86,7 @@ MNCL_DEV bool runTyped(DevChannel& ch, const DevWork& w, Fn fn, DevError* err) {
       if (p != ch.rank && ch.recvFrom[p].ctrl) storeRelease(&ch.recvFrom[p].ctrl->outputFromStep, (uint64_t)0);
     }
   }
+  MNCL_TRACE(ch, kTraceRunDone);
   return !waiter.aborted;
 }
 

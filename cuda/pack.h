@@ -40,7 +40,7 @@ MNCL_DEV void loadPackPrefix(Pack<T, Bytes>& p, const T* at, int m) {
     return;
   }
   for (int j = 0; j < Bytes / 8; ++j) p.w[j] = 0;
-  memcpy(p.w, at, (size_t)m * sizeof(T));
+  if constexpr (Pack<T, Bytes>::kElems > 1) memcpy(p.w, at, (size_t)m * sizeof(T));  // (else m is 0)
 #endif
 }
 
@@ -61,7 +61,7 @@ MNCL_DEV void storePackPrefix(const Pack<T, Bytes>& p, T* at, int m) {
     memcpy(at, p.w, Bytes);
     return;
   }
-  memcpy(at, p.w, (size_t)m * sizeof(T));
+  if constexpr (Pack<T, Bytes>::kElems > 1) memcpy(at, p.w, (size_t)m * sizeof(T));  // (else m is 0)
 #endif
 }
 

@@ -18,6 +18,11 @@
 //         the memory model does not promise that.) On a CPU one thread writes all 15 data
 //         words, then the flag with a release store.
 //
+// Each step tells the receiver which call it belongs to (StepInfo, checked before its data is
+// used). LL carries it in the slot's first two lines, flagged like data: no fence on either
+// side, and the receiver's thread with the first data line polls them in the same loop.
+// LL128 writes it to the connection's control block and fences before the lines.
+//
 // Each thread keeps kLinesInFlight lines per peer in flight: their loads are issued together,
 // so a step costs about one memory latency per pass, not one per line.
 #pragma once
@@ -41,6 +46,7 @@ struct LLFormat {
   static constexpr int kLanes = 1;      // threads sharing a line
   static constexpr int kPartBytes = 8;  // payload one lane carries
   static constexpr bool kSeparateFlag = false;
+  static constexpr int kHeaderLines = sizeof(StepInfo) / kLineBytes;  // the StepInfo, flagged
   MNCL_DEV static Line* lines(const ConnFifo& f) { return f.ll; }
   MNCL_DEV static uint32_t slotLines(const ProtoSizes& s) { return s.llSlotLines; }
   MNCL_DEV static int dataWords(int /*lane*/) { return 1; }
@@ -86,6 +92,7 @@ struct LL128Format {
   static constexpr int kPartBytes = kPartWords * 8;
   static constexpr int kFlagLane = kLanes - 1;  // its part ends just before the flag word
   static constexpr bool kSeparateFlag = true;
+  static constexpr int kHeaderLines = 0;  // the StepInfo goes to ConnCtrl::info
   MNCL_DEV static Line* lines(const ConnFifo& f) { return f.ll128; }
   MNCL_DEV static uint32_t slotLines(const ProtoSizes& s) { return s.ll128SlotLines; }
 
@@ -163,12 +170,17 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
   MNCL_DEV PrimsLines(PrimsContext<Fn> cx, PeerSet recvPeers, PeerSet sendPeers)
       : cx_(cx), recv_(recvPeers), send_(sendPeers) {}
 
-  MNCL_DEV size_t stepElems() const { return (size_t)Format::slotLines(cx_.ch.sizes) * kLineElems; }
+  MNCL_DEV size_t stepElems() const {
+    return (size_t)(Format::slotLines(cx_.ch.sizes) - Format::kHeaderLines) * kLineElems;
+  }
 
   template <bool RECV, bool SEND>
   MNCL_DEV_STEP void genericOp(const T* src, T* dst, size_t n, bool post) {
     DevChannel& ch = cx_.ch;
-    if (tid() == 0 && SEND) waitSendAndAnnounce();
+    if (tid() == 0 && SEND) {
+      waitSendAndAnnounce();
+      MNCL_TRACE(ch, kTraceAnnounced);
+    }
     if (barrierAny(cx_.waiter.aborted)) {  // thread 0's verdict holds for the whole channel
       cx_.waiter.aborted = true;
       return;
@@ -191,14 +203,19 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
         if (!RECV || r == recv_.n) continue;
         int peer = recv_.peer[r];
         if (!gather(v, t, have, [&](P* into) { return readLines(peer, ps, lane, into); })) break;
-        if (base == 0 && !checkFirstLine(peer)) break;
+        if (base == 0) MNCL_TRACE(ch, kTraceLinesSeen);
+        if (Format::kHeaderLines == 0 && base == 0 && !checkFirstLine(peer)) break;  // (LL: in readLines)
+        if (base == 0) MNCL_TRACE(ch, kTraceInfoChecked);
       }
       if (cx_.waiter.aborted) break;
       for (int u = 0; u < kU; ++u) {
         if (post) postPack(cx_.fn, v[u]);
         if (dst && ps.elems[u] > 0) storePackPrefix(v[u], dst + ps.first[u], ps.elems[u]);
       }
-      if (SEND) writeLines(ps, lane, v);
+      if (SEND) {
+        writeLines(ps, lane, v);
+        if (base == 0) MNCL_TRACE(ch, kTraceLinesWritten);
+      }
     }
     barrier();
     if (tid() == 0 && !cx_.waiter.aborted) {
@@ -213,6 +230,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
       }
     }
     barrier();
+    MNCL_TRACE(ch, kTraceStepDone);
   }
 
  private:
@@ -256,9 +274,15 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
     return true;
   }
 
-  MNCL_DEV Line* slotOf(const ConnFifo& f, uint64_t step) const {
+  // The slot of `step`: its header lines (LL), then its data lines.
+  MNCL_DEV Line* headerOf(const ConnFifo& f, uint64_t step) const {
     return Format::lines(f) + (step % kSteps) * Format::slotLines(cx_.ch.sizes);
   }
+  MNCL_DEV Line* slotOf(const ConnFifo& f, uint64_t step) const { return headerOf(f, step) + Format::kHeaderLines; }
+
+  struct Word {  // a header line's payload, as writePart and tryRead take it
+    uint64_t w[1];
+  };
 
   // Waits for this pass's lines from `peer` and reads this lane's part of each.
   MNCL_DEV bool readLines(int peer, const Pass& ps, int lane, P* x) {
@@ -283,16 +307,29 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
       }
       return true;
     } else {
-      unsigned got = 0;  // lines read, by u
-      return cx_.waiter.until([&] {
+      // The thread with the step's first line polls the header lines too, in the same loop.
+      const bool header = ps.active[0] && ps.line[0] == 0;
+      const Line* head = headerOf(ch.recvFrom[peer], ch.recvStep[peer]);
+      Word h[Format::kHeaderLines];
+      unsigned got = 0;  // lines read: bit u, then bit kU + i for header line i
+      bool ok = cx_.waiter.until([&] {
         bool all = true;
         for (int u = 0; u < kU; ++u) {
           if (!ps.active[u] || (got >> u & 1u)) continue;
           if (Format::tryRead(slot + ps.line[u], x[u], flag)) got |= 1u << u;
           else all = false;
         }
+        for (int i = 0; header && i < Format::kHeaderLines; ++i) {
+          if (got >> (kU + i) & 1u) continue;
+          if (Format::tryRead(head + i, h[i], flag)) got |= 1u << (kU + i);
+          else all = false;
+        }
         return all;
       });
+      if (!ok || !header) return ok;
+      StepInfo info;
+      for (int i = 0; i < Format::kHeaderLines; ++i) memcpy(reinterpret_cast<char*>(&info) + 8 * i, h[i].w, 8);
+      return checkStepInfo(cx_, peer, info);
     }
   }
 
@@ -321,17 +358,29 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
     }
   }
 
-  // Waits until every send slot is free, then writes this step's StepInfo; the release on
-  // the first line's flag makes it visible before the receiver checks it.
+  // Waits until every send slot is free, then writes this step's StepInfo: LL into the slot's
+  // header lines, LL128 into the control block, fenced before any line (its data stores are
+  // not releases).
   MNCL_DEV void waitSendAndAnnounce() {
     DevChannel& ch = cx_.ch;
     StepInfo info = cx_.work.info();
     for (int s = 0; s < send_.n; ++s) {
       int peer = send_.peer[s];
       if (!cx_.waiter.until([&] { return sendSlotFree(ch, peer); })) return;
-      ch.sendTo[peer].ctrl->info[ch.sendStep[peer] % kSteps] = info;
+      uint64_t step = ch.sendStep[peer];
+      if constexpr (Format::kHeaderLines > 0) {
+        static_assert(sizeof(StepInfo) == 8 * Format::kHeaderLines, "a header line carries 8 bytes");
+        Line* head = headerOf(ch.sendTo[peer], step);
+        for (int i = 0; i < Format::kHeaderLines; ++i) {
+          Word w;
+          memcpy(w.w, reinterpret_cast<const char*>(&info) + 8 * i, 8);
+          Format::writePart(head + i, 0, w, (uint32_t)(step + 1));
+        }
+      } else {
+        ch.sendTo[peer].ctrl->info[step % kSteps] = info;
+      }
     }
-    fenceFor(ch.systemScope);  // GPU: the StepInfo lands before any line (line stores are not releases)
+    if constexpr (Format::kHeaderLines == 0) fenceFor(ch.systemScope);
   }
 
   PrimsContext<Fn> cx_;

@@ -19,33 +19,30 @@ static_assert(sizeof(DevChannel) % 8 == 0, "copyWords moves whole words");
 // Every thread of the block copies a share of `bytes` (whole words), the loads all in flight
 // together.
 __device__ __forceinline__ void copyWords(void* dst, const void* src, size_t bytes) {
-  for (size_t i = tid(); i < bytes / 8; i += nthreads()) static_cast<uint64_t*>(dst)[i] = static_cast<const uint64_t*>(src)[i];
+  const uint64_t* from = static_cast<const uint64_t*>(src);
+  uint64_t* to = static_cast<uint64_t*>(dst);
+  for (size_t i = tid(); i < bytes / 8; i += nthreads()) to[i] = from[i];
 }
 
-// The block's channel in shared memory for the length of the launch: the DevChannel, then
-// the arrays it points to (connections, step counters, ring), each copied by all threads at
-// once. Two memory round trips, where the algorithm touching each word as it needs it (a
-// pointer, then what it points to, ...) made a chain of a dozen, which set the time of a
-// small operation. What the operation changes goes back to device memory at its end.
+// The block's channel in shared memory for the length of the launch: the DevChannel and the
+// arrays it points to (connections, step counters, ring), copied by all threads at once, both
+// together (the launch says where the arrays are): one memory round trip, where the algorithm
+// touching each word as it needs it (a pointer, then what it points to, ...) made a chain of a
+// dozen, which set the time of a small operation. What the operation changes goes back to
+// device memory at its end.
 struct CachedChannel {
   DevChannel* global;
   DevChannel* shared;  // = global where there is no cache
   char* globalArrays;  // where the arrays live in device memory
-  bool arraysCached = false;
 
-  __device__ __forceinline__ CachedChannel(DevChannel* g, DevChannel* s, uint64_t* arrays, uint32_t arraysBytes)
-      : global(g), shared(arraysBytes ? s : g) {
+  __device__ __forceinline__ CachedChannel(DevChannel* g, DevChannel* s, char* arraysInGlobal, uint64_t* arrays,
+                                           uint32_t arraysBytes)
+      : global(g), shared(arraysBytes ? s : g), globalArrays(arraysInGlobal) {
     if (!arraysBytes) return;
     copyWords(shared, global, sizeof(DevChannel));
+    copyWords(arrays, globalArrays, arraysBytes);  // (the host sized it for this channel's ranks)
     barrier();
-    globalArrays = reinterpret_cast<char*>(shared->sendStep);  // the first array
-    const ChannelArrays layout(shared->nranks);
-    // (Always true: the host sized the shared memory for this communicator's ranks.)
-    arraysCached = layout.bytes <= arraysBytes;
-    if (!arraysCached) return;
-    copyWords(arrays, globalArrays, layout.bytes);
-    barrier();
-    if (tid() == 0) layout.point(*shared, reinterpret_cast<char*>(arrays));
+    if (tid() == 0) ChannelArrays(shared->nranks).point(*shared, reinterpret_cast<char*>(arrays));
     barrier();
   }
 
@@ -53,11 +50,16 @@ struct CachedChannel {
   __device__ __forceinline__ void writeBack() {
     if (shared == global) return;
     barrier();
-    if (arraysCached) copyWords(globalArrays, shared->sendStep, ChannelArrays(shared->nranks).changedBytes);
+    copyWords(globalArrays, shared->sendStep, ChannelArrays(shared->nranks).changedBytes);
     if (tid() == 0) {
       global->pointerStepsPosted = shared->pointerStepsPosted;
       global->pointerStepsSent = shared->pointerStepsSent;
       global->directWritesSent = shared->directWritesSent;
+#if defined(MNCL_GPU_TRACE)
+      MNCL_TRACE(*shared, kTraceWrittenBack);
+      for (int i = 0; i < kTracePoints; ++i) global->traceCycles[i] = shared->traceCycles[i];
+      global->traceLaunches = shared->traceLaunches + 1;
+#endif
     }
   }
 };
@@ -67,8 +69,15 @@ __global__ void __launch_bounds__(kGpuThreads) collectiveKernel(const __grid_con
   __shared__ alignas(DevChannel) unsigned char storage[sizeof(DevChannel)];
   extern __shared__ uint64_t arrays[];
   int rank = blocks.rank[blockIdx.x], channel = blocks.channel[blockIdx.x];
-  CachedChannel cache(blocks.channels[rank] + channel, reinterpret_cast<DevChannel*>(storage), arrays,
-                      blocks.cachedArraysBytes);
+#if defined(MNCL_GPU_TRACE)
+  long long start = clock64();
+#endif
+  CachedChannel cache(blocks.channels[rank] + channel, reinterpret_cast<DevChannel*>(storage),
+                      blocks.arrays[rank] + (size_t)channel * blocks.arraysStride, arrays, blocks.cachedArraysBytes);
+#if defined(MNCL_GPU_TRACE)
+  if (tid() == 0) cache.shared->traceStart = start;  // (traced with the channel cache only)
+  MNCL_TRACE(*cache.shared, kTraceLoaded);
+#endif
   runTyped<T>(*cache.shared, blocks.work[blockIdx.x], fn, blocks.errors[rank] + channel);
   cache.writeBack();
 }

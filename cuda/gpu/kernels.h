@@ -25,6 +25,9 @@ constexpr int kGpuThreads = 512;
 struct GpuBlocks {
   DevChannel* channels[kMaxFusedRanks];  // per rank: device memory, persistent across launches
   DevError* errors[kMaxFusedRanks];      // per rank: host-mapped, one record per channel
+  // Per rank: its channels' arrays (ChannelArrays), channel c's at + c * arraysStride.
+  char* arrays[kMaxFusedRanks];
+  uint32_t arraysStride;
   uint8_t rank[kMaxGpuChannels];
   uint8_t channel[kMaxGpuChannels];
   DevWork work[kMaxGpuChannels];  // byte counts for copy-only collectives

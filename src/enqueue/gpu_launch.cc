@@ -122,6 +122,8 @@ Launch planColl(Comm& comm, const CollCall& c, cudaStream_t stream) {
   dev::GpuLaunch& l = L.collLaunch;
   l.blocks.channels[0] = g.channels();
   l.blocks.errors[0] = g.errorsOnDevice();
+  l.blocks.arrays[0] = g.channelArrays();
+  l.blocks.arraysStride = g.channelArraysStride();
   for (int ch = 0; ch < n; ++ch) {
     l.blocks.rank[ch] = 0;
     l.blocks.channel[ch] = (uint8_t)ch;
@@ -242,6 +244,7 @@ bool launchFused(const std::vector<GpuCall>& calls) {
     const dev::GpuLaunch& p = plans[r].collLaunch;
     l.blocks.channels[r] = p.blocks.channels[0];
     l.blocks.errors[r] = p.blocks.errors[0];
+    l.blocks.arrays[r] = p.blocks.arrays[0];  // (the same stride: the same rank count)
     for (int b = 0; b < p.nBlocks; ++b, ++l.nBlocks) {
       l.blocks.rank[l.nBlocks] = (uint8_t)r;
       l.blocks.channel[l.nBlocks] = p.blocks.channel[b];

@@ -3,6 +3,7 @@
 #if defined(MININCL_HAVE_CUDA)
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -143,8 +144,38 @@ bool GpuComm::mayBeRunning() const {
   return e == cudaErrorNotReady;
 }
 
+#if defined(MNCL_GPU_TRACE)
+// MININCL_GPU_TRACE builds: the mean clock cycles from a collective kernel's start to each
+// point, per channel (see dev::TracePoint), on stderr.
+void printTrace(const dev::DevChannel* channelsOnDevice, int nChannels, int device) {
+  static const char* const names[] = {"loaded", "dispatch", "announced", "lines-written", "lines-seen",
+                                      "info-checked", "step-done", "run-done", "written-back"};
+  static_assert(sizeof(names) / sizeof(names[0]) == dev::kTracePoints);
+  std::vector<dev::DevChannel> snapshot(nChannels);
+  if (cudaMemcpy(snapshot.data(), channelsOnDevice, sizeof(dev::DevChannel) * nChannels, cudaMemcpyDeviceToHost) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  for (int c = 0; c < nChannels; ++c) {
+    const dev::DevChannel& ch = snapshot[c];
+    if (ch.traceLaunches == 0) continue;
+    std::string line = "minincl trace: device " + std::to_string(device) + " rank " + std::to_string(ch.rank) +
+                       " channel " + std::to_string(c) + ", " + std::to_string(ch.traceLaunches) +
+                       " launches, mean cycles from kernel start (summed where a point repeats):";
+    for (int i = 0; i < dev::kTracePoints; ++i) {
+      line += std::string(" ") + names[i] + "=" + std::to_string(ch.traceCycles[i] / ch.traceLaunches);
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+#endif
+
 GpuComm::~GpuComm() {
   if (side_) cudaStreamSynchronize(side_);
+#if defined(MNCL_GPU_TRACE)
+  if (channels_) printTrace(channels_, nChannels_, device_);
+#endif
   cudaEventDestroy(fork_);
   cudaEventDestroy(join_);
   cudaEventDestroy(last_);
@@ -175,6 +206,7 @@ void GpuComm::upload(const std::vector<std::unique_ptr<Channel>>& channels, cons
   int n = channels.empty() ? 0 : channels[0]->dev.nranks;
   const dev::ChannelArrays layout(n);
   size_t per = alignUp(layout.bytes, 256);
+  arraysStride_ = (uint32_t)per;
   std::vector<char> staging(per * nChannels_, 0);
   std::vector<dev::DevChannel> devChannels(nChannels_);
   MNCL_CUDA_CHECK(cudaMalloc(&arrays_, std::max<size_t>(staging.size(), 1)));

@@ -70,6 +70,9 @@ class GpuComm {
   // the kernels use them from now on; step counters start at zero there.
   void upload(const std::vector<std::unique_ptr<Channel>>& channels, const uint32_t* abortWordOnDevice);
   dev::DevChannel* channels() const { return channels_; }
+  // Every channel's arrays (dev::ChannelArrays), channel c's at channelArrays() + c * channelArraysStride().
+  char* channelArrays() const { return static_cast<char*>(arrays_); }
+  uint32_t channelArraysStride() const { return arraysStride_; }
   int nChannels() const { return nChannels_; }
   dev::DevError* errorsOnDevice() const { return static_cast<dev::DevError*>(errors_.device()); }
   // The first error record a kernel of this communicator left; false if there is none.
@@ -97,6 +100,7 @@ class GpuComm {
   int nChannels_ = 0;
   dev::DevChannel* channels_ = nullptr;  // device memory
   void* arrays_ = nullptr;               // device memory: every channel's peer arrays
+  uint32_t arraysStride_ = 0;
   HostMapped errors_;
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;

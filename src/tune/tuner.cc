@@ -45,14 +45,16 @@ constexpr CostTable kCpuCostOversubscribed = {{
     {0.9, 1.2},   // ll128
 }, 3.0, 1.0, 1.6};
 // One GPU block per channel, ranks on one GPU. Fitted to forced sweeps on one H200 (2 and 8
-// ranks, every algorithm x protocol, 8 B to 16 MiB; bench/RESULTS.md, fifth session): a Simple
-// step costs ~8-9 us and a channel moves ~10 GB/s; LL ~4 us a step, and its cost grows by ~5 us
-// per 4 KiB slot beyond the first (fitted as 2.9 GB/s, which puts the LL / Simple crossover
-// between 4 and 32 KiB, where it was measured). This LL128 (not yet warp-cooperative: a fence
-// per line) was never the fastest: priced so that it is not chosen.
+// ranks, every algorithm x protocol, 8 B to 16 MiB; bench/RESULTS.md, fifth and eighth
+// sessions): a Simple step costs ~6 us (ring at 8 ranks: 95 us for 14 steps) and a channel
+// moves ~20 GB/s at the sizes where the choice is close; LL ~3 us a step and ~2.9 GB/s a
+// channel (2 ranks direct: +9.7 us from 4 to 32 KiB), which puts the LL / Simple crossover
+// between 4 and 32 KiB at 2 ranks and one-shot Simple ahead of the LL ring at 32 KiB on 8
+// ranks (51 against 78 us), as measured. LL128 was never the fastest (at 16 MiB, 3x Simple's
+// time; at small sizes no faster than LL): priced so that it is not chosen.
 constexpr CostTable kGpuCost = {{
-    {8.0, 10.0},  // simple
-    {4.0, 2.9},   // ll
+    {6.0, 20.0},  // simple
+    {3.0, 2.9},   // ll
     {6.0, 1.0},   // ll128
 }, 1.0, 1.5, 2.0};
 constexpr size_t kCacheBytes = 256 << 10;
