@@ -34,10 +34,9 @@ struct Direct {
     const T* src = (const T*)w.send + w.chanOffset;
     T* dst = (T*)w.recv + w.chanOffset;
     PeerSet all = PeerSet::allBut(ch.rank, ch.nranks);
-    P out(cx, PeerSet(), all), in(cx, all, PeerSet());
-    forEachStep(out.stepElems(), w.chanCount, [&](size_t off, size_t len) {
-      out.send(src + off, len);
-      in.recvReduceCopy(src + off, dst + off, len, true);
+    P both(cx, all, all);
+    forEachStep(both.stepElems(), w.chanCount, [&](size_t off, size_t len) {
+      both.sendRecvReduceCopy(src + off, dst + off, len, true);
     });
   }
 

@@ -11,6 +11,7 @@
 //   recvReduceCopySend(src, dst)   peers (+) src  -> dst and peers
 //   recvCopySend(dst)              peers          -> dst and peers
 //   copySend(src, dst)             src            -> dst and peers
+//   sendRecvReduceCopy(src, dst)   src -> peers, and peers (+) src -> dst
 //
 // `post` finishes a fully reduced value (avg's division). Algorithms (ring.h, tree.h, ...)
 // are written only in these words, so they run under every protocol. A protocol class
@@ -80,6 +81,17 @@ class PrimsVocabulary {
   }
   MNCL_DEV void copySend(const T* src, T* dst, size_t n, bool post = false) {
     self().template genericOp<false, true>(src, dst, n, post);
+  }
+  // What a one-shot allreduce does: every rank sends its input to every peer and reduces all
+  // of them. A protocol that can sends its input and polls the peers' in one pass of a step
+  // (genericOp's SEND_INPUT); the others send the step, then receive it.
+  MNCL_DEV void sendRecvReduceCopy(const T* src, T* dst, size_t n, bool post = false) {
+    if constexpr (Derived::kSendsInputInPass) {
+      self().template genericOp<true, true, true>(src, dst, n, post);
+    } else {
+      send(src, n);
+      recvReduceCopy(src, dst, n, post);
+    }
   }
 
  private:

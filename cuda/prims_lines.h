@@ -174,8 +174,14 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
     return (size_t)(Format::slotLines(cx_.ch.sizes) - Format::kHeaderLines) * kLineElems;
   }
 
-  template <bool RECV, bool SEND>
+  static constexpr bool kSendsInputInPass = true;
+
+  // SEND_INPUT: each pass first sends this rank's input (src) to the send peers, then waits for
+  // the receive peers' lines and reduces (sendRecvReduceCopy): one step for what is otherwise
+  // a send step and a receive step.
+  template <bool RECV, bool SEND, bool SEND_INPUT = false>
   MNCL_DEV_STEP void genericOp(const T* src, T* dst, size_t n, bool post) {
+    static_assert(!SEND_INPUT || (RECV && SEND));
     DevChannel& ch = cx_.ch;
     if (tid() == 0 && SEND) {
       waitSendAndAnnounce();
@@ -192,11 +198,20 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
     for (size_t base = 0; base < nlines && !cx_.waiter.aborted; base += linesPerPass) {
       const Pass ps = planPass(base, lane, n, nlines);
       P v[kU], t[kU];  // the value so far, and the next source's packs
+      P input[SEND_INPUT ? kU : 1];
+      if constexpr (SEND_INPUT) {
+        for (int u = 0; u < kU; ++u) loadPackPrefix(input[u], src + ps.first[u], ps.elems[u]);
+        writeLines(ps, lane, input);
+        if (base == 0) MNCL_TRACE(ch, kTraceLinesWritten);
+      }
       bool have = false;
       for (int r = 0; r <= (RECV ? recv_.n : 0); ++r) {
         if (r == (RECV ? recv_.srcPos : 0) && src) {
           gather(v, t, have, [&](P* into) {
-            for (int u = 0; u < kU; ++u) loadPackPrefix(into[u], src + ps.first[u], ps.elems[u]);
+            for (int u = 0; u < kU; ++u) {
+              if constexpr (SEND_INPUT) into[u] = input[u];
+              else loadPackPrefix(into[u], src + ps.first[u], ps.elems[u]);
+            }
             return true;
           });
         }
@@ -212,7 +227,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
         if (post) postPack(cx_.fn, v[u]);
         if (dst && ps.elems[u] > 0) storePackPrefix(v[u], dst + ps.first[u], ps.elems[u]);
       }
-      if (SEND) {
+      if (SEND && !SEND_INPUT) {
         writeLines(ps, lane, v);
         if (base == 0) MNCL_TRACE(ch, kTraceLinesWritten);
       }

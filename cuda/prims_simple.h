@@ -18,6 +18,7 @@ namespace mncl::dev {
 template <typename T, typename Fn>
 class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
  public:
+  static constexpr bool kSendsInputInPass = false;  // a step's data moves in one piece
   MNCL_DEV PrimsSimple(PrimsContext<Fn> cx, PeerSet recvPeers, PeerSet sendPeers)
       : cx_(cx), recv_(recvPeers), send_(sendPeers) {
     // Every algorithm receives at least one step from each peer it names when its channel
