@@ -174,7 +174,9 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
     return (size_t)(Format::slotLines(cx_.ch.sizes) - Format::kHeaderLines) * kLineElems;
   }
 
-  static constexpr bool kSendsInputInPass = true;
+  // On a CPU a pass is one line: sending and waiting line by line would make the two ranks
+  // wait for each other at every line, where a step sent whole, then received, streams.
+  static constexpr bool kSendsInputInPass = MNCL_SIMT != 0;
 
   // SEND_INPUT: each pass first sends this rank's input (src) to the send peers, then waits for
   // the receive peers' lines and reduces (sendRecvReduceCopy): one step for what is otherwise
@@ -322,30 +324,45 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
       }
       return true;
     } else {
-      // The thread with the step's first line polls the header lines too, in the same loop.
-      const bool header = ps.active[0] && ps.line[0] == 0;
-      const Line* head = headerOf(ch.recvFrom[peer], ch.recvStep[peer]);
-      Word h[Format::kHeaderLines];
-      unsigned got = 0;  // lines read: bit u, then bit kU + i for header line i
-      bool ok = cx_.waiter.until([&] {
+      if (ps.active[0] && ps.line[0] == 0) return readFirstLines(peer, ps, x, slot, flag);
+      unsigned got = 0;  // lines read, by u
+      return cx_.waiter.until([&] {
         bool all = true;
         for (int u = 0; u < kU; ++u) {
           if (!ps.active[u] || (got >> u & 1u)) continue;
           if (Format::tryRead(slot + ps.line[u], x[u], flag)) got |= 1u << u;
           else all = false;
         }
-        for (int i = 0; header && i < Format::kHeaderLines; ++i) {
-          if (got >> (kU + i) & 1u) continue;
-          if (Format::tryRead(head + i, h[i], flag)) got |= 1u << (kU + i);
-          else all = false;
-        }
         return all;
       });
-      if (!ok || !header) return ok;
-      StepInfo info;
-      for (int i = 0; i < Format::kHeaderLines; ++i) memcpy(reinterpret_cast<char*>(&info) + 8 * i, h[i].w, 8);
-      return checkStepInfo(cx_, peer, info);
     }
+  }
+
+  // LL: readLines for the thread with the step's first line, which polls the header lines in
+  // the same loop and checks the StepInfo they carry. (Apart, so that the loop every other
+  // pass runs stays as small as it was: on a CPU a pass is one line.)
+  MNCL_DEV bool readFirstLines(int peer, const Pass& ps, P* x, const Line* slot, uint32_t flag) {
+    const Line* head = slot - Format::kHeaderLines;
+    Word h[Format::kHeaderLines];
+    unsigned got = 0;  // lines read: bit u, then bit kU + i for header line i
+    bool ok = cx_.waiter.until([&] {
+      bool all = true;
+      for (int u = 0; u < kU; ++u) {
+        if (!ps.active[u] || (got >> u & 1u)) continue;
+        if (Format::tryRead(slot + ps.line[u], x[u], flag)) got |= 1u << u;
+        else all = false;
+      }
+      for (int i = 0; i < Format::kHeaderLines; ++i) {
+        if (got >> (kU + i) & 1u) continue;
+        if (Format::tryRead(head + i, h[i], flag)) got |= 1u << (kU + i);
+        else all = false;
+      }
+      return all;
+    });
+    if (!ok) return false;
+    StepInfo info;
+    for (int i = 0; i < Format::kHeaderLines; ++i) memcpy(reinterpret_cast<char*>(&info) + 8 * i, h[i].w, 8);
+    return checkStepInfo(cx_, peer, info);
   }
 
   // Writes this pass's lines to every peer we send to; LL128 then publishes their flags.
