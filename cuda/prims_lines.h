@@ -224,6 +224,9 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
         if (Format::kHeaderLines == 0 && base == 0 && !checkFirstLine(peer)) break;  // (LL: in readLines)
         if (base == 0) MNCL_TRACE(ch, kTraceInfoChecked);
       }
+      // Thread 0 (LL128: a warp) checked the peers' StepInfo with the first lines; if a peer
+      // runs another call, no thread stores any of this step: the caller's buffer stays as it was.
+      if (RECV && base == 0 && barrierAny(cx_.waiter.aborted)) cx_.waiter.aborted = true;
       if (cx_.waiter.aborted) break;
       for (int u = 0; u < kU; ++u) {
         if (post) postPack(cx_.fn, v[u]);

@@ -275,7 +275,8 @@ void checkAbortWithMissingPeer(ProtoSizes sizes, int threads, Algo algo, Proto p
 }
 
 // Two ranks calling allreduce with different counts: the first step's check must catch it,
-// record the peer, and stop both ranks (with the monitor's abort) instead of hanging.
+// record the peer, and stop both ranks (with the monitor's abort) instead of hanging, before
+// any thread writes into either rank's output.
 void checkMismatch(ProtoSizes sizes, int threads, Algo algo, Proto proto) {
   Ranks ranks(2, sizes);
   size_t counts[2] = {1009, 3001};
@@ -289,11 +290,16 @@ void checkMismatch(ProtoSizes sizes, int threads, Algo algo, Proto proto) {
   int mismatches = 0;
   bool ran = runOp<float, FuncSum<float>>(ranks, works, threads, -1, &mismatches);
   ++checks;
-  if (ran || mismatches == 0) {
+  size_t written = 0;
+  for (int r = 0; r < 2; ++r) {
+    for (float x : recv[r]) written += x != 0.0f;
+  }
+  if (ran || mismatches == 0 || written) {
     ++failures;
-    std::printf("FAIL mismatch: %s/%s with counts 1009 and 3001: %s, %d rank(s) reported it\n",
+    std::printf("FAIL mismatch: %s/%s with counts 1009 and 3001: %s, %d rank(s) reported it, %zu output "
+                "element(s) written\n",
                 algo == Algo::ring ? "ring" : algo == Algo::tree ? "tree" : "direct", proto == Proto::ll ? "ll" : "ll128",
-                ran ? "completed" : "stopped", mismatches);
+                ran ? "completed" : "stopped", mismatches, written);
   }
 }
 
