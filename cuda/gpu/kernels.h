@@ -31,8 +31,8 @@ struct GpuBlocks {
   uint8_t rank[kMaxGpuChannels];
   uint8_t channel[kMaxGpuChannels];
   DevWork work[kMaxGpuChannels];  // byte counts for copy-only collectives
-  // Shared memory each block holds its channel's arrays in for the launch (see
-  // channelArraysBytes; the launch asks for that much); 0: the block works on device memory.
+  // Shared memory each block holds its channel's arrays in for the launch (ChannelArrays::bytes
+  // for its rank count; the launch asks for that much); 0: the block works on device memory.
   uint32_t cachedArraysBytes;
 };
 // Channels whose arrays take more stay in device memory (many ranks).

@@ -145,6 +145,7 @@ bool GpuComm::mayBeRunning() const {
 }
 
 #if defined(MNCL_GPU_TRACE)
+namespace {
 // MININCL_GPU_TRACE builds: the mean clock cycles from a collective kernel's start to each
 // point, per channel (see dev::TracePoint), on stderr.
 void printTrace(const dev::DevChannel* channelsOnDevice, int nChannels, int device) {
@@ -169,6 +170,7 @@ void printTrace(const dev::DevChannel* channelsOnDevice, int nChannels, int devi
     std::fprintf(stderr, "%s\n", line.c_str());
   }
 }
+}  // namespace
 #endif
 
 GpuComm::~GpuComm() {
