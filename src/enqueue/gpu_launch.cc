@@ -102,14 +102,6 @@ int threadsFor(const Comm& comm, const CollCall& c, int nChannels) {
   return threadsForBytes(bytes / (size_t)std::max(nChannels, 1));
 }
 
-// Shared memory for a block's copy of its channel's arrays (see dev::CachedChannel); 0 keeps
-// them in device memory: many ranks, or MININCL_GPU_CHANNEL_CACHE=0.
-uint32_t cachedArraysBytes(const Comm& comm) {
-  if (env::integer("MININCL_GPU_CHANNEL_CACHE", 1) == 0) return 0;
-  size_t bytes = dev::ChannelArrays(comm.nranks()).bytes;
-  return bytes <= dev::kMaxCachedArraysBytes ? (uint32_t)bytes : 0;
-}
-
 Launch planColl(Comm& comm, const CollCall& c, cudaStream_t stream) {
   Launch L{&comm, stream, collName(c.coll)};
   L.coll = c;
@@ -129,7 +121,7 @@ Launch planColl(Comm& comm, const CollCall& c, cudaStream_t stream) {
     l.blocks.channel[ch] = (uint8_t)ch;
     l.blocks.work[ch] = works[ch];
   }
-  l.blocks.cachedArraysBytes = cachedArraysBytes(comm);
+  l.blocks.cachedArraysBytes = g.cachedArraysBytes();
   l.nBlocks = n;
   l.nThreads = threadsFor(comm, c, n);
   l.nranks = comm.nranks();
@@ -231,6 +223,7 @@ bool launchFused(const std::vector<GpuCall>& calls) {
   }
   auto stream = static_cast<cudaStream_t>(first.coll.stream);
   std::vector<Launch> plans;
+  plans.reserve(calls.size());
   int nBlocks = 0;
   for (const GpuCall& gc : calls) {
     plans.push_back(planColl(*gc.comm, gc.coll, stream));
@@ -238,7 +231,7 @@ bool launchFused(const std::vector<GpuCall>& calls) {
     nBlocks += plans.back().collLaunch.nBlocks;
   }
   if (nBlocks > dev::kMaxGpuChannels) return false;
-  Launch fused = plans.front();
+  Launch& fused = plans.front();  // the others' blocks join its launch
   dev::GpuLaunch& l = fused.collLaunch;
   for (size_t r = 1; r < plans.size(); ++r) {
     const dev::GpuLaunch& p = plans[r].collLaunch;

@@ -11,6 +11,7 @@
 
 #include "../../cuda/gpu/kernels.h"
 #include "../core/comm.h"
+#include "../core/env.h"
 #include "../core/error.h"
 #include "cuda_api.h"
 
@@ -209,6 +210,8 @@ void GpuComm::upload(const std::vector<std::unique_ptr<Channel>>& channels, cons
   const dev::ChannelArrays layout(n);
   size_t per = alignUp(layout.bytes, 256);
   arraysStride_ = (uint32_t)per;
+  bool cache = env::integer("MININCL_GPU_CHANNEL_CACHE", 1) != 0 && layout.bytes <= dev::kMaxCachedArraysBytes;
+  cachedArraysBytes_ = cache ? (uint32_t)layout.bytes : 0;
   std::vector<char> staging(per * nChannels_, 0);
   std::vector<dev::DevChannel> devChannels(nChannels_);
   MNCL_CUDA_CHECK(cudaMalloc(&arrays_, std::max<size_t>(staging.size(), 1)));

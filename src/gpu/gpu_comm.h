@@ -73,6 +73,10 @@ class GpuComm {
   // Every channel's arrays (dev::ChannelArrays), channel c's at channelArrays() + c * channelArraysStride().
   char* channelArrays() const { return static_cast<char*>(arrays_); }
   uint32_t channelArraysStride() const { return arraysStride_; }
+  // Shared memory a collective kernel's block copies its channel's arrays into (see
+  // dev::CachedChannel); 0 keeps them in device memory: many ranks, or
+  // MININCL_GPU_CHANNEL_CACHE=0 when the communicator was made.
+  uint32_t cachedArraysBytes() const { return cachedArraysBytes_; }
   int nChannels() const { return nChannels_; }
   dev::DevError* errorsOnDevice() const { return static_cast<dev::DevError*>(errors_.device()); }
   // The first error record a kernel of this communicator left; false if there is none.
@@ -101,6 +105,7 @@ class GpuComm {
   dev::DevChannel* channels_ = nullptr;  // device memory
   void* arrays_ = nullptr;               // device memory: every channel's peer arrays
   uint32_t arraysStride_ = 0;
+  uint32_t cachedArraysBytes_ = 0;
   HostMapped errors_;
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
