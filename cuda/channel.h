@@ -97,7 +97,7 @@ constexpr int kMaxPeers = 8;
 enum TracePoint {
   kTraceLoaded,        // the channel is in shared memory
   kTraceDispatch,      // the operation's first steps recorded, protocol dispatch
-  kTraceAnnounced,     // a send: slots free, StepInfo published and fenced
+  kTraceAnnounced,     // a send: slots free, StepInfo published (LL128: and fenced)
   kTraceLinesWritten,  // a send: this thread's lines (or data) written
   kTraceLinesSeen,     // a receive: the first lines of a step arrived
   kTraceInfoChecked,   // a receive: the peer's StepInfo matched
