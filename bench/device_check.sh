@@ -201,13 +201,16 @@ if ((BUILD_OK)); then
     done
     # 8-byte latency: one thread driving both ranks, a group per call (one fused kernel), and
     # A/B: a kernel per rank (MININCL_GPU_FUSE=0), channels read from device memory
-    # (MININCL_GPU_CHANNEL_CACHE=0); per algorithm.
+    # (MININCL_GPU_CHANNEL_CACHE=0), the general kernel for direct LL too
+    # (MININCL_GPU_PATH_KERNELS=0); per algorithm.
     lat_args=(allreduce -b 8 -e 8 -n 2000 -w 200 -P ll -D cuda -c 1)
     step perf_lat_2_grouped "$(limit 30 100)" "$OUT/perf_lat_2_grouped.log" "$PERF" "${lat_args[@]}" -t 2 -g
     step perf_lat_2_grouped_unfused "$(limit 30 100)" "$OUT/perf_lat_2_grouped_unfused.log" \
       env MININCL_GPU_FUSE=0 "$PERF" "${lat_args[@]}" -t 2 -g
     step perf_lat_2_grouped_nocache "$(limit 30 100)" "$OUT/perf_lat_2_grouped_nocache.log" \
       env MININCL_GPU_CHANNEL_CACHE=0 "$PERF" "${lat_args[@]}" -t 2 -g
+    step perf_lat_2_grouped_general "$(limit 30 100)" "$OUT/perf_lat_2_grouped_general.log" \
+      env MININCL_GPU_PATH_KERNELS=0 "$PERF" "${lat_args[@]}" -t 2 -g
     step perf_lat_2_nocache "$(limit 30 100)" "$OUT/perf_lat_2_nocache.log" \
       env MININCL_GPU_CHANNEL_CACHE=0 "$PERF" "${lat_args[@]}" -t 2
     for a in ring tree direct; do
@@ -260,7 +263,7 @@ if ((BUILD_OK)); then
     "$PY" bench/gpu_bench.py latency --json "$OUT/gpu_bench_latency.json"
   step gpu_bench_graph "$(limit 30 80)" "$OUT/gpu_bench_graph.log" \
     "$PY" bench/gpu_bench.py graph --json "$OUT/gpu_bench_graph.json"
-  for v in unfused:MININCL_GPU_FUSE=0 nocache:MININCL_GPU_CHANNEL_CACHE=0; do  # A/B of the graph replay
+  for v in unfused:MININCL_GPU_FUSE=0 nocache:MININCL_GPU_CHANNEL_CACHE=0 general:MININCL_GPU_PATH_KERNELS=0; do  # A/B of the graph replay
     step "gpu_bench_graph_${v%%:*}" "$(limit 30 80)" "$OUT/gpu_bench_graph_${v%%:*}.log" \
       env "${v#*:}" "$PY" bench/gpu_bench.py graph --json "$OUT/gpu_bench_graph_${v%%:*}.json"
   done

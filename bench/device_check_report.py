@@ -284,7 +284,7 @@ def main() -> int:
     bench_threads = read_json(out / "gpu_bench_threads.json")
     bench_floor = read_json(out / "gpu_bench_floor.json")
     lat["raw"] = {"latency": bench_lat, "graph": bench_graph, "threads": bench_threads, "floor": bench_floor}
-    for variant in ("unfused", "nocache"):
+    for variant in ("unfused", "nocache", "general"):
         lat["raw"][f"graph_{variant}"] = read_json(out / f"gpu_bench_graph_{variant}.json")
     if isinstance(bench_lat, dict) and isinstance(bench_lat.get("auto"), dict):
         lat["back_to_back_us"] = bench_lat["auto"].get("us_per_op")
@@ -416,7 +416,7 @@ def print_summary(res: dict[str, Any]) -> None:
         f"latency 8 B, 2 ranks, CUDA graph replay: {fmt(lat.get('graph_us'))} us (gpu {fmt(g.get('gpu_us_per_op'))}; "
         f"target <= {TARGET_GRAPH_US}: {lat.get('graph_met')}), correct {g.get('correct')}{err(g)}"
     )
-    for variant in ("unfused", "nocache"):
+    for variant in ("unfused", "nocache", "general"):
         gv = raw.get(f"graph_{variant}")
         if isinstance(gv, dict):
             p(f"  graph replay, {variant}: {fmt(gv.get('us_per_op'))} us, correct {gv.get('correct')}{err(gv)}")

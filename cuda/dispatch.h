@@ -56,9 +56,35 @@ MNCL_DEV void drainPointerSteps(DevChannel& ch, Waiter& waiter) {
   ch.pointerStepsPosted = false;
 }
 
+// What an entry point runs: every protocol and algorithm, switched on the work item at run
+// time (the general kernel and the CPU), ...
+struct AnyProtocol {
+  template <typename T, typename Fn>
+  MNCL_DEV static void run(PrimsContext<Fn> cx) {
+    switch (cx.work.proto) {
+      case Proto::simple: runAlgorithm<PrimsSimple, T, Fn>(cx); break;
+      case Proto::ll: runAlgorithm<PrimsLL, T, Fn>(cx); break;
+      case Proto::ll128: runAlgorithm<PrimsLL128, T, Fn>(cx); break;
+      default: break;
+    }
+  }
+};
+
+// ... or direct LL only, fixed at compile time: what small operations on one GPU run (the
+// tuner's choice up to tens of KiB). A kernel of this one path is a fraction of the general
+// one's size and is compiled with full optimisation, where the general kernel's every
+// algorithm x protocol spills (see cuda/gpu/kernels.cu).
+struct DirectLLOnly {
+  MNCL_HOSTDEV static bool runs(const DevWork& w) { return w.proto == Proto::ll && w.algo == Algo::direct; }
+  template <typename T, typename Fn>
+  MNCL_DEV static void run(PrimsContext<Fn> cx) {
+    runCollectiveOf<Direct<PrimsLL, T, Fn>, T, Fn>(cx);
+  }
+};
+
 // Runs one channel's share of a collective with element type T and reduction Fn.
 // Returns false if the operation stopped early (abort, or a mismatched peer in *err).
-template <typename T, typename Fn>
+template <typename T, typename Fn, typename Paths = AnyProtocol>
 MNCL_DEV bool runTyped(DevChannel& ch, const DevWork& w, Fn fn, DevError* err) {
   Waiter waiter{ch.abortFlag, ch.spinBudget};
   PrimsContext<Fn> cx{ch, w, fn, waiter, err};
@@ -71,12 +97,7 @@ MNCL_DEV bool runTyped(DevChannel& ch, const DevWork& w, Fn fn, DevError* err) {
     }
   }
   MNCL_TRACE(ch, kTraceDispatch);
-  switch (w.proto) {
-    case Proto::simple: runAlgorithm<PrimsSimple, T, Fn>(cx); break;
-    case Proto::ll: runAlgorithm<PrimsLL, T, Fn>(cx); break;
-    case Proto::ll128: runAlgorithm<PrimsLL128, T, Fn>(cx); break;
-    default: break;
-  }
+  Paths::template run<T, Fn>(cx);
   if (tid() == 0) {
     if (ch.pointerStepsPosted) drainPointerSteps(ch, waiter);
     // Stopped early: take back our published outputs, so that senders still running stop

@@ -532,6 +532,27 @@ def test_group_of_ranks_in_one_kernel_or_one_each(gpus: GpuPool, cp: Any, fuse: 
         check_group(comms, "allreduce", "int32", "max", 12345, in_place=True, lib=lib)
 
 
+@pytest.mark.parametrize("path_kernels", ["1", "0"])
+def test_direct_ll_in_its_own_kernel_or_the_general_one(cp: Any, path_kernels: str) -> None:
+    """Direct LL, the small operations' path, runs a kernel of that path alone
+    (MININCL_GPU_PATH_KERNELS=1, the default) or the general kernel (0): the same results for
+    every collective, one-shot and two-shot sizes, a reduction of each kind."""
+    forced = {"MININCL_GPU_PATH_KERNELS": path_kernels, "MININCL_ALGO": "direct", "MININCL_PROTO": "ll"}
+    with env_as(forced):
+        comms = minincl.Communicator.init_all(3, device=DEVICE)
+    lib = Lib("cupy")
+    try:
+        for coll in ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"):
+            for count in (1, 1009, 100_003):
+                check_group(comms, coll, "float32", "sum", count, in_place=False, lib=lib)
+        check_group(comms, "allreduce", "bfloat16", "max", 4099, in_place=True, lib=lib)
+        check_group(comms, "allreduce", "int64", "prod", 17, in_place=False, lib=lib)
+        check_group(comms, "allreduce", "float16", "avg", 777, in_place=True, lib=lib)
+    finally:
+        for c in comms:
+            c.destroy()
+
+
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_one_thread_per_rank_with_own_streams(gpus: GpuPool, cp: Any, nranks: int) -> None:
     """Each rank's thread orders its calls on its own non-blocking stream, between CuPy

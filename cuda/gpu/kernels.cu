@@ -1,7 +1,10 @@
 // CUDA entry point of the device code: one kernel launch per operation, one block per
 // channel, each block running its channel's share with the same algorithms and protocols as
 // the CPU build. Templated only on (element type, reduction); algorithm and protocol are
-// chosen at run time inside, and copy-only collectives use a single byte instance.
+// chosen at run time inside, and copy-only collectives use a single byte instance. Each
+// instance also has a kernel for direct LL alone, the small operations' path: a launch whose
+// every block runs it takes that one (a quarter of the code, none of the general kernel's
+// register spills), everything else the general one.
 //
 // The build compiles this file once per (reduction, type) — the defines below come from
 // CMakeLists.txt — so the instances spread over parallel compiler jobs; launch.cu picks
@@ -64,7 +67,7 @@ struct CachedChannel {
   }
 };
 
-template <typename T, typename Fn>
+template <typename T, typename Fn, typename Paths>
 __global__ void __launch_bounds__(kGpuThreads) collectiveKernel(const __grid_constant__ GpuBlocks blocks, Fn fn) {
   __shared__ alignas(DevChannel) unsigned char storage[sizeof(DevChannel)];
   extern __shared__ uint64_t arrays[];
@@ -78,7 +81,7 @@ __global__ void __launch_bounds__(kGpuThreads) collectiveKernel(const __grid_con
   if (tid() == 0) cache.shared->traceStart = start;  // (traced with the channel cache only)
   MNCL_TRACE(*cache.shared, kTraceLoaded);
 #endif
-  runTyped<T>(*cache.shared, blocks.work[blockIdx.x], fn, blocks.errors[rank] + channel);
+  runTyped<T, Fn, Paths>(*cache.shared, blocks.work[blockIdx.x], fn, blocks.errors[rank] + channel);
   cache.writeBack();
 }
 
@@ -88,10 +91,29 @@ void setRanks(Fn& fn, int nranks) {
   if constexpr (requires { fn.nranks; }) fn.nranks = (uint32_t)nranks;
 }
 
+// Every block's work runs direct LL: the launch may use that path's own kernel.
+bool allDirectLL(const GpuLaunch& l) {
+  for (int b = 0; b < l.nBlocks; ++b) {
+    if (!DirectLLOnly::runs(l.blocks.work[b])) return false;
+  }
+  return true;
+}
+
 template <typename T, typename Fn>
 cudaError_t launch(const GpuLaunch& l, Fn fn) {
-  collectiveKernel<T, Fn><<<l.nBlocks, l.nThreads, l.blocks.cachedArraysBytes, l.stream>>>(l.blocks, fn);
+  if (l.pathKernels && allDirectLL(l)) {
+    collectiveKernel<T, Fn, DirectLLOnly><<<l.nBlocks, l.nThreads, l.blocks.cachedArraysBytes, l.stream>>>(l.blocks, fn);
+  } else {
+    collectiveKernel<T, Fn, AnyProtocol><<<l.nBlocks, l.nThreads, l.blocks.cachedArraysBytes, l.stream>>>(l.blocks, fn);
+  }
   return cudaGetLastError();
+}
+
+template <typename T, typename Fn>
+cudaError_t preload() {
+  cudaFuncAttributes a;
+  cudaError_t e = cudaFuncGetAttributes(&a, collectiveKernel<T, Fn, AnyProtocol>);
+  return e != cudaSuccess ? e : cudaFuncGetAttributes(&a, collectiveKernel<T, Fn, DirectLLOnly>);
 }
 
 #if defined(MININCL_KERNEL_COPY)
@@ -123,7 +145,7 @@ cudaError_t launchP2p(const GpuP2pLaunch& l) {
 
 cudaError_t preloadCopy() {
   cudaFuncAttributes a;
-  cudaError_t e = cudaFuncGetAttributes(&a, collectiveKernel<uint8_t, FuncCopy<uint8_t>>);
+  cudaError_t e = preload<uint8_t, FuncCopy<uint8_t>>();
   return e != cudaSuccess ? e : cudaFuncGetAttributes(&a, p2pKernel);
 }
 #elif defined(MININCL_KERNEL_OP)
@@ -136,8 +158,7 @@ cudaError_t MNCL_KERNEL_NAME(MININCL_KERNEL_OP, MININCL_KERNEL_TYPE)(const GpuLa
 
 cudaError_t MNCL_KERNEL_PRELOAD(MININCL_KERNEL_OP, MININCL_KERNEL_TYPE)() {
   using T = MNCL_KERNEL_CTYPE(MININCL_KERNEL_TYPE);
-  cudaFuncAttributes a;
-  return cudaFuncGetAttributes(&a, collectiveKernel<T, MNCL_KERNEL_FUNC(MININCL_KERNEL_OP)<T>>);
+  return preload<T, MNCL_KERNEL_FUNC(MININCL_KERNEL_OP)<T>>();
 }
 #endif
 

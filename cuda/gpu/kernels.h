@@ -43,6 +43,9 @@ struct GpuLaunch {
   GpuBlocks blocks;
   int nBlocks, nThreads, nranks;
   cudaStream_t stream;
+  // A launch whose every block runs direct LL (small operations) uses the kernel of that one
+  // path instead of the general one (see DirectLLOnly in dispatch.h); false: always general.
+  bool pathKernels = true;
 };
 
 cudaError_t launchCollective(const GpuLaunch& l, Coll coll, DataType dtype, RedOp op);

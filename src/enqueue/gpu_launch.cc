@@ -122,6 +122,7 @@ Launch planColl(Comm& comm, const CollCall& c, cudaStream_t stream) {
     l.blocks.work[ch] = works[ch];
   }
   l.blocks.cachedArraysBytes = g.cachedArraysBytes();
+  l.pathKernels = g.pathKernels();
   l.nBlocks = n;
   l.nThreads = threadsFor(comm, c, n);
   l.nranks = comm.nranks();

@@ -212,6 +212,7 @@ void GpuComm::upload(const std::vector<std::unique_ptr<Channel>>& channels, cons
   arraysStride_ = (uint32_t)per;
   bool cache = env::integer("MININCL_GPU_CHANNEL_CACHE", 1) != 0 && layout.bytes <= dev::kMaxCachedArraysBytes;
   cachedArraysBytes_ = cache ? (uint32_t)layout.bytes : 0;
+  pathKernels_ = env::integer("MININCL_GPU_PATH_KERNELS", 1) != 0;
   std::vector<char> staging(per * nChannels_, 0);
   std::vector<dev::DevChannel> devChannels(nChannels_);
   MNCL_CUDA_CHECK(cudaMalloc(&arrays_, std::max<size_t>(staging.size(), 1)));

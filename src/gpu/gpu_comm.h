@@ -77,6 +77,9 @@ class GpuComm {
   // dev::CachedChannel); 0 keeps them in device memory: many ranks, or
   // MININCL_GPU_CHANNEL_CACHE=0 when the communicator was made.
   uint32_t cachedArraysBytes() const { return cachedArraysBytes_; }
+  // Whether small operations run the kernel of their one path (dev::GpuLaunch::pathKernels);
+  // MININCL_GPU_PATH_KERNELS=0 when the communicator was made: always the general kernel.
+  bool pathKernels() const { return pathKernels_; }
   int nChannels() const { return nChannels_; }
   dev::DevError* errorsOnDevice() const { return static_cast<dev::DevError*>(errors_.device()); }
   // The first error record a kernel of this communicator left; false if there is none.
@@ -106,6 +109,7 @@ class GpuComm {
   void* arrays_ = nullptr;               // device memory: every channel's peer arrays
   uint32_t arraysStride_ = 0;
   uint32_t cachedArraysBytes_ = 0;
+  bool pathKernels_ = true;
   HostMapped errors_;
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
