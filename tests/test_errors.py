@@ -55,6 +55,54 @@ def test_argument_errors_write_nothing(pair: Any) -> None:
     np.testing.assert_array_equal(send, np.arange(8, dtype=np.float32))
 
 
+def test_bad_arguments_are_type_errors_as_in_python(pair: Any) -> None:
+    """The per-call methods parse their own arguments (call_args.h): Python's rules and
+    messages for positional and keyword arguments, and nothing is written on a bad call."""
+    c = pair[0]
+    send = np.arange(8, dtype=np.float32)
+    recv = np.full(8, 7, np.float32)
+    cases = [
+        (lambda: c.allreduce(), "missing required argument 'send'"),
+        (lambda: c.allreduce(send, recv, "sum", False, None, 1), r"takes at most 5 arguments \(6 given\)"),
+        (lambda: c.allreduce(send, recv, opp="max"), "unexpected keyword argument 'opp'"),
+        (lambda: c.allreduce(send, recv, "max", op="min"), "multiple values for argument 'op'"),
+        (lambda: c.allreduce(send, recv, op=3), "'op' must be a str, not int"),
+        (lambda: c.broadcast(send, recv, root="0"), "'root' must be an int, not str"),
+        (lambda: c.broadcast(send, recv, root=1.0), "'root' must be an int, not float"),
+        (lambda: c.broadcast(send, recv, root=True), "'root' must be an int, not bool"),
+        (lambda: c.broadcast(send, recv, root=1 << 40), "'root' is out of range"),
+        (lambda: c.send(send), "missing required argument 'peer'"),
+        (lambda: c.recv(peer=1), "missing required argument 'buf'"),
+    ]
+    for call, words in cases:
+        with pytest.raises(TypeError, match=words):
+            call()
+    np.testing.assert_array_equal(recv, np.full(8, 7, np.float32))
+
+
+def test_arguments_by_keyword_and_numpy_scalars(pair: Any) -> None:
+    """Every parameter can be named; NumPy integers are ints; signatures show in help()."""
+    import inspect
+
+    def body(c: Any) -> tuple[Any, ...]:
+        x = np.full(5, c.rank + 1, np.float64)
+        out = np.zeros(5)
+        c.allreduce(send=x, recv=out, op="max", async_op=False, stream=None)
+        b = np.full(3, c.rank, np.int32)
+        c.broadcast(stream=None, root=np.int64(1), send=b)
+        r = c.reduce(x.copy(), op="sum", root=np.uint8(0))
+        return out, b, r
+
+    outs = run_ranks(pair, body)
+    for rank, (out, b, r) in enumerate(outs):
+        np.testing.assert_array_equal(out, np.full(5, 2.0))
+        np.testing.assert_array_equal(b, np.full(3, 1))
+        if rank == 0:
+            np.testing.assert_array_equal(r, np.full(5, 3.0))
+    params = list(inspect.signature(minincl.Communicator.reduce).parameters)
+    assert params == ["self", "send", "recv", "op", "root", "async_op", "stream"]
+
+
 def test_read_only_output_is_refused(pair: Any) -> None:
     ro = np.zeros(4, np.float32)
     ro.setflags(write=False)

@@ -238,7 +238,7 @@ ArrayView view(py::handle obj, bool writable, const char* role) {
   if (obj.is_none()) invalid(std::string(role) + " is None; expected an array");
   PyTypeObject* type = Py_TYPE(obj.ptr());
   if (PyObject_CheckBuffer(obj.ptr()) && !bufferRefusers().count(type)) {
-    if (std::optional<ArrayView> v = viewBuffer(obj, writable, role)) return *v;
+    if (std::optional<ArrayView> v = viewBuffer(obj, writable, role)) return std::move(*v);
     bufferRefusers().insert(type);
   }
   ArrayView cuda;

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <thread>
+#include <unordered_map>
 
 #include "../bootstrap/bootstrap.h"
 #include "../core/comm.h"
@@ -19,6 +20,7 @@
 #include "../enqueue/enqueue.h"
 #include "../gpu/cuda_api.h"
 #include "arrays.h"
+#include "call_args.h"
 #include "minincl.h"
 
 #ifdef MININCL_HAVE_TOPO
@@ -117,10 +119,8 @@ class AsyncQueue {
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait(lock, [&] { return pending_ == 0; });
   }
-  bool idle() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return pending_ == 0;
-  }
+  // Without the lock: every synchronous call asks.
+  bool idle() const { return pending_.load(std::memory_order_acquire) == 0; }
 
  private:
   void loop() {
@@ -157,7 +157,7 @@ class AsyncQueue {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::pair<std::function<void()>, std::shared_ptr<WorkState>>> jobs_;
-  int pending_ = 0;
+  std::atomic<int> pending_{0};  // changed under mutex_
   bool stop_ = false;
   std::thread thread_;
 };
@@ -438,6 +438,35 @@ class PyComm {
     }
   }
 
+  // How to ask the library an array type comes from for its current stream: CuPy's
+  // get_current_stream, PyTorch's raw-stream getter (what Triton calls per launch; the public
+  // torch.cuda.current_stream where a build lacks it), or nothing (the legacy default stream).
+  struct StreamGetter {
+    enum Kind { none, cupy, torchRaw, torch } kind = none;
+    py::object fn;
+  };
+
+  // Found once per array type: a small GPU call from Python is host-bound, and the type's
+  // module name, an import and three attribute lookups were on every call.
+  static const StreamGetter& streamGetterFor(py::handle like) {
+    static auto* known = new std::unordered_map<PyTypeObject*, StreamGetter>;  // GIL held; kept for the process
+    PyTypeObject* type = Py_TYPE(like.ptr());
+    if (auto it = known->find(type); it != known->end()) return it->second;
+    std::string module = py::str(py::type::handle_of(like).attr("__module__"));
+    StreamGetter g;
+    if (module.rfind("cupy", 0) == 0) {
+      g = {StreamGetter::cupy, py::module_::import("cupy").attr("cuda").attr("get_current_stream")};
+    } else if (module.rfind("torch", 0) == 0) {
+      py::object torchC = py::module_::import("torch").attr("_C");
+      if (py::hasattr(torchC, "_cuda_getCurrentRawStream")) {
+        g = {StreamGetter::torchRaw, torchC.attr("_cuda_getCurrentRawStream")};
+      } else {
+        g = {StreamGetter::torch, py::module_::import("torch").attr("cuda").attr("current_stream")};
+      }
+    }
+    return known->emplace(type, std::move(g)).first->second;
+  }
+
   // The stream a GPU call is ordered on: `stream=` (a handle, a CuPy stream or a PyTorch
   // stream), else the current stream of the library the arrays come from.
   static void* callStream(py::handle stream, py::handle like, int device) {
@@ -448,19 +477,14 @@ class PyComm {
       throwError(mnclInvalidArgument, "stream: expected a cudaStream_t handle (int), a CuPy stream or a PyTorch stream, got " +
                                           std::string(py::str(py::type::handle_of(stream).attr("__name__"))));
     }
-    std::string module = like.is_none() ? "" : std::string(py::str(py::type::handle_of(like).attr("__module__")));
-    if (module.rfind("cupy", 0) == 0) {
-      return reinterpret_cast<void*>(py::module_::import("cupy").attr("cuda").attr("get_current_stream")().attr("ptr").cast<uintptr_t>());
-    }
-    if (module.rfind("torch", 0) == 0) {
-      // The raw handle without building a torch.cuda.Stream object (what Triton calls per
-      // launch); the public path where a PyTorch build lacks it.
-      py::object torchC = py::module_::import("torch").attr("_C");
-      if (py::hasattr(torchC, "_cuda_getCurrentRawStream")) {
-        return reinterpret_cast<void*>(torchC.attr("_cuda_getCurrentRawStream")(device).cast<uintptr_t>());
-      }
-      py::object s = py::module_::import("torch").attr("cuda").attr("current_stream")(device);
-      return reinterpret_cast<void*>(s.attr("cuda_stream").cast<uintptr_t>());
+    if (like.is_none()) return nullptr;  // the legacy default stream
+    const StreamGetter& g = streamGetterFor(like);
+    auto handle = [](py::handle h) { return reinterpret_cast<void*>(h.cast<uintptr_t>()); };
+    switch (g.kind) {
+      case StreamGetter::cupy: return handle(g.fn().attr("ptr"));
+      case StreamGetter::torchRaw: return handle(g.fn(device));
+      case StreamGetter::torch: return handle(g.fn(device).attr("cuda_stream"));
+      default: break;
     }
     return nullptr;  // the legacy default stream
   }
@@ -470,7 +494,7 @@ class PyComm {
       ArrayView s = py_arrays::view(send, true, "send (in place)");
       checkDevice(s, "send");
       recv = send;
-      return {s, s};
+      return {s, std::move(s)};
     }
     ArrayView s = py_arrays::view(send, false, "send");
     ArrayView r = py_arrays::view(recv, true, "recv");
@@ -515,8 +539,11 @@ class PyComm {
     return CollCall{coll, s.data, r.data, count, s.dtype, op, root};
   }
 
-  py::object run(bool asyncOp, py::object stream, py::object result, std::initializer_list<py::object> keep,
-                 std::function<void(Comm&, void*)> op, py::handle like = py::none()) {
+  // `op` enqueues the call on a communicator and stream. A template, so that the synchronous
+  // path (the hot one for small CPU collectives) allocates nothing for it.
+  template <typename Op>
+  py::object run(bool asyncOp, py::object stream, py::object result, std::initializer_list<py::object> keep, Op op,
+                 py::handle like = py::none()) {
     Comm& cm = live();
     if (!stream.is_none() && cm.device() < 0) throwError(mnclInvalidArgument, "a CPU communicator takes no stream");
     void* st = nullptr;
@@ -539,7 +566,7 @@ class PyComm {
     if (asyncOp) {
       py::list k;
       for (const py::object& o : keep) k.append(o);
-      auto st = async_.submit([this, op] {
+      auto st = async_.submit([this, op]() mutable {
         std::shared_lock<std::shared_mutex> lock(callMutex_);
         if (destroyed_) throwError(mnclInvalidUsage, "the communicator was destroyed before this operation ran");
         op(*comm_, nullptr);
@@ -568,6 +595,114 @@ py::bytes uniqueIdBytes(const mnclUniqueId& id) { return py::bytes(id.internal, 
 
 void checkResult(mnclResult_t rc) {
   if (rc != mnclSuccess) raise(rc, mnclGetLastError(nullptr));
+}
+
+// ---- the per-call methods, on CPython's fast calling convention (see call_args.h) ----
+
+using py_args::Args;
+using py_args::Signature;
+
+// A method body's exceptions as Python errors: minincl's own as minincl.<Class>.
+template <typename Body>
+PyObject* callGuarded(Body body) {
+  return py_args::guarded(body, [](const std::exception& e) {
+    auto* err = dynamic_cast<const Error*>(&e);
+    if (err) PyErr_SetString(errorClass(err->code()).ptr(), err->what());
+    return err != nullptr;
+  });
+}
+
+PyComm& self(PyObject* obj) { return py::cast<PyComm&>(py::handle(obj)); }
+
+PyObject* allreduceCall(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const Signature sig("allreduce", {"send", "recv", "op", "async_op", "stream"}, 1);
+  return callGuarded([&] {
+    Args a(sig, args, nargs, kwnames);
+    return self(obj).allreduce(a.object(0), a.object(1), a.text(2, "sum"), a.flag(3, false), a.object(4));
+  });
+}
+
+PyObject* broadcastCall(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const Signature sig("broadcast", {"send", "recv", "root", "async_op", "stream"}, 1);
+  return callGuarded([&] {
+    Args a(sig, args, nargs, kwnames);
+    return self(obj).broadcast(a.object(0), a.object(1), a.integer(2, 0), a.flag(3, false), a.object(4));
+  });
+}
+
+PyObject* reduceCall(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const Signature sig("reduce", {"send", "recv", "op", "root", "async_op", "stream"}, 1);
+  return callGuarded([&] {
+    Args a(sig, args, nargs, kwnames);
+    return self(obj).reduce(a.object(0), a.object(1), a.text(2, "sum"), a.integer(3, 0), a.flag(4, false), a.object(5));
+  });
+}
+
+PyObject* allgatherCall(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const Signature sig("allgather", {"send", "recv", "async_op", "stream"}, 1);
+  return callGuarded([&] {
+    Args a(sig, args, nargs, kwnames);
+    return self(obj).allgather(a.object(0), a.object(1), a.flag(2, false), a.object(3));
+  });
+}
+
+PyObject* reduceScatterCall(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const Signature sig("reduce_scatter", {"send", "recv", "op", "async_op", "stream"}, 1);
+  return callGuarded([&] {
+    Args a(sig, args, nargs, kwnames);
+    return self(obj).reduceScatter(a.object(0), a.object(1), a.text(2, "sum"), a.flag(3, false), a.object(4));
+  });
+}
+
+PyObject* alltoallCall(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const Signature sig("alltoall", {"send", "recv", "async_op", "stream"}, 1);
+  return callGuarded([&] {
+    Args a(sig, args, nargs, kwnames);
+    return self(obj).alltoall(a.object(0), a.object(1), a.flag(2, false), a.object(3));
+  });
+}
+
+PyObject* sendCall(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const Signature sig("send", {"buf", "peer", "async_op", "stream"}, 2);
+  return callGuarded([&] {
+    Args a(sig, args, nargs, kwnames);
+    return self(obj).send(a.object(0), a.integer(1, 0), a.flag(2, false), a.object(3));
+  });
+}
+
+PyObject* recvCall(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  static const Signature sig("recv", {"buf", "peer", "async_op", "stream"}, 2);
+  return callGuarded([&] {
+    Args a(sig, args, nargs, kwnames);
+    return self(obj).recv(a.object(0), a.integer(1, 0), a.flag(2, false), a.object(3));
+  });
+}
+
+void bindCalls(py::handle comm) {
+  using py_args::addMethod;
+  addMethod(comm, "allreduce", allreduceCall,
+            "allreduce($self, send, recv=None, op='sum', async_op=False, stream=None)\n--\n\n"
+            "Reduces send over the ranks into recv (in place when recv is None); returns recv.");
+  addMethod(comm, "broadcast", broadcastCall,
+            "broadcast($self, send, recv=None, root=0, async_op=False, stream=None)\n--\n\n"
+            "Root's send into every rank's recv (in place when recv is None); returns recv.");
+  addMethod(comm, "reduce", reduceCall,
+            "reduce($self, send, recv=None, op='sum', root=0, async_op=False, stream=None)\n--\n\n"
+            "Reduces send over the ranks into root's recv (in place when recv is None); returns recv.");
+  addMethod(comm, "allgather", allgatherCall,
+            "allgather($self, send, recv=None, async_op=False, stream=None)\n--\n\n"
+            "Every rank's send, rank-major, into recv (a new array when None); returns recv.");
+  addMethod(comm, "reduce_scatter", reduceScatterCall,
+            "reduce_scatter($self, send, recv=None, op='sum', async_op=False, stream=None)\n--\n\n"
+            "Reduces send (nranks blocks) over the ranks, block r into rank r's recv (a new array when None).");
+  addMethod(comm, "alltoall", alltoallCall,
+            "alltoall($self, send, recv=None, async_op=False, stream=None)\n--\n\n"
+            "Block p of send to rank p, block q of recv from rank q (a new array when None); returns recv.");
+  addMethod(comm, "send", sendCall,
+            "send($self, buf, peer, async_op=False, stream=None)\n--\n\nSends buf to rank peer (which calls recv).");
+  addMethod(comm, "recv", recvCall,
+            "recv($self, buf, peer, async_op=False, stream=None)\n--\n\n"
+            "Receives into buf from rank peer (which calls send); returns buf.");
 }
 
 }  // namespace
@@ -629,28 +764,14 @@ PYBIND11_MODULE(_core, m) {
       .def("is_completed", &Work::isCompleted)
       .def("result", &Work::result);
 
-  auto none = py::none();
-  py::class_<PyComm>(m, "Communicator")
+  py::class_<PyComm> comm(m, "Communicator");
+  comm
       .def(py::init<int, py::bytes, int, int>(), py::arg("nranks"), py::arg("unique_id"), py::arg("rank"),
            py::arg("device") = MNCL_DEVICE_CPU)
       .def_property_readonly("rank", &PyComm::rank)
       .def_property_readonly("nranks", &PyComm::nranks)
       .def_property_readonly("_device_index", &PyComm::device)
       .def_property_readonly("destroyed", &PyComm::destroyed)
-      .def("allreduce", &PyComm::allreduce, py::arg("send"), py::arg("recv") = none, py::arg("op") = "sum",
-           py::arg("async_op") = false, py::arg("stream") = none)
-      .def("broadcast", &PyComm::broadcast, py::arg("send"), py::arg("recv") = none, py::arg("root") = 0,
-           py::arg("async_op") = false, py::arg("stream") = none)
-      .def("reduce", &PyComm::reduce, py::arg("send"), py::arg("recv") = none, py::arg("op") = "sum", py::arg("root") = 0,
-           py::arg("async_op") = false, py::arg("stream") = none)
-      .def("allgather", &PyComm::allgather, py::arg("send"), py::arg("recv") = none, py::arg("async_op") = false,
-           py::arg("stream") = none)
-      .def("reduce_scatter", &PyComm::reduceScatter, py::arg("send"), py::arg("recv") = none, py::arg("op") = "sum",
-           py::arg("async_op") = false, py::arg("stream") = none)
-      .def("alltoall", &PyComm::alltoall, py::arg("send"), py::arg("recv") = none, py::arg("async_op") = false,
-           py::arg("stream") = none)
-      .def("send", &PyComm::send, py::arg("buf"), py::arg("peer"), py::arg("async_op") = false, py::arg("stream") = none)
-      .def("recv", &PyComm::recv, py::arg("buf"), py::arg("peer"), py::arg("async_op") = false, py::arg("stream") = none)
       .def("barrier", &PyComm::barrier)
       .def("_split_info", &PyComm::splitInfo, py::arg("color"), py::arg("key"))
       .def("stats", &PyComm::stats,
@@ -660,6 +781,7 @@ PYBIND11_MODULE(_core, m) {
       .def("_topology", &PyComm::topology)
       .def("abort", &PyComm::abort)
       .def("destroy", &PyComm::destroy);
+  bindCalls(comm);
 
 #ifdef MININCL_HAVE_TOPO
   bindTopo(m);

@@ -1,0 +1,96 @@
+#include "call_args.h"
+
+#include <climits>
+#include <stdexcept>
+
+namespace mncl::py_args {
+
+Signature::Signature(const char* method, std::initializer_list<const char*> names, int required)
+    : method_(method), cnames_(names), required_(required) {
+  if (names.size() > Args::kMaxParams) throw std::logic_error(std::string(method) + ": too many parameters for Args");
+  for (const char* n : names) names_.push_back(PyUnicode_InternFromString(n));
+}
+
+int Signature::find(PyObject* name) const {
+  for (size_t i = 0; i < names_.size(); ++i) {
+    if (names_[i] == name) return (int)i;
+  }
+  for (size_t i = 0; i < names_.size(); ++i) {  // a keyword built at run time, not interned
+    if (PyUnicode_Compare(names_[i], name) == 0) return (int)i;
+  }
+  PyErr_Clear();
+  return -1;
+}
+
+Args::Args(const Signature& sig, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) : sig_(sig) {
+  auto where = [&] { return std::string(sig.method()) + "()"; };  // (built only for an error)
+  nargs = PyVectorcall_NARGS(nargs);
+  if (nargs > sig.size()) {
+    throw py::type_error(where() + " takes at most " + std::to_string(sig.size()) + " arguments (" +
+                         std::to_string(nargs) + " given)");
+  }
+  for (Py_ssize_t i = 0; i < nargs; ++i) given_[i] = args[i];
+  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nkw; ++k) {  // keyword values follow the positional ones
+    PyObject* key = PyTuple_GET_ITEM(kwnames, k);
+    int i = sig.find(key);
+    if (i < 0) throw py::type_error(where() + " got an unexpected keyword argument '" + std::string(py::str(key)) + "'");
+    if (given_[i]) throw py::type_error(where() + " got multiple values for argument '" + sig.name(i) + "'");
+    given_[i] = args[nargs + k];
+  }
+  for (int i = 0; i < sig.required(); ++i) {
+    if (!given_[i]) throw py::type_error(where() + " missing required argument '" + sig.name(i) + "'");
+  }
+}
+
+py::object Args::object(int i) const {
+  return given_[i] ? py::reinterpret_borrow<py::object>(given_[i]) : py::none();
+}
+
+std::string Args::text(int i, const char* fallback) const {
+  if (!given_[i]) return fallback;
+  Py_ssize_t len = 0;
+  const char* s = PyUnicode_Check(given_[i]) ? PyUnicode_AsUTF8AndSize(given_[i], &len) : nullptr;
+  if (!s) {
+    PyErr_Clear();
+    wrongType(i, "a str");
+  }
+  return std::string(s, (size_t)len);
+}
+
+int Args::integer(int i, int fallback) const {
+  if (!given_[i]) return fallback;
+  if (PyBool_Check(given_[i]) || !PyIndex_Check(given_[i])) wrongType(i, "an int");
+  long v = PyLong_AsLong(given_[i]);  // through __index__: NumPy integers too
+  if ((v == -1 && PyErr_Occurred()) || v < INT_MIN || v > INT_MAX) {
+    PyErr_Clear();
+    throw py::type_error(std::string(sig_.method()) + "(): '" + sig_.name(i) + "' is out of range for a C int");
+  }
+  return (int)v;
+}
+
+bool Args::flag(int i, bool fallback) const {
+  if (!given_[i]) return fallback;
+  int v = PyObject_IsTrue(given_[i]);
+  if (v < 0) {
+    PyErr_Clear();
+    wrongType(i, "a bool");
+  }
+  return v != 0;
+}
+
+void Args::wrongType(int i, const char* expected) const {
+  throw py::type_error(std::string(sig_.method()) + "(): '" + sig_.name(i) + "' must be " + expected + ", not " +
+                       std::string(py::str(py::type::handle_of(given_[i]).attr("__name__"))));
+}
+
+void addMethod(py::handle cls, const char* name, FastMethod method, const char* doc) {
+  // CPython keeps a pointer to the definition for as long as the method exists: the process.
+  auto* def = new PyMethodDef{name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(method)),
+                              METH_FASTCALL | METH_KEYWORDS, doc};
+  py::object descr = py::reinterpret_steal<py::object>(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), def));
+  if (!descr) throw py::error_already_set();
+  py::setattr(cls, name, descr);
+}
+
+}  // namespace mncl::py_args
