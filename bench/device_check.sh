@@ -16,7 +16,8 @@
 #     8-byte latency with one thread driving every rank (-g: one fused kernel), A/B without
 #     fusion and without the channel cache; the tuner's sweep; every algorithm x protocol
 # (f) bench/gpu_bench.py: 8-byte allreduce latency, back to back and replayed from a CUDA graph
-#     (A/B as above), and the floor under it (empty kernels, a bare handshake)
+#     (A/B as above), and the floor under it (empty kernels, a bare handshake); with a trace
+#     build of minincl-perf (device_prebuild.sh), the time points inside the kernel
 # (d) tests/test_gpu.py -m gpu with what is left of the budget, from tests/ so the installed
 #     package is imported: gpu_tests.log, gpu_tests.xml
 # (g) results.json and a short summary (bench/device_check_report.py); everything else packed
@@ -271,6 +272,16 @@ if ((BUILD_OK)); then
     "$PY" bench/gpu_bench.py floor --json "$OUT/gpu_bench_floor.json"
   step gpu_bench_threads "$(limit 30 80)" "$OUT/gpu_bench_threads.log" \
     "$PY" bench/gpu_bench.py threads --json "$OUT/gpu_bench_threads.json"
+  # Inside the kernel: time points of an 8-byte allreduce, with its direct-LL kernel and with
+  # the general one (a trace build, when device_prebuild.sh made one; printed at comm destroy).
+  TRACE_PERF=$PREBUILT/minincl-perf-trace
+  if [ -x "$TRACE_PERF" ] && (($(left) > 120)); then
+    for pk in 1 0; do
+      step "perf_trace_paths$pk" "$(limit 30 90)" "$OUT/perf_trace_paths$pk.log" env MININCL_GPU_PATH_KERNELS=$pk \
+        "$TRACE_PERF" allreduce -t 2 -g -b 8 -e 8 -n 2000 -w 200 -A direct -P ll -D cuda -c 1
+      grep -E "^ +[0-9]+ " "$OUT/perf_trace_paths$pk.log" | awk -v k=$pk '{printf "trace, path kernels %s: %s us\n", k, $6}'
+    done
+  fi
   if [ -n "$PERF" ] && (($(left) > 100)); then
     step perf_lat_2proc "$(limit 30 80)" "$OUT/perf_lat_2proc.log" \
       "$PERF" allreduce -p 2 -b 8 -e 8 -n 200 -w 20 -D cuda -c 1

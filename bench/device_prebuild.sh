@@ -9,6 +9,9 @@
 #
 # The GPU machine runs Python 3.12 (see the device tool's KINDS.md); the extension module must
 # be built for the same minor version. Needs nvcc, cmake, ninja and pybind11 for that Python.
+# MININCL_PREBUILD_TRACE=1 also builds minincl-perf-trace (-DMININCL_GPU_TRACE=ON, integer and
+# float32 kernels only): the device check then times the points inside an 8-byte allreduce's
+# kernel (a few more minutes here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${1:-python3.12}
@@ -22,7 +25,13 @@ mkdir -p "$STAGE/minincl" .prebuilt
 cp minincl/*.py "$STAGE/minincl/"
 cp "$BD"/_core*.so "$STAGE/minincl/"
 cp "$BD"/bench/minincl-perf "$STAGE/"
-strip --strip-debug "$STAGE"/minincl/_core*.so "$STAGE/minincl-perf"
+if [ -n "${MININCL_PREBUILD_TRACE:-}" ]; then
+  cmake -S . -B "$BD-trace" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMININCL_CUDA=ON -DMININCL_CUDA_QUICK=ON \
+    -DMININCL_GPU_TRACE=ON -DPython_EXECUTABLE="$(command -v "$PY")" -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)" >/dev/null
+  ninja -C "$BD-trace" minincl-perf
+  cp "$BD-trace"/bench/minincl-perf "$STAGE/minincl-perf-trace"
+fi
+strip --strip-debug "$STAGE"/minincl/_core*.so "$STAGE"/minincl-perf*
 tar czf .prebuilt/prebuilt.tgz -C "$STAGE" .
 git rev-parse HEAD >.prebuilt/commit
 du -sh .prebuilt/prebuilt.tgz
