@@ -43,6 +43,14 @@ def one_rank() -> dict[str, float]:
             pass
 
     out["with minincl.group(): pass"] = min(timeit.repeat(empty_group, number=n, repeat=5)) / n * 1e6
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        names["t"] = torch.zeros(2)
+        stmt = "c.allreduce(t)  # a torch.Tensor"
+        out[stmt] = min(timeit.repeat(stmt, globals=names, number=n, repeat=5)) / n * 1e6
     c.destroy()
     return out
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "../core/error.h"
@@ -232,6 +233,102 @@ bool viewCudaArrayInterface(py::handle obj, py::handle interface, bool writable,
   return true;
 }
 
+// ---- PyTorch tensors, read through their own C-level attributes ----
+// A tensor has no buffer protocol; its __cuda_array_interface__ is a Python property that
+// builds a dict, and its __dlpack__ a Python method: 5.0 us of a 5.4 us call on a CPU tensor.
+// The attributes below cost ~0.1 us each, and say the CUDA device without asking the driver.
+
+// Whether objects of this type are torch.Tensor (or a subclass); decided once per type.
+// Only asks torch when torch is already imported (otherwise no tensor type exists).
+bool isTorchTensor(py::handle obj) {
+  static auto* known = new std::unordered_map<PyTypeObject*, bool>;  // GIL held; kept for the process
+  PyTypeObject* type = Py_TYPE(obj.ptr());
+  if (auto it = known->find(type); it != known->end()) return it->second;
+  bool yes = false;
+  if (PyObject* torch = PyImport_GetModule(py::str("torch").ptr())) {
+    py::object module = py::reinterpret_steal<py::object>(torch);
+    if (py::hasattr(module, "Tensor")) {
+      yes = PyObject_IsSubclass(reinterpret_cast<PyObject*>(type), module.attr("Tensor").ptr()) == 1;
+    }
+  }
+  PyErr_Clear();
+  known->emplace(type, yes);
+  return yes;
+}
+
+// torch.<dtype> objects (singletons) to our types; built on first use.
+const std::unordered_map<PyObject*, DataType>& torchTypes() {
+  static auto* types = [] {
+    auto* m = new std::unordered_map<PyObject*, DataType>;
+    py::module_ torch = py::module_::import("torch");
+    const std::pair<const char*, DataType> names[] = {
+        {"int8", DataType::i8},       {"uint8", DataType::u8},     {"int32", DataType::i32},
+        {"uint32", DataType::u32},    {"int64", DataType::i64},    {"uint64", DataType::u64},
+        {"float16", DataType::f16},   {"bfloat16", DataType::bf16}, {"float32", DataType::f32},
+        {"float64", DataType::f64}};
+    for (const auto& [name, t] : names) {
+      if (py::hasattr(torch, name)) (*m)[py::object(torch.attr(name)).release().ptr()] = t;  // (older torch: no uint32)
+    }
+    return m;
+  }();
+  return *types;
+}
+
+// A Python name made once and kept for the process: attribute lookups by it cost no string
+// building (a name from a C string is built and interned on every use, ~0.1 us).
+#define MNCL_NAME(var, text) static PyObject* const var = PyUnicode_InternFromString(text)
+
+py::object attrOf(py::handle obj, PyObject* name) {
+  PyObject* r = PyObject_GetAttr(obj.ptr(), name);
+  if (!r) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(r);
+}
+
+py::object callMethod(py::handle obj, PyObject* name) {
+  PyObject* r = PyObject_CallMethodNoArgs(obj.ptr(), name);
+  if (!r) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(r);
+}
+
+ArrayView viewTorch(py::handle t, bool writable, const char* role) {
+  MNCL_NAME(kDtype, "dtype");
+  MNCL_NAME(kDevice, "device");
+  MNCL_NAME(kIsCuda, "is_cuda");
+  MNCL_NAME(kIsCpu, "is_cpu");
+  MNCL_NAME(kRequiresGrad, "requires_grad");
+  MNCL_NAME(kShape, "shape");
+  MNCL_NAME(kGetDevice, "get_device");
+  MNCL_NAME(kIsContiguous, "is_contiguous");
+  MNCL_NAME(kNumel, "numel");
+  MNCL_NAME(kDataPtr, "data_ptr");
+  ArrayView v;
+  py::object dtype = attrOf(t, kDtype);
+  auto it = torchTypes().find(dtype.ptr());
+  if (it == torchTypes().end()) {
+    invalid(std::string(role) + " has an unsupported element type (" + std::string(py::str(dtype)) + "); supported: " + kSupported);
+  }
+  v.dtype = it->second;
+  if (attrOf(t, kIsCuda).cast<bool>()) {  // (is_cuda and is_cpu: a fifth of t.device.type's cost)
+    v.deviceType = 2;                       // DLPack's kDLCUDA
+    v.deviceId = callMethod(t, kGetDevice).cast<int>();
+  } else if (!attrOf(t, kIsCpu).cast<bool>()) {
+    invalid(std::string(role) + " is a tensor on device '" + std::string(py::str(attrOf(t, kDevice))) +
+            "'; minincl takes CPU and CUDA tensors");
+  }
+  if (writable && attrOf(t, kRequiresGrad).cast<bool>()) {
+    invalid(std::string(role) + " requires grad; pass tensor.detach() or run under torch.no_grad()");
+  }
+  if (!callMethod(t, kIsContiguous).cast<bool>()) {
+    invalid(std::string(role) + " is not contiguous; pass a contiguous tensor (e.g. .contiguous())");
+  }
+  py::object shape = attrOf(t, kShape);  // torch.Size: a tuple
+  for (py::handle d : py::reinterpret_borrow<py::tuple>(shape)) v.shape.push_back(d.cast<int64_t>());
+  v.count = callMethod(t, kNumel).cast<size_t>();
+  v.data = reinterpret_cast<void*>(callMethod(t, kDataPtr).cast<uintptr_t>());  // (includes the storage offset)
+  v.keepAlive = py::reinterpret_borrow<py::object>(t);
+  return v;
+}
+
 }  // namespace
 
 ArrayView view(py::handle obj, bool writable, const char* role) {
@@ -241,6 +338,7 @@ ArrayView view(py::handle obj, bool writable, const char* role) {
     if (std::optional<ArrayView> v = viewBuffer(obj, writable, role)) return std::move(*v);
     bufferRefusers().insert(type);
   }
+  if (isTorchTensor(obj)) return viewTorch(obj, writable, role);
   ArrayView cuda;
   py::object cai = cudaInterface(obj);
   if (!cai.is_none() && viewCudaArrayInterface(obj, cai, writable, role, &cuda)) return cuda;
