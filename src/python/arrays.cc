@@ -305,7 +305,8 @@ ArrayView viewTorch(py::handle t, bool writable, const char* role) {
   py::object dtype = attrOf(t, kDtype);
   auto it = torchTypes().find(dtype.ptr());
   if (it == torchTypes().end()) {
-    invalid(std::string(role) + " has an unsupported element type (" + std::string(py::str(dtype)) + "); supported: " + kSupported);
+    invalid(std::string(role) + " has an unsupported element type (" + std::string(py::str(dtype)) +
+            "); supported: " + kSupported);
   }
   v.dtype = it->second;
   if (attrOf(t, kIsCuda).cast<bool>()) {  // (is_cuda and is_cpu: a fifth of t.device.type's cost)

@@ -5,21 +5,34 @@
 
 namespace mncl::py_args {
 
-Signature::Signature(const char* method, std::initializer_list<const char*> names, int required)
-    : method_(method), cnames_(names), required_(required) {
-  if (names.size() > Args::kMaxParams) throw std::logic_error(std::string(method) + ": too many parameters for Args");
-  for (const char* n : names) names_.push_back(PyUnicode_InternFromString(n));
+Signature::Signature(const char* method, std::initializer_list<const char*> params)
+    : method_(method), params_(params.begin(), params.end()) {
+  if (params.size() > Args::kMaxParams) throw std::logic_error(std::string(method) + ": too many parameters for Args");
+  for (const std::string& p : params_) {
+    size_t eq = p.find('=');
+    names_.push_back(p.substr(0, eq));
+    if (eq == std::string::npos) ++required_;
+  }
 }
 
 int Signature::find(PyObject* name) const {
-  for (size_t i = 0; i < names_.size(); ++i) {
-    if (names_[i] == name) return (int)i;
+  if (interned_.empty()) {
+    for (const std::string& n : names_) interned_.push_back(PyUnicode_InternFromString(n.c_str()));
   }
-  for (size_t i = 0; i < names_.size(); ++i) {  // a keyword built at run time, not interned
-    if (PyUnicode_Compare(names_[i], name) == 0) return (int)i;
+  for (size_t i = 0; i < interned_.size(); ++i) {
+    if (interned_[i] == name) return (int)i;
+  }
+  for (size_t i = 0; i < interned_.size(); ++i) {  // a keyword built at run time, not interned
+    if (PyUnicode_Compare(interned_[i], name) == 0) return (int)i;
   }
   PyErr_Clear();
   return -1;
+}
+
+std::string Signature::docHeader() const {
+  std::string s = std::string(method_) + "($self";
+  for (const std::string& p : params_) s += ", " + p;
+  return s + ")\n--\n\n";
 }
 
 Args::Args(const Signature& sig, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) : sig_(sig) {
@@ -34,7 +47,9 @@ Args::Args(const Signature& sig, PyObject* const* args, Py_ssize_t nargs, PyObje
   for (Py_ssize_t k = 0; k < nkw; ++k) {  // keyword values follow the positional ones
     PyObject* key = PyTuple_GET_ITEM(kwnames, k);
     int i = sig.find(key);
-    if (i < 0) throw py::type_error(where() + " got an unexpected keyword argument '" + std::string(py::str(key)) + "'");
+    if (i < 0) {
+      throw py::type_error(where() + " got an unexpected keyword argument '" + std::string(py::str(key)) + "'");
+    }
     if (given_[i]) throw py::type_error(where() + " got multiple values for argument '" + sig.name(i) + "'");
     given_[i] = args[nargs + k];
   }
@@ -84,13 +99,16 @@ void Args::wrongType(int i, const char* expected) const {
                        std::string(py::str(py::type::handle_of(given_[i]).attr("__name__"))));
 }
 
-void addMethod(py::handle cls, const char* name, FastMethod method, const char* doc) {
-  // CPython keeps a pointer to the definition for as long as the method exists: the process.
-  auto* def = new PyMethodDef{name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(method)),
-                              METH_FASTCALL | METH_KEYWORDS, doc};
-  py::object descr = py::reinterpret_steal<py::object>(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), def));
+void addMethod(py::handle cls, const Signature& sig, FastMethod method, const char* doc) {
+  // CPython keeps pointers to the definition and its strings for as long as the method
+  // exists: the process.
+  auto* text = new std::string(sig.docHeader() + doc);
+  auto* def = new PyMethodDef{sig.method(), reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(method)),
+                              METH_FASTCALL | METH_KEYWORDS, text->c_str()};
+  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  py::object descr = py::reinterpret_steal<py::object>(PyDescr_NewMethod(type, def));
   if (!descr) throw py::error_already_set();
-  py::setattr(cls, name, descr);
+  py::setattr(cls, sig.method(), descr);
 }
 
 }  // namespace mncl::py_args

@@ -20,22 +20,26 @@ namespace mncl::py_args {
 
 namespace py = pybind11;
 
-// A method's parameters, after self; the first `required` have no default.
+// A method's parameters after self, written as in Python ("send", "recv=None", "op='sum'"),
+// those without a default first. Their names are interned on first use (under the GIL).
 class Signature {
  public:
-  Signature(const char* method, std::initializer_list<const char*> names, int required);
+  Signature(const char* method, std::initializer_list<const char*> params);
   const char* method() const { return method_; }
   int size() const { return (int)names_.size(); }
+  const char* name(int i) const { return names_[i].c_str(); }
+  int required() const { return required_; }
   // The parameter named `name` (interned or not), or -1.
   int find(PyObject* name) const;
-  const char* name(int i) const { return cnames_[i]; }
-  int required() const { return required_; }
+  // "method($self, send, recv=None, ...)\n--\n\n": how a docstring starts for help() and
+  // inspect.signature to show the parameters.
+  std::string docHeader() const;
 
  private:
   const char* method_;
-  std::vector<const char*> cnames_;
-  std::vector<PyObject*> names_;  // interned; kept for the life of the process
-  int required_;
+  std::vector<std::string> params_, names_;
+  int required_ = 0;
+  mutable std::vector<PyObject*> interned_;  // kept for the life of the process
 };
 
 // One call's arguments, by parameter position. A bad call (too many arguments, an unknown or
@@ -58,10 +62,8 @@ class Args {
 
 using FastMethod = PyObject* (*)(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames);
 
-// Adds `method` to `cls` as `name`. `doc` starts with the signature, as CPython's own
-// builtins write it ("name($self, a, b=None)\n--\n\n..."), so that help() and
-// inspect.signature show it.
-void addMethod(py::handle cls, const char* name, FastMethod method, const char* doc);
+// Adds `method` to `cls` under the signature's name, its docstring `doc` after the signature.
+void addMethod(py::handle cls, const Signature& sig, FastMethod method, const char* doc);
 
 // Runs a method body, turning C++ exceptions into Python errors; what pybind11's dispatcher
 // does for the methods bound through it. `translate` sets the error for anything else the

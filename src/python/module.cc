@@ -614,94 +614,64 @@ PyObject* callGuarded(Body body) {
 
 PyComm& self(PyObject* obj) { return py::cast<PyComm&>(py::handle(obj)); }
 
-PyObject* allreduceCall(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const Signature sig("allreduce", {"send", "recv", "op", "async_op", "stream"}, 1);
-  return callGuarded([&] {
-    Args a(sig, args, nargs, kwnames);
-    return self(obj).allreduce(a.object(0), a.object(1), a.text(2, "sum"), a.flag(3, false), a.object(4));
-  });
+// A per-call method: `Sig` names its parameters, `Body` calls the communicator with them.
+using Body = py::object (*)(PyComm&, const Args&);
+template <const Signature& Sig, Body F>
+PyObject* method(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return callGuarded([&] { return F(self(obj), Args(Sig, args, nargs, kwnames)); });
 }
 
-PyObject* broadcastCall(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const Signature sig("broadcast", {"send", "recv", "root", "async_op", "stream"}, 1);
-  return callGuarded([&] {
-    Args a(sig, args, nargs, kwnames);
-    return self(obj).broadcast(a.object(0), a.object(1), a.integer(2, 0), a.flag(3, false), a.object(4));
-  });
-}
+const Signature kAllreduce("allreduce", {"send", "recv=None", "op='sum'", "async_op=False", "stream=None"});
+const Signature kBroadcast("broadcast", {"send", "recv=None", "root=0", "async_op=False", "stream=None"});
+const Signature kReduce("reduce", {"send", "recv=None", "op='sum'", "root=0", "async_op=False", "stream=None"});
+const Signature kAllgather("allgather", {"send", "recv=None", "async_op=False", "stream=None"});
+const Signature kReduceScatter("reduce_scatter", {"send", "recv=None", "op='sum'", "async_op=False", "stream=None"});
+const Signature kAlltoall("alltoall", {"send", "recv=None", "async_op=False", "stream=None"});
+const Signature kSend("send", {"buf", "peer", "async_op=False", "stream=None"});
+const Signature kRecv("recv", {"buf", "peer", "async_op=False", "stream=None"});
 
-PyObject* reduceCall(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const Signature sig("reduce", {"send", "recv", "op", "root", "async_op", "stream"}, 1);
-  return callGuarded([&] {
-    Args a(sig, args, nargs, kwnames);
-    return self(obj).reduce(a.object(0), a.object(1), a.text(2, "sum"), a.integer(3, 0), a.flag(4, false), a.object(5));
-  });
+// What each method does with its parsed arguments.
+py::object allreduceWith(PyComm& c, const Args& a) {
+  return c.allreduce(a.object(0), a.object(1), a.text(2, "sum"), a.flag(3, false), a.object(4));
 }
-
-PyObject* allgatherCall(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const Signature sig("allgather", {"send", "recv", "async_op", "stream"}, 1);
-  return callGuarded([&] {
-    Args a(sig, args, nargs, kwnames);
-    return self(obj).allgather(a.object(0), a.object(1), a.flag(2, false), a.object(3));
-  });
+py::object broadcastWith(PyComm& c, const Args& a) {
+  return c.broadcast(a.object(0), a.object(1), a.integer(2, 0), a.flag(3, false), a.object(4));
 }
-
-PyObject* reduceScatterCall(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const Signature sig("reduce_scatter", {"send", "recv", "op", "async_op", "stream"}, 1);
-  return callGuarded([&] {
-    Args a(sig, args, nargs, kwnames);
-    return self(obj).reduceScatter(a.object(0), a.object(1), a.text(2, "sum"), a.flag(3, false), a.object(4));
-  });
+py::object reduceWith(PyComm& c, const Args& a) {
+  return c.reduce(a.object(0), a.object(1), a.text(2, "sum"), a.integer(3, 0), a.flag(4, false), a.object(5));
 }
-
-PyObject* alltoallCall(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const Signature sig("alltoall", {"send", "recv", "async_op", "stream"}, 1);
-  return callGuarded([&] {
-    Args a(sig, args, nargs, kwnames);
-    return self(obj).alltoall(a.object(0), a.object(1), a.flag(2, false), a.object(3));
-  });
+py::object allgatherWith(PyComm& c, const Args& a) {
+  return c.allgather(a.object(0), a.object(1), a.flag(2, false), a.object(3));
 }
-
-PyObject* sendCall(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const Signature sig("send", {"buf", "peer", "async_op", "stream"}, 2);
-  return callGuarded([&] {
-    Args a(sig, args, nargs, kwnames);
-    return self(obj).send(a.object(0), a.integer(1, 0), a.flag(2, false), a.object(3));
-  });
+py::object reduceScatterWith(PyComm& c, const Args& a) {
+  return c.reduceScatter(a.object(0), a.object(1), a.text(2, "sum"), a.flag(3, false), a.object(4));
 }
-
-PyObject* recvCall(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  static const Signature sig("recv", {"buf", "peer", "async_op", "stream"}, 2);
-  return callGuarded([&] {
-    Args a(sig, args, nargs, kwnames);
-    return self(obj).recv(a.object(0), a.integer(1, 0), a.flag(2, false), a.object(3));
-  });
+py::object alltoallWith(PyComm& c, const Args& a) {
+  return c.alltoall(a.object(0), a.object(1), a.flag(2, false), a.object(3));
+}
+py::object sendWith(PyComm& c, const Args& a) {
+  return c.send(a.object(0), a.integer(1, 0), a.flag(2, false), a.object(3));
+}
+py::object recvWith(PyComm& c, const Args& a) {
+  return c.recv(a.object(0), a.integer(1, 0), a.flag(2, false), a.object(3));
 }
 
 void bindCalls(py::handle comm) {
   using py_args::addMethod;
-  addMethod(comm, "allreduce", allreduceCall,
-            "allreduce($self, send, recv=None, op='sum', async_op=False, stream=None)\n--\n\n"
+  addMethod(comm, kAllreduce, method<kAllreduce, allreduceWith>,
             "Reduces send over the ranks into recv (in place when recv is None); returns recv.");
-  addMethod(comm, "broadcast", broadcastCall,
-            "broadcast($self, send, recv=None, root=0, async_op=False, stream=None)\n--\n\n"
+  addMethod(comm, kBroadcast, method<kBroadcast, broadcastWith>,
             "Root's send into every rank's recv (in place when recv is None); returns recv.");
-  addMethod(comm, "reduce", reduceCall,
-            "reduce($self, send, recv=None, op='sum', root=0, async_op=False, stream=None)\n--\n\n"
+  addMethod(comm, kReduce, method<kReduce, reduceWith>,
             "Reduces send over the ranks into root's recv (in place when recv is None); returns recv.");
-  addMethod(comm, "allgather", allgatherCall,
-            "allgather($self, send, recv=None, async_op=False, stream=None)\n--\n\n"
+  addMethod(comm, kAllgather, method<kAllgather, allgatherWith>,
             "Every rank's send, rank-major, into recv (a new array when None); returns recv.");
-  addMethod(comm, "reduce_scatter", reduceScatterCall,
-            "reduce_scatter($self, send, recv=None, op='sum', async_op=False, stream=None)\n--\n\n"
+  addMethod(comm, kReduceScatter, method<kReduceScatter, reduceScatterWith>,
             "Reduces send (nranks blocks) over the ranks, block r into rank r's recv (a new array when None).");
-  addMethod(comm, "alltoall", alltoallCall,
-            "alltoall($self, send, recv=None, async_op=False, stream=None)\n--\n\n"
+  addMethod(comm, kAlltoall, method<kAlltoall, alltoallWith>,
             "Block p of send to rank p, block q of recv from rank q (a new array when None); returns recv.");
-  addMethod(comm, "send", sendCall,
-            "send($self, buf, peer, async_op=False, stream=None)\n--\n\nSends buf to rank peer (which calls recv).");
-  addMethod(comm, "recv", recvCall,
-            "recv($self, buf, peer, async_op=False, stream=None)\n--\n\n"
+  addMethod(comm, kSend, method<kSend, sendWith>, "Sends buf to rank peer (which calls recv).");
+  addMethod(comm, kRecv, method<kRecv, recvWith>,
             "Receives into buf from rank peer (which calls send); returns buf.");
 }
 
