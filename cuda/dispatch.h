@@ -71,9 +71,9 @@ struct AnyProtocol {
 };
 
 // ... or direct LL only, fixed at compile time: what small operations on one GPU run (the
-// tuner's choice up to tens of KiB). A kernel of this one path is a fraction of the general
-// one's size and is compiled with full optimisation, where the general kernel's every
-// algorithm x protocol spills (see cuda/gpu/kernels.cu).
+// tuner's choice up to tens of KiB). A kernel of this one path is a quarter of the general
+// one's code and spills no registers, where the general kernel, with every algorithm x
+// protocol in one function, does (see cuda/gpu/kernels.cu).
 struct DirectLLOnly {
   MNCL_HOSTDEV static bool runs(const DevWork& w) { return w.proto == Proto::ll && w.algo == Algo::direct; }
   template <typename T, typename Fn>
