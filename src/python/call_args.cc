@@ -1,5 +1,6 @@
 #include "call_args.h"
 
+#include <cctype>
 #include <climits>
 #include <stdexcept>
 
@@ -11,7 +12,16 @@ Signature::Signature(const char* method, std::initializer_list<const char*> para
   for (const std::string& p : params_) {
     size_t eq = p.find('=');
     names_.push_back(p.substr(0, eq));
-    if (eq == std::string::npos) ++required_;
+    Default d;
+    if (eq == std::string::npos) {
+      ++required_;
+    } else {
+      std::string literal = p.substr(eq + 1);
+      if (literal.size() >= 2 && literal.front() == '\'') d.text = literal.substr(1, literal.size() - 2);
+      if (!literal.empty() && (std::isdigit((unsigned char)literal[0]) || literal[0] == '-')) d.integer = std::stoi(literal);
+      d.flag = literal == "True";
+    }
+    defaults_.push_back(d);
   }
 }
 
@@ -62,8 +72,8 @@ py::object Args::object(int i) const {
   return given_[i] ? py::reinterpret_borrow<py::object>(given_[i]) : py::none();
 }
 
-std::string Args::text(int i, const char* fallback) const {
-  if (!given_[i]) return fallback;
+std::string Args::text(int i) const {
+  if (!given_[i]) return sig_.defaultOf(i).text;
   Py_ssize_t len = 0;
   const char* s = PyUnicode_Check(given_[i]) ? PyUnicode_AsUTF8AndSize(given_[i], &len) : nullptr;
   if (!s) {
@@ -73,8 +83,8 @@ std::string Args::text(int i, const char* fallback) const {
   return std::string(s, (size_t)len);
 }
 
-int Args::integer(int i, int fallback) const {
-  if (!given_[i]) return fallback;
+int Args::integer(int i) const {
+  if (!given_[i]) return sig_.defaultOf(i).integer;
   if (PyBool_Check(given_[i]) || !PyIndex_Check(given_[i])) wrongType(i, "an int");
   long v = PyLong_AsLong(given_[i]);  // through __index__: NumPy integers too
   if ((v == -1 && PyErr_Occurred()) || v < INT_MIN || v > INT_MAX) {
@@ -84,8 +94,8 @@ int Args::integer(int i, int fallback) const {
   return (int)v;
 }
 
-bool Args::flag(int i, bool fallback) const {
-  if (!given_[i]) return fallback;
+bool Args::flag(int i) const {
+  if (!given_[i]) return sig_.defaultOf(i).flag;
   int v = PyObject_IsTrue(given_[i]);
   if (v < 0) {
     PyErr_Clear();

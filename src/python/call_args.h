@@ -21,7 +21,9 @@ namespace mncl::py_args {
 namespace py = pybind11;
 
 // A method's parameters after self, written as in Python ("send", "recv=None", "op='sum'"),
-// those without a default first. Their names are interned on first use (under the GIL).
+// those without a default first. The text is also where Args finds the defaults ('str', int,
+// True / False, None), so the docstring and the behaviour cannot disagree. The names are
+// interned on first use (under the GIL).
 class Signature {
  public:
   Signature(const char* method, std::initializer_list<const char*> params);
@@ -29,6 +31,13 @@ class Signature {
   int size() const { return (int)names_.size(); }
   const char* name(int i) const { return names_[i].c_str(); }
   int required() const { return required_; }
+  // Parameter i's default, as its literal reads ("'sum'" -> "sum", "0" -> 0, "True" -> true).
+  struct Default {
+    std::string text;
+    int integer = 0;
+    bool flag = false;
+  };
+  const Default& defaultOf(int i) const { return defaults_[i]; }
   // The parameter named `name` (interned or not), or -1.
   int find(PyObject* name) const;
   // "method($self, send, recv=None, ...)\n--\n\n": how a docstring starts for help() and
@@ -38,6 +47,7 @@ class Signature {
  private:
   const char* method_;
   std::vector<std::string> params_, names_;
+  std::vector<Default> defaults_;
   int required_ = 0;
   mutable std::vector<PyObject*> interned_;  // kept for the life of the process
 };
@@ -48,11 +58,11 @@ class Args {
  public:
   static constexpr size_t kMaxParams = 8;
   Args(const Signature& sig, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames);
-  // The argument, or None where it was not given.
+  // The argument, or its default where it was not given (object: None).
   py::object object(int i) const;
-  std::string text(int i, const char* fallback) const;
-  int integer(int i, int fallback) const;
-  bool flag(int i, bool fallback) const;
+  std::string text(int i) const;
+  int integer(int i) const;
+  bool flag(int i) const;
 
  private:
   [[noreturn]] void wrongType(int i, const char* expected) const;

@@ -632,28 +632,28 @@ const Signature kRecv("recv", {"buf", "peer", "async_op=False", "stream=None"});
 
 // What each method does with its parsed arguments.
 py::object allreduceWith(PyComm& c, const Args& a) {
-  return c.allreduce(a.object(0), a.object(1), a.text(2, "sum"), a.flag(3, false), a.object(4));
+  return c.allreduce(a.object(0), a.object(1), a.text(2), a.flag(3), a.object(4));
 }
 py::object broadcastWith(PyComm& c, const Args& a) {
-  return c.broadcast(a.object(0), a.object(1), a.integer(2, 0), a.flag(3, false), a.object(4));
+  return c.broadcast(a.object(0), a.object(1), a.integer(2), a.flag(3), a.object(4));
 }
 py::object reduceWith(PyComm& c, const Args& a) {
-  return c.reduce(a.object(0), a.object(1), a.text(2, "sum"), a.integer(3, 0), a.flag(4, false), a.object(5));
+  return c.reduce(a.object(0), a.object(1), a.text(2), a.integer(3), a.flag(4), a.object(5));
 }
 py::object allgatherWith(PyComm& c, const Args& a) {
-  return c.allgather(a.object(0), a.object(1), a.flag(2, false), a.object(3));
+  return c.allgather(a.object(0), a.object(1), a.flag(2), a.object(3));
 }
 py::object reduceScatterWith(PyComm& c, const Args& a) {
-  return c.reduceScatter(a.object(0), a.object(1), a.text(2, "sum"), a.flag(3, false), a.object(4));
+  return c.reduceScatter(a.object(0), a.object(1), a.text(2), a.flag(3), a.object(4));
 }
 py::object alltoallWith(PyComm& c, const Args& a) {
-  return c.alltoall(a.object(0), a.object(1), a.flag(2, false), a.object(3));
+  return c.alltoall(a.object(0), a.object(1), a.flag(2), a.object(3));
 }
 py::object sendWith(PyComm& c, const Args& a) {
-  return c.send(a.object(0), a.integer(1, 0), a.flag(2, false), a.object(3));
+  return c.send(a.object(0), a.integer(1), a.flag(2), a.object(3));
 }
 py::object recvWith(PyComm& c, const Args& a) {
-  return c.recv(a.object(0), a.integer(1, 0), a.flag(2, false), a.object(3));
+  return c.recv(a.object(0), a.integer(1), a.flag(2), a.object(3));
 }
 
 void bindCalls(py::handle comm) {
