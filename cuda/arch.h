@@ -194,9 +194,12 @@ inline void Waiter::backoff(uint32_t spins) { cpuBackoff(spins, spinBudget); }
 // attach) and shared windows.
 #if defined(__CUDACC__)
 MNCL_DEV int readPeerMemory(int, void*, const void*, size_t) { return -1; }  // never asked on a GPU
+MNCL_DEV int writePeerMemory(int, void*, const void*, size_t) { return -1; }
 #else
 // Copies `bytes` at `remote` in process `pid` to `dst`. Returns 0 or an errno.
 int readPeerMemory(int pid, void* dst, const void* remote, size_t bytes);  // cpu/peer_memory.cc
+// Copies `bytes` at `src` to `remote` in process `pid`. Returns 0 or an errno.
+int writePeerMemory(int pid, void* remote, const void* src, size_t bytes);
 #endif
 
 // A variable every thread of a channel sees: the block's shared memory on a GPU (it must have

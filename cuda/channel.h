@@ -72,6 +72,9 @@ struct ConnFifo {
   // Sending end: we may make direct writes into the receiver's published output (it is
   // in this process, or we map its window; see ConnCtrl::outputAt).
   bool directWrites = false;
+  // Sending end, CPU: we may also make them through the kernel (cross-memory attach into the
+  // receiver's process), wherever its output is.
+  bool kernelWrites = false;
   char* simple = nullptr;          // kSteps * simpleSlotBytes
   LLLine* ll = nullptr;            // kSteps * llSlotLines
   LL128Line* ll128 = nullptr;      // kSteps * ll128SlotLines
@@ -209,6 +212,7 @@ struct DevError {
   int peer = -1;
   StepInfo expected{}, got{};
   int readErrno = 0;  // nonzero: reading `peer`'s memory for a pointer step failed (CPU)
+  bool wrote = false;  // with readErrno: it was writing `peer`'s memory, for a direct write
 };
 
 // One collective (or a channel's share of it).

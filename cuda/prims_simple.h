@@ -43,7 +43,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     if (tid() == 0) {
       if (RECV) waitRecv();
       if (SEND) waitSend();
-      if (SEND && !cx_.waiter.aborted) plan = planSend(src, dst, n, RECV);
+      if (SEND && !cx_.waiter.aborted) plan = planSend(src, dst, n, RECV, post);
     }
     // Only thread 0 waited: if it gave up, every thread must stop here, together.
     if (barrierAny(cx_.waiter.aborted)) {
@@ -69,16 +69,17 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     }
     int outputs = ndst;
     for (int i = 0; SEND && !published && i < send_.n; ++i) {
-      if (!written[i].here) dsts[ndst++] = slot(ch.sendTo[send_.peer[i]], ch.sendStep[send_.peer[i]]);
+      if (!written[i].done()) dsts[ndst++] = slot(ch.sendTo[send_.peer[i]], ch.sendStep[send_.peer[i]]);
     }
     // Streaming stores bypass the cache: only for outputs nobody reads during the operation
     // (not ours once it is published as a pointer step; not a receiver's that it forwards,
     // as ring and tree receivers do when there are more than 2 ranks).
     bool receiversKeepIt = cx_.work.algo == Algo::direct || ch.nranks == 2;
-    int nStream = !cx_.work.streamOutput || (published && ownOutput) ? 0 : receiversKeepIt ? outputs : ownOutput ? 1 : 0;
+    int nStream = !cx_.work.streamOutput || (published && published == dst && ownOutput) ? 0 : receiversKeepIt ? outputs : ownOutput ? 1 : 0;
     if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, post, nStream);
     barrier();
-    if (tid() == 0) {
+    if (SEND && tid() == 0) writeThroughKernel(dst, n, written);
+    if (tid() == 0 && !cx_.waiter.aborted) {  // (only thread 0 writes through the kernel)
       if (RECV) postRecv();
       if (SEND) postSend(published, written);
     }
@@ -88,8 +89,10 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
  private:
   // (Plain structs: a GPU's shared memory holds no constructors.)
   struct DirectWrite {
-    T* here;         // the receiver's output at the step's offset, as we address it (or null)
-    uint64_t there;  // the same place as the receiver addresses it
+    T* here;          // the receiver's output at the step's offset, as we address it (or null)
+    uint64_t there;   // the same place as the receiver addresses it
+    bool byKernel;    // not mapped here: written there through the kernel, from our output
+    MNCL_DEV bool done() const { return here || byKernel; }
   };
   struct SendPlan {
     const T* published;              // a pointer step for every receiver not written directly
@@ -98,19 +101,28 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
 
   // Where a step we send goes: straight into receivers' outputs (direct writes), a pointer to
   // where the data already is (pointer steps), or (neither) the FIFO slots.
-  MNCL_DEV SendPlan planSend(const T* src, T* dst, size_t n, bool recv) const {
+  MNCL_DEV SendPlan planSend(const T* src, T* dst, size_t n, bool recv, bool post) {
     SendPlan s;
     s.published = nullptr;
-    for (int i = 0; i < send_.n; ++i) s.written[i] = DirectWrite{nullptr, 0};
+    for (int i = 0; i < send_.n; ++i) s.written[i] = DirectWrite{nullptr, 0, false};
     // A broadcast's receivers have nothing else to do: they copy for themselves (a pointer
     // step) when they can, rather than leave every copy to the sender's core. A sender with
     // no copy of its own and one receiver (an in-place root of 2 ranks, or of a ring) writes
-    // every other step itself, so both copy. (Steps too small for a pointer are written.)
+    // every other step itself, so both copy: into the receiver's output where it can, through
+    // the kernel if need be (a pointer step and a kernel write, each of 128 KiB, in turn:
+    // 8 MiB in ~0.4 ms against ~0.7 ms through the FIFO). (Steps too small for a pointer are
+    // written.)
     bool senderIdle = !recv && src == dst && send_.n == 1;
-    bool pushThisStep = senderIdle && cx_.ch.sendStep[send_.peer[0]] % 2 == 0;
-    if (cx_.work.coll == Coll::broadcast && !pushThisStep) s.published = pointerToPublish(src, dst, recv, n, s.written);
-    for (int i = 0; dst && !s.published && i < send_.n; ++i) s.written[i] = directWrite(send_.peer[i], dst, n);
-    if (!s.published) s.published = pointerToPublish(src, dst, recv, n, s.written);
+    // (By the step's place in the operation, so that the same core writes the same lines of
+    // the receiver's output every time: lines that move between cores' caches cost.)
+    int to = send_.peer[0];
+    uint64_t stepInOp = cx_.ch.sendStep[to] - cx_.ch.opFirstSendStep[to];
+    bool pushThisStep = senderIdle && stepInOp % 2 == 1;
+    if (pushThisStep && stepInOp == 1) awaitPublishedOutput(to);
+    bool kernelWrite = pushThisStep && n * sizeof(T) >= cx_.ch.pointerStepMinBytes && !cx_.work.streamOutput;
+    if (cx_.work.coll == Coll::broadcast && !pushThisStep) s.published = pointerToPublish(src, dst, recv, post, n, s.written);
+    for (int i = 0; dst && !s.published && i < send_.n; ++i) s.written[i] = directWrite(send_.peer[i], dst, n, kernelWrite);
+    if (!s.published) s.published = pointerToPublish(src, dst, recv, post, n, s.written);
     return s;
   }
 
@@ -120,23 +132,45 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
 
   // Pointer steps: instead of copying a step's data into every receiver's FIFO, the sender
   // posts where the data already is, if that memory keeps it until the end of the operation:
-  // our output (every algorithm writes each output element once), or an input that shares
-  // no memory with the output. Worth a synchronisation only for big steps. Every receiver
-  // must be able to read it: any memory of ours (same process, cross-memory attach), or our
-  // window, which every peer process maps.
-  // Receivers that get a direct write need no pointer.
-  MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, size_t n, const DirectWrite* written) const {
+  // an input that shares no memory with the output, or our output (every algorithm writes
+  // each output element once). Worth a synchronisation only for big steps. Every receiver
+  // must be able to read it: memory of this process, our window (every peer process maps
+  // it), or through a kernel copy (cross-memory attach). Receivers that get a direct write
+  // need no pointer.
+  //
+  // The input first, when the step's values are the input's (no reduction, no post-op): the
+  // output's copy has just been written, and another core reads lines that sit modified in
+  // this core's cache far slower than lines that were only read. Kernel copies only of such
+  // input, only to receivers that copy it to their output (a reducing receiver would land it
+  // in a slot first: no copy saved, and a kernel copy costs more than a memcpy), and only for
+  // outputs small enough to stay in cache (a kernel copy cannot use streaming stores, so the
+  // FIFO with its streaming copy-out moves big outputs faster).
+  MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, bool post, size_t n, const DirectWrite* written) const {
     if (n * sizeof(T) < cx_.ch.pointerStepMinBytes) return nullptr;
-    const T* p = dst ? dst : !recv && src && cx_.work.sendIsReadOnly && inSendBuffer(src) ? src : nullptr;
-    if (!p) return nullptr;
+    // The caller's input, which this operation leaves as it is: a send buffer apart from the
+    // output, or an in-place one this step does not write.
+    bool inputHasValues = !recv && src && !(dst && post && Fn::kHasPost);
+    bool untouched = src == dst || (cx_.work.sendIsReadOnly && inSendBuffer(src));
+    if (inputHasValues && untouched &&
+        receiversCanRead(src, n, written, receiversCopy(cx_.work.coll) && !cx_.work.streamOutput)) {
+      return src;
+    }
+    return dst && receiversCanRead(dst, n, written, false) ? dst : nullptr;
+  }
+
+  MNCL_HOSTDEV static bool receiversCopy(Coll c) { return c == Coll::allgather || c == Coll::broadcast; }
+
+  // Whether every receiver without a direct write can read n elements at p (and one needs to).
+  MNCL_DEV bool receiversCanRead(const T* p, size_t n, const DirectWrite* written, bool kernelCopy) const {
     bool inWindow = inOwnWindow(p, n), needed = false;
     for (int i = 0; i < send_.n; ++i) {
-      if (written[i].here) continue;
-      const ConnCtrl* c = cx_.ch.sendTo[send_.peer[i]].ctrl;
-      if (!loadRelaxed(&c->readsSenderMemory) && !(inWindow && loadRelaxed(&c->mapsSenderWindow))) return nullptr;
+      if (written[i].done()) continue;
+      const ConnFifo& f = cx_.ch.sendTo[send_.peer[i]];
+      bool reads = loadRelaxed(&f.ctrl->readsSenderMemory) && (f.peerPid == 0 || kernelCopy);
+      if (!reads && !(inWindow && loadRelaxed(&f.ctrl->mapsSenderWindow))) return false;
       needed = true;
     }
-    return needed ? p : nullptr;
+    return needed;
   }
 
   // Direct writes. Only for operations whose output is the same on every rank: there the
@@ -164,21 +198,60 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   // Where we may write this step's copy for receiver `p`, straight into its output: here,
   // as we address it, and there, as the receiver does. None unless the receiver published
   // its output for this very operation and we can write that memory (same process, or its
-  // window, which we map).
-  MNCL_DEV DirectWrite directWrite(int p, const T* dst, size_t n) const {
+  // window, which we map; or, if `kernel`, through the kernel).
+  MNCL_DEV DirectWrite directWrite(int p, const T* dst, size_t n, bool kernel) const {
     const DevWork& w = cx_.work;
     const ConnFifo& f = cx_.ch.sendTo[p];
     const ConnCtrl* c = f.ctrl;
-    if (!f.directWrites || !outputsAlike(w.coll)) return {};
+    kernel = kernel && f.kernelWrites;
+    if (!(f.directWrites || kernel) || !outputsAlike(w.coll)) return {};
     if (loadAcquire(&c->outputFromStep) != cx_.ch.opFirstSendStep[p] + 1 || !sameInfo(c->outputInfo, w.info())) return {};
     uint64_t off = (uint64_t)((const char*)dst - (const char*)w.recv), bytes = n * sizeof(T);
     uint64_t outBytes = loadRelaxed(&c->outputBytes);
     if (off > outBytes || bytes > outBytes - off) return {};
     uint64_t there = loadRelaxed(&c->outputAt) + off;
-    if (f.peerPid == 0) return {reinterpret_cast<T*>(there), there};
+    if (f.directWrites && f.peerPid == 0) return {reinterpret_cast<T*>(there), there, false};
     uint64_t rel = there - f.peerWindowAt;  // in its window?
-    if (rel >= f.peerWindowBytes || bytes > f.peerWindowBytes - rel) return {};
-    return {reinterpret_cast<T*>(f.peerWindow + rel), there};
+    if (f.directWrites && rel < f.peerWindowBytes && bytes <= f.peerWindowBytes - rel) {
+      return {reinterpret_cast<T*>(f.peerWindow + rel), there, false};
+    }
+    return kernel ? DirectWrite{nullptr, there, true} : DirectWrite{};
+  }
+
+  // Thread 0: direct writes need the receiver's output, which it publishes when it starts the
+  // operation. A sender with nothing else to do gives a receiver that has not started yet a
+  // moment (called back to back, the root of a broadcast is often a microsecond ahead):
+  // otherwise the steps meant for it to write go as pointer steps, and the receiver's core
+  // makes every copy. A receiver on some other call never publishes this operation: after
+  // the moment, the steps go as they can and the receiver finds the mismatch.
+  MNCL_DEV void awaitPublishedOutput(int p) {
+    const ConnFifo& f = cx_.ch.sendTo[p];
+    if (!(f.directWrites || f.kernelWrites) || !outputsAlike(cx_.work.coll)) return;
+    uint64_t from = cx_.ch.opFirstSendStep[p] + 1;
+    uint32_t limit = cx_.ch.spinBudget + 256;  // the pauses, then some yields
+    for (uint32_t spins = 0; spins < limit && loadAcquire(&f.ctrl->outputFromStep) != from; ++spins) {
+      cx_.waiter.backoff(spins);
+    }
+  }
+
+  // Thread 0: the direct writes not mapped here, from our output, which holds the step's
+  // final values by now.
+  MNCL_DEV void writeThroughKernel(const T* from, size_t n, const DirectWrite* written) {
+    for (int i = 0; i < send_.n && !cx_.waiter.aborted; ++i) {
+      if (!written[i].byKernel) continue;
+      const ConnFifo& f = cx_.ch.sendTo[send_.peer[i]];
+      int err = writePeerMemory(f.peerPid, reinterpret_cast<void*>(written[i].there), from, n * sizeof(T));
+      if (err != 0) failPeerCopy(send_.peer[i], err, true);
+    }
+  }
+
+  MNCL_DEV void failPeerCopy(int peer, int err, bool wrote) {
+    if (cx_.error && cx_.error->peer < 0) {
+      cx_.error->peer = peer;
+      cx_.error->readErrno = err;
+      cx_.error->wrote = wrote;
+    }
+    cx_.waiter.aborted = true;
   }
 
   MNCL_DEV bool inOwnWindow(const T* p, size_t n) const {
@@ -212,13 +285,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     T* to = landing ? landing : inSlot;
     int err = 0;
     if (tid() == 0) err = readPeerMemory(f.peerPid, to, reinterpret_cast<const void*>(at), n * sizeof(T));
-    if (err != 0) {
-      if (cx_.error && cx_.error->peer < 0) {
-        cx_.error->peer = p;
-        cx_.error->readErrno = err;
-      }
-      cx_.waiter.aborted = true;
-    }
+    if (err != 0) failPeerCopy(p, err, false);
     return to;
   }
 
@@ -259,9 +326,9 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       ConnCtrl* c = ch.sendTo[p].ctrl;
       int s = (int)(ch.sendStep[p] % kSteps);
       c->info[s] = info;
-      c->dataAt[s] = written[i].here ? written[i].there : (uint64_t)(uintptr_t)published;
-      c->wroteToReceiver[s] = written[i].here ? 1u : 0u;
-      ch.directWritesSent += written[i].here ? 1u : 0u;
+      c->dataAt[s] = written[i].done() ? written[i].there : (uint64_t)(uintptr_t)published;
+      c->wroteToReceiver[s] = written[i].done() ? 1u : 0u;
+      ch.directWritesSent += written[i].done() ? 1u : 0u;
     }
     fenceFor(ch.systemScope);  // the whole channel's data and the words above, before the tails
     for (int i = 0; i < send_.n; ++i) {

@@ -214,3 +214,39 @@ def window_errors(comm: minincl.Communicator) -> list[str]:
     comm.destroy()
     out.append(str(int(again.sum())))  # still mapped after destroy
     return out
+
+
+def copies_with_stats(comm: minincl.Communicator, counts: list[int]) -> tuple[int, dict[str, int]]:
+    """Broadcasts from every root (in place and not) and allgathers (in place and not), the
+    collectives whose receivers only copy, checked against NumPy; returns the checks done and
+    this rank's counters."""
+    n, r = comm.nranks, comm.rank
+    checks = 0
+    for count in counts:
+        for dtype in (np.float32, np.uint8, np.float64):
+            inputs = [((np.arange(count) * (q + 3) + q) % 251).astype(dtype) for q in range(n)]
+            for root in range(n):
+                b = inputs[r].copy()
+                comm.broadcast(b, root=root)
+                np.testing.assert_array_equal(b, inputs[root])
+                out = np.full(count, 7, dtype)
+                comm.broadcast(inputs[r], out, root=root)
+                np.testing.assert_array_equal(out, inputs[root])
+            np.testing.assert_array_equal(comm.allgather(inputs[r]), np.concatenate(inputs))
+            whole = np.zeros(count * n, dtype)
+            whole[r * count : (r + 1) * count] = inputs[r]
+            comm.allgather(whole[r * count : (r + 1) * count], whole)
+            np.testing.assert_array_equal(whole, np.concatenate(inputs))
+            checks += 2 * n + 2
+    return checks, comm.stats()
+
+
+def mismatched_broadcast(comm: minincl.Communicator) -> tuple[str, bool]:
+    """Rank 0 broadcasts 200,000 floats in place, the others 100,000: returns the error and
+    whether this rank's buffer is still as it was."""
+    x = np.full(200_000 if comm.rank == 0 else 100_000, comm.rank, np.float32)
+    try:
+        comm.broadcast(x, root=0)
+    except minincl.Error as e:
+        return f"{type(e).__name__}: {e}", bool((x == comm.rank).all())
+    return "ok", bool((x == comm.rank).all())

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -169,7 +170,8 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   if (window_) window_->unlink();
 
   setupChannels(mine.sizes);
-  bool oversubscribed = !onGpu() && localRanks * nch > cores;
+  oversubscribed_ = !onGpu() && localRanks * nch > cores;
+  bool oversubscribed = oversubscribed_;
   int64_t gpuSpins = onGpu() ? env::integer("MININCL_GPU_SPINS", 1 << 14) : 0;
   MNCL_CHECK(gpuSpins >= 0 && gpuSpins <= UINT32_MAX, mnclInvalidArgument, "MININCL_GPU_SPINS must be between 0 and 2^32-1");
   for (auto& ch : channels_) ch->dev.spinBudget = onGpu() ? (uint32_t)gpuSpins : oversubscribed ? 200 : 5000;
@@ -371,10 +373,14 @@ namespace {
 // MININCL_POINTER_STEPS, MININCL_DIRECT_WRITES and MININCL_POINTER_STEP_BYTES, checked.
 struct PointerStepSettings {
   int64_t mode, directWrites, minBytes;
+  bool modeChosen;  // MININCL_POINTER_STEPS is set
 };
+// The default mode is 2 (the fastest where it works): it matters to CPU ranks in different
+// processes only, and GPU communicators take every nonzero mode alike.
 PointerStepSettings pointerStepSettings(int64_t defaultMinBytes) {
-  PointerStepSettings s{env::integer("MININCL_POINTER_STEPS", 1), env::integer("MININCL_DIRECT_WRITES", 1),
-                        env::bytes("MININCL_POINTER_STEP_BYTES", defaultMinBytes)};
+  PointerStepSettings s{env::integer("MININCL_POINTER_STEPS", 2), env::integer("MININCL_DIRECT_WRITES", 1),
+                        env::bytes("MININCL_POINTER_STEP_BYTES", defaultMinBytes),
+                        std::getenv("MININCL_POINTER_STEPS") != nullptr};
   MNCL_CHECK(s.mode >= 0 && s.mode <= 2, mnclInvalidArgument, "MININCL_POINTER_STEPS must be 0, 1 or 2");
   MNCL_CHECK(s.directWrites == 0 || s.directWrites == 1, mnclInvalidArgument, "MININCL_DIRECT_WRITES must be 0 or 1");
   MNCL_CHECK(s.minBytes >= 0 && s.minBytes <= (1ll << 31), mnclInvalidArgument,
@@ -384,7 +390,7 @@ PointerStepSettings pointerStepSettings(int64_t defaultMinBytes) {
 }  // namespace
 
 void Comm::enablePointerSteps() {
-  auto [mode, directWrites, minBytes] = pointerStepSettings(32 << 10);
+  auto [mode, directWrites, minBytes, modeChosen] = pointerStepSettings(32 << 10);
   for (auto& ch : channels_) {
     ch->dev.pointerStepMinBytes = (uint32_t)minBytes;
     if (window_) {
@@ -397,9 +403,16 @@ void Comm::enablePointerSteps() {
     if (p == rank_) continue;
     bool local = peers_[p].pid == me;
     bool readable = mode >= 1 && local;
-    if (mode == 2 && !local) {
+    // Kernel copies make senders wait for their receivers' reads, and cores shared by more
+    // ranks than they hold spend that wait switching between them (4 ranks on 2 cores: ~1.3x
+    // slower with them): by default only where every channel has a core.
+    if (mode == 2 && !local && (modeChosen || !oversubscribed_)) {
       readable = canReadPeerMemory(peers_[p].pid, peers_[p].probeAddr);
-      if (!readable) MNCL_WARN(kInit, "rank %d: cannot read rank %d's memory (cross-memory attach); its steps go through the FIFO", rank_, p);
+      if (!readable && modeChosen) {
+        MNCL_WARN(kInit, "rank %d: cannot read rank %d's memory (cross-memory attach); its steps go through the FIFO", rank_, p);
+      } else if (!readable) {
+        MNCL_INFO(kInit, "rank %d: cannot read rank %d's memory (cross-memory attach); its steps go through the FIFO", rank_, p);
+      }
     }
     const std::shared_ptr<Mapping>& theirs = peerWindows_[p];
     for (auto& ch : channels_) {
@@ -414,6 +427,8 @@ void Comm::enablePointerSteps() {
       dev::storeRelease(&ch->recvFrom[p].ctrl->readsSenderMemory, (uint32_t)readable);
       if (theirs && mode >= 1) dev::storeRelease(&ch->recvFrom[p].ctrl->mapsSenderWindow, 1u);
       ch->sendTo[p].directWrites = directWrites == 1 && mode >= 1 && (local || theirs);
+      // We can read p, so the kernel lets us write into it too (the same permission check).
+      ch->sendTo[p].kernelWrites = directWrites == 1 && !local && readable;
     }
   }
 }
@@ -424,7 +439,7 @@ void Comm::enablePointerSteps() {
 // flag is in device memory, set with a copy.
 void Comm::enableGpuPointerSteps() {
 #if defined(MININCL_HAVE_CUDA)
-  auto [mode, directWrites, minBytes] = pointerStepSettings(0);
+  auto [mode, directWrites, minBytes, modeChosen] = pointerStepSettings(0);
   for (auto& ch : channels_) ch->dev.pointerStepMinBytes = (uint32_t)minBytes;
   pid_t me = getpid();
   for (int p = 0; p < nranks_; ++p) {

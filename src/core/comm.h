@@ -146,6 +146,7 @@ class Comm {
   std::atomic<int> callsInside_{0};
   int splits_ = 0;  // tags bootstrap messages of successive splits apart
   int gpuReadablePeers_ = 0;  // GPU: peers whose kernels read this rank's buffers
+  bool oversubscribed_ = false;  // CPU: this host's ranks have more channels than it has cores
 
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<PeerInfo> peers_;

@@ -47,9 +47,9 @@ std::string mismatchMessage(int rank, const dev::DevError& e) {
 }
 
 std::string readFailureMessage(int rank, const dev::DevError& e) {
-  return "rank " + std::to_string(rank) + " could not read rank " + std::to_string(e.peer) +
-         "'s buffer (cross-memory attach: " + std::strerror(e.readErrno) +
-         "); set MININCL_POINTER_STEPS=0 to send all data through shared memory";
+  return "rank " + std::to_string(rank) + (e.wrote ? " could not write into rank " : " could not read rank ") +
+         std::to_string(e.peer) + "'s buffer (cross-memory attach: " + std::strerror(e.readErrno) +
+         "); set MININCL_POINTER_STEPS=1 to send data between processes through shared memory";
 }
 
 }  // namespace
