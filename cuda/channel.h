@@ -232,6 +232,7 @@ struct DevWork {
   int algoVariant;      // direct allreduce: 0 one-shot, 1 two-shot
   bool sendIsReadOnly;  // the send buffer overlaps no part of the receive buffer
   bool streamOutput;    // CPU: large output, write it with non-temporal stores
+  bool kernelCopies;    // CPU: steps may go between processes by kernel copies (see work_plan.cc)
 
   MNCL_HOSTDEV StepInfo info() const {
     StepInfo s{};

@@ -119,7 +119,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     uint64_t stepInOp = cx_.ch.sendStep[to] - cx_.ch.opFirstSendStep[to];
     bool pushThisStep = senderIdle && stepInOp % 2 == 1;
     if (pushThisStep && stepInOp == 1) awaitPublishedOutput(to);
-    bool kernelWrite = pushThisStep && n * sizeof(T) >= cx_.ch.pointerStepMinBytes && !cx_.work.streamOutput;
+    bool kernelWrite = pushThisStep && n * sizeof(T) >= cx_.ch.pointerStepMinBytes && cx_.work.kernelCopies;
     if (cx_.work.coll == Coll::broadcast && !pushThisStep) s.published = pointerToPublish(src, dst, recv, post, n, s.written);
     for (int i = 0; dst && !s.published && i < send_.n; ++i) s.written[i] = directWrite(send_.peer[i], dst, n, kernelWrite);
     if (!s.published) s.published = pointerToPublish(src, dst, recv, post, n, s.written);
@@ -141,10 +141,9 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   // The input first, when the step's values are the input's (no reduction, no post-op): the
   // output's copy has just been written, and another core reads lines that sit modified in
   // this core's cache far slower than lines that were only read. Kernel copies only of such
-  // input, only to receivers that copy it to their output (a reducing receiver would land it
-  // in a slot first: no copy saved, and a kernel copy costs more than a memcpy), and only for
-  // outputs small enough to stay in cache (a kernel copy cannot use streaming stores, so the
-  // FIFO with its streaming copy-out moves big outputs faster).
+  // input, and only where the work allows them: receivers that copy it to their output (a
+  // reducing receiver would land it in a slot first: no copy saved, and a kernel copy costs
+  // more than a memcpy), at sizes where they beat the FIFO's streaming copies.
   MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, bool post, size_t n, const DirectWrite* written) const {
     if (n * sizeof(T) < cx_.ch.pointerStepMinBytes) return nullptr;
     // The caller's input, which this operation leaves as it is: a send buffer apart from the
@@ -152,13 +151,11 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     bool inputHasValues = !recv && src && !(dst && post && Fn::kHasPost);
     bool untouched = src == dst || (cx_.work.sendIsReadOnly && inSendBuffer(src));
     if (inputHasValues && untouched &&
-        receiversCanRead(src, n, written, receiversCopy(cx_.work.coll) && !cx_.work.streamOutput)) {
+        receiversCanRead(src, n, written, cx_.work.kernelCopies)) {
       return src;
     }
     return dst && receiversCanRead(dst, n, written, false) ? dst : nullptr;
   }
-
-  MNCL_HOSTDEV static bool receiversCopy(Coll c) { return c == Coll::allgather || c == Coll::broadcast; }
 
   // Whether every receiver without a direct write can read n elements at p (and one needs to).
   MNCL_DEV bool receiversCanRead(const T* p, size_t n, const DirectWrite* written, bool kernelCopy) const {

@@ -18,6 +18,16 @@ size_t streamOutputBytes() {
 
 namespace {
 
+// Whether copies between processes may go through the kernel (cross-memory attach; see
+// PrimsSimple::pointerToPublish): only where the receivers copy, and for sizes where that beat
+// the FIFO (2 processes, 2-core VM, against the FIFO's streaming copies): a broadcast splits the
+// copies between root and receiver, a win at every size (32 and 64 MiB: 0.55x and 0.64x the
+// time); an allgather's single copies win while the output is below twice the streaming size
+// (32 MiB: 0.67x; 64 MiB: 1.10x, where a kernel copy's cached stores lose to streaming ones).
+bool kernelCopies(const CollCall& c, size_t recvBytes) {
+  return c.coll == Coll::broadcast || (c.coll == Coll::allgather && recvBytes < 2 * streamOutputBytes());
+}
+
 bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
   auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
   return x < y + bBytes && y < x + aBytes;
@@ -86,6 +96,7 @@ int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out)
     w.algoVariant = p.variant;
     w.sendIsReadOnly = sendIsReadOnly;
     w.streamOutput = !comm.onGpu() && recvBytes >= streamOutputBytes();
+    w.kernelCopies = !comm.onGpu() && kernelCopies(c, recvBytes);
     out.push_back(w);
   }
   return p.nChannels;
