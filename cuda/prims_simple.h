@@ -119,7 +119,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     uint64_t stepInOp = cx_.ch.sendStep[to] - cx_.ch.opFirstSendStep[to];
     bool pushThisStep = senderIdle && stepInOp % 2 == 1;
     if (pushThisStep && stepInOp == 1) awaitPublishedOutput(to);
-    bool kernelWrite = pushThisStep && n * sizeof(T) >= cx_.ch.pointerStepMinBytes && cx_.work.kernelCopies;
+    bool kernelWrite = n * sizeof(T) >= cx_.ch.pointerStepMinBytes && cx_.work.writeByKernel;
     if (cx_.work.coll == Coll::broadcast && !pushThisStep) s.published = pointerToPublish(src, dst, recv, post, n, s.written);
     for (int i = 0; dst && !s.published && i < send_.n; ++i) s.written[i] = directWrite(send_.peer[i], dst, n, kernelWrite);
     if (!s.published) s.published = pointerToPublish(src, dst, recv, post, n, s.written);
@@ -141,9 +141,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   // The input first, when the step's values are the input's (no reduction, no post-op): the
   // output's copy has just been written, and another core reads lines that sit modified in
   // this core's cache far slower than lines that were only read. Kernel copies only of such
-  // input, and only where the work allows them: receivers that copy it to their output (a
-  // reducing receiver would land it in a slot first: no copy saved, and a kernel copy costs
-  // more than a memcpy), at sizes where they beat the FIFO's streaming copies.
+  // input, and only where the work allows them (DevWork::readByKernel).
   MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, bool post, size_t n, const DirectWrite* written) const {
     if (n * sizeof(T) < cx_.ch.pointerStepMinBytes) return nullptr;
     // The caller's input, which this operation leaves as it is: a send buffer apart from the
@@ -151,7 +149,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     bool inputHasValues = !recv && src && !(dst && post && Fn::kHasPost);
     bool untouched = src == dst || (cx_.work.sendIsReadOnly && inSendBuffer(src));
     if (inputHasValues && untouched &&
-        receiversCanRead(src, n, written, cx_.work.kernelCopies)) {
+        receiversCanRead(src, n, written, cx_.work.readByKernel)) {
       return src;
     }
     return dst && receiversCanRead(dst, n, written, false) ? dst : nullptr;
@@ -221,7 +219,11 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   // otherwise the steps meant for it to write go as pointer steps, and the receiver's core
   // makes every copy. A receiver on some other call never publishes this operation: after
   // the moment, the steps go as they can and the receiver finds the mismatch.
+  // (CPU only: on a GPU, where it was never measured, such steps go as pointer steps as before.)
   MNCL_DEV void awaitPublishedOutput(int p) {
+#if defined(__CUDACC__)
+    (void)p;
+#else
     const ConnFifo& f = cx_.ch.sendTo[p];
     if (!(f.directWrites || f.kernelWrites) || !outputsAlike(cx_.work.coll)) return;
     uint64_t from = cx_.ch.opFirstSendStep[p] + 1;
@@ -229,6 +231,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     for (uint32_t spins = 0; spins < limit && loadAcquire(&f.ctrl->outputFromStep) != from; ++spins) {
       cx_.waiter.backoff(spins);
     }
+#endif
   }
 
   // Thread 0: the direct writes not mapped here, from our output, which holds the step's

@@ -1,8 +1,10 @@
-"""Kernel copies between rank processes (cross-memory attach): a receiver reads a sender's
-input with process_vm_readv, and the root of an in-place broadcast writes every other step
-straight into its receiver's output with process_vm_writev, so both cores copy. They are on by
-default where every channel has a core; MININCL_POINTER_STEPS=2 asks for them anywhere, 1 never.
-Every case must give NumPy's answer, and a mismatched call must still fail clearly."""
+"""Kernel copies between rank processes (cross-memory attach): an allgather's or broadcast's
+receiver reads a sender's input with process_vm_readv; the root of an in-place broadcast writes
+every other step straight into its receiver's output with process_vm_writev, so both cores
+copy, and an allreduce's senders write final values into their receivers' outputs the same way.
+They are on by default where every channel has a core; MININCL_POINTER_STEPS=2 asks for them
+anywhere, 1 never. Every case must give NumPy's answer, and a mismatched call must still fail
+clearly."""
 
 from __future__ import annotations
 
@@ -36,11 +38,12 @@ def test_copies_through_the_kernel_give_numpys_answer(
     kernel_copies: None, monkeypatch: pytest.MonkeyPatch, nranks: int, channels: str
 ) -> None:
     monkeypatch.setenv("MININCL_NCHANNELS", channels)
-    results = minincl.launch(workers.copies_with_stats, nranks, COUNTS)
-    assert all(checks == len(COUNTS) * 3 * (2 * nranks + 2) for checks, _ in results)
+    results = minincl.launch(workers.kernel_copies_with_stats, nranks, COUNTS)
+    assert all(checks == len(COUNTS) * 3 * (2 * nranks + 4) for checks, _ in results)
     skip_without_cross_memory_attach(results, nranks)
     # Receivers read inputs (pointer steps); with 2 ranks each root wrote into its receiver
-    # (direct writes; with 3 the tuner's broadcast has the root send to both).
+    # (direct writes; with 3 the tuner picks algorithms with none, e.g. a broadcast root
+    # sending to both).
     assert all(stats["pointer_steps"] > 0 for _, stats in results), results
     assert all(stats["direct_writes"] > 0 for _, stats in results) or nranks > 2, results
 
@@ -49,8 +52,8 @@ def test_ring_broadcast_through_the_kernel(kernel_copies: None, monkeypatch: pyt
     """A ring broadcast of 4 ranks: the root's receiver forwards what the root wrote into it."""
     monkeypatch.setenv("MININCL_ALGO", "ring")
     monkeypatch.setenv("MININCL_NCHANNELS", "1")
-    results = minincl.launch(workers.copies_with_stats, 4, [50021])
-    assert all(checks == 3 * (2 * 4 + 2) for checks, _ in results)
+    results = minincl.launch(workers.kernel_copies_with_stats, 4, [50021])
+    assert all(checks == 3 * (2 * 4 + 4) for checks, _ in results)
     skip_without_cross_memory_attach(results, 4)
     assert all(stats["direct_writes"] > 0 for _, stats in results), results
 
@@ -89,3 +92,15 @@ def test_mismatched_broadcast_fails_clearly_and_writes_nothing(kernel_copies: No
     assert any("mismatched calls" in e and "count=800000" in e and "count=400000" in e for e in errors), errors
     assert all(e != "ok" for e in errors), errors
     assert results[1][1], "the receiver's buffer was written"
+
+
+def test_allreduce_senders_write_final_values_into_receivers(
+    kernel_copies: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MININCL_ALGO", "ring")
+    results = minincl.launch(workers.allreduce_with_stats, 2, 50021)
+    assert all(ok for ok, _ in results)
+    if any(stats["readable_peers"] != 1 for _, stats in results):
+        pytest.skip("this kernel does not let sibling processes write each other's memory (cross-memory attach)")
+    # Every step of the allgather half went straight into the peer's output; no input was read.
+    assert all(stats["direct_writes"] > 0 and stats["pointer_steps"] == 0 for _, stats in results), results

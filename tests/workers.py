@@ -216,15 +216,25 @@ def window_errors(comm: minincl.Communicator) -> list[str]:
     return out
 
 
-def copies_with_stats(comm: minincl.Communicator, counts: list[int]) -> tuple[int, dict[str, int]]:
-    """Broadcasts from every root (in place and not) and allgathers (in place and not), the
-    collectives whose receivers only copy, checked against NumPy; returns the checks done and
-    this rank's counters."""
+def kernel_copies_with_stats(comm: minincl.Communicator, counts: list[int]) -> tuple[int, dict[str, int]]:
+    """The collectives whose steps may go by kernel copies between processes: broadcasts from
+    every root and allgathers (in place and not), allreduces (in place and not; avg divides
+    the final values a sender writes into its receiver), checked against NumPy; returns the
+    checks done and this rank's counters."""
     n, r = comm.nranks, comm.rank
     checks = 0
     for count in counts:
         for dtype in (np.float32, np.uint8, np.float64):
             inputs = [((np.arange(count) * (q + 3) + q) % 251).astype(dtype) for q in range(n)]
+            total = np.add.reduce(np.stack(inputs), axis=0, dtype=dtype)
+            x = inputs[r].copy()
+            comm.allreduce(x)
+            np.testing.assert_array_equal(x, total)
+            op, want = ("max", np.stack(inputs).max(0)) if dtype == np.uint8 else ("avg", total / dtype(n))
+            out = np.full(count, 7, dtype)
+            comm.allreduce(inputs[r], out, op=op)
+            np.testing.assert_allclose(out, want, rtol=1e-6)
+            checks += 2
             for root in range(n):
                 b = inputs[r].copy()
                 comm.broadcast(b, root=root)
@@ -250,3 +260,10 @@ def mismatched_broadcast(comm: minincl.Communicator) -> tuple[str, bool]:
     except minincl.Error as e:
         return f"{type(e).__name__}: {e}", bool((x == comm.rank).all())
     return "ok", bool((x == comm.rank).all())
+
+
+def allreduce_with_stats(comm: minincl.Communicator, count: int) -> tuple[bool, dict[str, int]]:
+    x = np.arange(count, dtype=np.float64) * (comm.rank + 1)
+    comm.allreduce(x)
+    expected = np.arange(count, dtype=np.float64) * sum(q + 1 for q in range(comm.nranks))
+    return bool((x == expected).all()), comm.stats()

@@ -18,14 +18,22 @@ size_t streamOutputBytes() {
 
 namespace {
 
-// Whether copies between processes may go through the kernel (cross-memory attach; see
-// PrimsSimple::pointerToPublish): only where the receivers copy, and for sizes where that beat
-// the FIFO (2 processes, 2-core VM, against the FIFO's streaming copies): a broadcast splits the
-// copies between root and receiver, a win at every size (32 and 64 MiB: 0.55x and 0.64x the
-// time); an allgather's single copies win while the output is below twice the streaming size
-// (32 MiB: 0.67x; 64 MiB: 1.10x, where a kernel copy's cached stores lose to streaming ones).
-bool kernelCopies(const CollCall& c, size_t recvBytes) {
+// Which copies between processes may go through the kernel (cross-memory attach; see
+// PrimsSimple::pointerToPublish and directWrite): where they beat the FIFO, measured with 2
+// processes on a 2-core VM (time against the FIFO's, which streams outputs of 32 MiB and more).
+// - Reads of a sender's input, by receivers that copy it to their output: a reducing receiver
+//   would land it in a slot first, saving no copy. Allgather while its output is below twice
+//   the streaming size (32 MiB: 0.67x; 64 MiB: 1.10x, where cached stores lose to streaming
+//   ones); broadcast at every size.
+// - Writes of final values into a receiver's output: an in-place broadcast root's every other
+//   step, so that root and receiver split the copies (32 and 64 MiB: 0.55x and 0.64x with the
+//   reads); allreduce below the streaming size (0.65x at 512 KiB, 0.80x at 8 and 16 MiB;
+//   32 MiB: 1.25x).
+bool readByKernel(const CollCall& c, size_t recvBytes) {
   return c.coll == Coll::broadcast || (c.coll == Coll::allgather && recvBytes < 2 * streamOutputBytes());
+}
+bool writeByKernel(const CollCall& c, size_t recvBytes) {
+  return c.coll == Coll::broadcast || (c.coll == Coll::allreduce && recvBytes < streamOutputBytes());
 }
 
 bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
@@ -96,7 +104,8 @@ int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out)
     w.algoVariant = p.variant;
     w.sendIsReadOnly = sendIsReadOnly;
     w.streamOutput = !comm.onGpu() && recvBytes >= streamOutputBytes();
-    w.kernelCopies = !comm.onGpu() && kernelCopies(c, recvBytes);
+    w.readByKernel = !comm.onGpu() && readByKernel(c, recvBytes);
+    w.writeByKernel = !comm.onGpu() && writeByKernel(c, recvBytes);
     out.push_back(w);
   }
   return p.nChannels;
