@@ -262,8 +262,8 @@ def mismatched_broadcast(comm: minincl.Communicator) -> tuple[str, bool]:
     return "ok", bool((x == comm.rank).all())
 
 
-def allreduce_with_stats(comm: minincl.Communicator, count: int) -> tuple[bool, dict[str, int]]:
+def allreduce_with_stats(comm: minincl.Communicator, count: int, in_place: bool) -> tuple[bool, dict[str, int]]:
     x = np.arange(count, dtype=np.float64) * (comm.rank + 1)
-    comm.allreduce(x)
+    out = comm.allreduce(x) if in_place else comm.allreduce(x, np.full(count, -1.0))
     expected = np.arange(count, dtype=np.float64) * sum(q + 1 for q in range(comm.nranks))
-    return bool((x == expected).all()), comm.stats()
+    return bool((out == expected).all()), comm.stats()

@@ -1,0 +1,137 @@
+"""minincl under two or more environments, interleaved: an A/B of settings on local CPU ranks.
+
+    python3 bench/ab_env.py --ranks 2 --collectives allgather,broadcast --sizes 1M,8M \\
+        fifo:MININCL_POINTER_STEPS=1 default:
+
+Each variant is NAME:VAR=VALUE;VAR=VALUE (nothing after the colon: the environment as it is).
+Every round runs each variant once (a fresh `minincl.launch` of the ranks, bound to cores),
+in reversed order on every other round; a variant's figure for a size is the median over
+rounds of its per-call time (each run: warm-up calls, then 5 repetitions of a call count
+sized to move about 256 MiB, the median repetition, the slowest rank). Prints a table with
+the last variant's time over the first's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+
+import minincl
+
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper()
+    return int(text[:-1]) * UNITS[text[-1]] if text[-1] in UNITS else int(text)
+
+
+def make_op(c: minincl.Communicator, collective: str, nbytes: int) -> Callable[[], object]:
+    """The call, on float32 NumPy buffers; nbytes is the size nccl-tests would print."""
+    n = nbytes // 4
+    if collective == "allgather":
+        send = np.ones(n // c.nranks, np.float32)
+        recv = np.zeros(send.size * c.nranks, np.float32)
+        return lambda: c.allgather(send, recv)
+    if collective == "reduce_scatter":
+        recv = np.zeros(n // c.nranks, np.float32)
+        send = np.ones(recv.size * c.nranks, np.float32)
+        return lambda: c.reduce_scatter(send, recv)
+    if collective == "broadcast":
+        buf = np.ones(n, np.float32)
+        return lambda: c.broadcast(buf, root=0)  # in place, as MPI_Bcast
+    send, out = np.ones(n, np.float32), np.zeros(n, np.float32)
+    return lambda: c.allreduce(send, out)
+
+
+def rank_main(comm: minincl.Communicator, collectives: list[str], sizes: list[int]) -> dict[str, float]:
+    times: dict[str, float] = {}
+    for collective in collectives:
+        for size in sizes:
+            op = make_op(comm, collective, size)
+            calls = max(5, min(200, (256 << 20) // max(size, 1)))
+            for _ in range(3):
+                op()
+            reps = []
+            for _ in range(5):
+                comm.barrier()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    op()
+                reps.append((time.perf_counter() - t0) / calls * 1e6)
+            times[f"{collective} {size}"] = statistics.median(reps)
+    return times
+
+
+def child(args: argparse.Namespace) -> None:
+    os.environ.setdefault("MININCL_CPU_BIND", "1")
+    per_rank = minincl.launch(
+        rank_main, args.ranks, args.collectives.split(","), [parse_size(s) for s in args.sizes.split(",")]
+    )
+    print(json.dumps({k: max(r[k] for r in per_rank) for k in per_rank[0]}))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("variants", nargs="*", help="NAME:VAR=VALUE;VAR=VALUE (at least two)")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--collectives", default="allreduce,broadcast,allgather,reduce_scatter")
+    p.add_argument("--sizes", default="128K,1M,8M,32M")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child(args)
+        return 0
+    if len(args.variants) < 2:
+        p.error("give at least two variants")
+    variants = [
+        (name, dict(kv.split("=", 1) for kv in env.split(";") if kv))
+        for name, env in (v.split(":", 1) for v in args.variants)
+    ]
+    results: dict[str, dict[str, list[float]]] = {}
+    for r in range(args.rounds):
+        for name, env in variants if r % 2 == 0 else variants[::-1]:
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                "--ranks",
+                str(args.ranks),
+                "--collectives",
+                args.collectives,
+                "--sizes",
+                args.sizes,
+            ]
+            out = subprocess.run(
+                cmd, env={**os.environ, "OPENBLAS_NUM_THREADS": "1", **env}, capture_output=True, text=True, timeout=900
+            )
+            if out.returncode != 0:
+                print(out.stderr[-3000:], file=sys.stderr)
+                return 1
+            for case, us in json.loads(out.stdout.strip().splitlines()[-1]).items():
+                results.setdefault(case, {}).setdefault(name, []).append(us)
+    names = [name for name, _ in variants]
+    print(f"| case ({args.ranks} ranks) | " + " | ".join(f"{n} us" for n in names) + f" | {names[-1]} / {names[0]} |")
+    print("|---|" + "---:|" * (len(names) + 1))
+    for case, by_name in results.items():
+        med = [statistics.median(by_name[n]) for n in names]
+        collective, size = case.split()
+        print(
+            f"| {collective} {int(size) >> 10} KiB | "
+            + " | ".join(f"{m:.1f}" for m in med)
+            + f" | {med[-1] / med[0]:.2f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
