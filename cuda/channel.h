@@ -234,7 +234,7 @@ struct DevWork {
   bool streamOutput;    // CPU: large output, write it with non-temporal stores
   // CPU, between processes (cross-memory attach; where each wins, see work_plan.cc):
   bool readByKernel;    // receivers may read a sender's untouched input by a kernel copy
-  bool writeByKernel;   // senders may write final values into a receiver's output so
+  bool writeByKernel;   // senders may write final values into a receiver's output by one
 
   MNCL_HOSTDEV StepInfo info() const {
     StepInfo s{};

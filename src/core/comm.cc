@@ -180,7 +180,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
     tuner_.initGpu(nranks, nch);
     bool allHere = true;  // every rank in this process, on this GPU: pointer steps everywhere
     for (const PeerInfo& p : peers_) allHere &= p.pid == mine.pid && p.device == device_;
-    tuner_.setGpuPointerSteps(allHere && env::integer("MININCL_POINTER_STEPS", 1) >= 1);
+    tuner_.setGpuPointerSteps(allHere && env::integer("MININCL_POINTER_STEPS", 2) >= 1);
 #if defined(MININCL_HAVE_CUDA)
     gpu_->upload(channels_, static_cast<const uint32_t*>(abortPinned_->device()));
 #endif
