@@ -171,10 +171,9 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
 
   setupChannels(mine.sizes);
   oversubscribed_ = !onGpu() && localRanks * nch > cores;
-  bool oversubscribed = oversubscribed_;
   int64_t gpuSpins = onGpu() ? env::integer("MININCL_GPU_SPINS", 1 << 14) : 0;
   MNCL_CHECK(gpuSpins >= 0 && gpuSpins <= UINT32_MAX, mnclInvalidArgument, "MININCL_GPU_SPINS must be between 0 and 2^32-1");
-  for (auto& ch : channels_) ch->dev.spinBudget = onGpu() ? (uint32_t)gpuSpins : oversubscribed ? 200 : 5000;
+  for (auto& ch : channels_) ch->dev.spinBudget = onGpu() ? (uint32_t)gpuSpins : oversubscribed_ ? 200 : 5000;
   connect(layout);
   if (onGpu()) {
     tuner_.initGpu(nranks, nch);
@@ -185,8 +184,8 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
     gpu_->upload(channels_, static_cast<const uint32_t*>(abortPinned_->device()));
 #endif
   } else {
-    tuner_.init(nranks, nch, 2 * (size_t)mine.sizes.simpleSlotBytes, oversubscribed);
-    executor_ = std::make_unique<Executor>(nch, oversubscribed ? 0 : 50);
+    tuner_.init(nranks, nch, 2 * (size_t)mine.sizes.simpleSlotBytes, oversubscribed_);
+    executor_ = std::make_unique<Executor>(nch, oversubscribed_ ? 0 : 50);
   }
   if (plan_.searched) tuner_.setPathBandwidth(plan_.bwGBs);
   if (nranks > 1) monitor_ = std::make_unique<Monitor>(*this);
