@@ -70,6 +70,12 @@ template <typename T>
 MNCL_DEV void storeRelaxed(T* p, T v) {
   cuda::atomic_ref<T, cuda::thread_scope_system>(*p).store(v, cuda::memory_order_relaxed);
 }
+// Replaces *p with `desired` if it holds `expected`; true if it did (acquire and release).
+template <typename T>
+MNCL_DEV bool compareExchange(T* p, T expected, T desired) {
+  return cuda::atomic_ref<T, cuda::thread_scope_system>(*p).compare_exchange_strong(expected, desired,
+                                                                                   cuda::memory_order_acq_rel);
+}
 
 #elif defined(MNCL_SIMT_EMULATION)  // Tests only: a channel as a block of CPU threads.
 
@@ -123,6 +129,10 @@ inline T loadRelaxed(const T* p) {
 template <typename T>
 inline void storeRelaxed(T* p, T v) {
   std::atomic_ref<T>(*p).store(v, std::memory_order_relaxed);
+}
+template <typename T>
+inline bool compareExchange(T* p, T expected, T desired) {
+  return std::atomic_ref<T>(*p).compare_exchange_strong(expected, desired, std::memory_order_acq_rel);
 }
 
 #endif

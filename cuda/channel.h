@@ -44,6 +44,8 @@ struct ConnCtrl {
   // Simple, direct writes: the sender already wrote the step's data into the receiver's
   // own memory, at dataAt as the receiver addresses it (see outputAt below).
   uint32_t wroteToReceiver[kSteps];
+  // Send/recv: each step's bytes (for taking back pointer steps, see P2pEngine).
+  uint32_t stepLength[kSteps];
   // Set once by the receiver at init: it can read the sender's memory (same process, or
   // cross-memory attach to the sender's process), so the sender may post pointer steps.
   uint32_t readsSenderMemory;
@@ -138,6 +140,8 @@ struct DevChannel {
   // until its receivers have consumed them (the user may reuse the buffers right after).
   bool pointerStepsPosted = false;
   uint32_t pointerStepMinBytes = 32 << 10;  // smaller steps are copied: not worth a handshake
+  // Send/recv: the most a receiver reads of a pointer step before it looks at its other ops.
+  uint32_t pointerReadBytes = 1 << 20;
   uint64_t pointerStepsSent = 0;            // counter, for tests and tuning
   uint64_t directWritesSent = 0;            // counter, for tests and tuning
   // CPU: this rank's window, shared memory every peer process maps (user buffers allocated

@@ -267,3 +267,68 @@ def allreduce_with_stats(comm: minincl.Communicator, count: int, in_place: bool)
     out = comm.allreduce(x) if in_place else comm.allreduce(x, np.full(count, -1.0))
     expected = np.arange(count, dtype=np.float64) * sum(q + 1 for q in range(comm.nranks))
     return bool((out == expected).all()), comm.stats()
+
+
+def p2p_patterns(n: int, count: int, dtype: Any) -> list[np.ndarray]:
+    return [((np.arange(count) * (q + 5) + 3 * q) % 241).astype(dtype) for q in range(n)]
+
+
+def exchanges_with_stats(
+    comm: minincl.Communicator, counts: list[int], window: bool = False
+) -> tuple[int, dict[str, int]]:
+    """Grouped sends and receives, where sends may go as pointer steps (the group receives
+    too): a ring (each rank sends right and receives from the left), and two messages each
+    way between partners, which must arrive in order. Checked against NumPy; returns the
+    checks done and this rank's counters. With `window`, the sent arrays live in the
+    communicator's window."""
+    n, r = comm.nranks, comm.rank
+    right, left, partner = (r + 1) % n, (r - 1) % n, r ^ 1 if (r ^ 1) < n else r
+    checks = 0
+    for count in counts:
+        for dtype in (np.float32, np.uint8, np.float64):
+            inputs = p2p_patterns(n, count, dtype)
+            mine = inputs[r]
+            if window:
+                mine = comm.empty(count, dtype)
+                mine[:] = inputs[r]
+            out = np.full(count, 7, dtype)
+            with minincl.group():
+                comm.send(mine, right)
+                comm.recv(out, left)
+            np.testing.assert_array_equal(out, inputs[left])
+            first, second = np.full(count, 7, dtype), np.full(count, 7, dtype)
+            doubled = (inputs[r] * 2).astype(dtype)
+            with minincl.group():
+                comm.send(mine, partner)
+                comm.send(doubled, partner)
+                comm.recv(first, partner)
+                comm.recv(second, partner)
+            np.testing.assert_array_equal(first, inputs[partner])
+            np.testing.assert_array_equal(second, (inputs[partner] * 2).astype(dtype))
+            checks += 3
+    return checks, comm.stats()
+
+
+def send_done_before_receiver_starts(comm: minincl.Communicator, count: int, flag: str) -> tuple[bool, dict[str, int]]:
+    """3 ranks. Rank 0 sends to rank 1 in a group that also receives from rank 2, so its steps
+    go as pointer steps; rank 1 starts its recv only once rank 0's group has returned (rank 0
+    touches `flag`). The send must complete without its receiver, as a FIFO send does (the
+    message fits in the FIFO): True if it did and rank 1 got the data."""
+    values = (np.arange(count) % 1000).astype(np.float32)
+    if comm.rank == 0:
+        got = np.zeros(count, np.float32)
+        with minincl.group():
+            comm.send(values, 1)
+            comm.recv(got, 2)
+        open(flag, "w").close()
+        return bool((got == values * 2).all()), comm.stats()
+    if comm.rank == 2:
+        comm.send(values * 2, 0)
+        return True, comm.stats()
+    deadline = time.monotonic() + 20
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started_after = os.path.exists(flag)
+    out = np.zeros(count, np.float32)
+    comm.recv(out, 0)  # (even if rank 0 never returned: it would wait for this)
+    return started_after and bool((out == values).all()), comm.stats()

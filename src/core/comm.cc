@@ -390,8 +390,12 @@ PointerStepSettings pointerStepSettings(int64_t defaultMinBytes) {
 
 void Comm::enablePointerSteps() {
   auto [mode, directWrites, minBytes, modeChosen] = pointerStepSettings(32 << 10);
+  int64_t readBytes = env::bytes("MININCL_POINTER_READ_BYTES", 1 << 20);
+  MNCL_CHECK(readBytes >= 4096 && readBytes <= (1ll << 30), mnclInvalidArgument,
+             "MININCL_POINTER_READ_BYTES must be between 4K and 1G");
   for (auto& ch : channels_) {
     ch->dev.pointerStepMinBytes = (uint32_t)minBytes;
+    ch->dev.pointerReadBytes = (uint32_t)readBytes;
     if (window_) {
       ch->dev.window = window_->base();
       ch->dev.windowBytes = window_->size();

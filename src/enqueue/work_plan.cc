@@ -57,6 +57,7 @@ void planP2pOps(Comm& comm, const P2pCall& c, std::vector<std::vector<dev::P2pOp
     op.bytes = std::min(share, bytes - off);
     op.totalBytes = bytes;
     op.dtype = c.dtype;
+    op.pointerSteps = !comm.onGpu();  // (never measured on a GPU)
     perChannel[ch].push_back(op);
   }
 }

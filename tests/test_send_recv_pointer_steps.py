@@ -1,0 +1,113 @@
+"""Send / recv pointer steps: in a group that also receives, a send posts where its data is and
+the receiver copies it from there (threads: a plain copy; processes: cross-memory attach, or the
+sender's window), one copy instead of two; a receiver that has started its recv gets the rest
+of the message as one step, which it reads in pieces (MININCL_POINTER_READ_BYTES). Every case
+must give NumPy's answer, and a send must still complete before its receiver starts, as a FIFO
+send does."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import workers
+from conftest import run_ranks
+
+import minincl
+
+COUNTS = [0, 1, 7, 50021]  # 50021 floats: several 16 KiB slots, and several 4 KiB pieces
+
+
+@pytest.fixture
+def pointer_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pointer steps from 1 KiB (the tests' FIFO slots are 16 KiB), read 4 KiB at a time."""
+    monkeypatch.setenv("MININCL_POINTER_STEPS", "2")
+    monkeypatch.setenv("MININCL_POINTER_STEP_BYTES", "1024")
+    monkeypatch.setenv("MININCL_POINTER_READ_BYTES", "4096")
+
+
+def skip_without_cross_memory_attach(results: list[tuple[Any, dict[str, int]]], nranks: int) -> None:
+    if any(stats["readable_peers"] != nranks - 1 for _, stats in results):
+        pytest.skip("this kernel does not let sibling processes read each other's memory (cross-memory attach)")
+
+
+@pytest.mark.parametrize("channels", ["1", "2"])
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_exchanges_between_processes(
+    pointer_env: None, monkeypatch: pytest.MonkeyPatch, nranks: int, channels: str
+) -> None:
+    monkeypatch.setenv("MININCL_NCHANNELS", channels)
+    results = minincl.launch(workers.exchanges_with_stats, nranks, COUNTS)
+    assert all(checks == len(COUNTS) * 3 * 3 for checks, _ in results)
+    skip_without_cross_memory_attach(results, nranks)
+    assert all(stats["pointer_steps"] > 0 for _, stats in results), results
+
+
+def test_exchanges_from_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without kernel copies, a receiver still reads pointer steps from the sender's window."""
+    monkeypatch.setenv("MININCL_POINTER_STEPS", "1")
+    monkeypatch.setenv("MININCL_POINTER_STEP_BYTES", "1024")
+    monkeypatch.setenv("MININCL_WINDOW_BYTES", "16M")
+    results = minincl.launch(workers.exchanges_with_stats, 2, COUNTS, True)
+    assert all(checks == len(COUNTS) * 3 * 3 for checks, _ in results)
+    assert all(stats["readable_peers"] == 0 and stats["pointer_steps"] > 0 for _, stats in results), results
+
+
+def test_exchanges_between_threads(pointer_env: None) -> None:
+    comms = minincl.Communicator.init_all(3)
+    try:
+        for checks, _ in run_ranks(comms, lambda c: workers.exchanges_with_stats(c, COUNTS)):
+            assert checks == len(COUNTS) * 3 * 3
+        assert all(c.stats()["pointer_steps"] > 0 for c in comms)
+    finally:
+        for c in comms:
+            c.destroy()
+
+
+def test_no_pointer_steps_when_turned_off(pointer_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MININCL_POINTER_STEPS", "0")
+    comms = minincl.Communicator.init_all(2)
+    try:
+        run_ranks(comms, lambda c: workers.exchanges_with_stats(c, [50021]))
+        assert [c.stats()["pointer_steps"] for c in comms] == [0, 0]
+    finally:
+        for c in comms:
+            c.destroy()
+
+
+def test_a_send_alone_goes_through_the_fifo(pointer_env: None) -> None:
+    """A sender with nothing to receive copies into the FIFO while its receiver copies out."""
+    comms = minincl.Communicator.init_all(2)
+    try:
+        x = np.arange(50021, dtype=np.float32)
+
+        def body(c: Any) -> Any:
+            if c.rank == 0:
+                c.send(x, 1)
+                return None
+            return c.recv(np.zeros_like(x), 0)
+
+        np.testing.assert_array_equal(run_ranks(comms, body)[1], x)
+        assert comms[0].stats()["pointer_steps"] == 0
+    finally:
+        for c in comms:
+            c.destroy()
+
+
+@pytest.mark.parametrize("count", [3000, 24000])  # one pointer step; six, filling most of the FIFO
+def test_a_send_completes_before_its_receiver_starts(pointer_env: None, tmp_path: Path, count: int) -> None:
+    flag = str(tmp_path / f"rank0-returned-{os.getpid()}")
+    results = minincl.launch(workers.send_done_before_receiver_starts, 3, count, flag)
+    assert [ok for ok, _ in results] == [True, True, True], results
+    # Rank 0's steps to rank 1 were taken back into the FIFO: none was read where it was.
+    skip_without_cross_memory_attach(results, 3)
+    assert results[0][1]["pointer_steps"] == 0, results
+
+
+def test_bad_read_size_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MININCL_POINTER_READ_BYTES", "100")
+    with pytest.raises(minincl.InvalidArgument, match="MININCL_POINTER_READ_BYTES"):
+        minincl.Communicator.init_all(2)
