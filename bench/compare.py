@@ -1,6 +1,6 @@
 """minincl against torch.distributed (gloo), MPICH and Open MPI on this machine, interleaved.
 
-    python3 bench/compare.py            # full: 4 collectives, 8 B .. 256 MiB, 2 rounds
+    python3 bench/compare.py            # full: 6 collectives, 8 B .. 256 MiB, 2 rounds
     python3 bench/compare.py --quick    # allreduce + broadcast, 6 sizes (under 2 minutes)
 
 Every library's runner (bench/runners/) is started as 2 processes, times each size (warm-up,
@@ -28,7 +28,7 @@ from compare_run import Library, available_libraries, memcpy_bandwidth, run_runn
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 FULL_SIZES = [8 * 4**k for k in range(9)] + [(1 << 20) << k for k in range(9)]  # 8 B..512 KiB, 1..256 MiB
 QUICK_SIZES = [8, 1024, 64 << 10, 1 << 20, 8 << 20, 64 << 20]
-FULL_COLLECTIVES = ["allreduce", "broadcast", "allgather", "reduce_scatter"]
+FULL_COLLECTIVES = ["allreduce", "broadcast", "allgather", "reduce_scatter", "sendrecv", "alltoall"]
 QUICK_COLLECTIVES = ["allreduce", "broadcast"]
 
 

@@ -19,6 +19,9 @@ from conftest import run_ranks
 import minincl
 
 COUNTS = [0, 1, 7, 50021]  # 50021 floats: several 16 KiB slots, and several 4 KiB pieces
+# More than the FIFOs hold (2 channels x 8 slots x 16 KiB): a lone send's receiver starts
+# while it is still sending.
+BIG = 200021
 
 
 @pytest.fixture
@@ -78,23 +81,57 @@ def test_no_pointer_steps_when_turned_off(pointer_env: None, monkeypatch: pytest
             c.destroy()
 
 
-def test_a_send_alone_goes_through_the_fifo(pointer_env: None) -> None:
-    """A sender with nothing to receive copies into the FIFO while its receiver copies out."""
+def send_alone(comms: list[Any], x: np.ndarray) -> None:
+    """Rank 0 sends x to rank 1, which checks it: a sender with nothing to receive."""
+
+    def body(c: Any) -> Any:
+        if c.rank == 0:
+            c.send(x, 1)
+            return None
+        return c.recv(np.zeros_like(x), 0)
+
+    np.testing.assert_array_equal(run_ranks(comms, body)[1], x)
+
+
+def test_a_send_alone_splits_the_copy_with_its_receiver(pointer_env: None) -> None:
+    """Once its receiver has started, an idle sender writes every other step into the
+    receiver's buffer and posts the others as pointer steps (before, it fills FIFO slots)."""
     comms = minincl.Communicator.init_all(2)
     try:
-        x = np.arange(50021, dtype=np.float32)
-
-        def body(c: Any) -> Any:
-            if c.rank == 0:
-                c.send(x, 1)
-                return None
-            return c.recv(np.zeros_like(x), 0)
-
-        np.testing.assert_array_equal(run_ranks(comms, body)[1], x)
-        assert comms[0].stats()["pointer_steps"] == 0
+        send_alone(comms, np.arange(BIG, dtype=np.float32))
+        stats = comms[0].stats()
+        assert stats["direct_writes"] > 0 and stats["pointer_steps"] > 0, stats
     finally:
         for c in comms:
             c.destroy()
+
+
+def test_split_sends_between_processes(pointer_env: None) -> None:
+    results = minincl.launch(workers.one_way_sends_with_stats, 2, [*COUNTS, BIG])
+    assert all(checks == (len(COUNTS) + 1) * 3 for checks, _ in results)
+    skip_without_cross_memory_attach(results, 2)
+    stats = results[0][1]
+    assert stats["direct_writes"] > 0 and stats["pointer_steps"] > 0, stats
+
+
+def test_split_sends_through_windows(pointer_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without kernel copies: the receiver reads the sender's window, the sender writes into
+    the receiver's."""
+    monkeypatch.setenv("MININCL_POINTER_STEPS", "1")
+    monkeypatch.setenv("MININCL_WINDOW_BYTES", "16M")
+    results = minincl.launch(workers.one_way_sends_with_stats, 2, [*COUNTS, BIG], True)
+    assert all(checks == (len(COUNTS) + 1) * 3 for checks, _ in results)
+    stats = results[0][1]
+    assert stats["direct_writes"] > 0 and stats["pointer_steps"] > 0, stats
+
+
+def test_a_send_alone_without_kernel_copies_goes_through_the_fifo(
+    pointer_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MININCL_POINTER_STEPS", "1")
+    results = minincl.launch(workers.one_way_sends_with_stats, 2, COUNTS)
+    assert all(checks == len(COUNTS) * 3 for checks, _ in results)
+    assert all(stats["direct_writes"] == 0 and stats["pointer_steps"] == 0 for _, stats in results), results
 
 
 @pytest.mark.parametrize("count", [3000, 24000])  # one pointer step; six, filling most of the FIFO

@@ -332,3 +332,25 @@ def send_done_before_receiver_starts(comm: minincl.Communicator, count: int, fla
     out = np.zeros(count, np.float32)
     comm.recv(out, 0)  # (even if rank 0 never returned: it would wait for this)
     return started_after and bool((out == values).all()), comm.stats()
+
+
+def one_way_sends_with_stats(
+    comm: minincl.Communicator, counts: list[int], window: bool = False
+) -> tuple[int, dict[str, int]]:
+    """Rank 0 sends, rank 1 receives, each call alone (the sender has nothing to receive),
+    for several types; the receiver checks against NumPy. Returns the checks and counters.
+    With `window`, both arrays live in the communicator's window."""
+    checks = 0
+    for count in counts:
+        for dtype in (np.float32, np.uint8, np.float64):
+            values = p2p_patterns(2, count, dtype)[1]
+            buf = comm.empty(count, dtype) if window else np.empty(count, dtype)
+            if comm.rank == 0:
+                buf[:] = values
+                comm.send(buf, 1)
+            else:
+                buf[:] = 7
+                comm.recv(buf, 0)
+                np.testing.assert_array_equal(buf, values)
+            checks += 1
+    return checks, comm.stats()

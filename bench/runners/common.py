@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
-COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter")
+COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter", "sendrecv", "alltoall")
 ITEM_BYTES = 4  # float32 everywhere, op sum
 CSV_HEADER = "library,collective,size_bytes,latency_us,busbw_gbps"
 
@@ -59,7 +59,9 @@ def counts(collective: str, size: int, nranks: int) -> tuple[int, int]:
     if collective == "reduce_scatter":
         count -= count % nranks
         return count, count // nranks
-    return count, count
+    if collective == "alltoall":
+        count -= count % nranks
+    return count, count  # sendrecv: each rank sends `size` to its partner and receives as much
 
 
 def bus_factor(collective: str, nranks: int) -> float:

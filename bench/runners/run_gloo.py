@@ -23,6 +23,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def exchange(send: torch.Tensor, recv: torch.Tensor) -> None:
+    peer = dist.get_rank() ^ 1
+    ops = [dist.P2POp(dist.isend, send, peer), dist.P2POp(dist.irecv, recv, peer)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+
+
 def make_op(collective: str, send: torch.Tensor, recv: torch.Tensor) -> Callable[[], object]:
     if collective == "allreduce":
         return lambda: dist.all_reduce(send)  # in place: gloo has no out-of-place allreduce
@@ -30,6 +37,10 @@ def make_op(collective: str, send: torch.Tensor, recv: torch.Tensor) -> Callable
         return lambda: dist.broadcast(send, src=0)
     if collective == "allgather":
         return lambda: dist.all_gather_into_tensor(recv, send)
+    if collective == "alltoall":
+        return lambda: dist.all_to_all_single(recv, send)
+    if collective == "sendrecv":  # an exchange with the partner rank
+        return lambda: exchange(send, recv)
     return lambda: dist.reduce_scatter_tensor(recv, send)
 
 

@@ -26,6 +26,17 @@ def make_op(comm: minincl.Communicator, collective: str, send: np.ndarray, recv:
         return lambda: comm.broadcast(send, root=0)  # in place, as MPI_Bcast and gloo are
     if collective == "allgather":
         return lambda: comm.allgather(send, recv)
+    if collective == "alltoall":
+        return lambda: comm.alltoall(send, recv)
+    if collective == "sendrecv":  # an exchange with the partner rank
+        peer = comm.rank ^ 1
+
+        def exchange() -> None:
+            with minincl.group():
+                comm.send(send, peer)
+                comm.recv(recv, peer)
+
+        return exchange
     return lambda: comm.reduce_scatter(send, recv)
 
 

@@ -24,6 +24,11 @@ def make_op(comm: MPI.Comm, collective: str, send: np.ndarray, recv: np.ndarray)
         return lambda: comm.Bcast(send, root=0)
     if collective == "allgather":
         return lambda: comm.Allgather(send, recv)
+    if collective == "alltoall":
+        return lambda: comm.Alltoall(send, recv)
+    if collective == "sendrecv":  # an exchange with the partner rank
+        peer = comm.Get_rank() ^ 1
+        return lambda: comm.Sendrecv(send, peer, 0, recv, peer, 0)
     return lambda: comm.Reduce_scatter_block(send, recv, op=MPI.SUM)
 
 
