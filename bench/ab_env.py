@@ -48,8 +48,29 @@ def make_op(c: minincl.Communicator, collective: str, nbytes: int) -> Callable[[
     if collective == "broadcast":
         buf = np.ones(n, np.float32)
         return lambda: c.broadcast(buf, root=0)  # in place, as MPI_Bcast
+    if collective == "alltoall":
+        send, out = np.ones(n - n % c.nranks, np.float32), np.zeros(n - n % c.nranks, np.float32)
+        return lambda: c.alltoall(send, out)
+    if collective in ("sendrecv", "send"):
+        return p2p_op(c, collective, n)
     send, out = np.ones(n, np.float32), np.zeros(n, np.float32)
     return lambda: c.allreduce(send, out)
+
+
+def p2p_op(c: minincl.Communicator, pattern: str, n: int) -> Callable[[], object]:
+    """sendrecv: an exchange with the partner rank (rank ^ 1), both ways in one group; send:
+    even ranks send to the next rank, which receives (one way, each call alone)."""
+    send, out = np.ones(n, np.float32), np.zeros(n, np.float32)
+    peer = c.rank ^ 1 if (c.rank ^ 1) < c.nranks else c.rank
+
+    def exchange() -> None:
+        with minincl.group():
+            c.send(send, peer)
+            c.recv(out, peer)
+
+    if pattern == "sendrecv" or peer == c.rank:
+        return exchange
+    return (lambda: c.send(send, peer)) if c.rank % 2 == 0 else (lambda: c.recv(out, peer))
 
 
 def rank_main(comm: minincl.Communicator, collectives: list[str], sizes: list[int]) -> dict[str, float]:
