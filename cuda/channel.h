@@ -44,7 +44,7 @@ struct ConnCtrl {
   // Simple, direct writes: the sender already wrote the step's data into the receiver's
   // own memory, at dataAt as the receiver addresses it (see outputAt below).
   uint32_t wroteToReceiver[kSteps];
-  // Send/recv: each step's bytes (for taking back pointer steps, see P2pEngine).
+  // Send/recv: each step's bytes, which the sender chooses (see P2pEngine).
   uint32_t stepLength[kSteps];
   // Set once by the receiver at init: it can read the sender's memory (same process, or
   // cross-memory attach to the sender's process), so the sender may post pointer steps.

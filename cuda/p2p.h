@@ -17,7 +17,9 @@
 // receiver says when it has started its recv (it publishes its buffer, as collectives do for
 // direct writes); from then on the sender's pointer steps may be longer than a slot, since
 // they will be taken: the rest of the op goes as one step, which the receiver reads in
-// pieces (DevChannel::pointerReadBytes) between steps of its group's other ops.
+// pieces (DevChannel::pointerReadBytes) between steps of its group's other ops. That is for
+// a sender that receives too; one with nothing else to do keeps the FIFO until its receiver
+// has started, then splits the bytes with it (see sendVerdict).
 #pragma once
 
 #include "prims.h"
