@@ -148,3 +148,15 @@ def test_bad_read_size_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("MININCL_POINTER_READ_BYTES", "100")
     with pytest.raises(minincl.InvalidArgument, match="MININCL_POINTER_READ_BYTES"):
         minincl.Communicator.init_all(2)
+
+
+@pytest.mark.parametrize("count", [3000, BIG])
+def test_a_mismatched_exchange_fails_clearly_and_hangs_nobody(pointer_env: None, count: int) -> None:
+    """Rank 1 expects one element more than rank 0 sends. Rank 1 must say so and write
+    nothing; rank 0, whose receive matches, either completes (its send fitted in the FIFO) or
+    learns that rank 1 failed; neither waits forever."""
+    (r0, r0_buffer_ok), (r1, r1_untouched) = minincl.launch(workers.mismatched_exchange, 2, count, timeout=60)
+    assert r1.startswith("InvalidUsage") and "rank 0" in r1, r1
+    assert r1_untouched
+    assert r0 == "ok" or (r0.startswith("RemoteError") and "rank 1" in r0), r0
+    assert r0_buffer_ok or r0 != "ok"

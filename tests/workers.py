@@ -354,3 +354,19 @@ def one_way_sends_with_stats(
                 np.testing.assert_array_equal(buf, values)
             checks += 1
     return checks, comm.stats()
+
+
+def mismatched_exchange(comm: minincl.Communicator, count: int) -> tuple[str, bool]:
+    """An exchange where rank 1 expects one element more than rank 0 sends (rank 0's receive
+    matches): returns this rank's error ("ok" if none) and whether its receive buffer was
+    left as it was or got the right data."""
+    peer = comm.rank ^ 1
+    send = np.full(count, comm.rank + 1, np.float32)
+    out = np.zeros(count + comm.rank, np.float32)
+    try:
+        with minincl.group():
+            comm.send(send, peer)
+            comm.recv(out, peer)
+    except minincl.Error as e:
+        return f"{type(e).__name__}: {e}", bool((out == 0).all())
+    return "ok", bool((out == peer + 1).all())
