@@ -268,10 +268,11 @@ struct P2pEngine {
     storeRelease(&c->outputFromStep, firstStep + 1);
   }
 
-  // Takes step `step` if it is a pointer step: its address, or 0 (in the slot).
+  // Takes step `step` if it is a pointer step: its address, or 0 (in the slot; acquire: the
+  // sender may have just put it there and taken the pointer back).
   MNCL_DEV static uint64_t take(ConnCtrl* c, uint64_t step) {
     uint64_t* word = &c->dataAt[step % kSteps];
-    uint64_t at = loadRelaxed(word);
+    uint64_t at = loadAcquire(word);
     return at != 0 && compareExchange(word, at, kPointerTaken) ? at : 0;
   }
 
