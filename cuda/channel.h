@@ -80,6 +80,15 @@ struct ConnFifo {
   char* simple = nullptr;          // kSteps * simpleSlotBytes
   LLLine* ll = nullptr;            // kSteps * llSlotLines
   LL128Line* ll128 = nullptr;      // kSteps * ll128SlotLines
+
+  // The peer's `bytes` at `at` (as the peer addresses them) as this process addresses them:
+  // the same address (the peer is this process), or through our mapping of its window;
+  // null if neither (a kernel copy may still reach them).
+  MNCL_HOSTDEV char* mappedHere(uint64_t at, uint64_t bytes) const {
+    if (peerPid == 0) return reinterpret_cast<char*>(at);
+    uint64_t rel = at - peerWindowAt;
+    return rel < peerWindowBytes && bytes <= peerWindowBytes - rel ? peerWindow + rel : nullptr;
+  }
 };
 
 struct ProtoSizes {

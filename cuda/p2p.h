@@ -194,9 +194,8 @@ struct P2pEngine {
   MNCL_DEV uint64_t directWriteTarget(const P2pOp& op, size_t len) const {
     const ConnFifo& f = ch.sendTo[op.peer];
     if (len < ch.pointerStepMinBytes || !(f.directWrites || f.kernelWrites)) return 0;
-    uint64_t there = loadRelaxed(&f.ctrl->outputAt) + op.done, rel = there - f.peerWindowAt;
-    bool mapped = f.directWrites && (f.peerPid == 0 || (rel < f.peerWindowBytes && len <= f.peerWindowBytes - rel));
-    return mapped || f.kernelWrites ? there : 0;
+    uint64_t there = loadRelaxed(&f.ctrl->outputAt) + op.done;
+    return (f.directWrites && f.mappedHere(there, len)) || f.kernelWrites ? there : 0;
   }
 
   // Whether the receiver has started the recv this send matches (its buffer is published
@@ -328,16 +327,12 @@ struct P2pEngine {
   MNCL_DEV bool readPointerStep(const P2pOp& op, size_t len) {
     const ConnFifo& f = ch.recvFrom[op.peer];
     char* dst = op.buf + op.done;
-    uint64_t at = op.stepAt, rel = at - f.peerWindowAt;
-    if (f.peerPid == 0) {
-      copyElems(dst, reinterpret_cast<const char*>(at), len);
-    } else if (rel < f.peerWindowBytes && len <= f.peerWindowBytes - rel) {
-      copyElems(dst, f.peerWindow + rel, len);
-    } else {
-      int err = tid() == 0 ? readPeerMemory(f.peerPid, dst, reinterpret_cast<const void*>(at), len) : 0;
-      return !barrierAny(err != 0) || failPeerCopy(op.peer, err, false);
+    if (const char* here = f.mappedHere(op.stepAt, len)) {
+      copyElems(dst, here, len);
+      return true;
     }
-    return true;
+    int err = tid() == 0 ? readPeerMemory(f.peerPid, dst, reinterpret_cast<const void*>(op.stepAt), len) : 0;
+    return !barrierAny(err != 0) || failPeerCopy(error, waiter, op.peer, err, false);
   }
 
   // A direct write's data, into the receiver's buffer at op.stepAt (as it addresses it): in
@@ -345,27 +340,12 @@ struct P2pEngine {
   MNCL_DEV bool writeDirect(const P2pOp& op, size_t len) {
     const ConnFifo& f = ch.sendTo[op.peer];
     const char* src = op.buf + op.done;
-    uint64_t there = op.stepAt, rel = there - f.peerWindowAt;
-    if (f.directWrites && f.peerPid == 0) {
-      copyElems(reinterpret_cast<char*>(there), src, len);
-    } else if (f.directWrites && rel < f.peerWindowBytes && len <= f.peerWindowBytes - rel) {
-      copyElems(f.peerWindow + rel, src, len);
-    } else {
-      int err = tid() == 0 ? writePeerMemory(f.peerPid, reinterpret_cast<void*>(there), src, len) : 0;
-      return !barrierAny(err != 0) || failPeerCopy(op.peer, err, true);
+    if (char* here = f.directWrites ? f.mappedHere(op.stepAt, len) : nullptr) {
+      copyElems(here, src, len);
+      return true;
     }
-    return true;
-  }
-
-  // Records a failed kernel copy to or from `peer` and stops; returns false.
-  MNCL_DEV bool failPeerCopy(int peer, int err, bool wrote) {
-    if (tid() == 0 && error && error->peer < 0) {
-      error->peer = peer;
-      error->readErrno = err;
-      error->wrote = wrote;
-    }
-    waiter.aborted = true;
-    return false;
+    int err = tid() == 0 ? writePeerMemory(f.peerPid, reinterpret_cast<void*>(op.stepAt), src, len) : 0;
+    return !barrierAny(err != 0) || failPeerCopy(error, waiter, op.peer, err, true);
   }
 
   // Thread 0 (CPU), when the group's ops are done: a receiver may still be reading the

@@ -98,6 +98,18 @@ class PrimsVocabulary {
   MNCL_DEV Derived& self() { return *static_cast<Derived*>(this); }
 };
 
+// Records a failed kernel copy to (wrote) or from `peer` and stops the operation; returns
+// false. (Thread 0 records.)
+MNCL_DEV bool failPeerCopy(DevError* error, Waiter& waiter, int peer, int err, bool wrote) {
+  if (tid() == 0 && error && error->peer < 0) {
+    error->peer = peer;
+    error->readErrno = err;
+    error->wrote = wrote;
+  }
+  waiter.aborted = true;
+  return false;
+}
+
 // Records a mismatch between what this rank runs and what a peer's step says it runs, and
 // stops the operation (the host turns the record into an error naming both calls).
 template <typename Fn>

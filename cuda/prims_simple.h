@@ -205,11 +205,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     uint64_t outBytes = loadRelaxed(&c->outputBytes);
     if (off > outBytes || bytes > outBytes - off) return {};
     uint64_t there = loadRelaxed(&c->outputAt) + off;
-    if (f.directWrites && f.peerPid == 0) return {reinterpret_cast<T*>(there), there, false};
-    uint64_t rel = there - f.peerWindowAt;  // in its window?
-    if (f.directWrites && rel < f.peerWindowBytes && bytes <= f.peerWindowBytes - rel) {
-      return {reinterpret_cast<T*>(f.peerWindow + rel), there, false};
-    }
+    if (char* here = f.directWrites ? f.mappedHere(there, bytes) : nullptr) return {reinterpret_cast<T*>(here), there, false};
     return kernel ? DirectWrite{nullptr, there, true} : DirectWrite{};
   }
 
@@ -241,17 +237,8 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       if (!written[i].byKernel) continue;
       const ConnFifo& f = cx_.ch.sendTo[send_.peer[i]];
       int err = writePeerMemory(f.peerPid, reinterpret_cast<void*>(written[i].there), from, n * sizeof(T));
-      if (err != 0) failPeerCopy(send_.peer[i], err, true);
+      if (err != 0) failPeerCopy(cx_.error, cx_.waiter, send_.peer[i], err, true);
     }
-  }
-
-  MNCL_DEV void failPeerCopy(int peer, int err, bool wrote) {
-    if (cx_.error && cx_.error->peer < 0) {
-      cx_.error->peer = peer;
-      cx_.error->readErrno = err;
-      cx_.error->wrote = wrote;
-    }
-    cx_.waiter.aborted = true;
   }
 
   MNCL_DEV bool inOwnWindow(const T* p, size_t n) const {
@@ -277,15 +264,14 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     // (Atomic loads: on a GPU they skip L1, which may still hold an earlier lap's words.)
     uint64_t at = loadRelaxed(&f.ctrl->dataAt[step % kSteps]);
     if (at == 0) return inSlot;
-    // Our own memory (a direct write), or the sender's in this process.
-    if (loadRelaxed(&f.ctrl->wroteToReceiver[step % kSteps]) || f.peerPid == 0) return reinterpret_cast<const T*>(at);
-    if (at - f.peerWindowAt < f.peerWindowBytes) {  // in the sender's window, mapped here
-      return reinterpret_cast<const T*>(f.peerWindow + (at - f.peerWindowAt));
-    }
+    // Our own memory (a direct write); or the sender's: in this process, or its window as
+    // mapped here.
+    if (loadRelaxed(&f.ctrl->wroteToReceiver[step % kSteps])) return reinterpret_cast<const T*>(at);
+    if (const char* here = f.mappedHere(at, n * sizeof(T))) return reinterpret_cast<const T*>(here);
     T* to = landing ? landing : inSlot;
     int err = 0;
     if (tid() == 0) err = readPeerMemory(f.peerPid, to, reinterpret_cast<const void*>(at), n * sizeof(T));
-    if (err != 0) failPeerCopy(p, err, false);
+    if (err != 0) failPeerCopy(cx_.error, cx_.waiter, p, err, false);
     return to;
   }
 

@@ -207,3 +207,10 @@ def counts_for(dtype: str) -> list[int]:
     above = SLOT_BYTES * NCHANNELS // item
     prime = next(p for p in range(above + 1, above + 1000) if all(p % d for d in range(2, int(p**0.5) + 1)))
     return [0, 1, 7, prime]
+
+
+def skip_without_cross_memory_attach(results: list[tuple[Any, dict[str, int]]], nranks: int) -> None:
+    """Skips a test of rank processes (results: (anything, stats()) per rank) where this
+    kernel keeps sibling processes from reading each other's memory."""
+    if any(stats["readable_peers"] != nranks - 1 for _, stats in results):
+        pytest.skip("this kernel does not let sibling processes read each other's memory (cross-memory attach)")

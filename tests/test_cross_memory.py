@@ -12,6 +12,7 @@ import os
 
 import pytest
 import workers
+from conftest import skip_without_cross_memory_attach
 
 import minincl
 
@@ -25,11 +26,6 @@ def kernel_copies(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MININCL_POINTER_STEP_BYTES", "1024")
     monkeypatch.setenv("MININCL_PROTO", "simple")
     monkeypatch.delenv("MININCL_ALGO", raising=False)
-
-
-def skip_without_cross_memory_attach(results: list[tuple[int, dict[str, int]]], nranks: int) -> None:
-    if any(stats["readable_peers"] != nranks - 1 for _, stats in results):
-        pytest.skip("this kernel does not let sibling processes read each other's memory (cross-memory attach)")
 
 
 @pytest.mark.parametrize("channels", ["1", "2"])

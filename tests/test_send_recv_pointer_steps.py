@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import workers
-from conftest import run_ranks
+from conftest import run_ranks, skip_without_cross_memory_attach
 
 import minincl
 
@@ -30,11 +30,6 @@ def pointer_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MININCL_POINTER_STEPS", "2")
     monkeypatch.setenv("MININCL_POINTER_STEP_BYTES", "1024")
     monkeypatch.setenv("MININCL_POINTER_READ_BYTES", "4096")
-
-
-def skip_without_cross_memory_attach(results: list[tuple[Any, dict[str, int]]], nranks: int) -> None:
-    if any(stats["readable_peers"] != nranks - 1 for _, stats in results):
-        pytest.skip("this kernel does not let sibling processes read each other's memory (cross-memory attach)")
 
 
 @pytest.mark.parametrize("channels", ["1", "2"])
