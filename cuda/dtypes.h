@@ -41,61 +41,52 @@ struct bfloat16_t {
   uint16_t bits;
 };
 
+inline float bitsToFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t floatToBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+// c ? x : y without a branch, so that loops over these conversions vectorise.
+inline uint32_t pick(bool c, uint32_t x, uint32_t y) {
+  uint32_t m = 0u - (uint32_t)c;
+  return (x & m) | (y & ~m);
+}
+
 inline float toFloat(half_t h) {
-  uint32_t sign = (uint32_t)(h.bits & 0x8000u) << 16;
-  uint32_t exp = (h.bits >> 10) & 0x1f, man = h.bits & 0x3ffu, f;
-  if (exp == 0x1f) {
-    f = sign | 0x7f800000u | (man << 13);  // inf / nan
-  } else if (exp != 0) {
-    f = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    f = sign;
-  } else {  // subnormal: normalise
-    int e = -1;
-    do { man <<= 1; ++e; } while (!(man & 0x400u));
-    f = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
-  }
-  float out;
-  std::memcpy(&out, &f, 4);
-  return out;
+  uint32_t em = h.bits & 0x7fffu, exp = em & 0x7c00u;
+  uint32_t normal = (em << 13) + (112u << 23);       // rebias the exponent: 15 -> 127
+  uint32_t infOrNan = (normal + (112u << 23)) | (uint32_t)(em > 0x7c00u) << 22;  // 31 -> 255; NaN quiet
+  uint32_t small = floatToBits((float)(int32_t)em * 0x1p-24f);  // zero or subnormal, exact
+  uint32_t mag = pick(exp == 0x7c00u, infOrNan, pick(exp == 0, small, normal));
+  return bitsToFloat(mag | (uint32_t)(h.bits & 0x8000u) << 16);
 }
 
+// Rounds to nearest even. A NaN becomes the quiet NaN 0x7e00 with its sign.
 inline half_t toHalf(float x) {
-  uint32_t f;
-  std::memcpy(&f, &x, 4);
-  uint32_t sign = (f >> 16) & 0x8000u;
-  uint32_t absf = f & 0x7fffffffu;
-  if (absf >= 0x7f800000u) {  // inf or nan
-    return {(uint16_t)(sign | 0x7c00u | (absf > 0x7f800000u ? 0x200u : 0))};
-  }
-  if (absf >= 0x477ff000u) return {(uint16_t)(sign | 0x7c00u)};  // rounds to inf
-  if (absf < 0x38800000u) {  // subnormal or zero in half
-    if (absf < 0x33000000u) return {(uint16_t)sign};
-    uint32_t man = (absf & 0x7fffffu) | 0x800000u;
-    int shift = 126 - (int)(absf >> 23);  // 14..24
-    uint32_t half = man >> shift, rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (half & 1))) ++half;
-    return {(uint16_t)(sign | half)};
-  }
-  uint32_t h = ((absf >> 13) - (112u << 10));
-  uint32_t rem = absf & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) ++h;
-  return {(uint16_t)(sign | h)};
+  uint32_t f = floatToBits(x), a = f & 0x7fffffffu;
+  // A normal half: rebias, add half an ulp (less one, plus the kept lowest bit: ties to
+  // even) and drop 13 bits; a carry into the exponent is the right rounding, inf included.
+  uint32_t normal = (a + ((uint32_t)(15 - 127) << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
+  // A subnormal half (or zero): adding 0.5 puts its 10 bits at the bottom of the float's
+  // mantissa, and the float adder rounds them to nearest even.
+  uint32_t small = floatToBits(bitsToFloat(a) + 0.5f) - floatToBits(0.5f);
+  uint32_t big = 0x7c00u | (uint32_t)(a > 0x7f800000u) << 9;  // inf, or nan made quiet
+  uint32_t h = pick(a >= 0x47800000u, big, pick(a < 0x38800000u, small, normal));
+  return {(uint16_t)(h | (f >> 16 & 0x8000u))};
 }
 
-inline float toFloat(bfloat16_t b) {
-  uint32_t f = (uint32_t)b.bits << 16;
-  float out;
-  std::memcpy(&out, &f, 4);
-  return out;
-}
+inline float toFloat(bfloat16_t b) { return bitsToFloat((uint32_t)b.bits << 16); }
 
 inline bfloat16_t toBfloat16(float x) {
-  uint32_t f;
-  std::memcpy(&f, &x, 4);
-  if ((f & 0x7fffffffu) > 0x7f800000u) return {(uint16_t)((f >> 16) | 0x40u)};  // quiet nan
-  f += 0x7fffu + ((f >> 16) & 1);  // round to nearest even
-  return {(uint16_t)(f >> 16)};
+  uint32_t f = floatToBits(x);
+  uint32_t rounded = (f + 0x7fffu + ((f >> 16) & 1u)) >> 16;  // to nearest even
+  uint32_t quietNan = (f >> 16) | 0x40u;
+  return {(uint16_t)pick((f & 0x7fffffffu) > 0x7f800000u, quietNan, rounded)};
 }
 #endif
 

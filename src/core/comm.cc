@@ -25,6 +25,7 @@
 #include "error.h"
 #include "log.h"
 #include "monitor.h"
+#include "vector_isa.h"
 
 namespace mncl {
 
@@ -91,6 +92,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   mine.hostHash = hostHash();
   mine.sizes = protoSizesFromEnv(onGpu());
   streamOutputBytes();  // a malformed MININCL_STREAM_OUTPUT_BYTES fails here, not mid-collective
+  applyVectorIsaSetting();
   mine.probeAddr = peerMemoryProbeAddress();
   mine.cpu = sched_getcpu();
   if (sched_getaffinity(0, sizeof(mine.affinity), &mine.affinity) != 0) CPU_ZERO(&mine.affinity);

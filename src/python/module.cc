@@ -17,6 +17,7 @@
 #include "../bootstrap/bootstrap.h"
 #include "../core/comm.h"
 #include "../core/error.h"
+#include "../core/vector_isa.h"
 #include "../enqueue/enqueue.h"
 #include "../gpu/cuda_api.h"
 #include "arrays.h"
@@ -713,6 +714,7 @@ PYBIND11_MODULE(_core, m) {
     d["cuda_archs"] = std::string();
 #endif
     d["compiler"] = std::string(__VERSION__);
+    d["cpu_vector_isa"] = vectorIsaInUse();  // the CPU's 16-bit float arithmetic
     return d;
   });
   m.def("group_start", [] {
