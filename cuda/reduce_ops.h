@@ -51,11 +51,11 @@ struct Arith16 {
   MNCL_HOSTDEV static H add(H a, H b) { return h(f(a) + f(b)); }
   MNCL_HOSTDEV static H mul(H a, H b) { return h(f(a) * f(b)); }
 #if defined(__CUDACC__)
-  MNCL_DEV static H max(H a, H b) {
+  MNCL_HOSTDEV static H max(H a, H b) {
     float x = f(a), y = f(b);
     return (x > y || x != x) ? a : b;
   }
-  MNCL_DEV static H min(H a, H b) {
+  MNCL_HOSTDEV static H min(H a, H b) {
     float x = f(a), y = f(b);
     return (x < y || x != x) ? a : b;
   }
