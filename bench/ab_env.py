@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -34,33 +34,49 @@ def parse_size(text: str) -> int:
     return int(text[:-1]) * UNITS[text[-1]] if text[-1] in UNITS else int(text)
 
 
+DTYPE = "float32"  # the child's --dtype
+
+
+def ones(n: int) -> Any:
+    """NumPy arrays of DTYPE (bfloat16: PyTorch tensors, NumPy has none)."""
+    if DTYPE == "bfloat16":
+        import torch
+
+        return torch.ones(n, dtype=torch.bfloat16)
+    return np.ones(n, DTYPE)
+
+
+def zeros(n: int) -> Any:
+    return ones(n) * 0
+
+
 def make_op(c: minincl.Communicator, collective: str, nbytes: int) -> Callable[[], object]:
-    """The call, on float32 NumPy buffers; nbytes is the size nccl-tests would print."""
-    n = nbytes // 4
+    """The call, on buffers of DTYPE; nbytes is the size nccl-tests would print."""
+    n = nbytes // (2 if DTYPE == "bfloat16" else np.dtype(DTYPE).itemsize)
     if collective == "allgather":
-        send = np.ones(n // c.nranks, np.float32)
-        recv = np.zeros(send.size * c.nranks, np.float32)
+        send = ones(n // c.nranks)
+        recv = zeros(n // c.nranks * c.nranks)
         return lambda: c.allgather(send, recv)
     if collective == "reduce_scatter":
-        recv = np.zeros(n // c.nranks, np.float32)
-        send = np.ones(recv.size * c.nranks, np.float32)
+        recv = zeros(n // c.nranks)
+        send = ones(n // c.nranks * c.nranks)
         return lambda: c.reduce_scatter(send, recv)
     if collective == "broadcast":
-        buf = np.ones(n, np.float32)
+        buf = ones(n)
         return lambda: c.broadcast(buf, root=0)  # in place, as MPI_Bcast
     if collective == "alltoall":
-        send, out = np.ones(n - n % c.nranks, np.float32), np.zeros(n - n % c.nranks, np.float32)
+        send, out = ones(n - n % c.nranks), zeros(n - n % c.nranks)
         return lambda: c.alltoall(send, out)
     if collective in ("sendrecv", "send"):
         return p2p_op(c, collective, n)
-    send, out = np.ones(n, np.float32), np.zeros(n, np.float32)
+    send, out = ones(n), zeros(n)
     return lambda: c.allreduce(send, out)
 
 
 def p2p_op(c: minincl.Communicator, pattern: str, n: int) -> Callable[[], object]:
     """sendrecv: an exchange with the partner rank (rank ^ 1), both ways in one group; send:
     even ranks send to the next rank, which receives (one way, each call alone)."""
-    send, out = np.ones(n, np.float32), np.zeros(n, np.float32)
+    send, out = ones(n), zeros(n)
     peer = c.rank ^ 1 if (c.rank ^ 1) < c.nranks else c.rank
 
     def exchange() -> None:
@@ -73,7 +89,9 @@ def p2p_op(c: minincl.Communicator, pattern: str, n: int) -> Callable[[], object
     return (lambda: c.send(send, peer)) if c.rank % 2 == 0 else (lambda: c.recv(out, peer))
 
 
-def rank_main(comm: minincl.Communicator, collectives: list[str], sizes: list[int]) -> dict[str, float]:
+def rank_main(comm: minincl.Communicator, collectives: list[str], sizes: list[int], dtype: str) -> dict[str, float]:
+    global DTYPE
+    DTYPE = dtype
     times: dict[str, float] = {}
     for collective in collectives:
         for size in sizes:
@@ -95,7 +113,7 @@ def rank_main(comm: minincl.Communicator, collectives: list[str], sizes: list[in
 def child(args: argparse.Namespace) -> None:
     os.environ.setdefault("MININCL_CPU_BIND", "1")
     per_rank = minincl.launch(
-        rank_main, args.ranks, args.collectives.split(","), [parse_size(s) for s in args.sizes.split(",")]
+        rank_main, args.ranks, args.collectives.split(","), [parse_size(s) for s in args.sizes.split(",")], args.dtype
     )
     print(json.dumps({k: max(r[k] for r in per_rank) for k in per_rank[0]}))
 
@@ -107,6 +125,7 @@ def main() -> int:
     p.add_argument("--collectives", default="allreduce,broadcast,allgather,reduce_scatter")
     p.add_argument("--sizes", default="128K,1M,8M,32M")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--dtype", default="float32", help="float32, float16, bfloat16 (PyTorch), ...")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -131,6 +150,8 @@ def main() -> int:
                 args.collectives,
                 "--sizes",
                 args.sizes,
+                "--dtype",
+                args.dtype,
             ]
             out = subprocess.run(
                 cmd, env={**os.environ, "OPENBLAS_NUM_THREADS": "1", **env}, capture_output=True, text=True, timeout=900
