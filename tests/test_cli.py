@@ -8,6 +8,8 @@ import tempfile
 
 import pytest
 
+import minincl
+
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     # From an empty directory: `python -m` puts the working directory first on the path, and
@@ -41,3 +43,4 @@ def test_info_names_the_build() -> None:
     out = run_cli("info")
     assert out.returncode == 0, out.stderr
     assert "minincl" in out.stdout
+    assert minincl.build_info()["cpu_vector_isa"] in out.stdout
