@@ -219,12 +219,12 @@ def window_errors(comm: minincl.Communicator) -> list[str]:
 def kernel_copies_with_stats(comm: minincl.Communicator, counts: list[int]) -> tuple[int, dict[str, int]]:
     """The collectives whose steps may go by kernel copies between processes: broadcasts from
     every root and allgathers (in place and not), allreduces (in place and not; avg divides
-    the final values a sender writes into its receiver), checked against NumPy; returns the
-    checks done and this rank's counters."""
+    the final values a sender writes into its receiver) and reduce_scatters (in place and
+    not), checked against NumPy; returns the checks done and this rank's counters."""
     n, r = comm.nranks, comm.rank
     checks = 0
     for count in counts:
-        for dtype in (np.float32, np.uint8, np.float64):
+        for dtype in (np.float32, np.uint8, np.float64, np.float16):
             inputs = [((np.arange(count) * (q + 3) + q) % 251).astype(dtype) for q in range(n)]
             total = np.add.reduce(np.stack(inputs), axis=0, dtype=dtype)
             x = inputs[r].copy()
@@ -247,7 +247,13 @@ def kernel_copies_with_stats(comm: minincl.Communicator, counts: list[int]) -> t
             whole[r * count : (r + 1) * count] = inputs[r]
             comm.allgather(whole[r * count : (r + 1) * count], whole)
             np.testing.assert_array_equal(whole, np.concatenate(inputs))
-            checks += 2 * n + 2
+            blocks = [np.concatenate([x, x[::-1]] * n)[: count * n] for x in inputs]
+            mine = np.add.reduce(np.stack(blocks), axis=0, dtype=dtype)[r * count : (r + 1) * count]
+            np.testing.assert_array_equal(comm.reduce_scatter(blocks[r], np.full(count, 7, dtype)), mine)
+            inplace = blocks[r].copy()
+            comm.reduce_scatter(inplace, inplace[r * count : (r + 1) * count])
+            np.testing.assert_array_equal(inplace[r * count : (r + 1) * count], mine)
+            checks += 2 * n + 4
     return checks, comm.stats()
 
 

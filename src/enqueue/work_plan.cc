@@ -21,16 +21,20 @@ namespace {
 // Which copies between processes may go through the kernel (cross-memory attach; see
 // PrimsSimple::pointerToPublish and directWrite): where they beat the FIFO, measured with 2
 // processes on a 2-core VM (time against the FIFO's, which streams outputs of 32 MiB and more).
-// - Reads of a sender's input, by receivers that copy it to their output: a reducing receiver
-//   would land it in a slot first, saving no copy. Allgather while its output is below twice
-//   the streaming size (32 MiB: 0.67x; 64 MiB: 1.10x, where cached stores lose to streaming
-//   ones); broadcast at every size.
+// - Reads of a sender's input. Allgather while its output is below twice the streaming size
+//   (32 MiB: 0.67x; 64 MiB: 1.10x, where cached stores lose to streaming ones); broadcast at
+//   every size. Reducing receivers (allreduce, reduce_scatter) land the read in their slot,
+//   so the copies are as many as through the FIFO, but the sender's core makes none of them
+//   and the receiver reads lines nobody has just written: below the streaming size (0.89-0.98x
+//   at 128 KiB-16 MiB, allreduce; 0.94-1.01x, reduce_scatter; 32 MiB: 1.00).
 // - Writes of final values into a receiver's output: an in-place broadcast root's every other
 //   step, so that root and receiver split the copies (32 and 64 MiB: 0.55x and 0.64x with the
 //   reads); an out-of-place allreduce below the streaming size (0.65x at 512 KiB, 0.80x at 8
 //   and 16 MiB; 32 MiB: 1.25x. In place, 16 MiB: 1.13x; NumPy arrays and torch tensors alike).
 bool readByKernel(const CollCall& c, size_t recvBytes) {
-  return c.coll == Coll::broadcast || (c.coll == Coll::allgather && recvBytes < 2 * streamOutputBytes());
+  bool reduces = c.coll == Coll::allreduce || c.coll == Coll::reducescatter;
+  return c.coll == Coll::broadcast || (c.coll == Coll::allgather && recvBytes < 2 * streamOutputBytes()) ||
+         (reduces && recvBytes < streamOutputBytes());
 }
 bool writeByKernel(const CollCall& c, size_t recvBytes, bool inPlace) {
   return c.coll == Coll::broadcast || (c.coll == Coll::allreduce && !inPlace && recvBytes < streamOutputBytes());
