@@ -57,6 +57,7 @@ inline uint32_t pick(bool c, uint32_t x, uint32_t y) {
   return (x & m) | (y & ~m);
 }
 
+// Exact; a NaN comes out quiet, as the CPU's conversion instructions make it.
 inline float toFloat(half_t h) {
   uint32_t em = h.bits & 0x7fffu, exp = em & 0x7c00u;
   uint32_t normal = (em << 13) + (112u << 23);       // rebias the exponent: 15 -> 127
