@@ -79,13 +79,8 @@ def p2p_op(c: minincl.Communicator, pattern: str, n: int) -> Callable[[], object
     send, out = ones(n), zeros(n)
     peer = c.rank ^ 1 if (c.rank ^ 1) < c.nranks else c.rank
 
-    def exchange() -> None:
-        with minincl.group():
-            c.send(send, peer)
-            c.recv(out, peer)
-
     if pattern == "sendrecv" or peer == c.rank:
-        return exchange
+        return lambda: c.sendrecv(send, out, peer)
     return (lambda: c.send(send, peer)) if c.rank % 2 == 0 else (lambda: c.recv(out, peer))
 
 

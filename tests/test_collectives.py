@@ -205,6 +205,53 @@ def test_send_recv_ring_and_pairs(comms_of: Any, nranks: int, count: int) -> Non
         np.testing.assert_array_equal(own, data[r])
 
 
+@pytest.mark.parametrize("nranks", [2, 3, 5])
+@pytest.mark.parametrize("count", [0, 1, 7, 40009])
+def test_sendrecv(comms_of: Any, nranks: int, count: int) -> None:
+    """One call for a send and a recv (MPI_Sendrecv): a ring, a pairwise exchange, to self,
+    and inside a group with another send."""
+    import minincl
+
+    comms = comms_of(nranks)
+    data = [rank_values(r, count, "int32", "sum", seed=count).astype(np.int32) for r in range(nranks)]
+
+    def body(c: Any) -> tuple[Any, ...]:
+        right, left = (c.rank + 1) % nranks, (c.rank - 1) % nranks
+        partner = c.rank ^ 1 if (c.rank ^ 1) < nranks else c.rank
+        ring, pair, own, extra = (np.full(count, -1, np.int32) for _ in range(4))
+        assert c.sendrecv(data[c.rank], ring, right, recv_peer=left) is ring
+        c.sendrecv(data[c.rank], pair, partner)
+        c.sendrecv(data[c.rank], own, c.rank)
+        with minincl.group():
+            c.sendrecv(data[c.rank], extra, right, left)
+            c.send(data[c.rank] * 3, right)
+            c.recv(own, left)
+        return ring, pair, extra, own
+
+    for r, (ring, pair, extra, own) in enumerate(run_ranks(comms, body)):
+        left, partner = (r - 1) % nranks, r ^ 1 if (r ^ 1) < nranks else r
+        np.testing.assert_array_equal(ring, data[left])
+        np.testing.assert_array_equal(pair, data[partner])
+        np.testing.assert_array_equal(extra, data[left])
+        np.testing.assert_array_equal(own, data[left] * 3)
+
+
+def test_sendrecv_bad_peer_is_a_clear_error_and_leaves_no_group_open(comms_of: Any) -> None:
+    import minincl
+
+    comms = comms_of(2)
+    x = np.ones(4, np.float32)
+    with pytest.raises(minincl.InvalidArgument, match="peer"):
+        comms[0].sendrecv(x, np.zeros(4, np.float32), 1, recv_peer=7)
+
+    def body(c: Any) -> Any:  # the failed call recorded nothing: the next exchange pairs up
+        return c.sendrecv(x * (c.rank + 1), np.zeros(4, np.float32), 1 - c.rank)
+
+    got = run_ranks(comms, body)
+    np.testing.assert_array_equal(got[0], x * 2)
+    np.testing.assert_array_equal(got[1], x)
+
+
 def test_blocking_send_recv_pair(comms_of: Any) -> None:
     comms = comms_of(2)
     x = np.arange(100_000, dtype=np.int64)

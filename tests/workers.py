@@ -302,6 +302,9 @@ def exchanges_with_stats(
                 comm.send(mine, right)
                 comm.recv(out, left)
             np.testing.assert_array_equal(out, inputs[left])
+            out[:] = 7
+            assert comm.sendrecv(mine, out, right, recv_peer=left) is out  # the same ring, one call
+            np.testing.assert_array_equal(out, inputs[left])
             first, second = np.full(count, 7, dtype), np.full(count, 7, dtype)
             doubled = (inputs[r] * 2).astype(dtype)
             with minincl.group():

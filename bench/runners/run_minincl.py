@@ -28,15 +28,8 @@ def make_op(comm: minincl.Communicator, collective: str, send: np.ndarray, recv:
         return lambda: comm.allgather(send, recv)
     if collective == "alltoall":
         return lambda: comm.alltoall(send, recv)
-    if collective == "sendrecv":  # an exchange with the partner rank
-        peer = comm.rank ^ 1
-
-        def exchange() -> None:
-            with minincl.group():
-                comm.send(send, peer)
-                comm.recv(recv, peer)
-
-        return exchange
+    if collective == "sendrecv":  # an exchange with the partner rank, as MPI_Sendrecv
+        return lambda: comm.sendrecv(send, recv, comm.rank ^ 1)
     return lambda: comm.reduce_scatter(send, recv)
 
 

@@ -285,6 +285,15 @@ void enqueueP2p(Comm& comm, const P2pCall& call) {
   record({&comm, true, {}, call});
 }
 
+void enqueueSendRecv(Comm& comm, const P2pCall& send, const P2pCall& recv) {
+  validate(comm, send);
+  validate(comm, recv);
+  groupStart();
+  record({&comm, true, {}, send});
+  record({&comm, true, {}, recv});
+  groupEnd();
+}
+
 void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, DataType dtype, void* stream) {
   checkUsable(comm);
   checkTypeOp(dtype, RedOp::sum, false);

@@ -38,6 +38,8 @@ struct P2pCall {
 // the call, or record it if a group is open on this thread.
 void enqueueColl(Comm& comm, const CollCall& call);
 void enqueueP2p(Comm& comm, const P2pCall& call);
+// A send and a recv as one group (MPI_Sendrecv): both checked before either is recorded.
+void enqueueSendRecv(Comm& comm, const P2pCall& send, const P2pCall& recv);
 void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, DataType dtype, void* stream = nullptr);
 
 void groupStart();

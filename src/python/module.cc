@@ -299,6 +299,19 @@ class PyComm {
     });
   }
 
+  py::object sendrecv(py::object send, py::object recv, int peer, py::object recvPeer, bool asyncOp, py::object stream) {
+    ArrayView s = py_arrays::view(send, false, "send");
+    ArrayView r = py_arrays::view(recv, true, "recv");
+    checkDevice(s, "send");
+    checkDevice(r, "recv");
+    int from = recvPeer.is_none() ? peer : recvPeer.cast<int>();
+    P2pCall out{true, s.data, s.count, s.dtype, peer}, in{false, r.data, r.count, r.dtype, from};
+    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive}, [out, in](Comm& cm, void* st) mutable {
+      out.stream = in.stream = st;
+      enqueueSendRecv(cm, out, in);
+    });
+  }
+
   // (new nranks, unique id, new rank) of the group this rank joins, or None for color < 0.
   // Counters for tests and tuning.
   // A NumPy array in this rank's window (see Communicator.empty). The array keeps the window
@@ -630,6 +643,7 @@ const Signature kReduceScatter("reduce_scatter", {"send", "recv=None", "op='sum'
 const Signature kAlltoall("alltoall", {"send", "recv=None", "async_op=False", "stream=None"});
 const Signature kSend("send", {"buf", "peer", "async_op=False", "stream=None"});
 const Signature kRecv("recv", {"buf", "peer", "async_op=False", "stream=None"});
+const Signature kSendrecv("sendrecv", {"send", "recv", "peer", "recv_peer=None", "async_op=False", "stream=None"});
 
 // What each method does with its parsed arguments.
 py::object allreduceWith(PyComm& c, const Args& a) {
@@ -656,6 +670,9 @@ py::object sendWith(PyComm& c, const Args& a) {
 py::object recvWith(PyComm& c, const Args& a) {
   return c.recv(a.object(0), a.integer(1), a.flag(2), a.object(3));
 }
+py::object sendrecvWith(PyComm& c, const Args& a) {
+  return c.sendrecv(a.object(0), a.object(1), a.integer(2), a.object(3), a.flag(4), a.object(5));
+}
 
 void bindCalls(py::handle comm) {
   using py_args::addMethod;
@@ -674,6 +691,8 @@ void bindCalls(py::handle comm) {
   addMethod(comm, kSend, method<kSend, sendWith>, "Sends buf to rank peer (which calls recv).");
   addMethod(comm, kRecv, method<kRecv, recvWith>,
             "Receives into buf from rank peer (which calls send); returns buf.");
+  addMethod(comm, kSendrecv, method<kSendrecv, sendrecvWith>,
+            "Sends send to rank peer and receives recv from recv_peer (default: peer), as one group; returns recv.");
 }
 
 }  // namespace
