@@ -3,6 +3,7 @@
     python3 bench/ab_env.py --ranks 2 --collectives allgather,broadcast --sizes 1M,8M \\
         fifo:MININCL_POINTER_STEPS=1 default:
 
+`--dtype` picks the element type (float32 by default; bfloat16 as PyTorch tensors).
 Each variant is NAME:VAR=VALUE;VAR=VALUE (nothing after the colon: the environment as it is).
 Every round runs each variant once (a fresh `minincl.launch` of the ranks, bound to cores),
 in reversed order on every other round; a variant's figure for a size is the median over
