@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import env_as, run_ranks, torch
+from conftest import env_as, needs, run_ranks, torch
 
 import minincl
 
@@ -112,8 +112,7 @@ def widest_afterwards() -> Any:
 @pytest.mark.parametrize("isa", AVAILABLE)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_every_pattern_under_each_instruction_set(dtype: str, isa: str) -> None:
-    if dtype == "bfloat16" and torch is None:
-        pytest.skip("bfloat16 arrays need PyTorch")
+    needs(dtype)
     for nranks in (2, 3):
         comms = comms_with({"MININCL_CPU_ISA": isa, "MININCL_PROTO": "simple"}, nranks)
         try:
@@ -128,8 +127,7 @@ def test_every_pattern_under_each_instruction_set(dtype: str, isa: str) -> None:
 @pytest.mark.parametrize("proto", ["ll", "ll128"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_every_pattern_under_line_protocols(dtype: str, proto: str) -> None:
-    if dtype == "bfloat16" and torch is None:
-        pytest.skip("bfloat16 arrays need PyTorch")
+    needs(dtype)
     comms = comms_with({"MININCL_PROTO": proto}, 2)
     try:
         for op in ("sum", "prod", "max", "min", "avg"):
