@@ -37,29 +37,31 @@ constexpr double tolerance() {
 // C division for avg) and in double, rounded once to T, for floating types.
 template <typename T>
 T reference(mnclRedOp_t op, int nranks, size_t i) {
+  // premulsum: rank q's input times premulScalar(q), then summed (exact: small integers).
+  auto input = [&](int q) { return pattern(q, i) * (op == kPreMulSum ? premulScalar(q) : 1); };
   if constexpr (std::is_integral_v<T>) {
     using U = std::make_unsigned_t<T>;
-    U acc = static_cast<U>(pattern(0, i));
+    U acc = static_cast<U>(input(0));
     for (int q = 1; q < nranks; ++q) {
-      U v = static_cast<U>(pattern(q, i));
+      U v = static_cast<U>(input(q));
       switch (op) {
         case mnclProd: acc = static_cast<U>(acc * v); break;
         case mnclMax: acc = static_cast<T>(v) > static_cast<T>(acc) ? v : acc; break;
         case mnclMin: acc = static_cast<T>(v) < static_cast<T>(acc) ? v : acc; break;
-        default: acc = static_cast<U>(acc + v); break;  // sum, avg
+        default: acc = static_cast<U>(acc + v); break;  // sum, avg, premulsum
       }
     }
     T r = static_cast<T>(acc);
     return op == mnclAvg ? static_cast<T>(r / static_cast<T>(nranks)) : r;
   } else {
-    double acc = pattern(0, i);
+    double acc = input(0);
     for (int q = 1; q < nranks; ++q) {
-      double v = pattern(q, i);
+      double v = input(q);
       switch (op) {
         case mnclProd: acc *= v; break;
         case mnclMax: acc = std::fmax(acc, v); break;
         case mnclMin: acc = std::fmin(acc, v); break;
-        default: acc += v; break;
+        default: acc += v; break;  // sum, avg, premulsum
       }
     }
     return fromDouble<T>(op == mnclAvg ? acc / nranks : acc);

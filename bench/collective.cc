@@ -1,5 +1,11 @@
 #include "collective.h"
 
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "dtype.h"
+
 namespace perf {
 
 Shape shapeFor(Coll coll, size_t bytes, size_t typeSize, int nranks) {
@@ -37,15 +43,51 @@ bool reduces(Coll coll) {
   return coll == Coll::AllReduce || coll == Coll::Reduce || coll == Coll::ReduceScatter;
 }
 
+namespace {
+
+// One element of `type` holding `value`, for mnclRedOpCreatePreMulSum.
+uint64_t scalarOfType(mnclDataType_t type, int value) {
+  uint64_t out = 0;
+  withType(type, [&]<typename T>() {
+    T v;
+    if constexpr (std::is_same_v<T, Half>) v = toHalf(static_cast<float>(value));
+    else if constexpr (std::is_same_v<T, BFloat16>) v = toBFloat16(static_cast<float>(value));
+    else v = static_cast<T>(value);
+    std::memcpy(&out, &v, sizeof v);
+  });
+  return out;
+}
+
+mnclResult_t reducing(const Options& opt, const Shape& shape, const void* send, void* recv, mnclComm_t comm,
+                      void* stream, mnclRedOp_t op) {
+  size_t c = shape.paramCount;
+  switch (opt.coll) {
+    case Coll::AllReduce: return mnclAllReduce(send, recv, c, opt.dtype, op, comm, stream);
+    case Coll::Reduce: return mnclReduce(send, recv, c, opt.dtype, op, opt.root, comm, stream);
+    default: return mnclReduceScatter(send, recv, c, opt.dtype, op, comm, stream);
+  }
+}
+
+}  // namespace
+
 mnclResult_t runCollective(const Options& opt, const Shape& shape, const void* send, void* recv,
                            mnclComm_t comm, void* stream, int rank, int nranks) {
   size_t c = shape.paramCount;
+  if (reduces(opt.coll) && opt.op == kPreMulSum) {
+    uint64_t scalar = scalarOfType(opt.dtype, premulScalar(rank));
+    mnclRedOp_t op;
+    mnclResult_t rc = mnclRedOpCreatePreMulSum(&op, &scalar, opt.dtype, mnclScalarHostImmediate, comm);
+    if (rc != mnclSuccess) return rc;
+    rc = reducing(opt, shape, send, recv, comm, stream, op);
+    mnclResult_t destroyed = mnclRedOpDestroy(op, comm);
+    return rc != mnclSuccess ? rc : destroyed;
+  }
   switch (opt.coll) {
-    case Coll::AllReduce: return mnclAllReduce(send, recv, c, opt.dtype, opt.op, comm, stream);
+    case Coll::AllReduce:
+    case Coll::Reduce:
+    case Coll::ReduceScatter: return reducing(opt, shape, send, recv, comm, stream, opt.op);
     case Coll::Broadcast: return mnclBroadcast(send, recv, c, opt.dtype, opt.root, comm, stream);
-    case Coll::Reduce: return mnclReduce(send, recv, c, opt.dtype, opt.op, opt.root, comm, stream);
     case Coll::AllGather: return mnclAllGather(send, recv, c, opt.dtype, comm, stream);
-    case Coll::ReduceScatter: return mnclReduceScatter(send, recv, c, opt.dtype, opt.op, comm, stream);
     case Coll::AlltoAll: return mnclAlltoAll(send, recv, c, opt.dtype, comm, stream);
     case Coll::SendRecv: {
       mnclResult_t rc = mnclGroupStart();

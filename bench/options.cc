@@ -14,7 +14,7 @@ namespace {
 
 constexpr const char* kCollNames[] = {"allreduce", "broadcast",    "reduce",  "allgather",
                                       "reduce_scatter", "alltoall", "sendrecv"};
-constexpr const char* kOpNames[] = {"sum", "prod", "max", "min", "avg"};
+constexpr const char* kOpNames[] = {"sum", "prod", "max", "min", "avg", "premulsum"};  // [kPreMulSum]
 
 [[noreturn]] void usage(const char* prog, int code) {
   std::fprintf(code ? stderr : stdout,
@@ -33,7 +33,7 @@ constexpr const char* kOpNames[] = {"sum", "prod", "max", "min", "avg"};
                "  -n N         timed iterations per size (default 20)\n"
                "  -w N         warm-up iterations per size (default 5)\n"
                "  -c 0|1       check results against a host reference (default 0)\n"
-               "  -o OP        sum | prod | max | min | avg (default sum)\n"
+               "  -o OP        sum | prod | max | min | avg | premulsum (default sum)\n"
                "  -d TYPE      int8 uint8 int32 uint32 int64 uint64 half float double bfloat16\n"
                "  -r ROOT      root for broadcast and reduce (default 0)\n"
                "  -a 0|1|2|3   time reported: rank 0 | mean | min | max over ranks (default 1)\n"
@@ -110,7 +110,7 @@ Options parseOptions(int argc, char** argv) {
         case 'D': o.device = arg; break;
         case 'o': {
           bool found = false;
-          for (int i = 0; i < 5; ++i) {
+          for (int i = 0; i <= static_cast<int>(kPreMulSum); ++i) {
             if (arg == kOpNames[i]) { o.op = static_cast<mnclRedOp_t>(i); found = true; }
           }
           if (!found) { std::fprintf(stderr, "%s: unknown op '%s'\n", prog, optarg); usage(prog, 2); }

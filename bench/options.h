@@ -23,7 +23,7 @@ struct Options {
   int warmup = 5;               // -w
   bool check = false;           // -c
   mnclDataType_t dtype = mnclFloat32;  // -d
-  mnclRedOp_t op = mnclSum;     // -o
+  mnclRedOp_t op = mnclSum;     // -o (kPreMulSum: each call creates, uses and destroys one)
   int root = 0;                 // -r
   int average = 1;              // -a: 0 rank 0, 1 mean, 2 min, 3 max over ranks
   std::string algo;             // -A -> MININCL_ALGO
@@ -39,6 +39,10 @@ Options parseOptions(int argc, char** argv);
 size_t parseSize(const std::string& text);
 
 const char* collName(Coll c);
+// -o premulsum, as Options::op: a pre-multiplied sum, rank r's scalar premulScalar(r)
+// (mnclRedOpCreatePreMulSum per call, as nccl-tests does).
+constexpr mnclRedOp_t kPreMulSum = mnclNumOps;
+inline int premulScalar(int rank) { return rank % 2 + 1; }
 const char* opName(mnclRedOp_t op);
 
 }  // namespace perf

@@ -22,9 +22,9 @@ void printHeader(const Options& opt, int nranks) {
               opt.stepBytes ? 0.0 : opt.factor, opt.warmup, opt.iters, opt.check ? 1 : 0);
   std::printf("# MININCL_ALGO %s, MININCL_PROTO %s, MININCL_NCHANNELS %s; pid %d\n#\n", env("MININCL_ALGO"),
               env("MININCL_PROTO"), env("MININCL_NCHANNELS"), static_cast<int>(getpid()));
-  std::printf("#%11s %13s %9s %7s %6s %9s %8s %8s %7s\n", "size", "count", "type", "redop", "root",
+  std::printf("#%11s %13s %9s %9s %6s %9s %8s %8s %7s\n", "size", "count", "type", "redop", "root",
               "time", "algbw", "busbw", "#wrong");
-  std::printf("#%11s %13s %9s %7s %6s %9s %8s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)",
+  std::printf("#%11s %13s %9s %9s %6s %9s %8s %8s %7s\n", "(B)", "(elements)", "", "", "", "(us)",
               "(GB/s)", "(GB/s)", "");
   std::fflush(stdout);
 }
@@ -33,7 +33,7 @@ void printRow(const Options& opt, const Shape& shape, double usec, double algbw,
   char wrongText[32];
   if (wrong < 0) std::snprintf(wrongText, sizeof wrongText, "N/A");
   else std::snprintf(wrongText, sizeof wrongText, "%lld", wrong);
-  std::printf(" %11zu %13zu %9s %7s %6d %9.2f %8.2f %8.2f %7s\n", shape.bytes, shape.count,
+  std::printf(" %11zu %13zu %9s %9s %6d %9.2f %8.2f %8.2f %7s\n", shape.bytes, shape.count,
               typeInfo(opt.dtype).name, reduces(opt.coll) ? opName(opt.op) : "none",
               hasRoot(opt.coll) ? opt.root : -1, usec, algbw, busbw, wrongText);
   std::fflush(stdout);

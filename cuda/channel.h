@@ -248,6 +248,10 @@ struct DevWork {
   // CPU, between processes (cross-memory attach; where each wins, see work_plan.cc):
   bool readByKernel;    // receivers may read a sender's untouched input by a kernel copy
   bool writeByKernel;   // senders may write final values into a receiver's output by one
+  // premulsum: this rank's scalar, the bits of one element (in the low bytes); or, where
+  // scalarAt is set, the element there, read when the operation runs (NCCL's ncclScalarDevice).
+  uint64_t scalarBits;
+  const void* scalarAt;
 
   MNCL_HOSTDEV StepInfo info() const {
     StepInfo s{};

@@ -82,10 +82,19 @@ struct DirectLLOnly {
   }
 };
 
+// premulsum's scalar for this work item (see DevWork::scalarBits).
+template <typename T>
+MNCL_DEV T workScalar(const DevWork& w) {
+  T s;
+  memcpy(&s, w.scalarAt ? w.scalarAt : &w.scalarBits, sizeof(T));
+  return s;
+}
+
 // Runs one channel's share of a collective with element type T and reduction Fn.
 // Returns false if the operation stopped early (abort, or a mismatched peer in *err).
 template <typename T, typename Fn, typename Paths = AnyProtocol>
 MNCL_DEV bool runTyped(DevChannel& ch, const DevWork& w, Fn fn, DevError* err) {
+  if constexpr (Fn::kHasPre) fn.scalar = workScalar<T>(w);
   Waiter waiter{ch.abortFlag, ch.spinBudget};
   PrimsContext<Fn> cx{ch, w, fn, waiter, err};
   // Where this operation's steps start, for direct writes (only thread 0 reads them: it

@@ -14,7 +14,7 @@ namespace mncl {
 
 // Numbering matches mnclDataType_t / mnclRedOp_t in minincl.h.
 enum class DataType : uint8_t { i8, u8, i32, u32, i64, u64, f16, f32, f64, bf16, count };
-enum class RedOp : uint8_t { sum, prod, max, min, avg, count };
+enum class RedOp : uint8_t { sum, prod, max, min, avg, premulsum, count };
 enum class Coll : uint8_t { allreduce, broadcast, reduce, allgather, reducescatter, sendrecv, count };
 enum class Algo : uint8_t { ring, tree, direct, count };
 enum class Proto : uint8_t { simple, ll, ll128, count };

@@ -70,6 +70,15 @@ MNCL_DEV void reducePack(const Fn& fn, Pack<T, Bytes>& acc, const Pack<T, Bytes>
   for (int j = 0; j < Pack<T, Bytes>::kElems; ++j) acc.e[j] = fn(acc.e[j], b.e[j]);
 }
 
+// This rank's input as it contributes to a reduction (premulsum's scaling); elements past
+// the loaded prefix are never stored.
+template <typename T, int Bytes, typename Fn>
+MNCL_DEV void prePack(const Fn& fn, Pack<T, Bytes>& p) {
+  if constexpr (Fn::kHasPre) {
+    for (int j = 0; j < Pack<T, Bytes>::kElems; ++j) p.e[j] = fn.pre(p.e[j]);
+  }
+}
+
 template <typename T, int Bytes, typename Fn>
 MNCL_DEV void postPack(const Fn& fn, Pack<T, Bytes>& acc) {
   for (int j = 0; j < Pack<T, Bytes>::kElems; ++j) acc.e[j] = fn.post(acc.e[j]);

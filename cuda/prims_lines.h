@@ -202,7 +202,10 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
       P v[kU], t[kU];  // the value so far, and the next source's packs
       P input[SEND_INPUT ? kU : 1];
       if constexpr (SEND_INPUT) {
-        for (int u = 0; u < kU; ++u) loadPackPrefix(input[u], src + ps.first[u], ps.elems[u]);
+        for (int u = 0; u < kU; ++u) {
+          loadPackPrefix(input[u], src + ps.first[u], ps.elems[u]);
+          prePack(cx_.fn, input[u]);
+        }
         writeLines(ps, lane, input);
         if (base == 0) MNCL_TRACE(ch, kTraceLinesWritten);
       }
@@ -212,7 +215,10 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
           gather(v, t, have, [&](P* into) {
             for (int u = 0; u < kU; ++u) {
               if constexpr (SEND_INPUT) into[u] = input[u];
-              else loadPackPrefix(into[u], src + ps.first[u], ps.elems[u]);
+              else {
+                loadPackPrefix(into[u], src + ps.first[u], ps.elems[u]);
+                prePack(cx_.fn, into[u]);
+              }
             }
             return true;
           });

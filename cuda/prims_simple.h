@@ -54,14 +54,19 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     const DirectWrite* written = plan.written;
     // A plain forward (one peer's data to dst) reads the peer's memory straight into dst.
     T* landing = RECV && !src && !post && recv_.n == 1 ? dst : nullptr;
+    int own = -1;  // where src (this rank's input, in reducing collectives) is among srcs
     for (int i = 0; i <= (RECV ? recv_.n : 0); ++i) {
-      if (i == (RECV ? recv_.srcPos : 0) && src) srcs[nsrc++] = src;
+      if (i == (RECV ? recv_.srcPos : 0) && src) {
+        own = nsrc;
+        srcs[nsrc++] = src;
+      }
       if (RECV && i < recv_.n) srcs[nsrc++] = received(i, n, landing);
     }
     if (cx_.waiter.aborted) return;
     // Outputs first (ours, then receivers'), FIFO slots last. Data already in dst (a sender
     // wrote it there, or an in-place copy) needs no copy to dst.
-    bool inPlace = dst && nsrc == 1 && srcs[0] == dst && !(post && Fn::kHasPost);
+    int preSrc = Fn::kHasPre ? own : -1;
+    bool inPlace = dst && nsrc == 1 && srcs[0] == dst && !(post && Fn::kHasPost) && preSrc < 0;
     if (dst && !inPlace) dsts[ndst++] = dst;
     bool ownOutput = ndst > 0;
     for (int i = 0; SEND && i < send_.n; ++i) {
@@ -76,7 +81,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     // as ring and tree receivers do when there are more than 2 ranks).
     bool receiversKeepIt = cx_.work.algo == Algo::direct || ch.nranks == 2;
     int nStream = !cx_.work.streamOutput || (published && published == dst && ownOutput) ? 0 : receiversKeepIt ? outputs : ownOutput ? 1 : 0;
-    if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, post, nStream);
+    if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, post, nStream, preSrc);
     barrier();
     if (SEND && tid() == 0) writeThroughKernel(dst, n, written);
     if (tid() == 0 && !cx_.waiter.aborted) {  // (only thread 0 writes through the kernel)
@@ -145,8 +150,9 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, bool post, size_t n, const DirectWrite* written) const {
     if (n * sizeof(T) < cx_.ch.pointerStepMinBytes) return nullptr;
     // The caller's input, which this operation leaves as it is: a send buffer apart from the
-    // output, or an in-place one this step does not write.
-    bool inputHasValues = !recv && src && !(dst && post && Fn::kHasPost);
+    // output, or an in-place one this step does not write. (Not where a pre-operation changes
+    // the input's values: the receiver could not apply our scalar.)
+    bool inputHasValues = !recv && src && !(dst && post && Fn::kHasPost) && !Fn::kHasPre;
     bool untouched = src == dst || (cx_.work.sendIsReadOnly && inSendBuffer(src));
     if (inputHasValues && untouched &&
         receiversCanRead(src, n, written, cx_.work.readByKernel)) {

@@ -1,5 +1,7 @@
 // The one data-moving loop under every primitive: read k sources, combine them with the
 // reduction, optionally finish with the post-operation (avg's division), write m destinations.
+// preSrc (>= 0 only for reductions with a pre-operation: premulsum) is the source that is this
+// rank's own input: its values go through the pre-operation as they are loaded.
 #pragma once
 
 #include <cstring>
@@ -69,6 +71,14 @@ MNCL_DEV Vec16<T> loadFresh16(const T* p) {
 #endif
 
 #if defined(__CUDACC__)
+template <typename T, typename Fn, int N>
+MNCL_DEV void preVectors(const Fn& fn, Vec16<T> (&v)[N]) {
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    for (int j = 0; j < Vec16<T>::kElems; ++j) v[u].e[j] = fn.pre(v[u].e[j]);
+  }
+}
+
 // Vectors of 16 bytes each thread keeps in flight per source: a block's bandwidth is the bytes
 // it has in flight over the memory latency, and one load per thread leaves most of it idle.
 constexpr int kUnroll = 4;
@@ -77,7 +87,7 @@ constexpr int kUnroll = 4;
 // block apart, per round; every load of a round is issued before any of them is used.
 template <typename T, typename Fn>
 MNCL_DEV void reduceCopyVectors(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                                size_t nvec, bool post) {
+                                size_t nvec, bool post, int preSrc = -1) {
   constexpr int kVec = Vec16<T>::kElems;
   const size_t stride = (size_t)nthreads();
   for (size_t first = tid(); first < nvec; first += kUnroll * stride) {
@@ -87,12 +97,18 @@ MNCL_DEV void reduceCopyVectors(const Fn& fn, int nsrc, const T* const* srcs, in
       size_t i = first + u * stride;
       if (i < nvec) acc[u] = loadFresh16(srcs[0] + i * kVec);
     }
+    if constexpr (Fn::kHasPre) {
+      if (preSrc == 0) preVectors(fn, acc);
+    }
     for (int s = 1; s < nsrc; ++s) {
       Vec16<T> x[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         size_t i = first + u * stride;
         if (i < nvec) x[u] = loadFresh16(srcs[s] + i * kVec);
+      }
+      if constexpr (Fn::kHasPre) {
+        if (preSrc == s) preVectors(fn, x);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -131,7 +147,7 @@ MNCL_DEV void copyElems(T* dst, const T* src, size_t n) {
 
 template <typename T, typename Fn>
 MNCL_DEV void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                         size_t n, bool post, int /*nStream*/ = 0) {
+                         size_t n, bool post, int /*nStream*/ = 0, int preSrc = -1) {
   if (n == 0 || ndst == 0) return;  // (data already in place: loading it would only cost time)
   post = post && Fn::kHasPost;
   // 16-byte loads and stores when every pointer allows them (FIFO slots and channel slices
@@ -141,10 +157,19 @@ MNCL_DEV void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst,
   for (int d = 0; d < ndst; ++d) aligned &= ((uintptr_t)dsts[d] & 15) == 0;
   constexpr int kVec = Vec16<T>::kElems;
   size_t nvec = aligned ? n / kVec : 0;
-  reduceCopyVectors(fn, nsrc, srcs, ndst, dsts, nvec, post);
+  reduceCopyVectors(fn, nsrc, srcs, ndst, dsts, nvec, post, preSrc);
   for (size_t i = nvec * kVec + tid(); i < n; i += nthreads()) {
     T v = loadFresh(srcs[0] + i);
-    for (int s = 1; s < nsrc; ++s) v = fn(v, loadFresh(srcs[s] + i));
+    if constexpr (Fn::kHasPre) {
+      if (preSrc == 0) v = fn.pre(v);
+    }
+    for (int s = 1; s < nsrc; ++s) {
+      T x = loadFresh(srcs[s] + i);
+      if constexpr (Fn::kHasPre) {
+        if (preSrc == s) x = fn.pre(x);
+      }
+      v = fn(v, x);
+    }
     if (post) v = fn.post(v);
     for (int d = 0; d < ndst; ++d) dsts[d][i] = v;
   }
@@ -252,6 +277,8 @@ template <typename H>
 constexpr Arith16Op arith16Op(const FuncAvg<H>&) { return Arith16Op::add; }
 template <typename H>
 constexpr Arith16Op arith16Op(const FuncProd<H>&) { return Arith16Op::mul; }
+template <typename H>
+constexpr Arith16Op arith16Op(const FuncPreMulSum<H>&) { return Arith16Op::add; }
 template <typename T, typename Fn>
 constexpr bool kCombinesInBlocks =
     (std::is_same_v<T, half_t> || std::is_same_v<T, bfloat16_t>) && requires(const Fn& fn) { arith16Op(fn); };
@@ -271,15 +298,57 @@ inline void combineBlock(const Fn& fn, int nsrc, const T* const* srcs, size_t of
   }
 }
 
+// combineBlock for a reduction with a pre-operation, applied to srcs[preSrc] (see the top).
+template <typename T, typename Fn>
+inline void combineBlockPre(const Fn& fn, int nsrc, const T* const* srcs, size_t off, size_t len, bool post, int preSrc,
+                            T* acc) {
+  for (int s = 0; s < nsrc; ++s) {
+    const T* __restrict__ x = srcs[s] + off;
+    if (s == 0 && s == preSrc) {
+      for (size_t i = 0; i < len; ++i) acc[i] = fn.pre(x[i]);
+    } else if (s == 0) {
+      std::memcpy(acc, x, len * sizeof(T));
+    } else if (s == preSrc) {
+      for (size_t i = 0; i < len; ++i) acc[i] = fn(acc[i], fn.pre(x[i]));
+    } else {
+      reduceInto(fn, acc, x, len);
+    }
+  }
+  if (post) postInPlace(fn, acc, len);
+}
+
+// ... and for 16-bit floats: the own input scaled a block at a time (scale16), then added.
+template <typename T, typename Fn>
+  requires kCombinesInBlocks<T, Fn>
+inline void combineBlockPre(const Fn& fn, int nsrc, const T* const* srcs, size_t off, size_t len, bool, int preSrc,
+                            T* acc) {
+  alignas(64) T scaled[4096 / sizeof(T)];  // (len is at most reduceCopyBlocked's block)
+  for (int s = 0; s < nsrc; ++s) {
+    const T* x = srcs[s] + off;
+    if (s == preSrc) {
+      scale16(x, fn.scalar, s == 0 ? acc : scaled, len);
+      if (s == 0) continue;
+      x = scaled;
+    }
+    if (s == 0) std::memcpy(acc, x, len * sizeof(T));
+    else combine16(Arith16Op::add, acc, x, acc, len);
+  }
+}
+
 template <typename T, typename Fn>
 inline void reduceCopyBlocked(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                              size_t n, bool post, int nStream) {
+                              size_t n, bool post, int nStream, int preSrc = -1) {
   // In L1-sized blocks: accumulate, finish, then fan out.
   constexpr size_t kBlock = 4096 / sizeof(T) > 0 ? 4096 / sizeof(T) : 1;
   alignas(64) T acc[kBlock];
   for (size_t off = 0; off < n; off += kBlock) {
     size_t len = n - off < kBlock ? n - off : kBlock;
-    combineBlock(fn, nsrc, srcs, off, len, post, acc);
+    if constexpr (Fn::kHasPre) {
+      if (preSrc >= 0) combineBlockPre(fn, nsrc, srcs, off, len, post, preSrc, acc);
+      else combineBlock(fn, nsrc, srcs, off, len, post, acc);
+    } else {
+      combineBlock(fn, nsrc, srcs, off, len, post, acc);
+    }
     for (int d = 0; d < ndst; ++d) {
       if (d < nStream) streamCopy(dsts[d] + off, acc, len * sizeof(T));
       else std::memcpy(dsts[d] + off, acc, len * sizeof(T));
@@ -333,9 +402,12 @@ inline bool reduceCopyStreamed(const Fn& fn, int nsrc, const T* const* srcs, int
 // nStream: dsts[0, nStream) are outputs nobody reads during the operation (see streamCopy).
 template <typename T, typename Fn>
 inline void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                       size_t n, bool post, int nStream = 0) {
+                       size_t n, bool post, int nStream = 0, int preSrc = -1) {
   if (n == 0 || ndst == 0) return;
   post = post && Fn::kHasPost;
+  if constexpr (Fn::kHasPre) {
+    if (preSrc >= 0) return reduceCopyBlocked(fn, nsrc, srcs, ndst, dsts, n, post, nStream, preSrc);
+  }
   // (A plain copy takes streamCopy, below.)
   bool reduces = nsrc >= 2 || post;
   if constexpr (kCombinesInBlocks<T, Fn>) {

@@ -1,9 +1,12 @@
-// Reduction operators: sum, prod, max, min, avg over the ten element types.
+// Reduction operators: sum, prod, max, min, avg, premulsum over the ten element types.
 //
 // Integer sums and products wrap around in the type's width (done in unsigned arithmetic, so
 // signed types wrap as two's complement without undefined behaviour). Max and min propagate
 // NaN as NumPy does. avg = sum, then a post-operation dividing by the rank count: applied once
-// by whichever rank finishes a reduction, so every rank ends with the same bits.
+// by whichever rank finishes a reduction, so every rank ends with the same bits. premulsum
+// (NCCL's ncclRedOpCreatePreMulSum) = sum, after a pre-operation multiplying each rank's own
+// input by that rank's scalar, applied where the rank loads its input (so a peer never reads
+// a rank's raw input: see PrimsSimple::pointerToPublish).
 #pragma once
 
 #include <type_traits>
@@ -84,41 +87,57 @@ template <>
 struct Arith<bfloat16_t> : Arith16<bfloat16_t> {};
 
 // Each functor: operator() combines two values; post() finishes a fully reduced value
-// (kHasPost: post() is not the identity, so a finished value needs the extra pass).
+// (kHasPost: post() is not the identity, so a finished value needs the extra pass); pre()
+// turns this rank's input into what it contributes (kHasPre: pre() is not the identity).
 template <typename T>
 struct FuncSum {
+  static constexpr bool kHasPre = false;
   static constexpr bool kHasPost = false;
   MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::add(a, b); }
   MNCL_HOSTDEV T post(T x) const { return x; }
 };
 template <typename T>
 struct FuncProd {
+  static constexpr bool kHasPre = false;
   static constexpr bool kHasPost = false;
   MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::mul(a, b); }
   MNCL_HOSTDEV T post(T x) const { return x; }
 };
 template <typename T>
 struct FuncMax {
+  static constexpr bool kHasPre = false;
   static constexpr bool kHasPost = false;
   MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::max(a, b); }
   MNCL_HOSTDEV T post(T x) const { return x; }
 };
 template <typename T>
 struct FuncMin {
+  static constexpr bool kHasPre = false;
   static constexpr bool kHasPost = false;
   MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::min(a, b); }
   MNCL_HOSTDEV T post(T x) const { return x; }
 };
 template <typename T>
 struct FuncAvg {
+  static constexpr bool kHasPre = false;
   static constexpr bool kHasPost = true;
   uint32_t nranks = 1;
   MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::add(a, b); }
   MNCL_HOSTDEV T post(T x) const { return Arith<T>::div(x, nranks); }
 };
+template <typename T>
+struct FuncPreMulSum {
+  static constexpr bool kHasPre = true;
+  static constexpr bool kHasPost = false;
+  T scalar{};  // this rank's (set per work item: see runTyped)
+  MNCL_HOSTDEV T pre(T x) const { return Arith<T>::mul(x, scalar); }
+  MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::add(a, b); }
+  MNCL_HOSTDEV T post(T x) const { return x; }
+};
 // Copy-only collectives move bytes; they never combine two values.
 template <typename T>
 struct FuncCopy {
+  static constexpr bool kHasPre = false;
   static constexpr bool kHasPost = false;
   MNCL_HOSTDEV T operator()(T a, T) const { return a; }
   MNCL_HOSTDEV T post(T x) const { return x; }

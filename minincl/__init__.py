@@ -20,7 +20,7 @@ from ._comm import (
     launch,
     unique_id_for_address,
 )
-from ._core import build_info
+from ._core import PreMulSum, build_info
 from ._core import version as _version
 from .errors import Aborted, Error, InvalidArgument, InvalidUsage, RemoteError, SystemError, Timeout
 
@@ -33,6 +33,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidUsage",
     "LaunchError",
+    "PreMulSum",
     "RemoteError",
     "SystemError",
     "Timeout",

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch.distributed import ReduceOp
 
+from ._core import PreMulSum
+
 REDUCIBLE_DTYPES = frozenset(
     {
         torch.int8,
@@ -36,22 +38,31 @@ _OPS = [
 _BOOL_OPS = {"sum": "max", "prod": "min", "max": "max", "min": "min"}
 
 
-def op_name(op: object, call: str) -> str:
-    """torch's ReduceOp -> minincl's op name; a clear NotImplementedError for the rest."""
+Op = str | PreMulSum  # what minincl's reducing calls take as op
+
+
+def op_name(op: object, call: str) -> Op:
+    """torch's ReduceOp -> minincl's op; a clear NotImplementedError for the rest."""
     for torch_op, name in _OPS:
         if op == torch_op:
             return name
+    if getattr(op, "op", op) == ReduceOp.PREMUL_SUM:  # dist._make_nccl_premul_sum(factor)
+        factor = getattr(op, "factor", None)
+        if isinstance(factor, torch.Tensor):
+            factor = factor.item()  # (a CUDA tensor's value waits for its stream)
+        if isinstance(factor, (int, float)):
+            return PreMulSum(factor)
     label = str(getattr(op, "op", op)).split(".")[-1]
     raise NotImplementedError(
         f"minincl backend: {call} with ReduceOp.{label} is not supported; "
-        "use SUM, PRODUCT, MAX, MIN or AVG (PREMUL_SUM: scale the tensor, then SUM)"
+        "use SUM, PRODUCT, MAX, MIN, AVG or PREMUL_SUM (dist._make_nccl_premul_sum)"
     )
 
 
-def reducible(t: torch.Tensor, op: str, call: str) -> tuple[torch.Tensor, str]:
+def reducible(t: torch.Tensor, op: Op, call: str) -> tuple[torch.Tensor, Op]:
     """The tensor and op minincl reduces; booleans become bytes with any/all."""
     if t.dtype == torch.bool:
-        if op not in _BOOL_OPS:
+        if not isinstance(op, str) or op not in _BOOL_OPS:
             raise NotImplementedError(f"minincl backend: {call} with op {op} on bool tensors")
         return t.view(torch.uint8), _BOOL_OPS[op]
     if t.dtype not in REDUCIBLE_DTYPES:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ._comm import Communicator, group, launch
+from ._core import PreMulSum
 
 COLLECTIVES = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "sendrecv"]
 DTYPES = {
@@ -24,7 +25,7 @@ DTYPES = {
     "float32": np.float32,
     "float64": np.float64,
 }
-OPS = ["sum", "prod", "max", "min", "avg"]
+OPS = ["sum", "prod", "max", "min", "avg", "premulsum"]  # premulsum: rank r scales by r % 2 + 1
 
 
 def parse_size(text: str) -> int:
@@ -84,6 +85,7 @@ def _expected(cfg: Config, comm: Communicator, count: int, dtype: Any) -> np.nda
             "max": inputs.max(0),
             "min": inputs.min(0),
             "avg": inputs.sum(0),
+            "premulsum": sum((q % 2 + 1) * inputs[q] for q in range(n)),
         }[cfg.op]
         if np.issubdtype(dtype, np.integer):
             red = red.astype(np.int64).astype(dtype)  # wraps as the type does
@@ -105,16 +107,17 @@ def _expected(cfg: Config, comm: Communicator, count: int, dtype: Any) -> np.nda
 def _run_one(cfg: Config, comm: Communicator, send: np.ndarray, recv: np.ndarray) -> None:
     # Positional arguments: through pybind11 each keyword argument costs ~0.45 us per call,
     # as much as a whole 8-byte allreduce's own work.
+    op: str | PreMulSum = PreMulSum(comm.rank % 2 + 1) if cfg.op == "premulsum" else cfg.op
     if cfg.coll == "allreduce":
-        comm.allreduce(send, recv, cfg.op)
+        comm.allreduce(send, recv, op)
     elif cfg.coll == "broadcast":
         comm.broadcast(send, recv, cfg.root)
     elif cfg.coll == "reduce":
-        comm.reduce(send, recv, cfg.op, cfg.root)
+        comm.reduce(send, recv, op, cfg.root)
     elif cfg.coll == "allgather":
         comm.allgather(send, recv)
     elif cfg.coll == "reduce_scatter":
-        comm.reduce_scatter(send, recv, cfg.op)
+        comm.reduce_scatter(send, recv, op)
     elif cfg.coll == "alltoall":
         comm.alltoall(send, recv)
     else:
@@ -257,9 +260,9 @@ def _header(cfg: Config, n: int, where: str = "processes") -> str:
         f"# minincl bench {cfg.coll}: {n} ranks ({where}), dtype {cfg.dtype}, op {cfg.op}, "
         f"algo {algo}, proto {proto}, iters {cfg.iters or 'by size'}, warmup {cfg.warmup}",
         "#",
-        f"# {'size':>12} {'count':>12} {'type':>9} {'redop':>6} {'root':>5} {'time':>10} "
+        f"# {'size':>12} {'count':>12} {'type':>9} {'redop':>9} {'root':>5} {'time':>10} "
         f"{'algbw':>8} {'busbw':>8} {'#wrong':>7}",
-        f"# {'(B)':>12} {'(elements)':>12} {'':>9} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}",
+        f"# {'(B)':>12} {'(elements)':>12} {'':>9} {'':>9} {'':>5} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}",
     ]
     return "\n".join(lines)
 
@@ -272,7 +275,7 @@ def _row(cfg: Config, n: int, row: tuple[int, int, float, int]) -> str:
     root = str(cfg.root) if cfg.coll in ("broadcast", "reduce") else "-1"
     wrong_s = "N/A" if wrong < 0 else str(wrong)
     return (
-        f"  {nbytes:>12} {count:>12} {cfg.dtype:>9} {redop:>6} {root:>5} {secs * 1e6:>10.2f} "
+        f"  {nbytes:>12} {count:>12} {cfg.dtype:>9} {redop:>9} {root:>5} {secs * 1e6:>10.2f} "
         f"{algbw:>8.3f} {busbw:>8.3f} {wrong_s:>7}"
     )
 

@@ -1,5 +1,6 @@
 // The C API: thin wrappers that turn exceptions into mnclResult_t and keep the message.
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -14,8 +15,18 @@
 
 using namespace mncl;
 
+// An op from mnclRedOpCreatePreMulSum: what a collective called with it runs.
+struct PreMulSumOp {
+  bool live = false;
+  DataType dtype = DataType::f32;
+  uint64_t scalarBits = 0;         // mnclScalarHostImmediate: the value
+  const void* scalarAt = nullptr;  // mnclScalarDevice: where to read it when an operation runs
+};
+
 struct mnclComm {
   std::unique_ptr<Comm> impl;
+  std::mutex opsMutex;
+  std::vector<PreMulSumOp> preMulSums;  // op mnclNumOps + i
 };
 
 namespace {
@@ -222,12 +233,74 @@ const char* mnclGetLastError(mnclComm_t comm) {
   return threadLastError();
 }
 
+// The reduction a call's op names: a built-in one, or one of comm's pre-multiplied sums.
+static void resolveOp(mnclComm_t comm, mnclRedOp_t op, CollCall& call) {
+  MNCL_CHECK(op >= 0, mnclInvalidArgument, "unknown reduction op " + std::to_string((int)op));
+  if (op < mnclNumOps) {
+    call.op = (RedOp)op;
+    return;
+  }
+  std::lock_guard<std::mutex> lock(comm->opsMutex);
+  size_t i = (size_t)op - mnclNumOps;
+  MNCL_CHECK(i < comm->preMulSums.size() && comm->preMulSums[i].live, mnclInvalidArgument,
+             "reduction op " + std::to_string((int)op) +
+                 " is not one of this communicator's: create it with mnclRedOpCreatePreMulSum on this communicator "
+                 "(and do not use it after mnclRedOpDestroy)");
+  const PreMulSumOp& pre = comm->preMulSums[i];
+  MNCL_CHECK(pre.dtype == call.dtype, mnclInvalidArgument,
+             "reduction op " + std::to_string((int)op) + " was created for " + dataTypeName(pre.dtype) +
+                 " data, but this call's data is " + dataTypeName(call.dtype));
+  call.op = RedOp::premulsum;
+  call.scalarBits = pre.scalarBits;
+  call.scalarAt = pre.scalarAt;
+}
+
 static mnclResult_t coll(Coll c, const void* send, void* recv, size_t count, mnclDataType_t dt, mnclRedOp_t op,
                          int root, mnclComm_t comm, void* stream) {
   return guarded([&] {
     Comm& cm = use(comm);
     checkStream(cm, stream);
-    enqueueColl(cm, {c, send, recv, count, (DataType)dt, (RedOp)op, root, stream});
+    CollCall call{c, send, recv, count, (DataType)dt, RedOp::sum, root, stream};
+    if (c != Coll::broadcast && c != Coll::allgather) resolveOp(comm, op, call);
+    enqueueColl(cm, call);
+  });
+}
+
+mnclResult_t mnclRedOpCreatePreMulSum(mnclRedOp_t* op, void* scalar, mnclDataType_t datatype,
+                                      mnclScalarResidence_t residence, mnclComm_t comm) {
+  return guarded([&] {
+    use(comm);
+    MNCL_CHECK(op != nullptr && scalar != nullptr, mnclInvalidArgument, "mnclRedOpCreatePreMulSum: op or scalar is null");
+    MNCL_CHECK(datatype >= 0 && datatype < mnclNumTypes, mnclInvalidArgument,
+               "mnclRedOpCreatePreMulSum: unknown data type " + std::to_string((int)datatype));
+    MNCL_CHECK(residence == mnclScalarDevice || residence == mnclScalarHostImmediate, mnclInvalidArgument,
+               "mnclRedOpCreatePreMulSum: residence " + std::to_string((int)residence) +
+                   " is neither mnclScalarDevice nor mnclScalarHostImmediate");
+    PreMulSumOp pre;
+    pre.live = true;
+    pre.dtype = (DataType)datatype;
+    if (residence == mnclScalarHostImmediate) std::memcpy(&pre.scalarBits, scalar, dataTypeSize(pre.dtype));
+    else pre.scalarAt = scalar;
+    std::lock_guard<std::mutex> lock(comm->opsMutex);
+    auto& ops = comm->preMulSums;
+    size_t i = 0;
+    while (i < ops.size() && ops[i].live) ++i;  // reuse a destroyed op's number
+    MNCL_CHECK(i < (size_t)(mnclMaxRedOp - mnclNumOps), mnclInvalidUsage, "too many reduction ops on this communicator");
+    if (i == ops.size()) ops.push_back(pre);
+    else ops[i] = pre;
+    *op = (mnclRedOp_t)(mnclNumOps + (int)i);
+  });
+}
+
+mnclResult_t mnclRedOpDestroy(mnclRedOp_t op, mnclComm_t comm) {
+  return guarded([&] {
+    use(comm);
+    std::lock_guard<std::mutex> lock(comm->opsMutex);
+    size_t i = (size_t)op - mnclNumOps;
+    MNCL_CHECK(op >= mnclNumOps && i < comm->preMulSums.size() && comm->preMulSums[i].live, mnclInvalidArgument,
+               "mnclRedOpDestroy: reduction op " + std::to_string((int)op) +
+                   " is not a live mnclRedOpCreatePreMulSum op of this communicator");
+    comm->preMulSums[i].live = false;
   });
 }
 

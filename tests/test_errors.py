@@ -66,7 +66,7 @@ def test_bad_arguments_are_type_errors_as_in_python(pair: Any) -> None:
         (lambda: c.allreduce(send, recv, "sum", False, None, 1), r"takes at most 5 arguments \(6 given\)"),
         (lambda: c.allreduce(send, recv, opp="max"), "unexpected keyword argument 'opp'"),
         (lambda: c.allreduce(send, recv, "max", op="min"), "multiple values for argument 'op'"),
-        (lambda: c.allreduce(send, recv, op=3), "'op' must be a str, not int"),
+        (lambda: c.allreduce(send, recv, op=3), "'op' must be a str or minincl.PreMulSum, not int"),
         (lambda: c.broadcast(send, recv, root="0"), "'root' must be an int, not str"),
         (lambda: c.broadcast(send, recv, root=1.0), "'root' must be an int, not float"),
         (lambda: c.broadcast(send, recv, root=True), "'root' must be an int, not bool"),

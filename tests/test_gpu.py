@@ -450,6 +450,41 @@ def test_forced_algorithm_and_protocol(gpus: GpuPool, nranks: int, algo: str, pr
 
 
 @pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("algo", list(ALGOS))
+def test_premul_sum(gpus: GpuPool, cp: Any, algo: str, proto: str) -> None:
+    """Pre-multiplied sums (minincl.PreMulSum), each rank its own scalar: every reducing
+    collective the algorithm runs on 2 and 4 ranks, and a single rank (a scaling kernel).
+    Inputs and scalars keep every product and sum exact."""
+    cases = [("float32", [0.5, -2.0, 1.5, 3.0]), ("int32", [3, -2, 1, 5])]
+    if _torch_available():
+        cases.append(("bfloat16", [0.25, 2.0, -1.0, 0.5]))
+    for n in (1, 2, 4):
+        comms = gpus.get(n, algo, proto)
+        for dtype, scalars in cases:
+            lib = Lib.for_dtype(dtype)
+            host_type = np.float32 if dtype == "bfloat16" else np.dtype(dtype)
+            for coll in [c for c in REDUCING if c in ALGOS[algo] or c == "reduce"]:
+                for count in (1009, BIG if dtype == "float32" else 7):
+                    block = count * n if coll == "reduce_scatter" else count
+                    rng = np.random.default_rng(count + n)
+                    inputs = [rng.integers(-3, 4, size=block).astype(host_type) for _ in range(n)]
+                    total = np.sum([host_type.type(scalars[r]) * inputs[r] for r in range(n)], axis=0).astype(host_type)
+                    sends = [lib.put(x, dtype) for x in inputs]
+                    outs = [lib.filled(count, dtype) for _ in range(n)]
+                    with minincl.group():
+                        for c in comms:
+                            call(c, coll, sends[c.rank], outs[c.rank], minincl.PreMulSum(scalars[c.rank]), 0)  # type: ignore[arg-type]
+                    for r in range(n):
+                        if coll == "reduce" and r != 0:
+                            continue
+                        want = total[r * count : (r + 1) * count] if coll == "reduce_scatter" else total
+                        got = lib.get(outs[r])
+                        np.testing.assert_array_equal(
+                            got, want, err_msg=f"{coll} {dtype} {count} on {n} ranks, rank {r}"
+                        )
+
+
+@pytest.mark.parametrize("proto", PROTOS)
 def test_buffers_off_word_boundaries(gpus: GpuPool, cp: Any, proto: str) -> None:
     """Arrays that start one element into an allocation: the kernels' 8-byte word paths (an
     LL word, an LL128 lane's part) must fall back to elements there (float64 stays aligned:

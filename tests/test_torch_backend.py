@@ -229,6 +229,19 @@ def _subgroups(rank: int) -> Result:
     return [t, s]
 
 
+def _premul_sum(rank: int) -> Result:
+    """PREMUL_SUM with a number and with a tensor for factor, each rank its own."""
+    a, b = values(rank), values(rank, dtype=torch.bfloat16)
+    dist.all_reduce(a, op=dist._make_nccl_premul_sum([0.5, 2.0][rank]))
+    dist.all_reduce(b, op=dist._make_nccl_premul_sum(torch.tensor([[3.0, 0.25][rank]])))
+    return [a, b]
+
+
+def _want_premul_sum(rank: int) -> Result:
+    x = all_values()
+    return [(0.5 * x[0] + 2.0 * x[1]).float(), (3.0 * x[0] + 0.25 * x[1]).to(torch.bfloat16)]
+
+
 def _want_sum(rank: int, n: int = 6, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return all_values(n).sum(0).to(dtype)
 
@@ -249,6 +262,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
         )
         if op != "avg" or dt.is_floating_point
     },
+    "allreduce-premul_sum": (_premul_sum, _want_premul_sum),
     "allreduce-bool": (
         _bool_allreduce,
         lambda r: [
@@ -366,13 +380,17 @@ def test_single_rank_file_init(single_rank: Any) -> None:
     torch.testing.assert_close(t, torch.arange(5.0))
 
 
+def test_single_rank_premul_sum_scales(single_rank: Any) -> None:
+    t = torch.arange(4.0)
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(-2.5))
+    torch.testing.assert_close(t, torch.arange(4.0) * -2.5)
+    with pytest.raises(minincl.InvalidArgument, match="not an integer"):
+        dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist._make_nccl_premul_sum(0.5))
+
+
 @pytest.mark.parametrize(
     "call, pattern",
     [
-        (
-            lambda: dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0)),
-            "allreduce with ReduceOp.PREMUL_SUM",
-        ),
         (
             lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND),
             "ReduceOp.BAND",

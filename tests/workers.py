@@ -379,3 +379,41 @@ def mismatched_exchange(comm: minincl.Communicator, count: int) -> tuple[str, bo
     except minincl.Error as e:
         return f"{type(e).__name__}: {e}", bool((out == 0).all())
     return "ok", bool((out == peer + 1).all())
+
+
+def premul_sums(comm: minincl.Communicator, counts: list[int], window: bool) -> int:
+    """Pre-multiplied sums (each rank's own scalar) of allreduce (in place and not), reduce and
+    reduce_scatter between rank processes, where receivers might read a sender's input straight
+    from its memory (kernel copies, or its window when `window`): they must get the scaled
+    values, never the raw input. Checked against NumPy; returns the checks done."""
+    n, r = comm.nranks, comm.rank
+    checks = 0
+
+    def buf(a: np.ndarray) -> np.ndarray:
+        if not window:
+            return a.copy()
+        w = comm.empty(a.shape, a.dtype)
+        w[...] = a
+        return w
+
+    for count in counts:
+        for dtype in (np.float32, np.float16, np.int32):
+            given: list[Any] = [1, -2, 3, 5] if dtype == np.int32 else [0.5, -2.0, 1.5, 3.0]
+            s = [dtype(v) for v in given]
+            rank_op = minincl.PreMulSum(given[r])
+            xs = [((np.arange(count * n) * (q + 3) + q) % 7 - 3).astype(dtype) for q in range(n)]
+            total = np.add.reduce(np.stack([s[q] * xs[q] for q in range(n)]), axis=0, dtype=dtype)
+            out = buf(np.full(count, 7, dtype))
+            comm.allreduce(buf(xs[r][:count]), out, op=rank_op)
+            np.testing.assert_array_equal(out, total[:count])
+            x = buf(xs[r][:count])
+            comm.allreduce(x, op=rank_op)
+            np.testing.assert_array_equal(x, total[:count])
+            red = buf(np.full(count, 7, dtype))
+            comm.reduce(buf(xs[r][:count]), red, op=rank_op, root=n - 1)
+            np.testing.assert_array_equal(red, total[:count] if r == n - 1 else np.full(count, 7, dtype))
+            rs = buf(np.full(count, 7, dtype))
+            comm.reduce_scatter(buf(xs[r]), rs, op=rank_op)
+            np.testing.assert_array_equal(rs, total[r * count : (r + 1) * count])
+            checks += 4
+    return checks

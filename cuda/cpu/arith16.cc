@@ -31,6 +31,10 @@ void combinePortable(Arith16Op op, const H* a, const H* b, H* d, size_t n) {
   }
 }
 template <typename H>
+void scalePortable(const H* a, float s, H* d, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = round16<H>(toFloat(a[i]) * s);
+}
+template <typename H>
 void dividePortable(const H* a, H* d, size_t n, uint32_t divisor) {
   for (size_t i = 0; i < n; ++i) d[i] = round16<H>(toFloat(a[i]) / (float)divisor);
 }
@@ -129,6 +133,18 @@ void divideFor(const H* a, H* d, size_t n, uint32_t divisor) {
   }
 }
 
+template <typename H>
+void scaleFor(const H* a, H scalar, H* d, size_t n) {
+  float s = toFloat(scalar);
+  switch (vectorIsa()) {
+#if defined(__x86_64__)
+    case VectorIsa::avx512: return avx512::scale(a, s, d, n);
+    case VectorIsa::avx2: return avx2::scale(a, s, d, n);
+#endif
+    default: return scalePortable(a, s, d, n);
+  }
+}
+
 }  // namespace
 
 const char* vectorIsaName(VectorIsa isa) {
@@ -150,6 +166,8 @@ void useVectorIsa(VectorIsa isa) { chosen.store(isa <= bestVectorIsa() ? isa : b
 
 void combine16(Arith16Op op, const half_t* a, const half_t* b, half_t* d, size_t n) { combineFor(op, a, b, d, n); }
 void combine16(Arith16Op op, const bfloat16_t* a, const bfloat16_t* b, bfloat16_t* d, size_t n) { combineFor(op, a, b, d, n); }
+void scale16(const half_t* a, half_t scalar, half_t* d, size_t n) { scaleFor(a, scalar, d, n); }
+void scale16(const bfloat16_t* a, bfloat16_t scalar, bfloat16_t* d, size_t n) { scaleFor(a, scalar, d, n); }
 void divide16(const half_t* a, half_t* d, size_t n, uint32_t divisor) { divideFor(a, d, n, divisor); }
 void divide16(const bfloat16_t* a, bfloat16_t* d, size_t n, uint32_t divisor) { divideFor(a, d, n, divisor); }
 

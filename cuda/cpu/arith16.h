@@ -1,6 +1,6 @@
-// Sums, products and averages of 16-bit floats on the CPU, a block at a time, with the
-// conversion instructions the CPU has: one element at a time in portable code, a half sum
-// was 10x slower than the float32 sum it wraps.
+// Sums, products, averages and pre-multiplied sums of 16-bit floats on the CPU, a block at a
+// time, with the conversion instructions the CPU has: one element at a time in portable code,
+// a half sum was 10x slower than the float32 sum it wraps.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +23,9 @@ enum class Arith16Op : uint8_t { add, mul };
 // d[i] = a[i] op b[i] for i < n; d may be a or b.
 void combine16(Arith16Op op, const half_t* a, const half_t* b, half_t* d, size_t n);
 void combine16(Arith16Op op, const bfloat16_t* a, const bfloat16_t* b, bfloat16_t* d, size_t n);
+// d[i] = a[i] * scalar (premulsum's own input); d may be a.
+void scale16(const half_t* a, half_t scalar, half_t* d, size_t n);
+void scale16(const bfloat16_t* a, bfloat16_t scalar, bfloat16_t* d, size_t n);
 // d[i] = a[i] / divisor (avg's last step); d may be a.
 void divide16(const half_t* a, half_t* d, size_t n, uint32_t divisor);
 void divide16(const bfloat16_t* a, bfloat16_t* d, size_t n, uint32_t divisor);

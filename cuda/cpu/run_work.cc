@@ -46,7 +46,32 @@ bool runCollective(DevChannel& ch, const DevWork& w, DevError* err) {
     case RedOp::max: return runForType<FuncMax, false>(ch, w, err);
     case RedOp::min: return runForType<FuncMin, false>(ch, w, err);
     case RedOp::avg: return runForType<FuncAvg, false>(ch, w, err);
+    case RedOp::premulsum: return runForType<FuncPreMulSum, true>(ch, w, err);
     default: return false;
+  }
+}
+
+namespace {
+template <typename T>
+void scaleAlone(const DevWork& w) {
+  FuncPreMulSum<T> fn;
+  fn.scalar = workScalar<T>(w);
+  const T* src = static_cast<const T*>(w.send);
+  T* dst = static_cast<T*>(w.recv);
+  for (size_t i = 0; i < w.count; ++i) dst[i] = fn.pre(src[i]);
+}
+}  // namespace
+
+void preMulSumAlone(const DevWork& w) {
+  switch (w.dtype) {  // (signed types as unsigned: the same bits, and no undefined overflow)
+    case DataType::i8: case DataType::u8: return scaleAlone<uint8_t>(w);
+    case DataType::i32: case DataType::u32: return scaleAlone<uint32_t>(w);
+    case DataType::i64: case DataType::u64: return scaleAlone<uint64_t>(w);
+    case DataType::f16: return scaleAlone<half_t>(w);
+    case DataType::bf16: return scaleAlone<bfloat16_t>(w);
+    case DataType::f32: return scaleAlone<float>(w);
+    case DataType::f64: return scaleAlone<double>(w);
+    default: return;
   }
 }
 

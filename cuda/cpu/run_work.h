@@ -10,6 +10,9 @@ namespace mncl::dev {
 // whose step belongs to a different call).
 bool runCollective(DevChannel& ch, const DevWork& w, DevError* err);
 
+// A premulsum on a single rank: w.recv = w.send times this rank's scalar (w.count elements).
+void preMulSumAlone(const DevWork& w);
+
 // One channel's share of a group of sends and receives.
 bool runP2p(DevChannel& ch, P2pOp* ops, int nops, DevError* err);
 

@@ -109,11 +109,38 @@ cudaError_t launch(const GpuLaunch& l, Fn fn) {
   return cudaGetLastError();
 }
 
+// A premulsum on a single rank: each element of the input times the scalar.
+template <typename T>
+__global__ void __launch_bounds__(kGpuThreads) preMulSumAloneKernel(const __grid_constant__ DevWork w) {
+  FuncPreMulSum<T> fn;
+  fn.scalar = workScalar<T>(w);
+  const T* src = static_cast<const T*>(w.send);
+  T* dst = static_cast<T*>(w.recv);
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < w.count; i += (size_t)gridDim.x * blockDim.x) {
+    dst[i] = fn.pre(src[i]);
+  }
+}
+
 template <typename T, typename Fn>
 cudaError_t preload() {
   cudaFuncAttributes a;
   cudaError_t e = cudaFuncGetAttributes(&a, collectiveKernel<T, Fn, AnyProtocol>);
-  return e != cudaSuccess ? e : cudaFuncGetAttributes(&a, collectiveKernel<T, Fn, DirectLLOnly>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, collectiveKernel<T, Fn, DirectLLOnly>);
+  if constexpr (Fn::kHasPre) {
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, preMulSumAloneKernel<T>);
+  }
+  return e;
+}
+
+template <typename T, typename Fn>
+cudaError_t launchAlone(const DevWork& w, cudaStream_t stream) {
+  if constexpr (!Fn::kHasPre) {
+    return cudaErrorNotSupported;  // (a single rank's other reductions are copies)
+  } else {
+    size_t blocks = (w.count + kGpuThreads - 1) / kGpuThreads;
+    preMulSumAloneKernel<T><<<(unsigned)(blocks < 1024 ? blocks : 1024), kGpuThreads, 0, stream>>>(w);
+    return cudaGetLastError();
+  }
 }
 
 #if defined(MININCL_KERNEL_COPY)
@@ -159,6 +186,11 @@ cudaError_t MNCL_KERNEL_NAME(MININCL_KERNEL_OP, MININCL_KERNEL_TYPE)(const GpuLa
 cudaError_t MNCL_KERNEL_PRELOAD(MININCL_KERNEL_OP, MININCL_KERNEL_TYPE)() {
   using T = MNCL_KERNEL_CTYPE(MININCL_KERNEL_TYPE);
   return preload<T, MNCL_KERNEL_FUNC(MININCL_KERNEL_OP)<T>>();
+}
+
+cudaError_t MNCL_KERNEL_ALONE(MININCL_KERNEL_OP, MININCL_KERNEL_TYPE)(const DevWork& w, cudaStream_t stream) {
+  using T = MNCL_KERNEL_CTYPE(MININCL_KERNEL_TYPE);
+  return launchAlone<T, MNCL_KERNEL_FUNC(MININCL_KERNEL_OP)<T>>(w, stream);
 }
 #endif
 

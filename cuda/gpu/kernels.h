@@ -49,6 +49,8 @@ struct GpuLaunch {
 };
 
 cudaError_t launchCollective(const GpuLaunch& l, Coll coll, DataType dtype, RedOp op);
+// A premulsum on a single rank (w: see mncl::workWithoutPeers): recv = send times the scalar.
+cudaError_t launchPreMulSumAlone(const DevWork& w, cudaStream_t stream);
 
 // A group's sends and receives on one communicator: channel c runs ops[first[c], first[c+1]).
 constexpr int kMaxGpuP2pOps = 56;
@@ -72,12 +74,14 @@ cudaError_t launchP2p(const GpuP2pLaunch& l);
 cudaError_t preloadKernels();
 
 // The (reduction, type) kernel instances: each is a translation unit of its own (see
-// CMakeLists.txt), so a build spreads them over every core. Signed sums and products run as
-// their unsigned twins; MININCL_CUDA_QUICK leaves out the 16-bit and 64-bit floats.
+// CMakeLists.txt), so a build spreads them over every core. Signed sums, products and
+// premulsums run as their unsigned twins; MININCL_CUDA_QUICK leaves out the 16-bit and 64-bit floats.
 #define MNCL_KERNEL_NAME_(op, type) launch_##op##_##type
 #define MNCL_KERNEL_NAME(op, type) MNCL_KERNEL_NAME_(op, type)
 #define MNCL_KERNEL_PRELOAD_(op, type) preload_##op##_##type
 #define MNCL_KERNEL_PRELOAD(op, type) MNCL_KERNEL_PRELOAD_(op, type)
+#define MNCL_KERNEL_ALONE_(op, type) alone_##op##_##type
+#define MNCL_KERNEL_ALONE(op, type) MNCL_KERNEL_ALONE_(op, type)
 #define MNCL_KERNEL_CTYPE_i8 int8_t
 #define MNCL_KERNEL_CTYPE_u8 uint8_t
 #define MNCL_KERNEL_CTYPE_i32 int32_t
@@ -95,6 +99,7 @@ cudaError_t preloadKernels();
 #define MNCL_KERNEL_FUNC_max FuncMax
 #define MNCL_KERNEL_FUNC_min FuncMin
 #define MNCL_KERNEL_FUNC_avg FuncAvg
+#define MNCL_KERNEL_FUNC_premulsum FuncPreMulSum
 #define MNCL_KERNEL_FUNC_(op) MNCL_KERNEL_FUNC_##op
 #define MNCL_KERNEL_FUNC(op) MNCL_KERNEL_FUNC_(op)
 
@@ -106,6 +111,7 @@ cudaError_t preloadKernels();
 #define MNCL_KERNEL_UNSIGNED(X, op) X(op, u8) X(op, u32) X(op, u64) MNCL_KERNEL_FLOATS(X, op)
 #define MNCL_KERNEL_ALL(X, op) X(op, i8) X(op, i32) X(op, i64) MNCL_KERNEL_UNSIGNED(X, op)
 #define MNCL_KERNEL_INSTANCES(X) \
-  MNCL_KERNEL_UNSIGNED(X, sum) MNCL_KERNEL_UNSIGNED(X, prod) MNCL_KERNEL_ALL(X, max) MNCL_KERNEL_ALL(X, min) MNCL_KERNEL_ALL(X, avg)
+  MNCL_KERNEL_UNSIGNED(X, sum) MNCL_KERNEL_UNSIGNED(X, prod) MNCL_KERNEL_ALL(X, max) MNCL_KERNEL_ALL(X, min) \
+  MNCL_KERNEL_ALL(X, avg) MNCL_KERNEL_UNSIGNED(X, premulsum)
 
 }  // namespace mncl::dev

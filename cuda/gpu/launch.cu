@@ -7,9 +7,10 @@ namespace mncl::dev {
 
 cudaError_t launchCopy(const GpuLaunch& l);
 cudaError_t preloadCopy();
-#define MNCL_DECLARE(op, type)                                  \
-  cudaError_t MNCL_KERNEL_NAME(op, type)(const GpuLaunch& l);  \
-  cudaError_t MNCL_KERNEL_PRELOAD(op, type)();
+#define MNCL_DECLARE(op, type)                                                        \
+  cudaError_t MNCL_KERNEL_NAME(op, type)(const GpuLaunch& l);                        \
+  cudaError_t MNCL_KERNEL_PRELOAD(op, type)();                                       \
+  cudaError_t MNCL_KERNEL_ALONE(op, type)(const DevWork& w, cudaStream_t stream);
 MNCL_KERNEL_INSTANCES(MNCL_DECLARE)
 #undef MNCL_DECLARE
 
@@ -17,15 +18,17 @@ namespace {
 
 using Launcher = cudaError_t (*)(const GpuLaunch&);
 
-// [op][type]; null where no instance exists (signed sums and products run as unsigned: same
-// bits, one instance fewer; a quick build leaves out f16, bf16 and f64).
+// [op][type]; null where no instance exists (signed sums, products and premulsums run as
+// unsigned: same bits, one instance fewer; a quick build leaves out f16, bf16 and f64).
 struct LauncherTable {
   Launcher at[(int)RedOp::count][(int)DataType::count] = {};
   cudaError_t (*preload[(int)RedOp::count][(int)DataType::count])() = {};
+  cudaError_t (*alone[(int)RedOp::count][(int)DataType::count])(const DevWork&, cudaStream_t) = {};
   LauncherTable() {
-#define MNCL_REGISTER(op, type)                                             \
-  at[(int)RedOp::op][(int)DataType::type] = &MNCL_KERNEL_NAME(op, type);   \
-  preload[(int)RedOp::op][(int)DataType::type] = &MNCL_KERNEL_PRELOAD(op, type);
+#define MNCL_REGISTER(op, type)                                                    \
+  at[(int)RedOp::op][(int)DataType::type] = &MNCL_KERNEL_NAME(op, type);          \
+  preload[(int)RedOp::op][(int)DataType::type] = &MNCL_KERNEL_PRELOAD(op, type);  \
+  alone[(int)RedOp::op][(int)DataType::type] = &MNCL_KERNEL_ALONE(op, type);
     MNCL_KERNEL_INSTANCES(MNCL_REGISTER)
 #undef MNCL_REGISTER
   }
@@ -37,7 +40,7 @@ const LauncherTable& table() {
 }
 
 DataType asInstantiated(RedOp op, DataType t) {
-  if (op != RedOp::sum && op != RedOp::prod) return t;
+  if (op != RedOp::sum && op != RedOp::prod && op != RedOp::premulsum) return t;
   switch (t) {
     case DataType::i8: return DataType::u8;
     case DataType::i32: return DataType::u32;
@@ -57,6 +60,13 @@ cudaError_t launchCollective(const GpuLaunch& l, Coll coll, DataType dtype, RedO
   if ((unsigned)op >= (unsigned)RedOp::count || (unsigned)dtype >= (unsigned)DataType::count) return cudaErrorInvalidValue;
   Launcher f = table().at[(int)op][(int)asInstantiated(op, dtype)];
   return f ? f(l) : cudaErrorNotSupported;
+}
+
+cudaError_t launchPreMulSumAlone(const DevWork& w, cudaStream_t stream) {
+  if (w.count == 0) return cudaSuccess;
+  if ((unsigned)w.dtype >= (unsigned)DataType::count) return cudaErrorInvalidValue;
+  auto f = table().alone[(int)RedOp::premulsum][(int)asInstantiated(RedOp::premulsum, w.dtype)];
+  return f ? f(w, stream) : cudaErrorNotSupported;
 }
 
 cudaError_t preloadKernels() {

@@ -20,8 +20,8 @@ namespace mncl {
 namespace {
 
 const char* opName(uint8_t op) {
-  static const char* names[] = {"sum", "prod", "max", "min", "avg"};
-  return op < 5 ? names[op] : "?";
+  static const char* names[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
+  return op < (uint8_t)RedOp::count ? names[op] : "?";
 }
 
 std::string describe(const dev::StepInfo& s) {
@@ -138,7 +138,8 @@ struct CommPlan {
 void planColl(CommPlan& plan, const CollCall& c) {
   if (copyWithoutPeers(*plan.comm, c)) {
     size_t bytes = c.count * dataTypeSize(c.dtype);
-    if (c.recv && c.send && c.recv != c.send && bytes) std::memmove(c.recv, c.send, bytes);
+    if (scalesWithoutPeers(*plan.comm, c)) dev::preMulSumAlone(workWithoutPeers(c));
+    else if (c.recv && c.send && c.recv != c.send && bytes) std::memmove(c.recv, c.send, bytes);
     return;
   }
   thread_local std::vector<dev::DevWork> works;

@@ -23,6 +23,9 @@ struct CollCall {
   RedOp op;
   int root;
   void* stream = nullptr;  // GPU: the caller's cudaStream_t (null: the legacy default stream)
+  // premulsum: this rank's scalar (see DevWork::scalarBits)
+  uint64_t scalarBits = 0;
+  const void* scalarAt = nullptr;
 };
 
 struct P2pCall {

@@ -180,7 +180,10 @@ void launch(const Launch& L) {
   gpu::DeviceScope scope(comm.device());
   gpu::GpuComm& g = *comm.gpu();
   g.orderAfterPrevious(L.stream);
-  if (!L.isP2p && copyWithoutPeers(comm, L.coll) && L.coll.send != L.coll.recv) {
+  if (!L.isP2p && scalesWithoutPeers(comm, L.coll)) {
+    cudaError_t e = dev::launchPreMulSumAlone(workWithoutPeers(L.coll), L.stream);
+    if (e != cudaSuccess) failLaunch({&comm}, L.what, e);
+  } else if (!L.isP2p && copyWithoutPeers(comm, L.coll) && L.coll.send != L.coll.recv) {
     size_t bytes = L.coll.count * dataTypeSize(L.coll.dtype);
     MNCL_CUDA_CHECK(cudaMemcpyAsync(L.coll.recv, L.coll.send, bytes, cudaMemcpyDeviceToDevice, L.stream));
   }

@@ -82,6 +82,25 @@ void checkSelfPairs(int rank, const std::vector<const P2pCall*>& sends, const st
 
 bool copyWithoutPeers(const Comm& comm, const CollCall& c) { return c.count > 0 && comm.nranks() == 1; }
 
+bool scalesWithoutPeers(const Comm& comm, const CollCall& c) {
+  bool reduces = c.coll == Coll::allreduce || c.coll == Coll::reduce || c.coll == Coll::reducescatter;
+  return copyWithoutPeers(comm, c) && reduces && c.op == RedOp::premulsum;
+}
+
+dev::DevWork workWithoutPeers(const CollCall& c) {
+  dev::DevWork w{};
+  w.coll = c.coll;
+  w.dtype = c.dtype;
+  w.op = c.op;
+  w.send = c.send;
+  w.recv = c.recv;
+  w.count = c.count;
+  w.chanCount = c.count;
+  w.scalarBits = c.scalarBits;
+  w.scalarAt = c.scalarAt;
+  return w;
+}
+
 int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out) {
   if (c.count == 0 || comm.nranks() == 1) return 0;
   size_t sz = dataTypeSize(c.dtype);
@@ -111,6 +130,8 @@ int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out)
     w.streamOutput = !comm.onGpu() && recvBytes >= streamOutputBytes();
     w.readByKernel = !comm.onGpu() && readByKernel(c, recvBytes);
     w.writeByKernel = !comm.onGpu() && writeByKernel(c, recvBytes, !sendIsReadOnly);
+    w.scalarBits = c.scalarBits;
+    w.scalarAt = c.scalarAt;
     out.push_back(w);
   }
   return p.nChannels;

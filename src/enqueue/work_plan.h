@@ -41,5 +41,9 @@ size_t streamOutputBytes();
 // A single rank has nothing to exchange: the result is its own input. True if the call is
 // of that kind (its copy is then the caller's to make, on the host or the GPU stream).
 bool copyWithoutPeers(const Comm& comm, const CollCall& c);
+// Of those, a premulsum: the result is the input times the scalar, not a copy of it (made by
+// dev::preMulSumAlone on the CPU, dev::launchPreMulSumAlone on a GPU, from workWithoutPeers).
+bool scalesWithoutPeers(const Comm& comm, const CollCall& c);
+dev::DevWork workWithoutPeers(const CollCall& c);
 
 }  // namespace mncl

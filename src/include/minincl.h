@@ -6,7 +6,9 @@
  *
  * Reductions: sum, prod, max, min, avg on every type. `avg` is the sum divided by the rank
  * count; on integer types the division truncates toward zero as C's `/` does, after the sum
- * has wrapped around in the type's own width (signed sums wrap as two's complement).
+ * has wrapped around in the type's own width (signed sums wrap as two's complement). And
+ * pre-multiplied sums (mnclRedOpCreatePreMulSum): each rank's input times that rank's scalar,
+ * rounded to the type, then summed.
  */
 #ifndef MININCL_H_
 #define MININCL_H_
@@ -65,8 +67,20 @@ typedef enum {
   mnclMax = 2,
   mnclMin = 3,
   mnclAvg = 4,
-  mnclNumOps = 5
+  mnclNumOps = 5,
+  /* Ops from mnclRedOpCreatePreMulSum take values from mnclNumOps up. */
+  mnclMaxRedOp = 0x7fffffff
 } mnclRedOp_t;
+
+/* Where mnclRedOpCreatePreMulSum's scalar lives (NCCL's numbering). */
+typedef enum {
+  /* `scalar` points to memory the operation reads each time it runs: device memory (or
+   * host-mapped) for a CUDA communicator, host memory for a CPU one. It must stay valid until
+   * the op is destroyed; changing the value changes later operations. */
+  mnclScalarDevice = 0,
+  /* The value at `scalar` is read once, when the op is created. */
+  mnclScalarHostImmediate = 1
+} mnclScalarResidence_t;
 
 /* Device value for CPU communicators in mnclCommInitRankDevice / mnclCommDevice. */
 #define MNCL_DEVICE_CPU (-1)
@@ -123,6 +137,14 @@ mnclResult_t mnclSend(const void* sendbuff, size_t count, mnclDataType_t datatyp
                       mnclComm_t comm, void* stream);
 mnclResult_t mnclRecv(void* recvbuff, size_t count, mnclDataType_t datatype, int peer,
                       mnclComm_t comm, void* stream);
+
+/* A reduction op for comm: the sum over ranks of scalar_r * input_r, where scalar_r is one
+ * element of `datatype` given by rank r (ranks may give different scalars). Each product is
+ * rounded to the type (integers wrap); the sum is then as mnclSum's. Use *op only with comm
+ * and `datatype`; destroy it with mnclRedOpDestroy. */
+mnclResult_t mnclRedOpCreatePreMulSum(mnclRedOp_t* op, void* scalar, mnclDataType_t datatype,
+                                      mnclScalarResidence_t residence, mnclComm_t comm);
+mnclResult_t mnclRedOpDestroy(mnclRedOp_t op, mnclComm_t comm);
 
 mnclResult_t mnclGroupStart(void);
 mnclResult_t mnclGroupEnd(void);

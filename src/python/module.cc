@@ -23,6 +23,7 @@
 #include "arrays.h"
 #include "call_args.h"
 #include "minincl.h"
+#include "reduce_op.h"
 
 #ifdef MININCL_HAVE_TOPO
 void bindTopo(pybind11::module_& m);
@@ -53,13 +54,6 @@ py::object errorClass(mnclResult_t code) {
   py::object cls = errorClass(code);
   PyErr_SetString(cls.ptr(), msg.c_str());
   throw py::error_already_set();
-}
-
-RedOp parseOp(const std::string& op) {
-  static const char* names[] = {"sum", "prod", "max", "min", "avg"};
-  for (int i = 0; i < 5; ++i)
-    if (op == names[i]) return (RedOp)i;
-  throwError(mnclInvalidArgument, "unknown reduction op \"" + op + "\"; use one of sum, prod, max, min, avg");
 }
 
 // ---- asynchronous calls: run in order on one worker thread per communicator ----
@@ -188,8 +182,8 @@ class PyComm {
   int device() { return live().device(); }
   bool destroyed() const { return destroyed_.load(); }
 
-  py::object allreduce(py::object send, py::object recv, const std::string& op, bool asyncOp, py::object stream) {
-    RedOp rop = parseOp(op);
+  py::object allreduce(py::object send, py::object recv, py::handle op, bool asyncOp, py::object stream) {
+    py_ops::OpArg rop = py_ops::parse(op);
     auto [s, r] = sendRecv(send, recv);
     checkCounts("allreduce", s, r, s.count);
     return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
@@ -209,8 +203,8 @@ class PyComm {
                });
   }
 
-  py::object reduce(py::object send, py::object recv, const std::string& op, int root, bool asyncOp, py::object stream) {
-    RedOp rop = parseOp(op);
+  py::object reduce(py::object send, py::object recv, py::handle op, int root, bool asyncOp, py::object stream) {
+    py_ops::OpArg rop = py_ops::parse(op);
     auto [s, r] = sendRecv(send, recv);
     checkCounts("reduce", s, r, s.count);
     return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
@@ -234,8 +228,8 @@ class PyComm {
                });
   }
 
-  py::object reduceScatter(py::object send, py::object recv, const std::string& op, bool asyncOp, py::object stream) {
-    RedOp rop = parseOp(op);
+  py::object reduceScatter(py::object send, py::object recv, py::handle op, bool asyncOp, py::object stream) {
+    py_ops::OpArg rop = py_ops::parse(op);
     ArrayView s = py_arrays::view(send, false, "send");
     size_t n = (size_t)live().nranks();
     if (recv.is_none()) {
@@ -552,6 +546,12 @@ class PyComm {
   static CollCall callArgs(Coll coll, const ArrayView& s, const ArrayView& r, size_t count, RedOp op, int root) {
     return CollCall{coll, s.data, r.data, count, s.dtype, op, root};
   }
+  static CollCall callArgs(Coll coll, const ArrayView& s, const ArrayView& r, size_t count, const py_ops::OpArg& op,
+                           int root) {
+    CollCall c = callArgs(coll, s, r, count, RedOp::sum, root);
+    py_ops::apply(op, c);
+    return c;
+  }
 
   // `op` enqueues the call on a communicator and stream. A template, so that the synchronous
   // path (the hot one for small CPU collectives) allocates nothing for it.
@@ -647,19 +647,19 @@ const Signature kSendrecv("sendrecv", {"send", "recv", "peer", "recv_peer=None",
 
 // What each method does with its parsed arguments.
 py::object allreduceWith(PyComm& c, const Args& a) {
-  return c.allreduce(a.object(0), a.object(1), a.text(2), a.flag(3), a.object(4));
+  return c.allreduce(a.object(0), a.object(1), a.object(2), a.flag(3), a.object(4));
 }
 py::object broadcastWith(PyComm& c, const Args& a) {
   return c.broadcast(a.object(0), a.object(1), a.integer(2), a.flag(3), a.object(4));
 }
 py::object reduceWith(PyComm& c, const Args& a) {
-  return c.reduce(a.object(0), a.object(1), a.text(2), a.integer(3), a.flag(4), a.object(5));
+  return c.reduce(a.object(0), a.object(1), a.object(2), a.integer(3), a.flag(4), a.object(5));
 }
 py::object allgatherWith(PyComm& c, const Args& a) {
   return c.allgather(a.object(0), a.object(1), a.flag(2), a.object(3));
 }
 py::object reduceScatterWith(PyComm& c, const Args& a) {
-  return c.reduceScatter(a.object(0), a.object(1), a.text(2), a.flag(3), a.object(4));
+  return c.reduceScatter(a.object(0), a.object(1), a.object(2), a.flag(3), a.object(4));
 }
 py::object alltoallWith(PyComm& c, const Args& a) {
   return c.alltoall(a.object(0), a.object(1), a.flag(2), a.object(3));
@@ -749,6 +749,8 @@ PYBIND11_MODULE(_core, m) {
     py::gil_scoped_release nogil;
     groupEnd();
   });
+
+  py_ops::bind(m);
 
   py::class_<Work>(m, "Work", "Handle of an async_op=True call")
       .def("wait", &Work::wait, "Blocks until the operation finished; raises its error; returns its result.")

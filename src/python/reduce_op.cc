@@ -1,0 +1,110 @@
+#include "reduce_op.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "../../cuda/dtypes.h"
+#include "../core/error.h"
+#include "../tune/tuner.h"
+
+namespace py = pybind11;
+
+namespace mncl::py_ops {
+namespace {
+
+bool isNumber(py::handle x) {
+  return (py::isinstance<py::int_>(x) || py::isinstance<py::float_>(x)) && !py::isinstance<py::bool_>(x);
+}
+
+std::string shown(py::handle x) { return py::str(py::repr(x)).cast<std::string>(); }
+
+// An integer scalar as the bits of a `bytes`-wide integer, signed or not.
+uint64_t integerBits(py::handle scalar, DataType t) {
+  MNCL_CHECK(py::isinstance<py::int_>(scalar), mnclInvalidArgument,
+             "premul_sum scalar " + shown(scalar) + " is not an integer, and the data is " + dataTypeName(t));
+  bool isSigned = t == DataType::i8 || t == DataType::i32 || t == DataType::i64;
+  int bits = (int)dataTypeSize(t) * 8;
+  // The type's range, as Python ints (Python compares them exactly, whatever their size).
+  py::int_ one(1);
+  py::object lo = isSigned ? -(one.attr("__lshift__")(bits - 1)) : py::int_(0);
+  py::object hi = (isSigned ? one.attr("__lshift__")(bits - 1) : one.attr("__lshift__")(bits)) - one;
+  MNCL_CHECK(scalar >= lo && scalar <= hi, mnclInvalidArgument,
+             "premul_sum scalar " + shown(scalar) + " is out of range for " + dataTypeName(t) + " (" + shown(lo) +
+                 " to " + shown(hi) + ")");
+  // Two's complement in the type's width: the low `bits` bits of the value.
+  py::object mask = one.attr("__lshift__")(bits) - one;
+  return (scalar & mask).cast<uint64_t>();
+}
+
+uint64_t floatBits(py::handle scalar, DataType t) {
+  double v = scalar.cast<double>();
+  uint64_t out = 0;
+  switch (t) {
+    case DataType::f64: std::memcpy(&out, &v, 8); break;
+    case DataType::f32: {
+      float f = (float)v;
+      std::memcpy(&out, &f, 4);
+      break;
+    }
+    case DataType::f16: {  // (through float: the same as NumPy's float16(float32(v)))
+      half_t h = toHalf((float)v);
+      std::memcpy(&out, &h, 2);
+      break;
+    }
+    case DataType::bf16: {
+      bfloat16_t b = toBfloat16((float)v);
+      std::memcpy(&out, &b, 2);
+      break;
+    }
+    default: break;
+  }
+  return out;
+}
+
+bool isFloat(DataType t) {
+  return t == DataType::f16 || t == DataType::bf16 || t == DataType::f32 || t == DataType::f64;
+}
+
+}  // namespace
+
+OpArg parse(py::handle op) {
+  if (op.is_none()) return {};  // (not given: the default, sum)
+  if (py::isinstance<py::str>(op)) {
+    std::string name = op.cast<std::string>();
+    static const char* names[] = {"sum", "prod", "max", "min", "avg"};
+    for (int i = 0; i < 5; ++i) {
+      if (name == names[i]) return {(RedOp)i, py::object()};
+    }
+    throwError(mnclInvalidArgument,
+               "unknown reduction op \"" + name + "\"; use one of sum, prod, max, min, avg, or minincl.PreMulSum(scalar)");
+  }
+  if (py::isinstance<PreMulSum>(op)) return {RedOp::premulsum, op.cast<const PreMulSum&>().scalar};
+  // (A wrong type is a TypeError, as Python's own argument checks raise: see call_args.h.)
+  throw py::type_error("'op' must be a str or minincl.PreMulSum, not " +
+                       py::str(py::type::handle_of(op).attr("__name__")).cast<std::string>());
+}
+
+void apply(const OpArg& op, CollCall& call) {
+  call.op = op.op;
+  if (op.op != RedOp::premulsum) return;
+  call.scalarBits = isFloat(call.dtype) ? floatBits(op.scalar, call.dtype) : integerBits(op.scalar, call.dtype);
+  call.scalarAt = nullptr;
+}
+
+void bind(py::module_& m) {
+  py::class_<PreMulSum>(m, "PreMulSum",
+                        "A reduction op: the sum over ranks of scalar * input, each rank with its own scalar "
+                        "(NCCL's ncclRedOpCreatePreMulSum). Pass it as op=; the scalar is converted to the array's type.")
+      .def(py::init([](py::object scalar) {
+             MNCL_CHECK(isNumber(scalar), mnclInvalidArgument,
+                        "PreMulSum scalar must be an int or a float, not " + shown(py::type::handle_of(scalar)));
+             return PreMulSum{scalar};
+           }),
+           py::arg("scalar"))
+      .def_property_readonly("scalar", [](const PreMulSum& p) { return p.scalar; })
+      .def("__repr__", [](const PreMulSum& p) { return "PreMulSum(" + shown(p.scalar) + ")"; });
+}
+
+}  // namespace mncl::py_ops
