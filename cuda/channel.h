@@ -46,6 +46,10 @@ struct ConnCtrl {
   uint32_t wroteToReceiver[kSteps];
   // Send/recv: each step's bytes, which the sender chooses (see P2pEngine).
   uint32_t stepLength[kSteps];
+  // Simple, premulsum: a pointer step to the sender's own input (not yet scaled), and the
+  // sender's scalar (the bits of one element), which the receiver applies as it reads it.
+  uint32_t dataIsInput[kSteps];
+  uint64_t inputScalar[kSteps];
   // Set once by the receiver at init: it can read the sender's memory (same process, or
   // cross-memory attach to the sender's process), so the sender may post pointer steps.
   uint32_t readsSenderMemory;

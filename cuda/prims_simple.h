@@ -54,19 +54,21 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     const DirectWrite* written = plan.written;
     // A plain forward (one peer's data to dst) reads the peer's memory straight into dst.
     T* landing = RECV && !src && !post && recv_.n == 1 ? dst : nullptr;
-    int own = -1;  // where src (this rank's input, in reducing collectives) is among srcs
+    PreOps<T> pre;  // premulsum: src (this rank's input) and peers' inputs read where they lie
     for (int i = 0; i <= (RECV ? recv_.n : 0); ++i) {
       if (i == (RECV ? recv_.srcPos : 0) && src) {
-        own = nsrc;
+        if constexpr (Fn::kHasPre) pre.add(nsrc, cx_.fn.scalar);
         srcs[nsrc++] = src;
       }
-      if (RECV && i < recv_.n) srcs[nsrc++] = received(i, n, landing);
+      if (RECV && i < recv_.n) {
+        srcs[nsrc] = received(i, n, landing, nsrc, pre);
+        ++nsrc;
+      }
     }
     if (cx_.waiter.aborted) return;
     // Outputs first (ours, then receivers'), FIFO slots last. Data already in dst (a sender
     // wrote it there, or an in-place copy) needs no copy to dst.
-    int preSrc = Fn::kHasPre ? own : -1;
-    bool inPlace = dst && nsrc == 1 && srcs[0] == dst && !(post && Fn::kHasPost) && preSrc < 0;
+    bool inPlace = dst && nsrc == 1 && srcs[0] == dst && !(post && Fn::kHasPost) && pre.mask == 0;
     if (dst && !inPlace) dsts[ndst++] = dst;
     bool ownOutput = ndst > 0;
     for (int i = 0; SEND && i < send_.n; ++i) {
@@ -81,12 +83,12 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     // as ring and tree receivers do when there are more than 2 ranks).
     bool receiversKeepIt = cx_.work.algo == Algo::direct || ch.nranks == 2;
     int nStream = !cx_.work.streamOutput || (published && published == dst && ownOutput) ? 0 : receiversKeepIt ? outputs : ownOutput ? 1 : 0;
-    if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, post, nStream, preSrc);
+    if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, post, nStream, Fn::kHasPre ? &pre : nullptr);
     barrier();
     if (SEND && tid() == 0) writeThroughKernel(dst, n, written);
     if (tid() == 0 && !cx_.waiter.aborted) {  // (only thread 0 writes through the kernel)
       if (RECV) postRecv();
-      if (SEND) postSend(published, written);
+      if (SEND) postSend(published, plan.publishedInput, written);
     }
     barrier();
   }
@@ -101,6 +103,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   };
   struct SendPlan {
     const T* published;              // a pointer step for every receiver not written directly
+    bool publishedInput;             // ... to this rank's input as the caller gave it
     DirectWrite written[kMaxPeers];  // per send peer
   };
 
@@ -109,6 +112,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   MNCL_DEV SendPlan planSend(const T* src, T* dst, size_t n, bool recv, bool post) {
     SendPlan s;
     s.published = nullptr;
+    s.publishedInput = false;
     for (int i = 0; i < send_.n; ++i) s.written[i] = DirectWrite{nullptr, 0, false};
     // A broadcast's receivers have nothing else to do: they copy for themselves (a pointer
     // step) when they can, rather than leave every copy to the sender's core. A sender with
@@ -125,9 +129,11 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     bool pushThisStep = senderIdle && stepInOp % 2 == 1;
     if (pushThisStep && stepInOp == 1) awaitPublishedOutput(to);
     bool kernelWrite = n * sizeof(T) >= cx_.ch.pointerStepMinBytes && cx_.work.writeByKernel;
-    if (cx_.work.coll == Coll::broadcast && !pushThisStep) s.published = pointerToPublish(src, dst, recv, post, n, s.written);
+    if (cx_.work.coll == Coll::broadcast && !pushThisStep) {
+      s.published = pointerToPublish(src, dst, recv, post, n, s.written, s.publishedInput);
+    }
     for (int i = 0; dst && !s.published && i < send_.n; ++i) s.written[i] = directWrite(send_.peer[i], dst, n, kernelWrite);
-    if (!s.published) s.published = pointerToPublish(src, dst, recv, post, n, s.written);
+    if (!s.published) s.published = pointerToPublish(src, dst, recv, post, n, s.written, s.publishedInput);
     return s;
   }
 
@@ -146,16 +152,19 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   // The input first, when the step's values are the input's (no reduction, no post-op): the
   // output's copy has just been written, and another core reads lines that sit modified in
   // this core's cache far slower than lines that were only read. Kernel copies only of such
-  // input, and only where the work allows them (DevWork::readByKernel).
-  MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, bool post, size_t n, const DirectWrite* written) const {
+  // input, and only where the work allows them (DevWork::readByKernel). (*isInput: it is the
+  // input: a premulsum's receiver then scales it by our scalar, see postSend.)
+  MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, bool post, size_t n, const DirectWrite* written,
+                                     bool& isInput) const {
+    isInput = false;
     if (n * sizeof(T) < cx_.ch.pointerStepMinBytes) return nullptr;
     // The caller's input, which this operation leaves as it is: a send buffer apart from the
-    // output, or an in-place one this step does not write. (Not where a pre-operation changes
-    // the input's values: the receiver could not apply our scalar.)
-    bool inputHasValues = !recv && src && !(dst && post && Fn::kHasPost) && !Fn::kHasPre;
+    // output, or an in-place one this step does not write.
+    bool inputHasValues = !recv && src && !(dst && post && Fn::kHasPost);
     bool untouched = src == dst || (cx_.work.sendIsReadOnly && inSendBuffer(src));
     if (inputHasValues && untouched &&
         receiversCanRead(src, n, written, cx_.work.readByKernel)) {
+      isInput = true;
       return src;
     }
     return dst && receiversCanRead(dst, n, written, false) ? dst : nullptr;
@@ -262,7 +271,9 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   // Where the data of recv peer i's current step is: its FIFO slot; or, for a pointer step,
   // the sender's memory itself (same process), the sender's window as mapped here, or a
   // kernel copy of it into `landing` (or into the slot) for a sender in another process.
-  MNCL_DEV const T* received(int i, size_t n, T* landing) {
+  // A premulsum's pointer step to the sender's input goes in `pre` as source srcIndex, with the
+  // sender's scalar (and never lands in dst: it is not yet the output's value).
+  MNCL_DEV const T* received(int i, size_t n, T* landing, int srcIndex, PreOps<T>& pre) {
     int p = recv_.peer[i];
     const ConnFifo& f = cx_.ch.recvFrom[p];
     uint64_t step = cx_.ch.recvStep[p];
@@ -273,6 +284,15 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     // Our own memory (a direct write); or the sender's: in this process, or its window as
     // mapped here.
     if (loadRelaxed(&f.ctrl->wroteToReceiver[step % kSteps])) return reinterpret_cast<const T*>(at);
+    if constexpr (Fn::kHasPre) {
+      if (loadRelaxed(&f.ctrl->dataIsInput[step % kSteps])) {
+        uint64_t bits = loadRelaxed(&f.ctrl->inputScalar[step % kSteps]);
+        T rankScalar;
+        memcpy(&rankScalar, &bits, sizeof(T));
+        pre.add(srcIndex, rankScalar);
+        landing = nullptr;
+      }
+    }
     if (const char* here = f.mappedHere(at, n * sizeof(T))) return reinterpret_cast<const T*>(here);
     T* to = landing ? landing : inSlot;
     int err = 0;
@@ -310,7 +330,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     }
   }
 
-  MNCL_DEV void postSend(const T* published, const DirectWrite* written) {
+  MNCL_DEV void postSend(const T* published, bool publishedInput, const DirectWrite* written) {
     DevChannel& ch = cx_.ch;
     StepInfo info = cx_.work.info();
     for (int i = 0; i < send_.n; ++i) {
@@ -320,6 +340,12 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       c->info[s] = info;
       c->dataAt[s] = written[i].done() ? written[i].there : (uint64_t)(uintptr_t)published;
       c->wroteToReceiver[s] = written[i].done() ? 1u : 0u;
+      if constexpr (Fn::kHasPre) {  // (the receiver reads these only when it runs a premulsum too)
+        c->dataIsInput[s] = publishedInput && !written[i].done() ? 1u : 0u;
+        uint64_t bits = 0;
+        memcpy(&bits, &cx_.fn.scalar, sizeof(T));
+        c->inputScalar[s] = bits;
+      }
       ch.directWritesSent += written[i].done() ? 1u : 0u;
     }
     fenceFor(ch.systemScope);  // the whole channel's data and the words above, before the tails

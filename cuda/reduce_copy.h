@@ -1,7 +1,7 @@
 // The one data-moving loop under every primitive: read k sources, combine them with the
 // reduction, optionally finish with the post-operation (avg's division), write m destinations.
-// preSrc (>= 0 only for reductions with a pre-operation: premulsum) is the source that is this
-// rank's own input: its values go through the pre-operation as they are loaded.
+// `pre` (only for reductions with a pre-operation: premulsum) names the sources that are some
+// rank's input not yet through it: their values are, as they are loaded.
 #pragma once
 
 #include <cstring>
@@ -20,6 +20,19 @@ namespace mncl::dev {
 
 constexpr int kMaxSrcs = kMaxPeers + 1;  // own input + every peer received from
 constexpr int kMaxDsts = kMaxPeers + 1;  // own output + every peer sent to
+
+// The sources of a premulsum that are a rank's input as the caller gave it: this rank's own,
+// and a peer's read where it lies (a pointer step), each to be scaled by its rank's scalar.
+template <typename T>
+struct PreOps {
+  uint32_t mask = 0;  // bit s: srcs[s]
+  T scalar[kMaxSrcs]{};
+  MNCL_HOSTDEV bool has(int s) const { return (mask >> s) & 1u; }
+  MNCL_HOSTDEV void add(int s, T rankScalar) {
+    mask |= 1u << s;
+    scalar[s] = rankScalar;
+  }
+};
 
 #if defined(__CUDACC__)
 // GPU loads that fetch from L2 every time (ld.volatile): a FIFO slot is rewritten by its
@@ -72,10 +85,10 @@ MNCL_DEV Vec16<T> loadFresh16(const T* p) {
 
 #if defined(__CUDACC__)
 template <typename T, typename Fn, int N>
-MNCL_DEV void preVectors(const Fn& fn, Vec16<T> (&v)[N]) {
+MNCL_DEV void preVectors(const Fn& fn, Vec16<T> (&v)[N], T rankScalar) {
 #pragma unroll
   for (int u = 0; u < N; ++u) {
-    for (int j = 0; j < Vec16<T>::kElems; ++j) v[u].e[j] = fn.pre(v[u].e[j]);
+    for (int j = 0; j < Vec16<T>::kElems; ++j) v[u].e[j] = fn.preWith(v[u].e[j], rankScalar);
   }
 }
 
@@ -87,7 +100,7 @@ constexpr int kUnroll = 4;
 // block apart, per round; every load of a round is issued before any of them is used.
 template <typename T, typename Fn>
 MNCL_DEV void reduceCopyVectors(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                                size_t nvec, bool post, int preSrc = -1) {
+                                size_t nvec, bool post, const PreOps<T>* pre = nullptr) {
   constexpr int kVec = Vec16<T>::kElems;
   const size_t stride = (size_t)nthreads();
   for (size_t first = tid(); first < nvec; first += kUnroll * stride) {
@@ -98,7 +111,7 @@ MNCL_DEV void reduceCopyVectors(const Fn& fn, int nsrc, const T* const* srcs, in
       if (i < nvec) acc[u] = loadFresh16(srcs[0] + i * kVec);
     }
     if constexpr (Fn::kHasPre) {
-      if (preSrc == 0) preVectors(fn, acc);
+      if (pre && pre->has(0)) preVectors(fn, acc, pre->scalar[0]);
     }
     for (int s = 1; s < nsrc; ++s) {
       Vec16<T> x[kUnroll];
@@ -108,7 +121,7 @@ MNCL_DEV void reduceCopyVectors(const Fn& fn, int nsrc, const T* const* srcs, in
         if (i < nvec) x[u] = loadFresh16(srcs[s] + i * kVec);
       }
       if constexpr (Fn::kHasPre) {
-        if (preSrc == s) preVectors(fn, x);
+        if (pre && pre->has(s)) preVectors(fn, x, pre->scalar[s]);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -147,7 +160,7 @@ MNCL_DEV void copyElems(T* dst, const T* src, size_t n) {
 
 template <typename T, typename Fn>
 MNCL_DEV void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                         size_t n, bool post, int /*nStream*/ = 0, int preSrc = -1) {
+                         size_t n, bool post, int /*nStream*/ = 0, const PreOps<T>* pre = nullptr) {
   if (n == 0 || ndst == 0) return;  // (data already in place: loading it would only cost time)
   post = post && Fn::kHasPost;
   // 16-byte loads and stores when every pointer allows them (FIFO slots and channel slices
@@ -157,16 +170,16 @@ MNCL_DEV void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst,
   for (int d = 0; d < ndst; ++d) aligned &= ((uintptr_t)dsts[d] & 15) == 0;
   constexpr int kVec = Vec16<T>::kElems;
   size_t nvec = aligned ? n / kVec : 0;
-  reduceCopyVectors(fn, nsrc, srcs, ndst, dsts, nvec, post, preSrc);
+  reduceCopyVectors(fn, nsrc, srcs, ndst, dsts, nvec, post, pre);
   for (size_t i = nvec * kVec + tid(); i < n; i += nthreads()) {
     T v = loadFresh(srcs[0] + i);
     if constexpr (Fn::kHasPre) {
-      if (preSrc == 0) v = fn.pre(v);
+      if (pre && pre->has(0)) v = fn.preWith(v, pre->scalar[0]);
     }
     for (int s = 1; s < nsrc; ++s) {
       T x = loadFresh(srcs[s] + i);
       if constexpr (Fn::kHasPre) {
-        if (preSrc == s) x = fn.pre(x);
+        if (pre && pre->has(s)) x = fn.preWith(x, pre->scalar[s]);
       }
       v = fn(v, x);
     }
@@ -237,13 +250,23 @@ inline void streamFence() {
 // dsts[0, nStream) and copied to the others.
 template <typename T, typename Fn>
 inline void reduceStreamLine(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t off,
-                             bool post, int nStream) {
+                             bool post, int nStream, const PreOps<T>* pre = nullptr) {
   constexpr int kElems = 64 / (int)sizeof(T);
   alignas(64) T acc[kElems];
   alignas(64) T x[kElems];
   std::memcpy(acc, srcs[0] + off, 64);
+  if constexpr (Fn::kHasPre) {
+    if (pre && pre->has(0)) {
+      for (int j = 0; j < kElems; ++j) acc[j] = fn.preWith(acc[j], pre->scalar[0]);
+    }
+  }
   for (int s = 1; s < nsrc; ++s) {
     std::memcpy(x, srcs[s] + off, 64);
+    if constexpr (Fn::kHasPre) {
+      if (pre && pre->has(s)) {
+        for (int j = 0; j < kElems; ++j) x[j] = fn.preWith(x[j], pre->scalar[s]);
+      }
+    }
     for (int j = 0; j < kElems; ++j) acc[j] = fn(acc[j], x[j]);
   }
   if (post) {
@@ -298,18 +321,19 @@ inline void combineBlock(const Fn& fn, int nsrc, const T* const* srcs, size_t of
   }
 }
 
-// combineBlock for a reduction with a pre-operation, applied to srcs[preSrc] (see the top).
+// combineBlock for a reduction with a pre-operation, applied to the sources `pre` names.
 template <typename T, typename Fn>
-inline void combineBlockPre(const Fn& fn, int nsrc, const T* const* srcs, size_t off, size_t len, bool post, int preSrc,
-                            T* acc) {
+inline void combineBlockPre(const Fn& fn, int nsrc, const T* const* srcs, size_t off, size_t len, bool post,
+                            const PreOps<T>& pre, T* acc) {
   for (int s = 0; s < nsrc; ++s) {
     const T* __restrict__ x = srcs[s] + off;
-    if (s == 0 && s == preSrc) {
-      for (size_t i = 0; i < len; ++i) acc[i] = fn.pre(x[i]);
+    const T k = pre.scalar[s];
+    if (s == 0 && pre.has(s)) {
+      for (size_t i = 0; i < len; ++i) acc[i] = fn.preWith(x[i], k);
     } else if (s == 0) {
       std::memcpy(acc, x, len * sizeof(T));
-    } else if (s == preSrc) {
-      for (size_t i = 0; i < len; ++i) acc[i] = fn(acc[i], fn.pre(x[i]));
+    } else if (pre.has(s)) {
+      for (size_t i = 0; i < len; ++i) acc[i] = fn(acc[i], fn.preWith(x[i], k));
     } else {
       reduceInto(fn, acc, x, len);
     }
@@ -320,13 +344,13 @@ inline void combineBlockPre(const Fn& fn, int nsrc, const T* const* srcs, size_t
 // ... and for 16-bit floats: the own input scaled a block at a time (scale16), then added.
 template <typename T, typename Fn>
   requires kCombinesInBlocks<T, Fn>
-inline void combineBlockPre(const Fn& fn, int nsrc, const T* const* srcs, size_t off, size_t len, bool, int preSrc,
-                            T* acc) {
+inline void combineBlockPre(const Fn&, int nsrc, const T* const* srcs, size_t off, size_t len, bool,
+                            const PreOps<T>& pre, T* acc) {
   alignas(64) T scaled[4096 / sizeof(T)];  // (len is at most reduceCopyBlocked's block)
   for (int s = 0; s < nsrc; ++s) {
     const T* x = srcs[s] + off;
-    if (s == preSrc) {
-      scale16(x, fn.scalar, s == 0 ? acc : scaled, len);
+    if (pre.has(s)) {
+      scale16(x, pre.scalar[s], s == 0 ? acc : scaled, len);
       if (s == 0) continue;
       x = scaled;
     }
@@ -337,14 +361,14 @@ inline void combineBlockPre(const Fn& fn, int nsrc, const T* const* srcs, size_t
 
 template <typename T, typename Fn>
 inline void reduceCopyBlocked(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                              size_t n, bool post, int nStream, int preSrc = -1) {
+                              size_t n, bool post, int nStream, const PreOps<T>* pre = nullptr) {
   // In L1-sized blocks: accumulate, finish, then fan out.
   constexpr size_t kBlock = 4096 / sizeof(T) > 0 ? 4096 / sizeof(T) : 1;
   alignas(64) T acc[kBlock];
   for (size_t off = 0; off < n; off += kBlock) {
     size_t len = n - off < kBlock ? n - off : kBlock;
     if constexpr (Fn::kHasPre) {
-      if (preSrc >= 0) combineBlockPre(fn, nsrc, srcs, off, len, post, preSrc, acc);
+      if (pre && pre->mask) combineBlockPre(fn, nsrc, srcs, off, len, post, *pre, acc);
       else combineBlock(fn, nsrc, srcs, off, len, post, acc);
     } else {
       combineBlock(fn, nsrc, srcs, off, len, post, acc);
@@ -359,13 +383,13 @@ inline void reduceCopyBlocked(const Fn& fn, int nsrc, const T* const* srcs, int 
 // Elements [from, to) through reduceCopyBlocked.
 template <typename T, typename Fn>
 inline void reduceCopyBlockedRange(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                                   size_t from, size_t to, bool post, int nStream) {
+                                   size_t from, size_t to, bool post, int nStream, const PreOps<T>* pre = nullptr) {
   if (from >= to) return;
   const T* s[kMaxSrcs];
   T* d[kMaxDsts];
   for (int k = 0; k < nsrc; ++k) s[k] = srcs[k] + from;
   for (int k = 0; k < ndst; ++k) d[k] = dsts[k] + from;
-  reduceCopyBlocked(fn, nsrc, s, ndst, d, to - from, post, nStream);
+  reduceCopyBlocked(fn, nsrc, s, ndst, d, to - from, post, nStream, pre);
 }
 
 // Streamed outputs, stretches interleaved (kStreamStretch). Non-temporal stores must fill
@@ -376,7 +400,7 @@ inline void reduceCopyBlockedRange(const Fn& fn, int nsrc, const T* const* srcs,
 // False (nothing done) when they do not share it.
 template <typename T, typename Fn>
 inline bool reduceCopyStreamed(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n,
-                               bool post, int nStream) {
+                               bool post, int nStream, const PreOps<T>* pre = nullptr) {
   uintptr_t lineOffset = (uintptr_t)dsts[0] & 63;
   for (int d = 1; d < nStream; ++d) {
     if (((uintptr_t)dsts[d] & 63) != lineOffset) return false;
@@ -384,29 +408,72 @@ inline bool reduceCopyStreamed(const Fn& fn, int nsrc, const T* const* srcs, int
   constexpr size_t kLine = 64 / sizeof(T), kStretch = kStreamStretch / sizeof(T);
   size_t head = lineOffset ? (64 - lineOffset) / sizeof(T) : 0;
   if (head > n) head = n;
-  reduceCopyBlockedRange(fn, nsrc, srcs, ndst, dsts, 0, head, post, nStream);
+  reduceCopyBlockedRange(fn, nsrc, srcs, ndst, dsts, 0, head, post, nStream, pre);
   size_t i = head;
   for (; i + kStreamStretches * kStretch <= n; i += kStreamStretches * kStretch) {
     for (size_t l = 0; l < kStretch; l += kLine) {
       for (size_t p = 0; p < kStreamStretches; ++p) {
-        reduceStreamLine(fn, nsrc, srcs, ndst, dsts, i + p * kStretch + l, post, nStream);
+        reduceStreamLine(fn, nsrc, srcs, ndst, dsts, i + p * kStretch + l, post, nStream, pre);
       }
     }
   }
-  for (; i + kLine <= n; i += kLine) reduceStreamLine(fn, nsrc, srcs, ndst, dsts, i, post, nStream);
+  for (; i + kLine <= n; i += kLine) reduceStreamLine(fn, nsrc, srcs, ndst, dsts, i, post, nStream, pre);
   streamFence();
-  reduceCopyBlockedRange(fn, nsrc, srcs, ndst, dsts, i, n, post, nStream);
+  reduceCopyBlockedRange(fn, nsrc, srcs, ndst, dsts, i, n, post, nStream, pre);
   return true;
+}
+
+// premulsum's two-source steps, one or two outputs that alias no source: kPreA / kPreB say
+// which source is a rank's input to scale.
+template <bool kPreA, bool kPreB, int kOuts, typename T, typename Fn>
+inline void preReduce2(const Fn& fn, T* __restrict__ d0, T* __restrict__ d1, const T* __restrict__ a,
+                       const T* __restrict__ b, T ka, T kb, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    T v = fn(kPreA ? fn.preWith(a[i], ka) : a[i], kPreB ? fn.preWith(b[i], kb) : b[i]);
+    d0[i] = v;
+    if constexpr (kOuts == 2) d1[i] = v;
+  }
+}
+
+template <int kOuts, typename T, typename Fn>
+inline void preReduce2(const Fn& fn, T* const* dsts, const T* const* srcs, const PreOps<T>& pre, size_t n) {
+  T* d1 = kOuts == 2 ? dsts[1] : nullptr;
+  T ka = pre.scalar[0], kb = pre.scalar[1];
+  if (pre.has(0) && pre.has(1)) preReduce2<true, true, kOuts>(fn, dsts[0], d1, srcs[0], srcs[1], ka, kb, n);
+  else if (pre.has(0)) preReduce2<true, false, kOuts>(fn, dsts[0], d1, srcs[0], srcs[1], ka, kb, n);
+  else preReduce2<false, true, kOuts>(fn, dsts[0], d1, srcs[0], srcs[1], ka, kb, n);
+}
+
+// reduceCopy with sources to scale first (premulsum): the usual shapes of a step in loops of
+// their own (a scaled copy; two sources into one or two outputs; streamed outputs), the rest
+// in blocks. (16-bit floats always in blocks, with the CPU's conversion instructions.)
+template <typename T, typename Fn>
+inline void reduceCopyPre(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n, bool post,
+                          int nStream, const PreOps<T>& pre) {
+  if constexpr (!kCombinesInBlocks<T, Fn>) {
+    if (nStream > 0 && reduceCopyStreamed(fn, nsrc, srcs, ndst, dsts, n, post, nStream, &pre)) return;
+    bool distinct = true;  // (restrict loops need outputs that alias no source)
+    for (int d = 0; d < ndst; ++d) distinct &= dsts[d] != srcs[0] && (nsrc < 2 || dsts[d] != srcs[1]);
+    if (nStream == 0 && !post && distinct && nsrc == 1) {
+      for (int d = 0; d < ndst; ++d) {
+        for (size_t i = 0; i < n; ++i) dsts[d][i] = fn.preWith(srcs[0][i], pre.scalar[0]);
+      }
+      return;
+    }
+    if (nStream == 0 && !post && distinct && nsrc == 2 && ndst == 1) return preReduce2<1>(fn, dsts, srcs, pre, n);
+    if (nStream == 0 && !post && distinct && nsrc == 2 && ndst == 2) return preReduce2<2>(fn, dsts, srcs, pre, n);
+  }
+  reduceCopyBlocked(fn, nsrc, srcs, ndst, dsts, n, post, nStream, &pre);
 }
 
 // nStream: dsts[0, nStream) are outputs nobody reads during the operation (see streamCopy).
 template <typename T, typename Fn>
 inline void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                       size_t n, bool post, int nStream = 0, int preSrc = -1) {
+                       size_t n, bool post, int nStream = 0, const PreOps<T>* pre = nullptr) {
   if (n == 0 || ndst == 0) return;
   post = post && Fn::kHasPost;
   if constexpr (Fn::kHasPre) {
-    if (preSrc >= 0) return reduceCopyBlocked(fn, nsrc, srcs, ndst, dsts, n, post, nStream, preSrc);
+    if (pre && pre->mask) return reduceCopyPre(fn, nsrc, srcs, ndst, dsts, n, post, nStream, *pre);
   }
   // (A plain copy takes streamCopy, below.)
   bool reduces = nsrc >= 2 || post;

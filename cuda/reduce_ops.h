@@ -131,6 +131,7 @@ struct FuncPreMulSum {
   static constexpr bool kHasPost = false;
   T scalar{};  // this rank's (set per work item: see runTyped)
   MNCL_HOSTDEV T pre(T x) const { return Arith<T>::mul(x, scalar); }
+  MNCL_HOSTDEV T preWith(T x, T rankScalar) const { return Arith<T>::mul(x, rankScalar); }  // (a peer's input)
   MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::add(a, b); }
   MNCL_HOSTDEV T post(T x) const { return x; }
 };

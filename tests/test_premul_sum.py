@@ -157,11 +157,11 @@ def test_each_product_is_rounded_to_the_type(dtype: str, proto: str, isa: str | 
 
 @pytest.mark.parametrize("window", [False, True])
 @pytest.mark.parametrize("nranks", [2, 3])
-def test_between_processes_no_peer_reads_a_raw_input(
+def test_between_processes_receivers_scale_the_inputs_they_read(
     monkeypatch: pytest.MonkeyPatch, nranks: int, window: bool
 ) -> None:
-    """Kernel copies and windows let a receiver read a sender's input where it is: a
-    pre-multiplied sum must send scaled values instead."""
+    """Kernel copies and windows let a receiver read a sender's input where it is (a pointer
+    step): it must scale it by the sender's scalar, not its own."""
     monkeypatch.setenv("MININCL_POINTER_STEPS", "2")
     monkeypatch.setenv("MININCL_POINTER_STEP_BYTES", "1024")
     monkeypatch.delenv("MININCL_ALGO", raising=False)
@@ -173,6 +173,26 @@ def test_between_processes_no_peer_reads_a_raw_input(
         counts = [0, 1, 50021]
         results = minincl.launch(workers.premul_sums, nranks, counts, window)
         assert results == [len(counts) * 3 * 4] * nranks
+
+
+@pytest.mark.parametrize("algo", list(ALGOS))
+def test_thread_ranks_scale_the_inputs_they_read(algo: str) -> None:
+    """Ranks of one process read each other's inputs where they lie (pointer steps: here from
+    1 KiB), as ranks of one GPU do: each scaled by its own rank's scalar."""
+    with forced_env(algo, "simple"), env_as({"MININCL_POINTER_STEP_BYTES": "1024"}):
+        comms = minincl.Communicator.init_all(4)
+    try:
+        before = sum(c.stats()["pointer_steps"] for c in comms)
+        for coll in [c for c in ("allreduce", "reduce", "reduce_scatter") if c in ALGOS[algo] or c == "reduce"]:
+            for dtype in ("float32", "bfloat16", "int64", "uint8"):
+                if dtype == "bfloat16" and torch is None:
+                    continue
+                for in_place in (False, True):
+                    check_premul(comms, coll, dtype, 20011, in_place)
+        assert sum(c.stats()["pointer_steps"] for c in comms) > before
+    finally:
+        for c in comms:
+            c.destroy()
 
 
 def test_scalar_checks_and_mismatched_ops(comms_of: Any) -> None:

@@ -383,9 +383,9 @@ def mismatched_exchange(comm: minincl.Communicator, count: int) -> tuple[str, bo
 
 def premul_sums(comm: minincl.Communicator, counts: list[int], window: bool) -> int:
     """Pre-multiplied sums (each rank's own scalar) of allreduce (in place and not), reduce and
-    reduce_scatter between rank processes, where receivers might read a sender's input straight
-    from its memory (kernel copies, or its window when `window`): they must get the scaled
-    values, never the raw input. Checked against NumPy; returns the checks done."""
+    reduce_scatter between rank processes, where receivers may read a sender's input straight
+    from its memory (kernel copies, or its window when `window`) and must scale it by the
+    sender's scalar. Checked against NumPy; returns the checks done."""
     n, r = comm.nranks, comm.rank
     checks = 0
 
