@@ -32,6 +32,7 @@ def array(nbytes: int, dtype: str) -> Any:
     if dtype == "bfloat16":
         import torch
 
+        torch.set_num_threads(1)  # (a rank per core: PyTorch's own threads would compete)
         return torch.ones(nbytes // 2, dtype=torch.bfloat16)
     return np.ones(nbytes // np.dtype(dtype).itemsize, dtype=dtype)
 
