@@ -87,11 +87,13 @@ bool scalesWithoutPeers(const Comm& comm, const CollCall& c) {
   return copyWithoutPeers(comm, c) && reduces && c.op == RedOp::premulsum;
 }
 
-dev::DevWork workWithoutPeers(const CollCall& c) {
+// What every channel's work item for the call holds: the call itself, all of it.
+static dev::DevWork workOfCall(const CollCall& c) {
   dev::DevWork w{};
   w.coll = c.coll;
   w.dtype = c.dtype;
   w.op = c.op;
+  w.root = c.root;
   w.send = c.send;
   w.recv = c.recv;
   w.count = c.count;
@@ -100,6 +102,8 @@ dev::DevWork workWithoutPeers(const CollCall& c) {
   w.scalarAt = c.scalarAt;
   return w;
 }
+
+dev::DevWork workWithoutPeers(const CollCall& c) { return workOfCall(c); }
 
 int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out) {
   if (c.count == 0 || comm.nranks() == 1) return 0;
@@ -112,16 +116,9 @@ int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out)
   bool sendIsReadOnly = !overlaps(c.send, sendBytes, c.recv, recvBytes);
   for (int ch = 0; ch < p.nChannels; ++ch) {
     size_t off = std::min(c.count, (size_t)ch * share);
-    dev::DevWork w{};
-    w.coll = c.coll;
+    dev::DevWork w = workOfCall(c);
     w.algo = p.algo;
     w.proto = p.proto;
-    w.dtype = c.dtype;
-    w.op = c.op;
-    w.root = c.root;
-    w.send = c.send;
-    w.recv = c.recv;
-    w.count = c.count;
     w.chanOffset = off;
     w.chanCount = std::min(share, c.count - off);
     w.treeIndex = ch % 2;
@@ -130,8 +127,6 @@ int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out)
     w.streamOutput = !comm.onGpu() && recvBytes >= streamOutputBytes();
     w.readByKernel = !comm.onGpu() && readByKernel(c, recvBytes);
     w.writeByKernel = !comm.onGpu() && writeByKernel(c, recvBytes, !sendIsReadOnly);
-    w.scalarBits = c.scalarBits;
-    w.scalarAt = c.scalarAt;
     out.push_back(w);
   }
   return p.nChannels;
