@@ -48,10 +48,8 @@ def op_name(op: object, call: str) -> Op:
             return name
     if getattr(op, "op", op) == ReduceOp.PREMUL_SUM:  # dist._make_nccl_premul_sum(factor)
         factor = getattr(op, "factor", None)
-        if isinstance(factor, torch.Tensor):
-            factor = factor.item()  # (a CUDA tensor's value waits for its stream)
-        if isinstance(factor, (int, float)):
-            return PreMulSum(factor)
+        if isinstance(factor, (int, float, torch.Tensor)):
+            return PreMulSum(factor)  # (a tensor: see reducible)
     label = str(getattr(op, "op", op)).split(".")[-1]
     raise NotImplementedError(
         f"minincl backend: {call} with ReduceOp.{label} is not supported; "
@@ -70,6 +68,12 @@ def reducible(t: torch.Tensor, op: Op, call: str) -> tuple[torch.Tensor, Op]:
             f"minincl backend: {call} cannot reduce {t.dtype} tensors; supported: int8, uint8, "
             "int32, int64, float16, bfloat16, float32, float64, bool"
         )
+    if isinstance(op, PreMulSum) and isinstance(op.scalar, torch.Tensor):
+        # A factor tensor of the data's type and device is read where it lies when the
+        # operation runs; any other becomes a number (.item() waits for a CUDA tensor's stream).
+        f = op.scalar
+        same = f.dtype == t.dtype and f.device == t.device and f.numel() == 1
+        op = PreMulSum(f.reshape(1) if same else f.item())
     return t, op
 
 

@@ -486,6 +486,24 @@ def test_premul_sum(gpus: GpuPool, cp: Any, algo: str, proto: str) -> None:
                         )
 
 
+def test_premul_sum_scalar_on_the_device(gpus: GpuPool, cp: Any) -> None:
+    """One-element CuPy arrays as the scalars: read by the kernel when it runs, so a value set
+    on the stream before the next call counts (no host sync)."""
+    comms = gpus.get(2)
+    scalars = [cp.asarray([0.5], dtype=cp.float32), cp.asarray([-2.0], dtype=cp.float32)]
+    xs = [np.arange(1009, dtype=np.float32) % 7 - 3 + r for r in range(2)]
+    for factor in (1.0, 4.0):
+        for s in scalars:
+            s *= factor
+        outs = [cp.zeros(1009, dtype=cp.float32) for _ in range(2)]
+        with minincl.group():
+            for c in comms:
+                c.allreduce(cp.asarray(xs[c.rank]), outs[c.rank], op=minincl.PreMulSum(scalars[c.rank]))
+        want = (0.5 * factor) * xs[0] + (-2.0 * factor) * xs[1]
+        for o in outs:
+            np.testing.assert_array_equal(cp.asnumpy(o), want)
+
+
 @pytest.mark.parametrize("proto", PROTOS)
 def test_buffers_off_word_boundaries(gpus: GpuPool, cp: Any, proto: str) -> None:
     """Arrays that start one element into an allocation: the kernels' 8-byte word paths (an

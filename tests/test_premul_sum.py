@@ -195,6 +195,33 @@ def test_thread_ranks_scale_the_inputs_they_read(algo: str) -> None:
             c.destroy()
 
 
+def test_array_scalars_are_read_when_the_operation_runs(comms_of: Any) -> None:
+    """A one-element array as the scalar (C's mnclScalarDevice): changing it between calls
+    changes the next result; in a group, the value it holds at the group's end counts."""
+    comms = comms_of(3)
+    scalars = [np.array([v], np.float64) for v in (0.5, -2.0, 3.0)]
+    xs = [np.arange(1000, dtype=np.float64) % 7 - 3 + r for r in range(3)]
+    ops = [minincl.PreMulSum(s) for s in scalars]
+    for _ in range(2):
+        got = run_ranks(comms, lambda c: c.allreduce(xs[c.rank], np.empty(1000), op=ops[c.rank]))
+        want = sum(float(scalars[r][0]) * xs[r] for r in range(3))
+        for g in got:
+            np.testing.assert_array_equal(g, want)
+        for s in scalars:
+            s *= 2
+
+    def grouped(c: Any) -> Any:
+        out = np.empty(1000)
+        with minincl.group():
+            c.reduce_scatter(np.tile(xs[c.rank], 3), out, op=ops[c.rank])
+            scalars[c.rank][0] = c.rank + 1.0
+        return out
+
+    want = sum((r + 1.0) * xs[r] for r in range(3))
+    for g in run_ranks(comms, grouped):
+        np.testing.assert_array_equal(g, want)
+
+
 def test_scalar_checks_and_mismatched_ops(comms_of: Any) -> None:
     c = comms_of(2)
     x = np.ones(4, np.int32)
@@ -204,8 +231,12 @@ def test_scalar_checks_and_mismatched_ops(comms_of: Any) -> None:
         c[0].allreduce(np.ones(4, np.uint8), op=minincl.PreMulSum(-1))
     with pytest.raises(minincl.InvalidArgument, match="out of range for int64"):
         c[0].allreduce(np.ones(4, np.int64), op=minincl.PreMulSum(1 << 63))
-    with pytest.raises(minincl.InvalidArgument, match="int or a float"):
+    with pytest.raises(minincl.InvalidArgument, match="int, a float or a one-element array"):
         minincl.PreMulSum("2")  # type: ignore[arg-type]
+    with pytest.raises(minincl.InvalidArgument, match="must hold one element; this one holds 2"):
+        c[0].allreduce(x, op=minincl.PreMulSum(np.ones(2, np.int32)))
+    with pytest.raises(minincl.InvalidArgument, match="scalar array is float32 but the data is int32"):
+        c[0].allreduce(x, op=minincl.PreMulSum(np.ones(1, np.float32)))
     with pytest.raises(TypeError, match="'op' must be a str or minincl.PreMulSum, not int"):
         c[0].allreduce(x, op=3)  # type: ignore[arg-type]
     with pytest.raises(minincl.InvalidArgument, match='unknown reduction op "mean"'):

@@ -230,16 +230,22 @@ def _subgroups(rank: int) -> Result:
 
 
 def _premul_sum(rank: int) -> Result:
-    """PREMUL_SUM with a number and with a tensor for factor, each rank its own."""
-    a, b = values(rank), values(rank, dtype=torch.bfloat16)
+    """PREMUL_SUM, each rank its own factor: a number; a tensor of another type (read as a
+    number); a tensor of the data's type (read where it lies)."""
+    a, b, c = values(rank), values(rank, dtype=torch.bfloat16), values(rank)
     dist.all_reduce(a, op=dist._make_nccl_premul_sum([0.5, 2.0][rank]))
     dist.all_reduce(b, op=dist._make_nccl_premul_sum(torch.tensor([[3.0, 0.25][rank]])))
-    return [a, b]
+    dist.all_reduce(c, op=dist._make_nccl_premul_sum(torch.tensor([[-1.5, 4.0][rank]])))
+    return [a, b, c]
 
 
 def _want_premul_sum(rank: int) -> Result:
     x = all_values()
-    return [(0.5 * x[0] + 2.0 * x[1]).float(), (3.0 * x[0] + 0.25 * x[1]).to(torch.bfloat16)]
+    return [
+        (0.5 * x[0] + 2.0 * x[1]).float(),
+        (3.0 * x[0] + 0.25 * x[1]).to(torch.bfloat16),
+        (-1.5 * x[0] + 4.0 * x[1]).float(),
+    ]
 
 
 def _want_sum(rank: int, n: int = 6, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -186,8 +186,10 @@ class PyComm {
     py_ops::OpArg rop = py_ops::parse(op);
     auto [s, r] = sendRecv(send, recv);
     checkCounts("allreduce", s, r, s.count);
-    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
-               [c = callArgs(Coll::allreduce, s, r, s.count, rop, 0)](Comm& cm, void* st) mutable {
+    CollCall call = callArgs(Coll::allreduce, s, r, s.count, RedOp::sum, 0);
+    py::object scalar = applyOp(rop, call);
+    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive, scalar},
+               [c = call](Comm& cm, void* st) mutable {
                  c.stream = st;
                  enqueueColl(cm, c);
                });
@@ -207,8 +209,10 @@ class PyComm {
     py_ops::OpArg rop = py_ops::parse(op);
     auto [s, r] = sendRecv(send, recv);
     checkCounts("reduce", s, r, s.count);
-    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
-               [c = callArgs(Coll::reduce, s, r, s.count, rop, root)](Comm& cm, void* st) mutable {
+    CollCall call = callArgs(Coll::reduce, s, r, s.count, RedOp::sum, root);
+    py::object scalar = applyOp(rop, call);
+    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive, scalar},
+               [c = call](Comm& cm, void* st) mutable {
                  c.stream = st;
                  enqueueColl(cm, c);
                });
@@ -243,8 +247,10 @@ class PyComm {
     checkDevice(s, "send");
     checkDevice(r, "recv");
     checkCounts("reduce_scatter", r, s, r.count * n, "send");
-    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
-               [c = callArgs(Coll::reducescatter, s, r, r.count, rop, 0)](Comm& cm, void* st) mutable {
+    CollCall call = callArgs(Coll::reducescatter, s, r, r.count, RedOp::sum, 0);
+    py::object scalar = applyOp(rop, call);
+    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive, scalar},
+               [c = call](Comm& cm, void* st) mutable {
                  c.stream = st;
                  enqueueColl(cm, c);
                });
@@ -546,11 +552,13 @@ class PyComm {
   static CollCall callArgs(Coll coll, const ArrayView& s, const ArrayView& r, size_t count, RedOp op, int root) {
     return CollCall{coll, s.data, r.data, count, s.dtype, op, root};
   }
-  static CollCall callArgs(Coll coll, const ArrayView& s, const ArrayView& r, size_t count, const py_ops::OpArg& op,
-                           int root) {
-    CollCall c = callArgs(coll, s, r, count, RedOp::sum, root);
-    py_ops::apply(op, c);
-    return c;
+  // The call's reduction from `op`; an array scalar on this communicator's device, kept
+  // alive with the call (returned; None for a number).
+  py::object applyOp(const py_ops::OpArg& op, CollCall& call) {
+    std::optional<ArrayView> v = py_ops::apply(op, call);
+    if (!v) return py::none();
+    checkDevice(*v, "the PreMulSum scalar");
+    return v->keepAlive;
   }
 
   // `op` enqueues the call on a communicator and stream. A template, so that the synchronous

@@ -86,20 +86,36 @@ OpArg parse(py::handle op) {
                        py::str(py::type::handle_of(op).attr("__name__")).cast<std::string>());
 }
 
-void apply(const OpArg& op, CollCall& call) {
+std::optional<py_arrays::ArrayView> apply(const OpArg& op, CollCall& call) {
   call.op = op.op;
-  if (op.op != RedOp::premulsum) return;
-  call.scalarBits = isFloat(call.dtype) ? floatBits(op.scalar, call.dtype) : integerBits(op.scalar, call.dtype);
-  call.scalarAt = nullptr;
+  if (op.op != RedOp::premulsum) return std::nullopt;
+  if (isNumber(op.scalar)) {
+    call.scalarBits = isFloat(call.dtype) ? floatBits(op.scalar, call.dtype) : integerBits(op.scalar, call.dtype);
+    return std::nullopt;
+  }
+  py_arrays::ArrayView v = py_arrays::view(op.scalar, false, "PreMulSum scalar");
+  MNCL_CHECK(v.count == 1, mnclInvalidArgument,
+             "a PreMulSum scalar array must hold one element; this one holds " + std::to_string(v.count));
+  MNCL_CHECK(v.dtype == call.dtype, mnclInvalidArgument,
+             std::string("the PreMulSum scalar array is ") + dataTypeName(v.dtype) + " but the data is " +
+                 dataTypeName(call.dtype) + "; make it the data's type (or pass a number)");
+  call.scalarAt = v.data;
+  return v;
 }
 
 void bind(py::module_& m) {
   py::class_<PreMulSum>(m, "PreMulSum",
                         "A reduction op: the sum over ranks of scalar * input, each rank with its own scalar "
-                        "(NCCL's ncclRedOpCreatePreMulSum). Pass it as op=; the scalar is converted to the array's type.")
+                        "(NCCL's ncclRedOpCreatePreMulSum). Pass it as op=. A number is converted to the data's "
+                        "type; a one-element array of the data's type, on the communicator's device, is read "
+                        "when the operation runs.")
       .def(py::init([](py::object scalar) {
-             MNCL_CHECK(isNumber(scalar), mnclInvalidArgument,
-                        "PreMulSum scalar must be an int or a float, not " + shown(py::type::handle_of(scalar)));
+             bool array = !isNumber(scalar) && !py::isinstance<py::str>(scalar) && !py::isinstance<py::bool_>(scalar) &&
+                          (py::hasattr(scalar, "__dlpack__") || py::hasattr(scalar, "__cuda_array_interface__") ||
+                           PyObject_CheckBuffer(scalar.ptr()));
+             MNCL_CHECK(isNumber(scalar) || array, mnclInvalidArgument,
+                        "PreMulSum scalar must be an int, a float or a one-element array, not " +
+                            shown(py::type::handle_of(scalar)));
              return PreMulSum{scalar};
            }),
            py::arg("scalar"))
