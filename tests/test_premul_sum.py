@@ -242,6 +242,11 @@ def test_scalar_checks_and_mismatched_ops(comms_of: Any) -> None:
     with pytest.raises(minincl.InvalidArgument, match='unknown reduction op "mean"'):
         c[0].allreduce(x, op="mean")
     assert repr(minincl.PreMulSum(0.25)) == "PreMulSum(0.25)" and minincl.PreMulSum(3).scalar == 3
+    # NumPy scalars are numbers (converted to the data's type), not arrays.
+    assert minincl.PreMulSum(np.float32(0.5)).scalar == 0.5 and minincl.PreMulSum(np.int8(-3)).scalar == -3
+    got = run_ranks(c, lambda comm: comm.allreduce(np.ones(3), op=minincl.PreMulSum(np.float32(0.25))))
+    for g in got:
+        np.testing.assert_array_equal(g, np.full(3, 0.5))
     # One rank sums plainly, the other pre-multiplies: a mismatch, named (the rank that finds
     # it raises InvalidUsage, the other RemoteError, whichever comes first).
     ops: list[Any] = ["sum", minincl.PreMulSum(2)]

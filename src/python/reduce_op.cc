@@ -20,6 +20,13 @@ bool isNumber(py::handle x) {
 
 std::string shown(py::handle x) { return py::str(py::repr(x)).cast<std::string>(); }
 
+// A NumPy scalar (np.float32(0.5), np.int64(3)): immutable, so it is a number, not an array.
+bool isNumpyScalar(py::handle x) {
+  py::handle type = py::type::handle_of(x);
+  return py::str(type.attr("__module__")).cast<std::string>() == "numpy" &&
+         py::str(type.attr("__name__")).cast<std::string>() != "ndarray" && py::hasattr(x, "item");
+}
+
 // An integer scalar as the bits of a `bytes`-wide integer, signed or not.
 uint64_t integerBits(py::handle scalar, DataType t) {
   MNCL_CHECK(py::isinstance<py::int_>(scalar), mnclInvalidArgument,
@@ -110,6 +117,7 @@ void bind(py::module_& m) {
                         "type; a one-element array of the data's type, on the communicator's device, is read "
                         "when the operation runs.")
       .def(py::init([](py::object scalar) {
+             if (isNumpyScalar(scalar)) scalar = scalar.attr("item")();
              bool array = !isNumber(scalar) && !py::isinstance<py::str>(scalar) && !py::isinstance<py::bool_>(scalar) &&
                           (py::hasattr(scalar, "__dlpack__") || py::hasattr(scalar, "__cuda_array_interface__") ||
                            PyObject_CheckBuffer(scalar.ptr()));
