@@ -16,18 +16,23 @@ template <typename T>
 T fromDouble(double v) {
   if constexpr (std::is_same_v<T, Half>) return toHalf(static_cast<float>(v));
   else if constexpr (std::is_same_v<T, BFloat16>) return toBFloat16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, Fp8e4m3>) return toFp8e4m3(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, Fp8e5m2>) return toFp8e5m2(static_cast<float>(v));
   else return static_cast<T>(v);
 }
 
 template <typename T>
 double toDouble(T v) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return toFloat(v);
+  if constexpr (requires { toFloat(v); }) return toFloat(v);
   else return static_cast<double>(v);
 }
 
+// (8-bit floats round at every step of a reduction: only gross errors show)
 template <typename T>
 constexpr double tolerance() {
-  if constexpr (std::is_same_v<T, Half>) return 1e-2;
+  if constexpr (std::is_same_v<T, Fp8e4m3>) return 0.25;
+  else if constexpr (std::is_same_v<T, Fp8e5m2>) return 0.5;
+  else if constexpr (std::is_same_v<T, Half>) return 1e-2;
   else if constexpr (std::is_same_v<T, BFloat16>) return 2e-2;
   else if constexpr (std::is_same_v<T, float>) return 1e-5;
   else return 1e-12;

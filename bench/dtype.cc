@@ -1,5 +1,6 @@
 #include "dtype.h"
 
+#include <cmath>
 #include <cstring>
 
 namespace perf {
@@ -11,6 +12,7 @@ constexpr TypeInfo kTypes[] = {
     {mnclInt64, "int64", 8, false},    {mnclUint64, "uint64", 8, false},
     {mnclFloat16, "half", 2, true},    {mnclFloat32, "float", 4, true},
     {mnclFloat64, "double", 8, true},  {mnclBfloat16, "bfloat16", 2, true},
+    {mnclFloat8e4m3, "f8e4m3", 1, true}, {mnclFloat8e5m2, "f8e5m2", 1, true},
 };
 
 struct Alias {
@@ -21,6 +23,7 @@ constexpr Alias kAliases[] = {
     {"char", mnclInt8},        {"int", mnclInt32},       {"float16", mnclFloat16},
     {"fp16", mnclFloat16},     {"float32", mnclFloat32}, {"fp32", mnclFloat32},
     {"float64", mnclFloat64},  {"fp64", mnclFloat64},    {"bf16", mnclBfloat16},
+    {"float8_e4m3fn", mnclFloat8e4m3}, {"float8_e4m3", mnclFloat8e4m3}, {"float8_e5m2", mnclFloat8e5m2},
 };
 
 uint32_t floatBits(float f) {
@@ -86,5 +89,40 @@ BFloat16 toBFloat16(float f) {
   u += 0x7fffu + ((u >> 16) & 1);
   return {static_cast<uint16_t>(u >> 16)};
 }
+
+// 8-bit floats: a value from its sign, exponent and mantissa fields (the host reference's own
+// reading of the format, independent of the device code's).
+template <int kExpBits>
+float fp8ToFloat(uint8_t b) {
+  constexpr int kManBits = 7 - kExpBits, kBias = (1 << (kExpBits - 1)) - 1;
+  int exp = (b >> kManBits) & ((1 << kExpBits) - 1), man = b & ((1 << kManBits) - 1);
+  float sign = (b & 0x80) ? -1.0f : 1.0f;
+  if (kExpBits == 4 && exp == 15 && man == 7) return NAN;
+  if (kExpBits == 5 && exp == 31) return man ? NAN : sign * INFINITY;
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(man), 1 - kBias - kManBits);
+  return sign * std::ldexp(static_cast<float>(man + (1 << kManBits)), exp - kBias - kManBits);
+}
+
+// The nearest of the 8-bit values (ties to the even code), saturated to the largest finite
+// one, by a search over the format's codes.
+template <int kExpBits>
+uint8_t floatToFp8(float f) {
+  if (std::isnan(f)) return 0x7f;
+  if (std::isinf(f)) f = std::copysign(3.0e38f, f);  // (the largest finite value is nearest)
+  uint8_t best = 0;
+  float bestGap = INFINITY;
+  for (int c = 0; c < 0x80; ++c) {
+    float v = fp8ToFloat<kExpBits>(static_cast<uint8_t>(c));
+    if (!std::isfinite(v)) continue;
+    float gap = std::fabs(std::fabs(f) - v);
+    if (gap < bestGap || (gap == bestGap && (c & 1) == 0)) best = static_cast<uint8_t>(c), bestGap = gap;
+  }
+  return static_cast<uint8_t>(best | (std::signbit(f) ? 0x80 : 0));
+}
+
+float toFloat(Fp8e4m3 x) { return fp8ToFloat<4>(x.bits); }
+float toFloat(Fp8e5m2 x) { return fp8ToFloat<5>(x.bits); }
+Fp8e4m3 toFp8e4m3(float f) { return {floatToFp8<4>(f)}; }
+Fp8e5m2 toFp8e5m2(float f) { return {floatToFp8<5>(f)}; }
 
 }  // namespace perf

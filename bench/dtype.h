@@ -1,5 +1,5 @@
-// Element types: names as nccl-tests prints them, and fp16 / bf16 as plain host structs so
-// the host reference can read and write them.
+// Element types: names as nccl-tests prints them, and fp16 / bf16 / fp8 as plain host structs
+// so the host reference can read and write them.
 #pragma once
 
 #include <cstddef>
@@ -28,10 +28,21 @@ struct BFloat16 {
   uint16_t bits;
 };
 
+struct Fp8e4m3 {
+  uint8_t bits;
+};
+struct Fp8e5m2 {
+  uint8_t bits;
+};
+
 float toFloat(Half h);
 float toFloat(BFloat16 b);
+float toFloat(Fp8e4m3 x);
+float toFloat(Fp8e5m2 x);
 Half toHalf(float f);          // round to nearest even
 BFloat16 toBFloat16(float f);  // round to nearest even
+Fp8e4m3 toFp8e4m3(float f);    // round to nearest even, saturating (as the reductions do)
+Fp8e5m2 toFp8e5m2(float f);
 
 // Calls fn.template operator()<T>() with T the host type of `type`.
 template <typename Fn>
@@ -46,6 +57,8 @@ decltype(auto) withType(mnclDataType_t type, Fn&& fn) {
     case mnclFloat16: return fn.template operator()<Half>();
     case mnclFloat32: return fn.template operator()<float>();
     case mnclFloat64: return fn.template operator()<double>();
+    case mnclFloat8e4m3: return fn.template operator()<Fp8e4m3>();
+    case mnclFloat8e5m2: return fn.template operator()<Fp8e5m2>();
     default: return fn.template operator()<BFloat16>();
   }
 }

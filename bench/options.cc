@@ -34,7 +34,7 @@ constexpr const char* kOpNames[] = {"sum", "prod", "max", "min", "avg", "premuls
                "  -w N         warm-up iterations per size (default 5)\n"
                "  -c 0|1       check results against a host reference (default 0)\n"
                "  -o OP        sum | prod | max | min | avg | premulsum (default sum)\n"
-               "  -d TYPE      int8 uint8 int32 uint32 int64 uint64 half float double bfloat16\n"
+               "  -d TYPE      int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2\n"
                "  -r ROOT      root for broadcast and reduce (default 0)\n"
                "  -a 0|1|2|3   time reported: rank 0 | mean | min | max over ranks (default 1)\n"
                "  -A ALGO      sets MININCL_ALGO (ring, tree, direct)\n"

@@ -8,12 +8,13 @@
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #endif
 
 namespace mncl {
 
 // Numbering matches mnclDataType_t / mnclRedOp_t in minincl.h.
-enum class DataType : uint8_t { i8, u8, i32, u32, i64, u64, f16, f32, f64, bf16, count };
+enum class DataType : uint8_t { i8, u8, i32, u32, i64, u64, f16, f32, f64, bf16, f8e4m3, f8e5m2, count };
 enum class RedOp : uint8_t { sum, prod, max, min, avg, premulsum, count };
 enum class Coll : uint8_t { allreduce, broadcast, reduce, allgather, reducescatter, sendrecv, count };
 enum class Algo : uint8_t { ring, tree, direct, count };
@@ -21,7 +22,7 @@ enum class Proto : uint8_t { simple, ll, ll128, count };
 
 MNCL_HOSTDEV size_t dataTypeSize(DataType t) {
   switch (t) {
-    case DataType::i8: case DataType::u8: return 1;
+    case DataType::i8: case DataType::u8: case DataType::f8e4m3: case DataType::f8e5m2: return 1;
     case DataType::f16: case DataType::bf16: return 2;
     case DataType::i32: case DataType::u32: case DataType::f32: return 4;
     default: return 8;
@@ -31,6 +32,8 @@ MNCL_HOSTDEV size_t dataTypeSize(DataType t) {
 #if defined(__CUDACC__)
 using half_t = __half;
 using bfloat16_t = __nv_bfloat16;
+using fp8e4m3_t = __nv_fp8_e4m3;  // (converting from float saturates to the largest finite value)
+using fp8e5m2_t = __nv_fp8_e5m2;
 #else
 // 16-bit floats on the CPU: storage plus exact conversions; arithmetic happens in float and
 // rounds back to nearest-even, as the GPU's native half/bfloat16 instructions do.
@@ -88,6 +91,44 @@ inline bfloat16_t toBfloat16(float x) {
   uint32_t rounded = (f + 0x7fffu + ((f >> 16) & 1u)) >> 16;  // to nearest even
   uint32_t quietNan = (f >> 16) | 0x40u;
   return {(uint16_t)pick((f & 0x7fffffffu) > 0x7f800000u, quietNan, rounded)};
+}
+
+// 8-bit floats (OCP FP8), as NCCL and CUDA's cuda_fp8.h define them. E4M3: exponent bias 7,
+// 3 mantissa bits, no infinity, NaN = S.1111.111, largest 448. E5M2: bias 15, 2 mantissa bits,
+// infinity and NaN as a half's (an E5M2 value is a half's upper byte), largest 57344.
+struct fp8e4m3_t {
+  uint8_t bits;
+};
+struct fp8e5m2_t {
+  uint8_t bits;
+};
+
+// Exact.
+inline float toFloat(fp8e4m3_t x) {
+  uint32_t em = x.bits & 0x7fu;
+  uint32_t normal = (em << 20) + (120u << 23);                 // rebias the exponent: 7 -> 127
+  uint32_t small = floatToBits((float)(int32_t)em * 0x1p-9f);  // zero or subnormal, exact
+  uint32_t mag = pick(em == 0x7fu, 0x7fc00000u, pick(em < 0x08u, small, normal));
+  return bitsToFloat(mag | (uint32_t)(x.bits & 0x80u) << 24);
+}
+inline float toFloat(fp8e5m2_t x) { return toFloat(half_t{(uint16_t)(x.bits << 8)}); }
+
+// Both round to nearest even and saturate, as CUDA's conversions with __NV_SATFINITE do (and
+// NCCL's reductions with them): a result beyond the largest finite value, infinity included,
+// becomes the largest finite value; a NaN becomes 0x7f (their canonical NaN, whatever its sign).
+inline fp8e4m3_t toFp8e4m3(float x) {
+  uint32_t f = floatToBits(x), a = f & 0x7fffffffu;
+  uint32_t normal = (a - (120u << 23) + 0x7ffffu + ((a >> 20) & 1u)) >> 20;  // as toHalf's
+  uint32_t small = floatToBits(bitsToFloat(a) + 0x1p14f) - floatToBits(0x1p14f);  // units of 2^-9
+  uint32_t e = pick(a >= 0x43e00000u, 0x7eu, pick(a < 0x3c800000u, small, normal));  // 448 (saturated), 2^-6
+  return {(uint8_t)pick(a > 0x7f800000u, 0x7fu, e | (f >> 24 & 0x80u))};
+}
+inline fp8e5m2_t toFp8e5m2(float x) {
+  uint32_t f = floatToBits(x), a = f & 0x7fffffffu;
+  uint32_t normal = (a - (112u << 23) + 0xfffffu + ((a >> 21) & 1u)) >> 21;
+  uint32_t small = floatToBits(bitsToFloat(a) + 0x1p7f) - floatToBits(0x1p7f);  // units of 2^-16
+  uint32_t e = pick(a >= 0x47600000u, 0x7bu, pick(a < 0x38800000u, small, normal));  // 57344 (saturated), 2^-14
+  return {(uint8_t)pick(a > 0x7f800000u, 0x7fu, e | (f >> 24 & 0x80u))};
 }
 #endif
 

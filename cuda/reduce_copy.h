@@ -10,7 +10,7 @@
 #include "reduce_ops.h"
 
 #if !defined(__CUDACC__)
-#include "cpu/arith16.h"
+#include "cpu/narrow_float.h"
 #if defined(__x86_64__)
 #include <emmintrin.h>
 #endif
@@ -290,34 +290,37 @@ inline void combineBlock(const Fn& fn, int nsrc, const T* const* srcs, size_t of
   if (post) postInPlace(fn, acc, len);
 }
 
-// Sums, products and averages of 16-bit floats: a block at a time in cpu/arith16.cc, with
-// the CPU's conversion instructions, rather than an element at a time in Arith16 (the same
-// bits: each operation on two values rounds to the 16-bit type, a sum before avg's division
-// too). Max and min stay in Arith16, which compares the bits without converting them.
+// Sums, products and averages of 16- and 8-bit floats: a block at a time in
+// cpu/narrow_float.cc, with the CPU's vector instructions, rather than an element at a time in
+// ArithNarrow (the same bits: each operation on two values rounds to the narrow type, a sum
+// before avg's division too). Max and min stay in ArithNarrow, which compares the bits without
+// converting them.
 template <typename H>
-constexpr Arith16Op arith16Op(const FuncSum<H>&) { return Arith16Op::add; }
+constexpr NarrowOp narrowOp(const FuncSum<H>&) { return NarrowOp::add; }
 template <typename H>
-constexpr Arith16Op arith16Op(const FuncAvg<H>&) { return Arith16Op::add; }
+constexpr NarrowOp narrowOp(const FuncAvg<H>&) { return NarrowOp::add; }
 template <typename H>
-constexpr Arith16Op arith16Op(const FuncProd<H>&) { return Arith16Op::mul; }
+constexpr NarrowOp narrowOp(const FuncProd<H>&) { return NarrowOp::mul; }
 template <typename H>
-constexpr Arith16Op arith16Op(const FuncPreMulSum<H>&) { return Arith16Op::add; }
+constexpr NarrowOp narrowOp(const FuncPreMulSum<H>&) { return NarrowOp::add; }
 template <typename T, typename Fn>
 constexpr bool kCombinesInBlocks =
-    (std::is_same_v<T, half_t> || std::is_same_v<T, bfloat16_t>) && requires(const Fn& fn) { arith16Op(fn); };
+    (std::is_same_v<T, half_t> || std::is_same_v<T, bfloat16_t> || std::is_same_v<T, fp8e4m3_t> ||
+     std::is_same_v<T, fp8e5m2_t>) &&
+    requires(const Fn& fn) { narrowOp(fn); };
 
 template <typename T, typename Fn>
   requires kCombinesInBlocks<T, Fn>
 inline void combineBlock(const Fn& fn, int nsrc, const T* const* srcs, size_t off, size_t len, bool post, T* acc) {
-  Arith16Op op = arith16Op(fn);
+  NarrowOp op = narrowOp(fn);
   if (nsrc >= 2) {
-    combine16(op, srcs[0] + off, srcs[1] + off, acc, len);
+    combineNarrow(op, srcs[0] + off, srcs[1] + off, acc, len);
   } else {
     std::memcpy(acc, srcs[0] + off, len * sizeof(T));
   }
-  for (int s = 2; s < nsrc; ++s) combine16(op, acc, srcs[s] + off, acc, len);
+  for (int s = 2; s < nsrc; ++s) combineNarrow(op, acc, srcs[s] + off, acc, len);
   if constexpr (Fn::kHasPost) {
-    if (post) divide16(acc, acc, len, fn.nranks);
+    if (post) divideNarrow(acc, acc, len, fn.nranks);
   }
 }
 
@@ -341,7 +344,7 @@ inline void combineBlockPre(const Fn& fn, int nsrc, const T* const* srcs, size_t
   if (post) postInPlace(fn, acc, len);
 }
 
-// ... and for 16-bit floats: the own input scaled a block at a time (scale16), then added.
+// ... and for narrow floats: the own input scaled a block at a time (scaleNarrow), then added.
 template <typename T, typename Fn>
   requires kCombinesInBlocks<T, Fn>
 inline void combineBlockPre(const Fn&, int nsrc, const T* const* srcs, size_t off, size_t len, bool,
@@ -350,12 +353,12 @@ inline void combineBlockPre(const Fn&, int nsrc, const T* const* srcs, size_t of
   for (int s = 0; s < nsrc; ++s) {
     const T* x = srcs[s] + off;
     if (pre.has(s)) {
-      scale16(x, pre.scalar[s], s == 0 ? acc : scaled, len);
+      scaleNarrow(x, pre.scalar[s], s == 0 ? acc : scaled, len);
       if (s == 0) continue;
       x = scaled;
     }
     if (s == 0) std::memcpy(acc, x, len * sizeof(T));
-    else combine16(Arith16Op::add, acc, x, acc, len);
+    else combineNarrow(NarrowOp::add, acc, x, acc, len);
   }
 }
 
@@ -446,7 +449,7 @@ inline void preReduce2(const Fn& fn, T* const* dsts, const T* const* srcs, const
 
 // reduceCopy with sources to scale first (premulsum): the usual shapes of a step in loops of
 // their own (a scaled copy; two sources into one or two outputs; streamed outputs), the rest
-// in blocks. (16-bit floats always in blocks, with the CPU's conversion instructions.)
+// in blocks. (Narrow floats always in blocks, with the CPU's vector instructions.)
 template <typename T, typename Fn>
 inline void reduceCopyPre(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n, bool post,
                           int nStream, const PreOps<T>& pre) {
@@ -478,7 +481,7 @@ inline void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T
   // (A plain copy takes streamCopy, below.)
   bool reduces = nsrc >= 2 || post;
   if constexpr (kCombinesInBlocks<T, Fn>) {
-    if (nsrc == 2 && ndst == 1 && !post && nStream == 0) return combine16(arith16Op(fn), srcs[0], srcs[1], dsts[0], n);
+    if (nsrc == 2 && ndst == 1 && !post && nStream == 0) return combineNarrow(narrowOp(fn), srcs[0], srcs[1], dsts[0], n);
     if (reduces) return reduceCopyBlocked(fn, nsrc, srcs, ndst, dsts, n, post, nStream);
   }
   if (nStream > 0 && reduces && reduceCopyStreamed(fn, nsrc, srcs, ndst, dsts, n, post, nStream)) return;

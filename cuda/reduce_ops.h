@@ -1,4 +1,4 @@
-// Reduction operators: sum, prod, max, min, avg, premulsum over the ten element types.
+// Reduction operators: sum, prod, max, min, avg, premulsum over the twelve element types.
 //
 // Integer sums and products wrap around in the type's width (done in unsigned arithmetic, so
 // signed types wrap as two's complement without undefined behaviour). Max and min propagate
@@ -38,17 +38,20 @@ struct Arith {
   }
 };
 
-// 16-bit floats: compute in float, round once, as the GPU's native instructions do.
+// Floats narrower than float (16 and 8 bits): compute in float, round once, as the GPU's
+// native instructions do (8-bit: as NCCL's reductions do, saturating: see toFp8e4m3).
 template <typename H>
-struct Arith16 {
+struct ArithNarrow {
 #if defined(__CUDACC__)
-  MNCL_DEV static float f(H x) { return (float)x; }
+  MNCL_DEV static float f(H x) { return static_cast<float>(x); }
   MNCL_DEV static H h(float x) { return H(x); }
 #else
   static float f(H x) { return toFloat(x); }
   static H h(float x) {
     if constexpr (std::is_same_v<H, half_t>) return toHalf(x);
-    else return toBfloat16(x);
+    else if constexpr (std::is_same_v<H, bfloat16_t>) return toBfloat16(x);
+    else if constexpr (std::is_same_v<H, fp8e4m3_t>) return toFp8e4m3(x);
+    else return toFp8e5m2(x);
   }
 #endif
   MNCL_HOSTDEV static H add(H a, H b) { return h(f(a) + f(b)); }
@@ -66,15 +69,20 @@ struct Arith16 {
   // The same choices as the float comparisons above, made on the bits (no conversion, and
   // no branch, so loops vectorise): the magnitude with the sign applied orders non-NaN
   // values as floats do, -0 equal to +0.
-  static constexpr uint16_t kInfBits = std::is_same_v<H, half_t> ? 0x7c00 : 0x7f80;
-  static bool isNan(H x) { return (x.bits & 0x7fff) > kInfBits; }
-  static int16_t order(H x) {
-    auto m = (int16_t)(x.bits & 0x7fff);
-    return (x.bits & 0x8000) ? (int16_t)-m : m;
+  using Bits = decltype(H::bits);
+  static constexpr unsigned kSign = 1u << (8 * sizeof(Bits) - 1);
+  static constexpr unsigned kLargestNotNan = std::is_same_v<H, half_t>       ? 0x7c00  // (infinity)
+                                             : std::is_same_v<H, bfloat16_t> ? 0x7f80
+                                             : std::is_same_v<H, fp8e4m3_t>  ? 0x7e  // (448)
+                                                                             : 0x7c;
+  static bool isNan(H x) { return (x.bits & (kSign - 1)) > kLargestNotNan; }
+  static int32_t order(H x) {
+    auto m = (int32_t)(x.bits & (kSign - 1));
+    return (x.bits & kSign) ? -m : m;
   }
   static H pickBits(bool c, H a, H b) {
-    auto m = (uint16_t)(0u - (unsigned)c);
-    return {(uint16_t)((a.bits & m) | (b.bits & (uint16_t)~m))};
+    auto m = (Bits)(0u - (unsigned)c);
+    return {(Bits)((a.bits & m) | (b.bits & (Bits)~m))};
   }
   static H max(H a, H b) { return pickBits(isNan(a) | (!isNan(b) & (order(a) > order(b))), a, b); }
   static H min(H a, H b) { return pickBits(isNan(a) | (!isNan(b) & (order(a) < order(b))), a, b); }
@@ -82,9 +90,13 @@ struct Arith16 {
   MNCL_HOSTDEV static H div(H a, uint32_t n) { return h(f(a) / (float)n); }
 };
 template <>
-struct Arith<half_t> : Arith16<half_t> {};
+struct Arith<half_t> : ArithNarrow<half_t> {};
 template <>
-struct Arith<bfloat16_t> : Arith16<bfloat16_t> {};
+struct Arith<bfloat16_t> : ArithNarrow<bfloat16_t> {};
+template <>
+struct Arith<fp8e4m3_t> : ArithNarrow<fp8e4m3_t> {};
+template <>
+struct Arith<fp8e5m2_t> : ArithNarrow<fp8e5m2_t> {};
 
 // Each functor: operator() combines two values; post() finishes a fully reduced value
 // (kHasPost: post() is not the identity, so a finished value needs the extra pass); pre()

@@ -1,7 +1,7 @@
 """Tensor plumbing for the torch.distributed backend: dtypes, reduction ops, staging.
 
-minincl reads PyTorch tensors directly through DLPack, but only contiguous ones of its ten
-element types. Staging hands it a contiguous, detached tensor (a copy when needed) and copies
+minincl reads PyTorch tensors directly, but only contiguous ones of its twelve element
+types. Staging hands it a contiguous, detached tensor (a copy when needed) and copies
 results back into the caller's tensor afterwards.
 """
 
@@ -24,6 +24,8 @@ REDUCIBLE_DTYPES = frozenset(
         torch.bfloat16,
         torch.float32,
         torch.float64,
+        torch.float8_e4m3fn,  # 8-bit floats reduce as NCCL's do: in float, rounded and saturated
+        torch.float8_e5m2,
     }
 )  # plus uint32/uint64, which torch cannot do arithmetic on anyway
 
@@ -66,7 +68,7 @@ def reducible(t: torch.Tensor, op: Op, call: str) -> tuple[torch.Tensor, Op]:
     if t.dtype not in REDUCIBLE_DTYPES:
         raise TypeError(
             f"minincl backend: {call} cannot reduce {t.dtype} tensors; supported: int8, uint8, "
-            "int32, int64, float16, bfloat16, float32, float64, bool"
+            "int32, int64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2, bool"
         )
     if isinstance(op, PreMulSum) and isinstance(op.scalar, torch.Tensor):
         # A factor tensor of the data's type and device is read where it lies when the

@@ -505,6 +505,43 @@ def test_premul_sum_scalar_on_the_device(gpus: GpuPool, cp: Any) -> None:
 
 
 @pytest.mark.parametrize("proto", PROTOS)
+def test_float8(gpus: GpuPool, torch_cuda: Any, proto: str) -> None:
+    """8-bit floats (PyTorch CUDA tensors): on 2 ranks every pair of codes through each
+    algorithm's allreduce (the GPU's conversions must give the bits the CPU reference gives:
+    rounded to nearest even, saturated); on 4 ranks exact pre-multiplied sums."""
+    from test_float8 import assert_codes, assert_values, codes_of, combine, decode, encode, pair_codes
+
+    torch = torch_cuda
+    a, b = pair_codes()
+    for fmt in ("float8_e4m3fn", "float8_e5m2"):
+        dt = getattr(torch, fmt)
+        for algo in ALGOS:
+            comms = gpus.get(2, algo, proto)
+            for op in ("sum", "prod", "max", "avg"):
+                sends = [torch.from_numpy(x.copy()).view(dt).to(DEVICE) for x in (a, b)]
+                outs = [torch.zeros(len(a), dtype=dt, device=DEVICE) for _ in range(2)]
+                with minincl.group():
+                    for c in comms:
+                        c.allreduce(sends[c.rank], outs[c.rank], op=op)
+                want = combine(a, b, op, fmt)
+                for r in range(2):
+                    got = codes_of(outs[r].cpu())
+                    what = f"{fmt} {op} {algo}/{proto} rank {r}"
+                    (assert_values if op == "max" else assert_codes)(got, want, fmt, what)
+        comms = gpus.get(4, None, proto)
+        scalars = [1.0, -1.0, 2.0, 1.0]
+        xs = [((np.arange(40009) * (q + 2) + q) % 3 - 1).astype(np.float64) for q in range(4)]
+        sends = [torch.from_numpy(encode(x, fmt)).view(dt).to(DEVICE) for x in xs]
+        with minincl.group():
+            for c in comms:
+                c.allreduce(sends[c.rank], op=minincl.PreMulSum(scalars[c.rank]))
+        want = encode(sum(s * x for s, x in zip(scalars, xs)), fmt)
+        for r in range(4):
+            assert_codes(codes_of(sends[r].cpu()), want, fmt, f"{fmt} premulsum 4 ranks rank {r}")
+            assert not np.isnan(decode(want, fmt)).any()
+
+
+@pytest.mark.parametrize("proto", PROTOS)
 def test_buffers_off_word_boundaries(gpus: GpuPool, cp: Any, proto: str) -> None:
     """Arrays that start one element into an allocation: the kernels' 8-byte word paths (an
     LL word, an LL128 lane's part) must fall back to elements there (float64 stays aligned:

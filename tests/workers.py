@@ -417,3 +417,31 @@ def premul_sums(comm: minincl.Communicator, counts: list[int], window: bool) -> 
             np.testing.assert_array_equal(rs, total[r * count : (r + 1) * count])
             checks += 4
     return checks
+
+
+def float8_sums(comm: minincl.Communicator, counts: list[int]) -> int:
+    """Sums and pre-multiplied sums of PyTorch's 8-bit float tensors between rank processes
+    (allreduce out of place and in place, reduce_scatter). Inputs -1, 0, 1 and small scalars:
+    every partial result is exact, so the reference is NumPy's sum. Returns the checks done."""
+    import torch
+
+    n, r = comm.nranks, comm.rank
+    scalars = [1.0, -1.0, 2.0, 1.0][:n]
+    checks = 0
+    for count in counts:
+        for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            xs = [((np.arange(count * n) * (q + 2) + q) % 3 - 1).astype(np.float32) for q in range(n)]
+            total = np.sum(xs, axis=0)
+            scaled = np.sum([s * x for s, x in zip(scalars, xs)], axis=0)
+            mine = torch.from_numpy(xs[r]).to(dtype)
+            out = torch.zeros(count, dtype=dtype)
+            comm.allreduce(mine[:count].clone(), out)
+            np.testing.assert_array_equal(out.float().numpy(), total[:count])
+            x = mine[:count].clone()
+            comm.allreduce(x, op=minincl.PreMulSum(scalars[r]))
+            np.testing.assert_array_equal(x.float().numpy(), scaled[:count])
+            rs = torch.zeros(count, dtype=dtype)
+            comm.reduce_scatter(mine, rs, op=minincl.PreMulSum(scalars[r]))
+            np.testing.assert_array_equal(rs.float().numpy(), scaled[r * count : (r + 1) * count])
+            checks += 3
+    return checks

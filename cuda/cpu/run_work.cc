@@ -30,6 +30,8 @@ bool runForType(DevChannel& ch, const DevWork& w, DevError* err) {
     case DataType::u64: return runOp<F, uint64_t>(ch, w, err, n);
     case DataType::f16: return runOp<F, half_t>(ch, w, err, n);
     case DataType::bf16: return runOp<F, bfloat16_t>(ch, w, err, n);
+    case DataType::f8e4m3: return runOp<F, fp8e4m3_t>(ch, w, err, n);
+    case DataType::f8e5m2: return runOp<F, fp8e5m2_t>(ch, w, err, n);
     case DataType::f32: return runOp<F, float>(ch, w, err, n);
     case DataType::f64: return runOp<F, double>(ch, w, err, n);
     default: return false;
@@ -69,6 +71,8 @@ void preMulSumAlone(const DevWork& w) {
     case DataType::i64: case DataType::u64: return scaleAlone<uint64_t>(w);
     case DataType::f16: return scaleAlone<half_t>(w);
     case DataType::bf16: return scaleAlone<bfloat16_t>(w);
+    case DataType::f8e4m3: return scaleAlone<fp8e4m3_t>(w);
+    case DataType::f8e5m2: return scaleAlone<fp8e5m2_t>(w);
     case DataType::f32: return scaleAlone<float>(w);
     case DataType::f64: return scaleAlone<double>(w);
     default: return;

@@ -75,7 +75,7 @@ cudaError_t preloadKernels();
 
 // The (reduction, type) kernel instances: each is a translation unit of its own (see
 // CMakeLists.txt), so a build spreads them over every core. Signed sums, products and
-// premulsums run as their unsigned twins; MININCL_CUDA_QUICK leaves out the 16-bit and 64-bit floats.
+// premulsums run as their unsigned twins; MININCL_CUDA_QUICK leaves out every float but float32.
 #define MNCL_KERNEL_NAME_(op, type) launch_##op##_##type
 #define MNCL_KERNEL_NAME(op, type) MNCL_KERNEL_NAME_(op, type)
 #define MNCL_KERNEL_PRELOAD_(op, type) preload_##op##_##type
@@ -92,6 +92,8 @@ cudaError_t preloadKernels();
 #define MNCL_KERNEL_CTYPE_bf16 bfloat16_t
 #define MNCL_KERNEL_CTYPE_f32 float
 #define MNCL_KERNEL_CTYPE_f64 double
+#define MNCL_KERNEL_CTYPE_f8e4m3 fp8e4m3_t
+#define MNCL_KERNEL_CTYPE_f8e5m2 fp8e5m2_t
 #define MNCL_KERNEL_CTYPE_(type) MNCL_KERNEL_CTYPE_##type
 #define MNCL_KERNEL_CTYPE(type) MNCL_KERNEL_CTYPE_(type)
 #define MNCL_KERNEL_FUNC_sum FuncSum
@@ -106,7 +108,7 @@ cudaError_t preloadKernels();
 #if defined(MININCL_CUDA_QUICK)
 #define MNCL_KERNEL_FLOATS(X, op) X(op, f32)
 #else
-#define MNCL_KERNEL_FLOATS(X, op) X(op, f16) X(op, bf16) X(op, f32) X(op, f64)
+#define MNCL_KERNEL_FLOATS(X, op) X(op, f16) X(op, bf16) X(op, f32) X(op, f64) X(op, f8e4m3) X(op, f8e5m2)
 #endif
 #define MNCL_KERNEL_UNSIGNED(X, op) X(op, u8) X(op, u32) X(op, u64) MNCL_KERNEL_FLOATS(X, op)
 #define MNCL_KERNEL_ALL(X, op) X(op, i8) X(op, i32) X(op, i64) MNCL_KERNEL_UNSIGNED(X, op)

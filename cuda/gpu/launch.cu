@@ -19,7 +19,7 @@ namespace {
 using Launcher = cudaError_t (*)(const GpuLaunch&);
 
 // [op][type]; null where no instance exists (signed sums, products and premulsums run as
-// unsigned: same bits, one instance fewer; a quick build leaves out f16, bf16 and f64).
+// unsigned: same bits, one instance fewer; a quick build has float32 alone of the floats).
 struct LauncherTable {
   Launcher at[(int)RedOp::count][(int)DataType::count] = {};
   cudaError_t (*preload[(int)RedOp::count][(int)DataType::count])() = {};

@@ -1,6 +1,6 @@
 #include "vector_isa.h"
 
-#include "../../cuda/cpu/arith16.h"
+#include "../../cuda/cpu/narrow_float.h"
 #include "env.h"
 #include "error.h"
 

@@ -1,5 +1,5 @@
-// MININCL_CPU_ISA: the vector instructions the CPU device code's 16-bit float arithmetic uses
-// (cuda/cpu/arith16.h). By default the widest this CPU has; a narrower set, for tests and
+// MININCL_CPU_ISA: the vector instructions the CPU device code's 16- and 8-bit float arithmetic uses
+// (cuda/cpu/narrow_float.h). By default the widest this CPU has; a narrower set, for tests and
 // comparisons, gives the same bits more slowly. One setting per process: each communicator
 // made applies its environment's.
 #pragma once

@@ -58,7 +58,9 @@ typedef enum {
   mnclFloat32 = 7,
   mnclFloat64 = 8,
   mnclBfloat16 = 9,
-  mnclNumTypes = 10
+  mnclFloat8e4m3 = 10, /* OCP FP8 E4M3 (PyTorch's float8_e4m3fn): max 448, no infinity */
+  mnclFloat8e5m2 = 11, /* OCP FP8 E5M2: max 57344 */
+  mnclNumTypes = 12
 } mnclDataType_t;
 
 typedef enum {

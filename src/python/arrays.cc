@@ -36,7 +36,7 @@ struct DLManagedTensor {
   void* manager_ctx;
   void (*deleter)(DLManagedTensor*);
 };
-enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4 };
+enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLFloat8_e4m3fn = 10, kDLFloat8_e5m2 = 12 };
 
 [[noreturn]] void invalid(const std::string& msg) { throwError(mnclInvalidArgument, msg); }
 
@@ -91,11 +91,37 @@ bool fromDLPack(DLDataType t, DataType* out) {
       if (t.bits != 16) return false;
       *out = DataType::bf16;
       return true;
+    case kDLFloat8_e4m3fn: *out = DataType::f8e4m3; return t.bits == 8;
+    case kDLFloat8_e5m2: *out = DataType::f8e5m2; return t.bits == 8;
     default: return false;
   }
 }
 
-const char* kSupported = "int8, uint8, int32, uint32, int64, uint64, float16, bfloat16, float32, float64";
+const char* kSupported =
+    "int8, uint8, int32, uint32, int64, uint64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2";
+
+// NumPy arrays of ml_dtypes' 8-bit floats (what JAX uses): NumPy exports no buffer of a type
+// it does not know, so they are read through __array_interface__, by the dtype's name.
+bool viewNumpyFloat8(py::handle obj, bool writable, const char* role, ArrayView* out) {
+  if (!py::hasattr(obj, "dtype") || !py::hasattr(obj, "__array_interface__")) return false;
+  std::string name = py::str(obj.attr("dtype").attr("name"));
+  ArrayView v;
+  if (name == "float8_e4m3fn") v.dtype = DataType::f8e4m3;
+  else if (name == "float8_e5m2") v.dtype = DataType::f8e5m2;
+  else return false;
+  py::dict ai = obj.attr("__array_interface__");
+  py::tuple data = ai["data"];
+  for (py::handle d : py::tuple(ai["shape"])) v.shape.push_back(d.cast<int64_t>());
+  if (!ai["strides"].is_none() && !obj.attr("flags").attr("c_contiguous").cast<bool>()) {
+    invalid(std::string(role) + " is not contiguous; pass a contiguous array (e.g. numpy.ascontiguousarray)");
+  }
+  if (writable && data[1].cast<bool>()) invalid(std::string(role) + " is read-only; the result needs a writable array");
+  v.data = reinterpret_cast<void*>(data[0].cast<uintptr_t>());
+  v.count = obj.attr("size").cast<size_t>();
+  v.keepAlive = py::reinterpret_borrow<py::object>(obj);
+  *out = v;
+  return true;
+}
 
 // The object's __cuda_array_interface__, or None. CuPy and PyTorch build this dict anew on
 // every read, so each view reads it once.
@@ -125,6 +151,7 @@ std::optional<ArrayView> viewBuffer(py::handle obj, bool writable, const char* r
   int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
   if (PyObject_GetBuffer(obj.ptr(), &b, flags) != 0) {
     PyErr_Clear();
+    if (ArrayView v; viewNumpyFloat8(obj, writable, role, &v)) return v;
     if (hasGpuInterface(obj)) return std::nullopt;
     if (writable) {
       Py_buffer ro;
@@ -265,9 +292,9 @@ const std::unordered_map<PyObject*, DataType>& torchTypes() {
         {"int8", DataType::i8},       {"uint8", DataType::u8},     {"int32", DataType::i32},
         {"uint32", DataType::u32},    {"int64", DataType::i64},    {"uint64", DataType::u64},
         {"float16", DataType::f16},   {"bfloat16", DataType::bf16}, {"float32", DataType::f32},
-        {"float64", DataType::f64}};
+        {"float64", DataType::f64},   {"float8_e4m3fn", DataType::f8e4m3}, {"float8_e5m2", DataType::f8e5m2}};
     for (const auto& [name, t] : names) {
-      if (py::hasattr(torch, name)) (*m)[py::object(torch.attr(name)).release().ptr()] = t;  // (older torch: no uint32)
+      if (py::hasattr(torch, name)) (*m)[py::object(torch.attr(name)).release().ptr()] = t;  // (older torch: no uint32, no float8)
     }
     return m;
   }();

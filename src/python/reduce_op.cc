@@ -65,13 +65,16 @@ uint64_t floatBits(py::handle scalar, DataType t) {
       std::memcpy(&out, &b, 2);
       break;
     }
+    case DataType::f8e4m3: out = toFp8e4m3((float)v).bits; break;  // (saturating, as the reductions do)
+    case DataType::f8e5m2: out = toFp8e5m2((float)v).bits; break;
     default: break;
   }
   return out;
 }
 
 bool isFloat(DataType t) {
-  return t == DataType::f16 || t == DataType::bf16 || t == DataType::f32 || t == DataType::f64;
+  return t == DataType::f16 || t == DataType::bf16 || t == DataType::f32 || t == DataType::f64 ||
+         t == DataType::f8e4m3 || t == DataType::f8e5m2;
 }
 
 }  // namespace

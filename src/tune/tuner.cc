@@ -1,5 +1,6 @@
 #include "tuner.h"
 
+#include <iterator>
 #include <limits>
 
 #include "../core/env.h"
@@ -66,7 +67,9 @@ const char* algoName(Algo a) { return kAlgoNames[(int)a]; }
 const char* protoName(Proto p) { return kProtoNames[(int)p]; }
 const char* collName(Coll c) { return kCollNames[(int)c]; }
 const char* dataTypeName(DataType t) {
-  static const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16"};
+  static const char* names[] = {"int8",    "uint8",   "int32",    "uint32",        "int64",      "uint64",
+                                "float16", "float32", "float64", "bfloat16", "float8_e4m3fn", "float8_e5m2"};
+  static_assert(std::size(names) == (size_t)DataType::count);
   return (unsigned)t < (unsigned)DataType::count ? names[(int)t] : "?";
 }
 
