@@ -1,6 +1,7 @@
-"""Allreduce of float32, float16 and bfloat16 PyTorch CPU tensors, 2 rank processes: minincl
-(under each vector instruction set asked for, MININCL_CPU_ISA) against gloo, in place, as
-DDP and its fp16 / bf16 compression hooks call it. (MPI has no 16-bit float type.)
+"""Allreduce of float32, float16, bfloat16 and 8-bit float PyTorch CPU tensors, 2 rank
+processes: minincl (under each vector instruction set asked for, MININCL_CPU_ISA) against
+gloo, in place, as DDP and its fp16 / bf16 compression hooks call it. (MPI has no 16-bit
+float type; gloo has no 8-bit one: n/a.)
 
     python3 bench/float16_allreduce.py --sizes 128K,1M,8M,32M --rounds 3 --isas portable,avx512
 
@@ -23,7 +24,14 @@ from typing import Callable
 
 import torch
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+GLOO_DTYPES = ["float32", "float16", "bfloat16"]
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -32,10 +40,13 @@ def parse_size(text: str) -> int:
     return int(text[:-1]) * UNITS[text[-1]] if text[-1] in UNITS else int(text)
 
 
-def time_all(allreduce: Callable[[torch.Tensor], object], barrier: Callable[[], object], sizes: list[int]) -> dict:
+def time_all(
+    allreduce: Callable[[torch.Tensor], object], barrier: Callable[[], object], sizes: list[int], dtypes: list[str]
+) -> dict:
     times = {}
     for size in sizes:
-        for name, dtype in DTYPES.items():
+        for name in dtypes:
+            dtype = DTYPES[name]
             x = torch.ones(size // torch.tensor([], dtype=dtype).element_size(), dtype=dtype)
             calls = max(5, min(200, (256 << 20) // size))
             for _ in range(3):
@@ -52,7 +63,7 @@ def time_all(allreduce: Callable[[torch.Tensor], object], barrier: Callable[[], 
 
 
 def minincl_rank(comm: object, sizes: list[int]) -> dict:
-    return time_all(lambda x: comm.allreduce(x), comm.barrier, sizes)  # type: ignore[attr-defined]
+    return time_all(lambda x: comm.allreduce(x), comm.barrier, sizes, list(DTYPES))  # type: ignore[attr-defined]
 
 
 def gloo_rank(rank: int, port: int, sizes: list[int], out: object) -> None:
@@ -61,7 +72,7 @@ def gloo_rank(rank: int, port: int, sizes: list[int], out: object) -> None:
     torch.set_num_threads(1)
     os.sched_setaffinity(0, {rank % os.cpu_count()})
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    out.put((rank, time_all(lambda x: dist.all_reduce(x), dist.barrier, sizes)))  # type: ignore[attr-defined]
+    out.put((rank, time_all(lambda x: dist.all_reduce(x), dist.barrier, sizes, GLOO_DTYPES)))  # type: ignore[attr-defined]
     dist.destroy_process_group()
 
 
@@ -115,12 +126,10 @@ def main() -> int:
     print("|---|---:|" + "---:|" * (len(names) + 1))
     for case, by_name in results.items():
         dtype, size = case.split()
-        med = [statistics.median(by_name[n]) for n in names]
-        print(
-            f"| {dtype} | {int(size) >> 10} KiB | "
-            + " | ".join(f"{m:.1f}" for m in med)
-            + f" | {med[-1] / med[-2]:.2f} |"
-        )
+        med = [statistics.median(by_name[n]) if n in by_name else None for n in names]
+        shown = ["n/a" if m is None else f"{m:.1f}" for m in med]
+        ratio = "n/a" if med[-1] is None or med[-2] is None else f"{med[-1] / med[-2]:.2f}"
+        print(f"| {dtype} | {int(size) >> 10} KiB | " + " | ".join(shown) + f" | {ratio} |")
     return 0
 
 
