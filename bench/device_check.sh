@@ -228,6 +228,13 @@ if ((BUILD_OK)); then
       "$PERF" sendrecv -t 2 -b 8 -e 16M -f 8 -n 20 -w 5 -D cuda -c 1
     awk '/^ +[0-9]+ /{s = s sprintf(" %s:%sus", $1, $6); w += $9} END {printf "%-26s%s  #wrong %d\n", "perf_sendrecv_2", s, w}' \
       "$OUT/perf_sendrecv_2.log"
+    # 8- and 16-bit floats, 8 ranks driven by one thread, the tuner's choice, checked.
+    for d in f8e4m3 f8e5m2 bfloat16; do
+      step "perf_type_8_$d" "$(limit 25 100)" "$OUT/perf_type_8_$d.log" \
+        "$PERF" allreduce -t 8 -g -b 1K -e 256M -f 16 -n 10 -w 2 -d "$d" -D cuda -c 1
+      awk -v f="perf_type_8_$d" '/^ +[0-9]+ /{s = s sprintf(" %s:%sus", $1, $6); w += $9} END {printf "%-26s%s  #wrong %d\n", f, s, w}' \
+        "$OUT/perf_type_8_$d.log"
+    done
     # The tuner's choice from 8 B to 256 MiB, 2 and 8 ranks, checked: a thread per rank, and
     # one thread driving every rank (-g).
     for n in 2 8; do
