@@ -12,21 +12,6 @@ namespace {
 // Rank r's element i: 1..5, so sums and products of a few ranks are exact.
 inline int pattern(int rank, size_t i) { return static_cast<int>((i * 7 + static_cast<size_t>(rank) * 3) % 5) + 1; }
 
-template <typename T>
-T fromDouble(double v) {
-  if constexpr (std::is_same_v<T, Half>) return toHalf(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, BFloat16>) return toBFloat16(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, Fp8e4m3>) return toFp8e4m3(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, Fp8e5m2>) return toFp8e5m2(static_cast<float>(v));
-  else return static_cast<T>(v);
-}
-
-template <typename T>
-double toDouble(T v) {
-  if constexpr (requires { toFloat(v); }) return toFloat(v);
-  else return static_cast<double>(v);
-}
-
 // (8-bit floats round at every step of a reduction: only gross errors show)
 template <typename T>
 constexpr double tolerance() {

@@ -49,10 +49,7 @@ namespace {
 uint64_t scalarOfType(mnclDataType_t type, int value) {
   uint64_t out = 0;
   withType(type, [&]<typename T>() {
-    T v;
-    if constexpr (std::is_same_v<T, Half>) v = toHalf(static_cast<float>(value));
-    else if constexpr (std::is_same_v<T, BFloat16>) v = toBFloat16(static_cast<float>(value));
-    else v = static_cast<T>(value);
+    T v = fromDouble<T>(value);
     std::memcpy(&out, &v, sizeof v);
   });
   return out;

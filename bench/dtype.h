@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 #include "minincl.h"
 
@@ -43,6 +44,22 @@ Half toHalf(float f);          // round to nearest even
 BFloat16 toBFloat16(float f);  // round to nearest even
 Fp8e4m3 toFp8e4m3(float f);    // round to nearest even, saturating (as the reductions do)
 Fp8e5m2 toFp8e5m2(float f);
+
+// A value of host type T (for the floats: rounded to nearest even; 8-bit floats saturate).
+template <typename T>
+T fromDouble(double v) {
+  if constexpr (std::is_same_v<T, Half>) return toHalf(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, BFloat16>) return toBFloat16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, Fp8e4m3>) return toFp8e4m3(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, Fp8e5m2>) return toFp8e5m2(static_cast<float>(v));
+  else return static_cast<T>(v);
+}
+
+template <typename T>
+double toDouble(T v) {
+  if constexpr (requires { toFloat(v); }) return toFloat(v);
+  else return static_cast<double>(v);
+}
 
 // Calls fn.template operator()<T>() with T the host type of `type`.
 template <typename Fn>

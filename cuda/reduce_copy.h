@@ -200,7 +200,11 @@ inline void reduce2(const Fn& fn, T* __restrict__ d, const T* __restrict__ a,
 template <typename T, typename Fn>
 inline void reduce2x2(const Fn& fn, T* __restrict__ d0, T* __restrict__ d1, const T* __restrict__ a,
                       const T* __restrict__ b, size_t n) {
-  for (size_t i = 0; i < n; ++i) d0[i] = d1[i] = fn(a[i], b[i]);
+  for (size_t i = 0; i < n; ++i) {
+    T v = fn(a[i], b[i]);  // (not d0[i] = d1[i] = ...: reading d1[i] back stops GCC vectorising 16-bit floats)
+    d0[i] = v;
+    d1[i] = v;
+  }
 }
 template <typename T, typename Fn>
 inline void reduceInto(const Fn& fn, T* __restrict__ acc, const T* __restrict__ b, size_t n) {
