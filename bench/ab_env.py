@@ -3,7 +3,8 @@
     python3 bench/ab_env.py --ranks 2 --collectives allgather,broadcast --sizes 1M,8M \\
         fifo:MININCL_POINTER_STEPS=1 default:
 
-`--dtype` picks the element type (float32 by default; bfloat16 as PyTorch tensors).
+`--dtype` picks the element type (float32 by default; bfloat16 as PyTorch tensors), `--op`
+the reduction of allreduce and reduce_scatter (sum by default).
 Each variant is NAME:VAR=VALUE;VAR=VALUE (nothing after the colon: the environment as it is).
 Every round runs each variant once (a fresh `minincl.launch` of the ranks, bound to cores),
 in reversed order on every other round; a variant's figure for a size is the median over
@@ -36,6 +37,7 @@ def parse_size(text: str) -> int:
 
 
 DTYPE = "float32"  # the child's --dtype
+OP = "sum"  # the child's --op
 
 
 def ones(n: int) -> Any:
@@ -61,7 +63,7 @@ def make_op(c: minincl.Communicator, collective: str, nbytes: int) -> Callable[[
     if collective == "reduce_scatter":
         recv = zeros(n // c.nranks)
         send = ones(n // c.nranks * c.nranks)
-        return lambda: c.reduce_scatter(send, recv)
+        return lambda: c.reduce_scatter(send, recv, op=OP)
     if collective == "broadcast":
         buf = ones(n)
         return lambda: c.broadcast(buf, root=0)  # in place, as MPI_Bcast
@@ -71,7 +73,7 @@ def make_op(c: minincl.Communicator, collective: str, nbytes: int) -> Callable[[
     if collective in ("sendrecv", "send"):
         return p2p_op(c, collective, n)
     send, out = ones(n), zeros(n)
-    return lambda: c.allreduce(send, out)
+    return lambda: c.allreduce(send, out, op=OP)
 
 
 def p2p_op(c: minincl.Communicator, pattern: str, n: int) -> Callable[[], object]:
@@ -85,9 +87,11 @@ def p2p_op(c: minincl.Communicator, pattern: str, n: int) -> Callable[[], object
     return (lambda: c.send(send, peer)) if c.rank % 2 == 0 else (lambda: c.recv(out, peer))
 
 
-def rank_main(comm: minincl.Communicator, collectives: list[str], sizes: list[int], dtype: str) -> dict[str, float]:
-    global DTYPE
-    DTYPE = dtype
+def rank_main(
+    comm: minincl.Communicator, collectives: list[str], sizes: list[int], dtype: str, op: str = "sum"
+) -> dict[str, float]:
+    global DTYPE, OP
+    DTYPE, OP = dtype, op
     times: dict[str, float] = {}
     for collective in collectives:
         for size in sizes:
@@ -109,7 +113,12 @@ def rank_main(comm: minincl.Communicator, collectives: list[str], sizes: list[in
 def child(args: argparse.Namespace) -> None:
     os.environ.setdefault("MININCL_CPU_BIND", "1")
     per_rank = minincl.launch(
-        rank_main, args.ranks, args.collectives.split(","), [parse_size(s) for s in args.sizes.split(",")], args.dtype
+        rank_main,
+        args.ranks,
+        args.collectives.split(","),
+        [parse_size(s) for s in args.sizes.split(",")],
+        args.dtype,
+        args.op,
     )
     print(json.dumps({k: max(r[k] for r in per_rank) for k in per_rank[0]}))
 
@@ -122,6 +131,7 @@ def main() -> int:
     p.add_argument("--sizes", default="128K,1M,8M,32M")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--dtype", default="float32", help="float32, float16, bfloat16 (PyTorch), ...")
+    p.add_argument("--op", default="sum", help="sum, prod, max, min, avg (allreduce and reduce_scatter)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -148,6 +158,8 @@ def main() -> int:
                 args.sizes,
                 "--dtype",
                 args.dtype,
+                "--op",
+                args.op,
             ]
             out = subprocess.run(
                 cmd, env={**os.environ, "OPENBLAS_NUM_THREADS": "1", **env}, capture_output=True, text=True, timeout=900
