@@ -9,6 +9,12 @@ every partial result is exact, so that any reduction order gives the same bits."
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -403,3 +409,33 @@ def test_c_api_types() -> None:
     finally:
         for c in comms:
             api.lib.mnclCommDestroy(c)
+
+
+def test_conversions_match_cuda() -> None:
+    """The CPU's conversions against CUDA's cuda_fp8.h (tests/fp8_conversion_check.cc), where
+    the CUDA headers are here: every code decoded, and encoding over the float range."""
+    cxx = shutil.which("c++") or shutil.which("g++")
+    homes = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
+    if shutil.which("nvcc"):
+        homes.insert(0, str(Path(shutil.which("nvcc") or "").resolve().parent.parent))
+    found = [Path(h) / "include" for h in homes if h and (Path(h) / "include" / "cuda_fp8.h").exists()]
+    if cxx is None or not found:
+        pytest.skip("needs a C++ compiler and the CUDA headers (cuda_fp8.h)")
+    include = found[0]
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = Path(tmp) / "fp8_conversion_check"
+        cmd = [
+            cxx,
+            "-std=c++20",
+            "-O2",
+            f"-I{root / 'cuda'}",
+            f"-I{include}",
+            str(root / "tests" / "fp8_conversion_check.cc"),
+        ]
+        built = subprocess.run([*cmd, "-o", str(exe)], capture_output=True, text=True, timeout=300)
+        assert built.returncode == 0, built.stderr[-4000:]
+        run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:]
+    summary = re.search(r"(\d+) checks, (\d+) failed", run.stdout)
+    assert summary is not None and int(summary.group(1)) > 4_000_000 and int(summary.group(2)) == 0, run.stdout
