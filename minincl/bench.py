@@ -25,7 +25,27 @@ DTYPES = {
     "float32": np.float32,
     "float64": np.float64,
 }
+# Floats NumPy lacks, as ml_dtypes' NumPy types (what JAX uses; pip install ml_dtypes).
+NARROW_FLOATS = ["bfloat16", "float8_e4m3fn", "float8_e5m2"]
 OPS = ["sum", "prod", "max", "min", "avg", "premulsum"]  # premulsum: rank r scales by r % 2 + 1
+
+
+def numpy_dtype(name: str) -> Any:
+    """The NumPy type of a --dtype name (ml_dtypes' for bfloat16 and the 8-bit floats)."""
+    if name not in NARROW_FLOATS:
+        return DTYPES[name]
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise SystemExit(f"--dtype {name} needs ml_dtypes (pip install ml_dtypes)") from None
+    return getattr(ml_dtypes, name)
+
+
+def _tolerance(dtype: Any, nranks: int) -> float:
+    """Relative error a check allows: none, except for the floats narrower than float16, which
+    round at every step of a reduction (the reference rounds once): half an ulp per step."""
+    bits = {"bfloat16": 8, "float8_e4m3fn": 4, "float8_e5m2": 3}.get(np.dtype(dtype).name)
+    return 0.0 if bits is None else nranks * 2.0**-bits
 
 
 def parse_size(text: str) -> int:
@@ -160,7 +180,7 @@ def iterations(cfg: Config, nbytes: int) -> tuple[int, int]:
 
 def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, int]]:
     """Runs the sweep on one rank; returns (bytes, count, seconds per op, wrong) rows."""
-    dtype = DTYPES[cfg.dtype]
+    dtype = numpy_dtype(cfg.dtype)
     n = comm.nranks
     rows = []
     if comm.rank == 0:
@@ -185,8 +205,10 @@ def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, i
             if cfg.coll == "reduce" and comm.rank != cfg.root:
                 pass
             else:
-                want = _expected(cfg, comm, count, dtype)
-                wrong[0] = int(np.count_nonzero(recv.reshape(-1)[: want.size] != want))
+                want = _expected(cfg, comm, count, dtype).astype(np.float64)
+                got = recv.reshape(-1)[: want.size].astype(np.float64)
+                tol = _tolerance(dtype, n)
+                wrong[0] = int(np.count_nonzero(np.abs(got - want) > tol * np.abs(want)))
             comm.allreduce(wrong, op="sum")
         row = (
             count * np.dtype(dtype).itemsize * (n if cfg.coll in ("allgather", "reduce_scatter", "alltoall") else 1),
@@ -260,9 +282,9 @@ def _header(cfg: Config, n: int, where: str = "processes") -> str:
         f"# minincl bench {cfg.coll}: {n} ranks ({where}), dtype {cfg.dtype}, op {cfg.op}, "
         f"algo {algo}, proto {proto}, iters {cfg.iters or 'by size'}, warmup {cfg.warmup}",
         "#",
-        f"# {'size':>12} {'count':>12} {'type':>9} {'redop':>9} {'root':>5} {'time':>10} "
+        f"# {'size':>12} {'count':>12} {'type':>13} {'redop':>9} {'root':>5} {'time':>10} "
         f"{'algbw':>8} {'busbw':>8} {'#wrong':>7}",
-        f"# {'(B)':>12} {'(elements)':>12} {'':>9} {'':>9} {'':>5} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}",
+        f"# {'(B)':>12} {'(elements)':>12} {'':>13} {'':>9} {'':>5} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}",
     ]
     return "\n".join(lines)
 
@@ -275,7 +297,7 @@ def _row(cfg: Config, n: int, row: tuple[int, int, float, int]) -> str:
     root = str(cfg.root) if cfg.coll in ("broadcast", "reduce") else "-1"
     wrong_s = "N/A" if wrong < 0 else str(wrong)
     return (
-        f"  {nbytes:>12} {count:>12} {cfg.dtype:>9} {redop:>9} {root:>5} {secs * 1e6:>10.2f} "
+        f"  {nbytes:>12} {count:>12} {cfg.dtype:>13} {redop:>9} {root:>5} {secs * 1e6:>10.2f} "
         f"{algbw:>8.3f} {busbw:>8.3f} {wrong_s:>7}"
     )
 
@@ -288,7 +310,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size multiplier between rows")
     p.add_argument("--iters", type=int, default=0, help="timed iterations per size (default: by size)")
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument("--dtype", default="float32", choices=[*DTYPES, *NARROW_FLOATS])
     p.add_argument("--op", default="sum", choices=OPS)
     p.add_argument("--root", type=int, default=0)
     p.add_argument("--algo", help="force algorithms (MININCL_ALGO syntax)")
@@ -343,6 +365,8 @@ def run(args: argparse.Namespace) -> int:
         args.check,
         args.window,
     )
+    if args.device == "cuda" and args.dtype in NARROW_FLOATS:
+        raise SystemExit(f"--dtype {args.dtype} on the GPU: CuPy has no such type; use minincl-perf -D cuda -d ...")
     if args.device == "cuda":
         comms = Communicator.init_all(args.ranks, device="cuda")
         try:

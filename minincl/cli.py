@@ -16,7 +16,7 @@ def _info(_: argparse.Namespace) -> int:
     cuda = f"yes, for sm_{build['cuda_archs']}" if build["cuda"] else "no"
     print(f"  CUDA compiled : {cuda}")
     print(f"  CPU cores     : {os.cpu_count()}")
-    print(f"  CPU vectors   : {build['cpu_vector_isa']} (float16 / bfloat16 arithmetic; MININCL_CPU_ISA)")
+    print(f"  CPU vectors   : {build['cpu_vector_isa']} (16- and 8-bit float arithmetic; MININCL_CPU_ISA)")
     gpus = _core.gpu_count()
     print("  devices       : cpu" + (f", cuda:0..{gpus - 1}" if gpus else " (no usable GPU)"))
     return 0

@@ -33,6 +33,21 @@ def test_bench_checks_every_row_against_numpy(collective: str) -> None:
     assert "Out of bounds values : 0 OK" in out.stdout
 
 
+@pytest.mark.parametrize(
+    ("dtype", "op"),
+    [("bfloat16", "sum"), ("float8_e4m3fn", "avg"), ("float8_e5m2", "premulsum"), ("float8_e4m3fn", "max")],
+)
+def test_bench_narrow_floats_through_ml_dtypes(dtype: str, op: str) -> None:
+    """bfloat16 and the 8-bit floats as ml_dtypes' NumPy arrays, checked (within the rounding
+    of each step); 5 ranks, so partial sums round."""
+    pytest.importorskip("ml_dtypes")
+    args = ("bench", "allreduce", "--ranks", "5", "-b", "1", "-e", "64K", "-f", "16", "--check", "--iters", "3")
+    out = run_cli(*args, "--dtype", dtype, "--op", op)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if line.strip() and not line.startswith("#")]
+    assert len(rows) == 5 and all(r[2] == dtype and r[-1] == "0" for r in rows), out.stdout
+
+
 def test_bench_rejects_an_unknown_algorithm() -> None:
     out = run_cli("bench", "allreduce", "--ranks", "2", "-b", "8", "-e", "8", "--algo", "butterfly")
     assert out.returncode != 0

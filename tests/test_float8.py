@@ -383,6 +383,15 @@ def test_ml_dtypes_arrays(comms_of: Any) -> None:
         np.testing.assert_array_equal(g, b[:2000])
     with pytest.raises(minincl.InvalidArgument, match="not contiguous"):
         comms[0].allreduce(xs[0][::2])
+    frozen = xs[0].copy()
+    frozen.flags.writeable = False
+    with pytest.raises(minincl.InvalidArgument, match="read-only"):
+        comms[0].allreduce(frozen)
+    # ml_dtypes' bfloat16 arrays take the same path.
+    halves = [np.arange(-8, 9, dtype=np.float32).astype(ml_dtypes.bfloat16) * (r + 1) for r in range(2)]
+    sums = run_ranks(comms, lambda c: c.allreduce(halves[c.rank].copy()))
+    for got in sums:
+        np.testing.assert_array_equal(got.astype(np.float32), np.arange(-8, 9, dtype=np.float32) * 3)
 
 
 def test_rank_processes() -> None:

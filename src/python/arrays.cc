@@ -1,5 +1,7 @@
 #include "arrays.h"
 
+#include <pybind11/numpy.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -100,24 +102,40 @@ bool fromDLPack(DLDataType t, DataType* out) {
 const char* kSupported =
     "int8, uint8, int32, uint32, int64, uint64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2";
 
-// NumPy arrays of ml_dtypes' 8-bit floats (what JAX uses): NumPy exports no buffer of a type
-// it does not know, so they are read through __array_interface__, by the dtype's name.
-bool viewNumpyFloat8(py::handle obj, bool writable, const char* role, ArrayView* out) {
-  if (!py::hasattr(obj, "dtype") || !py::hasattr(obj, "__array_interface__")) return false;
-  std::string name = py::str(obj.attr("dtype").attr("name"));
-  ArrayView v;
-  if (name == "float8_e4m3fn") v.dtype = DataType::f8e4m3;
-  else if (name == "float8_e5m2") v.dtype = DataType::f8e5m2;
+// NumPy arrays of ml_dtypes' bfloat16 and 8-bit floats (what JAX uses). They are NumPy user
+// types (type numbers from NPY_USERDEF, 256), of which NumPy exports no buffer: the array is
+// read from the array object itself, and a user type's meaning found by its name, once.
+bool userTypeOf(const py::dtype& d, DataType* out) {
+  static auto* known = new std::unordered_map<PyObject*, DataType>;  // GIL held; kept for the process
+  if (auto it = known->find(d.ptr()); it != known->end()) {
+    *out = it->second;
+    return true;
+  }
+  std::string name = py::str(d.attr("name"));
+  if (name == "bfloat16") *out = DataType::bf16;
+  else if (name == "float8_e4m3fn") *out = DataType::f8e4m3;
+  else if (name == "float8_e5m2") *out = DataType::f8e5m2;
   else return false;
-  py::dict ai = obj.attr("__array_interface__");
-  py::tuple data = ai["data"];
-  for (py::handle d : py::tuple(ai["shape"])) v.shape.push_back(d.cast<int64_t>());
-  if (!ai["strides"].is_none() && !obj.attr("flags").attr("c_contiguous").cast<bool>()) {
+  known->emplace(py::object(d).release().ptr(), *out);  // (the dtype stays alive with its key)
+  return true;
+}
+
+// False when obj is not a NumPy array of a user type (anything else takes the other paths).
+bool viewNumpyUserType(py::handle obj, bool writable, const char* role, ArrayView* out) {
+  // (Read from NumPy's structs directly: this check is on every call's path, ~5 ns.)
+  if (!py::detail::npy_api::get().PyArray_Check_(obj.ptr())) return false;
+  PyObject* descr = py::detail::array_proxy(obj.ptr())->descr;
+  if (py::detail::array_descriptor_proxy(descr)->type_num < 256) return false;
+  auto a = py::reinterpret_borrow<py::array>(obj);
+  ArrayView v;
+  if (!userTypeOf(a.dtype(), &v.dtype)) return false;
+  if (!(a.flags() & py::array::c_style)) {
     invalid(std::string(role) + " is not contiguous; pass a contiguous array (e.g. numpy.ascontiguousarray)");
   }
-  if (writable && data[1].cast<bool>()) invalid(std::string(role) + " is read-only; the result needs a writable array");
-  v.data = reinterpret_cast<void*>(data[0].cast<uintptr_t>());
-  v.count = obj.attr("size").cast<size_t>();
+  if (writable && !a.writeable()) invalid(std::string(role) + " is read-only; the result needs a writable array");
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) v.shape.push_back(a.shape(i));
+  v.data = const_cast<void*>(a.data());
+  v.count = (size_t)a.size();
   v.keepAlive = py::reinterpret_borrow<py::object>(obj);
   *out = v;
   return true;
@@ -151,7 +169,6 @@ std::optional<ArrayView> viewBuffer(py::handle obj, bool writable, const char* r
   int flags = PyBUF_STRIDES | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
   if (PyObject_GetBuffer(obj.ptr(), &b, flags) != 0) {
     PyErr_Clear();
-    if (ArrayView v; viewNumpyFloat8(obj, writable, role, &v)) return v;
     if (hasGpuInterface(obj)) return std::nullopt;
     if (writable) {
       Py_buffer ro;
@@ -362,6 +379,7 @@ ArrayView viewTorch(py::handle t, bool writable, const char* role) {
 ArrayView view(py::handle obj, bool writable, const char* role) {
   if (obj.is_none()) invalid(std::string(role) + " is None; expected an array");
   PyTypeObject* type = Py_TYPE(obj.ptr());
+  if (ArrayView v; viewNumpyUserType(obj, writable, role, &v)) return v;
   if (PyObject_CheckBuffer(obj.ptr()) && !bufferRefusers().count(type)) {
     if (std::optional<ArrayView> v = viewBuffer(obj, writable, role)) return std::move(*v);
     bufferRefusers().insert(type);
