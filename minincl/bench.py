@@ -208,7 +208,7 @@ def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, i
                 want = _expected(cfg, comm, count, dtype).astype(np.float64)
                 got = recv.reshape(-1)[: want.size].astype(np.float64)
                 tol = _tolerance(dtype, n)
-                wrong[0] = int(np.count_nonzero(np.abs(got - want) > tol * np.abs(want)))
+                wrong[0] = int(np.count_nonzero(~(np.abs(got - want) <= tol * np.abs(want))))  # (NaN: wrong)
             comm.allreduce(wrong, op="sum")
         row = (
             count * np.dtype(dtype).itemsize * (n if cfg.coll in ("allgather", "reduce_scatter", "alltoall") else 1),
