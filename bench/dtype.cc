@@ -1,7 +1,9 @@
 #include "dtype.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace perf {
 namespace {
@@ -103,21 +105,33 @@ float fp8ToFloat(uint8_t b) {
   return sign * std::ldexp(static_cast<float>(man + (1 << kManBits)), exp - kBias - kManBits);
 }
 
+// The format's finite non-negative values in code order (ascending): codes 0 up to its
+// largest finite value. Built once: the host fills and checks hundreds of MiB with them.
+template <int kExpBits>
+const std::vector<float>& finiteValues() {
+  static const std::vector<float> values = [] {
+    std::vector<float> v;
+    for (int c = 0; c < 0x80 && std::isfinite(fp8ToFloat<kExpBits>(static_cast<uint8_t>(c))); ++c) {
+      v.push_back(fp8ToFloat<kExpBits>(static_cast<uint8_t>(c)));
+    }
+    return v;
+  }();
+  return values;
+}
+
 // The nearest of the 8-bit values (ties to the even code), saturated to the largest finite
-// one, by a search over the format's codes.
+// one, by a search over the format's values.
 template <int kExpBits>
 uint8_t floatToFp8(float f) {
   if (std::isnan(f)) return 0x7f;
-  if (std::isinf(f)) f = std::copysign(3.0e38f, f);  // (the largest finite value is nearest)
-  uint8_t best = 0;
-  float bestGap = INFINITY;
-  for (int c = 0; c < 0x80; ++c) {
-    float v = fp8ToFloat<kExpBits>(static_cast<uint8_t>(c));
-    if (!std::isfinite(v)) continue;
-    float gap = std::fabs(std::fabs(f) - v);
-    if (gap < bestGap || (gap == bestGap && (c & 1) == 0)) best = static_cast<uint8_t>(c), bestGap = gap;
+  const std::vector<float>& v = finiteValues<kExpBits>();
+  float mag = std::fmin(std::fabs(f), v.back());
+  size_t hi = static_cast<size_t>(std::lower_bound(v.begin(), v.end(), mag) - v.begin());
+  size_t code = hi;
+  if (hi > 0 && (hi == v.size() || mag - v[hi - 1] < v[hi] - mag || (mag - v[hi - 1] == v[hi] - mag && hi % 2 == 1))) {
+    code = hi - 1;
   }
-  return static_cast<uint8_t>(best | (std::signbit(f) ? 0x80 : 0));
+  return static_cast<uint8_t>(code | (std::signbit(f) ? 0x80 : 0));
 }
 
 float toFloat(Fp8e4m3 x) { return fp8ToFloat<4>(x.bits); }
