@@ -4,6 +4,8 @@
 // load() and store().
 #include "narrow_float.h"
 
+#include "../reduce_ops.h"
+
 #include <atomic>
 #include <type_traits>
 
@@ -14,12 +16,10 @@
 namespace mncl::dev {
 namespace {
 
+// A float rounded to H, as the element-at-a-time arithmetic rounds it.
 template <typename H>
 H roundNarrow(float x) {
-  if constexpr (std::is_same_v<H, half_t>) return toHalf(x);
-  else if constexpr (std::is_same_v<H, bfloat16_t>) return toBfloat16(x);
-  else if constexpr (std::is_same_v<H, fp8e4m3_t>) return toFp8e4m3(x);
-  else return toFp8e5m2(x);
+  return ArithNarrow<H>::h(x);
 }
 
 // The two 8-bit formats' constants for the vector conversions (see toFp8e4m3, toFp8e5m2).
