@@ -15,6 +15,8 @@ constexpr int kSteps = 8;
 struct alignas(16) LLLine {
   uint64_t w[2];
 };
+// Its StepInfo goes in the slot's first lines, flagged like data.
+constexpr int kLLHeaderLines = 2;
 // LL128: 120 payload bytes, then the flag word, written last.
 constexpr int kLL128Words = 16;             // 8-byte words per line
 constexpr int kLL128DataWords = kLL128Words - 1;
@@ -30,6 +32,7 @@ struct StepInfo {
   uint8_t coll, dtype, op, algo;
   int32_t root;
 };
+static_assert(sizeof(StepInfo) == 8 * kLLHeaderLines, "an LL header line carries 8 bytes of it");
 
 // Control words of one connection, each on its own cache line (they are written by different
 // sides). Lives, with the FIFOs, in the receiver's memory.
@@ -44,8 +47,11 @@ struct ConnCtrl {
   // Simple, direct writes: the sender already wrote the step's data into the receiver's
   // own memory, at dataAt as the receiver addresses it (see outputAt below).
   uint32_t wroteToReceiver[kSteps];
-  // Send/recv: each step's bytes, which the sender chooses (see P2pEngine).
+  // Send/recv: each step's bytes, which the sender chooses (see P2pEngine). Over the
+  // network (ConnFifo::proxied), every step's length: Simple bytes, LL / LL128 data lines.
   uint32_t stepLength[kSteps];
+  // Over the network: each step's protocol (a Proto), which says where its data lies.
+  uint32_t stepProto[kSteps];
   // Simple, premulsum: a pointer step to the sender's own input (not yet scaled), and the
   // sender's scalar (the bits of one element), which the receiver applies as it reads it.
   uint32_t dataIsInput[kSteps];
@@ -81,6 +87,10 @@ struct ConnFifo {
   // Sending end, CPU: we may also make them through the kernel (cross-memory attach into the
   // receiver's process), wherever its output is.
   bool kernelWrites = false;
+  // Sending end, CPU: the peer is reached over the network. This end is a copy of the
+  // receiver's in our own memory, which the proxy thread sends on (src/transport/net.h): every
+  // protocol publishes each step's length and protocol, and bumps tail, for the proxy to see.
+  bool proxied = false;
   char* simple = nullptr;          // kSteps * simpleSlotBytes
   LLLine* ll = nullptr;            // kSteps * llSlotLines
   LL128Line* ll128 = nullptr;      // kSteps * ll128SlotLines

@@ -301,6 +301,7 @@ struct P2pEngine {
         f.ctrl->dataAt[s] = op.stepAt;
         f.ctrl->wroteToReceiver[s] = op.written ? 1u : 0u;
         f.ctrl->stepLength[s] = (uint32_t)len;
+        f.ctrl->stepProto[s] = (uint32_t)Proto::simple;
         fenceFor(ch.systemScope);  // the step's data and the words above, before the tail
         storeFlag(&f.ctrl->tail, ++ch.sendStep[op.peer]);
         if (op.written) {

@@ -42,11 +42,12 @@ constexpr int kLinesInFlight = 1;
 
 struct LLFormat {
   using Line = LLLine;
+  static constexpr Proto kProto = Proto::ll;
   static constexpr int kLineBytes = 8;  // payload of one line
   static constexpr int kLanes = 1;      // threads sharing a line
   static constexpr int kPartBytes = 8;  // payload one lane carries
   static constexpr bool kSeparateFlag = false;
-  static constexpr int kHeaderLines = sizeof(StepInfo) / kLineBytes;  // the StepInfo, flagged
+  static constexpr int kHeaderLines = kLLHeaderLines;  // the StepInfo, flagged
   MNCL_DEV static Line* lines(const ConnFifo& f) { return f.ll; }
   MNCL_DEV static uint32_t slotLines(const ProtoSizes& s) { return s.llSlotLines; }
   MNCL_DEV static int dataWords(int /*lane*/) { return 1; }
@@ -82,6 +83,7 @@ struct LLFormat {
 
 struct LL128Format {
   using Line = LL128Line;
+  static constexpr Proto kProto = Proto::ll128;
   static constexpr int kLineBytes = kLL128DataWords * 8;
 #if MNCL_SIMT
   static constexpr int kLanes = 8;
@@ -252,7 +254,11 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
         }
       }
       if (SEND) {
-        for (int s = 0; s < send_.n; ++s) ++ch.sendStep[send_.peer[s]];
+        for (int s = 0; s < send_.n; ++s) {
+          int peer = send_.peer[s];
+          ++ch.sendStep[peer];
+          if (ch.sendTo[peer].proxied) announceToProxy(ch.sendTo[peer], ch.sendStep[peer], nlines);
+        }
       }
     }
     barrier();
@@ -397,6 +403,15 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
         }
       }
     }
+  }
+
+  // A proxied connection (the network): the step's lines are all written (a CPU channel is
+  // one thread); its line count and protocol, then the tail, tell the proxy to send them.
+  MNCL_DEV static void announceToProxy(const ConnFifo& f, uint64_t sent, size_t nlines) {
+    int s = (int)((sent - 1) % kSteps);
+    f.ctrl->stepLength[s] = (uint32_t)nlines;
+    f.ctrl->stepProto[s] = (uint32_t)Format::kProto;
+    storeRelease(&f.ctrl->tail, sent);
   }
 
   // Waits until every send slot is free, then writes this step's StepInfo: LL into the slot's

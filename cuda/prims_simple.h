@@ -88,7 +88,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     if (SEND && tid() == 0) writeThroughKernel(dst, n, written);
     if (tid() == 0 && !cx_.waiter.aborted) {  // (only thread 0 writes through the kernel)
       if (RECV) postRecv();
-      if (SEND) postSend(published, plan.publishedInput, written);
+      if (SEND) postSend(published, plan.publishedInput, written, n);
     }
     barrier();
   }
@@ -330,7 +330,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     }
   }
 
-  MNCL_DEV void postSend(const T* published, bool publishedInput, const DirectWrite* written) {
+  MNCL_DEV void postSend(const T* published, bool publishedInput, const DirectWrite* written, size_t n) {
     DevChannel& ch = cx_.ch;
     StepInfo info = cx_.work.info();
     for (int i = 0; i < send_.n; ++i) {
@@ -347,6 +347,10 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
         c->inputScalar[s] = bits;
       }
       ch.directWritesSent += written[i].done() ? 1u : 0u;
+      if (ch.sendTo[p].proxied) {  // (only FIFO steps: a proxied end offers no other way)
+        c->stepLength[s] = (uint32_t)(n * sizeof(T));
+        c->stepProto[s] = (uint32_t)Proto::simple;
+      }
     }
     fenceFor(ch.systemScope);  // the whole channel's data and the words above, before the tails
     for (int i = 0; i < send_.n; ++i) {

@@ -445,3 +445,42 @@ def float8_sums(comm: minincl.Communicator, counts: list[int]) -> int:
             np.testing.assert_array_equal(rs.float().numpy(), scaled[r * count : (r + 1) * count])
             checks += 3
     return checks
+
+
+def rank_with_env(
+    fn: Callable[..., Any], nranks: int, rank: int, uid: bytes, env: dict[str, str], args: tuple[Any, ...], queue: Any
+) -> None:
+    """A rank process whose environment differs from its siblings' (its own MININCL_HOSTID:
+    a rank posing as another host), running fn(comm, *args); (rank, ok, result) to `queue`."""
+    os.environ.update(env)
+    try:
+        with minincl.Communicator(nranks, uid, rank, device="cpu") as comm:
+            queue.put((rank, True, fn(comm, *args)))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        queue.put((rank, False, f"{type(e).__name__}: {e}"))
+
+
+def network_peers(comm: minincl.Communicator) -> int:
+    return comm.stats()["network_peers"]
+
+
+def stop_mid_run(comm: minincl.Communicator, victim: int, flags: str, sig: int) -> str:
+    """Like die_mid_run, but the victim sends itself `sig` (SIGKILL: it vanishes; SIGSTOP: it
+    hangs, and only its missing heartbeat can tell)."""
+    x = np.ones(1 << 12, np.float32)
+    for _ in range(3):
+        comm.allreduce(x)
+    if comm.rank == victim:
+        deadline = time.monotonic() + 30
+        while len(os.listdir(flags)) < comm.nranks - 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        os.kill(os.getpid(), sig)
+        time.sleep(60)  # (stopped: the parent kills it)
+    open(os.path.join(flags, str(comm.rank)), "w").close()
+    t0 = time.monotonic()
+    try:
+        for _ in range(100000):
+            comm.allreduce(x)
+    except minincl.Error as e:
+        return f"{type(e).__name__} after {time.monotonic() - t0:.2f}s: {e}"
+    return "no error"

@@ -19,6 +19,7 @@
 #if defined(MININCL_HAVE_CUDA)
 #include "../../cuda/gpu/kernels.h"
 #endif
+#include "../transport/net.h"
 #include "../transport/peer_memory.h"
 #include "affinity.h"
 #include "env.h"
@@ -32,7 +33,9 @@ namespace mncl {
 uint64_t hostHash() {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
-  std::string key = host;
+  // MININCL_HOSTID stands for the host's name (NCCL_HOSTID's role): processes that share
+  // a name but not memory, or, for tests, processes of one host posing as several hosts.
+  std::string key = env::str("MININCL_HOSTID", host);
   // Processes in other pid or ipc namespaces can neither see our pids nor our /dev/shm.
   for (const char* ns : {"/proc/self/ns/pid", "/proc/self/ns/ipc"}) {
     struct stat st {};
@@ -94,6 +97,10 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   streamOutputBytes();  // a malformed MININCL_STREAM_OUTPUT_BYTES fails here, not mid-collective
   applyVectorIsaSetting();
   mine.probeAddr = peerMemoryProbeAddress();
+  std::string transport = env::str("MININCL_TRANSPORT");
+  MNCL_CHECK(transport.empty() || transport == "auto" || transport == "net", mnclInvalidArgument,
+        "MININCL_TRANSPORT must be net or auto (or unset: auto, the network only between hosts)");
+  mine.netForced = transport == "net";
   mine.cpu = sched_getcpu();
   if (sched_getaffinity(0, sizeof(mine.affinity), &mine.affinity) != 0) CPU_ZERO(&mine.affinity);
   peers_.assign(nranks, PeerInfo{});
@@ -101,21 +108,34 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
 
   int localRanks = 0, localIndex = 0, ranksOnDevice = 0;
-  bool otherProcess = false, sharedProcess = false;
+  bool otherProcess = false, sharedProcess = false, anyNet = false;
+  netPeer_.assign(nranks, 0);
   for (const PeerInfo& p : peers_) {
+    MNCL_CHECK(p.netForced == mine.netForced, mnclInvalidUsage,
+          "rank " + std::to_string(p.rank) + " sets MININCL_TRANSPORT differently from rank " + std::to_string(rank) +
+              "; set it the same on every rank");
+    bool sameHost = p.hostHash == mine.hostHash;
+    netPeer_[p.rank] = p.rank != rank && (!sameHost || mine.netForced);
+    anyNet |= netPeer_[p.rank] != 0;
     MNCL_CHECK((p.device >= 0) == onGpu(), mnclInvalidUsage,
           "rank " + std::to_string(p.rank) + " is on " + (p.device >= 0 ? "a GPU" : "the CPU") + " but rank " +
               std::to_string(rank) + " is on " + (onGpu() ? "a GPU" : "the CPU") + "; all ranks of a communicator must be on the same kind of device");
-    ranksOnDevice += p.device == device && p.hostHash == mine.hostHash;
-    MNCL_CHECK(p.hostHash == mine.hostHash, mnclInvalidUsage,
-          "rank " + std::to_string(p.rank) + " runs on another host; the network transport is not implemented yet");
+    ranksOnDevice += p.device == device && sameHost;
+    MNCL_CHECK(!netPeer_[p.rank] || !onGpu(), mnclInvalidUsage,
+          "rank " + std::to_string(p.rank) + (sameHost ? "" : " runs on another host and") +
+              " would be reached over the network, which carries CPU ranks only; GPU ranks must share a host");
     MNCL_CHECK(std::memcmp(&p.sizes, &mine.sizes, sizeof(mine.sizes)) == 0, mnclInvalidUsage,
           "rank " + std::to_string(p.rank) +
               " uses different FIFO sizes: set MININCL_SIMPLE_SLOT_BYTES / MININCL_LL*_SLOT_LINES / MININCL_PIPELINE_CHUNK_BYTES the same on every rank");
+    if (!sameHost) continue;  // (cores and memory are shared with this host's ranks only)
     localIndex += p.rank < rank;
     localRanks += 1;
-    otherProcess |= p.pid != mine.pid;
+    otherProcess |= p.pid != mine.pid && !netPeer_[p.rank];
     sharedProcess |= p.pid == mine.pid && p.rank != rank;
+  }
+  if (anyNet) {  // where the network peers will connect, on the interface bootstrap uses
+    netListener_ = Socket::listen(bootstrap_->localAddress());
+    peers_[rank].netAddr = WireAddr::from(netListener_.localAddr());
   }
   const int cores = cpuCount();  // the process's, before binding narrows this thread to one
   if (!sharedProcess) maybeBindToCore(localIndex);  // ranks sharing a process share its threads
@@ -156,6 +176,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   for (int r = 0; r < nranks; ++r) {
     const PeerInfo& p = peers_[r];
     if (r == rank) peerRegions_[r] = region_;
+    else if (netPeer_[r]) continue;  // (its control block's mirror comes with the proxy)
     else if (p.pid == mine.pid) peerRegions_[r] = findRegion(p.regionId);
     else peerRegions_[r] = ShmMapping::open(p.shmName, p.regionBytes);
     MNCL_CHECK(peerRegions_[r] != nullptr, mnclInternalError, "rank " + std::to_string(r) + "'s region vanished during init");
@@ -163,8 +184,9 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   peerWindows_.resize(nranks);
   for (int r = 0; r < nranks; ++r) {
     const PeerInfo& p = peers_[r];
-    if (r != rank && p.windowBytes > 0 && p.pid != mine.pid) peerWindows_[r] = ShmMapping::open(p.windowName, p.windowBytes);
+    if (r != rank && p.windowBytes > 0 && p.pid != mine.pid && !netPeer_[r]) peerWindows_[r] = ShmMapping::open(p.windowName, p.windowBytes);
   }
+  if (anyNet) startNetProxy(id, layout);
   peerFifos_ = peerRegions_;
   if (onGpu()) openPeerGpuRegions();
   bootstrap_->barrier();  // everyone has mapped everything: the names can go
@@ -191,13 +213,39 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   }
   if (plan_.searched) tuner_.setPathBandwidth(plan_.bwGBs);
   if (nranks > 1) monitor_ = std::make_unique<Monitor>(*this);
-  const char* transport = !onGpu() ? (otherProcess ? "shm" : "local")
+  const char* transportName = !onGpu() ? (anyNet ? (otherProcess ? "net + shm" : "net") : otherProcess ? "shm" : "local")
                           : !gpuRegion_ ? "pinned host memory (no CUDA IPC)"
                           : otherProcess ? "p2p (CUDA IPC)" : "local (device memory)";
   MNCL_INFO(kInit, "rank %d/%d: %d channel(s), transport %s, FIFO simple %u B x %d, ll %u lines, ll128 %u lines",
-            rank, nranks, nch, transport, mine.sizes.simpleSlotBytes, dev::kSteps,
+            rank, nranks, nch, transportName, mine.sizes.simpleSlotBytes, dev::kSteps,
             mine.sizes.llSlotLines, mine.sizes.ll128SlotLines);
   if (rank == 0) logPlan();
+}
+
+// Connects to the peers reached over the network and starts the thread that moves their
+// steps. Their control blocks are mirrors the proxy keeps from their messages.
+void Comm::startNetProxy(const UniqueIdData& id, const RegionLayout& layout) {
+  NetProxy::Setup s;
+  s.rank = rank_;
+  s.nonce = id.nonce;
+  for (int r = 0; r < nranks_; ++r) {
+    if (netPeer_[r]) s.peers.push_back(r);
+    s.listeners.push_back(peers_[r].netAddr.toSockAddr());
+  }
+  s.listener = &netListener_;
+  s.nChannels = std::min(peers_[0].nChannels, 64);
+  for (const PeerInfo& p : peers_) s.nChannels = std::min(s.nChannels, (int)p.nChannels);
+  s.layout = &layout;
+  s.regionBase = region_->base();
+  s.own = region_->ctrl();
+  s.abortWord = abortWord();
+  s.busy = [this] { return callsInside_.load() > 0; };
+  s.timeout = std::max(bootstrapTimeout(), Monitor::timeoutSeconds());
+  netProxy_ = std::make_unique<NetProxy>(std::move(s));
+  netListener_.close();
+  for (int r = 0; r < nranks_; ++r) {
+    if (netPeer_[r]) peerRegions_[r] = netProxy_->mirror(r);
+  }
 }
 
 void Comm::setupChannels(const dev::ProtoSizes& sizes) {
@@ -237,7 +285,7 @@ void Comm::connect(const RegionLayout& layout) {
     Channel& ch = *channels_[c];
     for (int p = 0; p < nranks_; ++p) {
       if (p == rank_) continue;
-      ch.sendTo[p] = layout.conn(peerFifos_[p]->base(), rank_, c);
+      ch.sendTo[p] = netPeer_[p] ? netProxy_->sendEnd(p, c) : layout.conn(peerFifos_[p]->base(), rank_, c);
       ch.recvFrom[p] = layout.conn(peerFifos_[rank_]->base(), p, c);
     }
   }
@@ -405,7 +453,7 @@ void Comm::enablePointerSteps() {
   }
   pid_t me = getpid();
   for (int p = 0; p < nranks_; ++p) {
-    if (p == rank_) continue;
+    if (p == rank_ || netPeer_[p]) continue;  // (over the network: FIFO steps only)
     bool local = peers_[p].pid == me;
     bool readable = mode >= 1 && local;
     // Kernel copies make senders wait for their receivers' reads, and cores shared by more
@@ -497,6 +545,7 @@ Comm::~Comm() {
   }
   monitor_.reset();
   executor_.reset();
+  netProxy_.reset();  // (after the channels: it sends what they published, then our goodbye)
   peerFifos_.clear();  // before the device state that the regions' memory belongs with
   gpuRegion_.reset();
   gpu_.reset();
@@ -589,7 +638,10 @@ void Comm::abort() {
   while (callsInside_.load(std::memory_order_acquire) > 0) dev::cpuBackoff(spins++);
 }
 
-Comm::CallScope::CallScope(Comm& c) : comm(c) { comm.callsInside_.fetch_add(1, std::memory_order_acq_rel); }
+Comm::CallScope::CallScope(Comm& c) : comm(c) {
+  comm.callsInside_.fetch_add(1, std::memory_order_acq_rel);
+  if (comm.netProxy_) comm.netProxy_->wake();
+}
 Comm::CallScope::~CallScope() { comm.callsInside_.fetch_sub(1, std::memory_order_acq_rel); }
 
 }  // namespace mncl

@@ -23,6 +23,7 @@ namespace mncl {
 
 class Executor;
 class Monitor;
+class NetProxy;
 namespace gpu {
 class GpuComm;
 class HostMapped;
@@ -53,6 +54,8 @@ struct PeerInfo {
   int32_t gpuIpcOk;       // GPU: the handle could be made
   char windowName[96];    // CPU: this rank's window (MININCL_WINDOW_BYTES), if it has one
   uint64_t windowBytes, windowAt;  // its size and where it lies in this rank's process
+  int32_t netForced;      // MININCL_TRANSPORT=net: every peer over the network (must agree)
+  WireAddr netAddr;       // this rank's network-transport listener (when some peer needs it)
 };
 
 class Comm {
@@ -121,6 +124,9 @@ class Comm {
   // Why peer r stopped, if it has failed (from its control block); empty if it has not.
   std::string peerFailure(int r) const;
 
+  // Whether peer r is reached over the network (another host, or MININCL_TRANSPORT=net).
+  bool overNetwork(int r) const { return netPeer_[r] != 0; }
+
  private:
   void agreeOnPlan();
   int channelsWanted(int coresPerRank) const;
@@ -134,6 +140,7 @@ class Comm {
   void checkGpuErrors();  // the monitor's poll: a kernel's error record becomes the comm's error
   void enablePointerSteps();
   void enableGpuPointerSteps();
+  void startNetProxy(const UniqueIdData& id, const RegionLayout& layout);
   void leave();
 
   int rank_, nranks_, device_;
@@ -164,6 +171,9 @@ class Comm {
   Tuner tuner_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Monitor> monitor_;
+  std::vector<char> netPeer_;            // [rank]: reached over the network
+  Socket netListener_;                   // where network peers connect (while init connects)
+  std::unique_ptr<NetProxy> netProxy_;   // moves those peers' steps (null without any)
 
   friend class Monitor;
 };

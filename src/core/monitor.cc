@@ -82,7 +82,10 @@ void Monitor::checkPeer(int r, double now) {
     return;
   }
   if (sameProcess) return;  // a thread of this process cannot vanish on its own
-  if (processGone(peer.pid)) {
+  // (A pid means something on this host only; over the network a vanished peer's
+  // connections close, and its mirrored state says so.)
+  bool sameHost = peer.hostHash == comm_.peers_[comm_.rank()].hostHash;
+  if (sameHost && processGone(peer.pid)) {
     comm_.fail(mnclRemoteError, who + " exited (or was killed) without destroying its communicator");
     return;
   }

@@ -345,6 +345,9 @@ class PyComm {
     d["pointer_steps"] = s.pointerSteps;
     d["direct_writes"] = s.directWrites;
     d["readable_peers"] = s.readablePeers;
+    int network = 0;
+    for (int r = 0; r < cm.nranks(); ++r) network += cm.overNetwork(r);
+    d["network_peers"] = network;
     return d;
   }
 
@@ -777,7 +780,7 @@ PYBIND11_MODULE(_core, m) {
       .def("_split_info", &PyComm::splitInfo, py::arg("color"), py::arg("key"))
       .def("stats", &PyComm::stats,
            "Counters: channels; pointer_steps, steps whose data a receiver read straight from this rank's buffers; "
-           "readable_peers, peers whose buffers this rank reads directly.")
+           "readable_peers, peers whose buffers this rank reads directly; network_peers, peers reached over TCP.")
       .def("_window_empty", &PyComm::windowEmpty, py::arg("shape"), py::arg("dtype"))
       .def("_topology", &PyComm::topology)
       .def("abort", &PyComm::abort)

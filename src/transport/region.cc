@@ -27,7 +27,10 @@ RegionLayout::RegionLayout(int nranks, int nChannels, const dev::ProtoSizes& siz
 }
 
 dev::ConnFifo RegionLayout::conn(char* regionBase, int sender, int channel) const {
-  char* c = regionBase + ctrlBytes_ + ((size_t)sender * nChannels_ + channel) * connBytes_;
+  return connAt(regionBase + ctrlBytes_ + ((size_t)sender * nChannels_ + channel) * connBytes_);
+}
+
+dev::ConnFifo RegionLayout::connAt(char* c) const {
   dev::ConnFifo f;
   f.ctrl = reinterpret_cast<dev::ConnCtrl*>(c);
   f.simple = c + simpleOff_;

@@ -32,6 +32,10 @@ class RegionLayout {
   size_t totalBytes() const { return ctrlBytes_ + (size_t)nranks_ * nChannels_ * connBytes_; }
   // The receiving end, in the receiver's region, of `sender`'s connection on `channel`.
   dev::ConnFifo conn(char* regionBase, int sender, int channel) const;
+  // One connection's memory (control words, then the FIFOs), laid out as in a region.
+  size_t connBytes() const { return connBytes_; }
+  const dev::ProtoSizes& sizes() const { return sizes_; }
+  dev::ConnFifo connAt(char* block) const;
 
  private:
   int nranks_, nChannels_;

@@ -1,0 +1,522 @@
+#include "net.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "../core/error.h"
+#include "../core/log.h"
+#include "../../cuda/arch.h"
+
+namespace mncl {
+
+namespace {
+constexpr uint64_t kNetMagic = 0x4d4e434c4e455431ull;  // "MNCLNET1"
+constexpr int kCtrlLink = -1;                           // Hello::link of a peer's control socket
+
+struct Hello {
+  uint64_t magic, nonce;
+  int32_t rank, link;  // link: a channel, or kCtrlLink
+};
+
+// Moves what it can without blocking: bytes moved, 0 if none would go, -1 if the peer closed
+// the connection or it failed (errno set; 0 for an orderly close).
+ssize_t sendSome(int fd, iovec* iov, int n) {
+  msghdr m{};
+  m.msg_iov = iov;
+  m.msg_iovlen = (size_t)n;
+  ssize_t r = ::sendmsg(fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (r >= 0) return r;
+  return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
+}
+
+ssize_t recvSome(int fd, void* to, size_t bytes) {
+  ssize_t r = ::recv(fd, to, bytes, MSG_DONTWAIT);
+  if (r > 0) return r;
+  if (r == 0) {
+    errno = 0;
+    return -1;
+  }
+  return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
+}
+
+std::string closedReason(int err) {
+  return err == 0 ? "closed its network connection" : std::string("lost its network connection (") + std::strerror(err) + ")";
+}
+}  // namespace
+
+// What goes before each step's data on the wire.
+struct NetProxy::StepHeader {
+  uint64_t step;
+  dev::StepInfo info;
+  uint32_t proto;   // a Proto
+  uint32_t length;  // Simple: bytes; LL, LL128: data lines
+};
+
+// Our state of a control socket: the block we send, the block we receive into, and the copy
+// of the peer's RankCtrl it feeds.
+struct NetProxy::CtrlMessage {
+  uint64_t heartbeat;
+  uint32_t state, failCode;
+  char failMessage[sizeof(RankCtrl::failMessage)];
+};
+
+struct NetProxy::CtrlLink {
+  int peer;
+  Socket sock;
+  bool closed = false;  // the peer closed it (after saying it left, or see lost)
+  bool lost = false;    // the peer failed or vanished: its data links stop too
+  CtrlMessage out{}, in{};
+  size_t outDone = 0, inDone = 0;
+  bool outPending = false;
+  uint64_t lastBeat = ~uint64_t{0};
+  uint32_t lastState = ~0u;
+  std::shared_ptr<Mapping> mirror;
+};
+
+// One (peer, channel) connection, both directions.
+struct NetProxy::DataLink {
+  int peer, channel;
+  Socket sock;
+  CtrlLink* ctrl;     // the peer's control link
+  bool closed = false;  // the peer closed it at a step boundary (whether it left or died, ctrl tells)
+  dev::ConnFifo out;  // the sending end, in our memory: our channel writes it, we send from it
+  dev::ConnFifo in;   // the receiving end, in our region: we write it, our channel reads it
+  // Sending: steps sent whole, and the one under way.
+  uint64_t sent = 0;
+  bool sending = false;
+  StepHeader outHeader{};
+  const char* outData = nullptr;
+  size_t outBytes = 0, outDone = 0;  // outDone counts the header too
+  // Receiving: steps received whole, and the one under way.
+  uint64_t received = 0;
+  StepHeader inHeader{};
+  size_t inDone = 0;  // of the header, then of the data
+  bool haveHeader = false;
+  char* inData = nullptr;
+  size_t inBytes = 0;
+  std::vector<uint64_t> bounce;  // LL / LL128 lines, before they are stored in the slot
+};
+
+NetProxy::NetProxy(Setup setup) : setup_(std::move(setup)) {
+  const RegionLayout& layout = *setup_.layout;
+  setup_.layout = nullptr;  // (the caller's, for this constructor only)
+  sizes_ = layout.sizes();
+  connBytes_ = layout.connBytes();
+  size_t npeers = setup_.peers.size();
+  sendEnds_ = createLocalRegion(std::max<size_t>(1, npeers * setup_.nChannels * connBytes_));
+  for (size_t i = 0; i < npeers; ++i) {
+    int peer = setup_.peers[i];
+    auto c = std::make_unique<CtrlLink>();
+    c->peer = peer;
+    c->mirror = createLocalRegion(sizeof(RankCtrl));
+    ctrl_.push_back(std::move(c));
+    for (int ch = 0; ch < setup_.nChannels; ++ch) {
+      auto l = std::make_unique<DataLink>();
+      l->peer = peer;
+      l->channel = ch;
+      l->ctrl = ctrl_.back().get();
+      l->out = layout.connAt(sendEnds_->base() + (i * setup_.nChannels + ch) * connBytes_);
+      l->out.proxied = true;
+      l->out.peerPid = -1;  // nothing of the peer's is readable here: a copy attempt fails loudly
+      l->in = layout.conn(setup_.regionBase, peer, ch);
+      data_.push_back(std::move(l));
+    }
+  }
+  connectAll(*setup_.listener, setup_.listeners);
+  wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wakeFd_ < 0) throwSystemError("eventfd() for the network proxy");
+  thread_ = std::thread([this] { loop(); });
+}
+
+NetProxy::~NetProxy() {
+  stop_.store(true);
+  wake();
+  if (thread_.joinable()) thread_.join();
+  if (wakeFd_ >= 0) ::close(wakeFd_);
+}
+
+dev::ConnFifo NetProxy::sendEnd(int peer, int channel) const {
+  for (const auto& l : data_) {
+    if (l->peer == peer && l->channel == channel) return l->out;
+  }
+  throwError(mnclInternalError, "no network connection to rank " + std::to_string(peer));
+}
+
+std::shared_ptr<Mapping> NetProxy::mirror(int peer) const {
+  for (const auto& c : ctrl_) {
+    if (c->peer == peer) return c->mirror;
+  }
+  return nullptr;
+}
+
+NetProxy::CtrlLink& NetProxy::ctrlOf(int peer) {
+  for (auto& c : ctrl_) {
+    if (c->peer == peer) return *c;
+  }
+  throwError(mnclInternalError, "no control connection to rank " + std::to_string(peer));
+}
+
+void NetProxy::wake() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (sleeping_.load()) {
+    uint64_t one = 1;
+    (void)!::write(wakeFd_, &one, sizeof(one));
+  }
+}
+
+// ---- connecting ----
+
+// Each pair connects once per channel and once for control: the lower rank connects, the
+// higher accepts and learns from the first message which link it is.
+void NetProxy::connectAll(Socket& listener, const std::vector<SockAddr>& listeners) {
+  Deadline deadline = deadlineIn(setup_.timeout);
+  auto place = [&](int peer, int link, Socket s) {
+    if (link == kCtrlLink) {
+      ctrlOf(peer).sock = std::move(s);
+      return;
+    }
+    for (auto& l : data_) {
+      if (l->peer == peer && l->channel == link) l->sock = std::move(s);
+    }
+  };
+  int expected = 0;
+  for (int peer : setup_.peers) {
+    if (peer < setup_.rank) {
+      expected += setup_.nChannels + 1;
+      continue;
+    }
+    for (int link = kCtrlLink; link < setup_.nChannels; ++link) {
+      std::string what = "rank " + std::to_string(setup_.rank) + " connecting to rank " + std::to_string(peer) + " (network transport)";
+      Socket s = Socket::connect(listeners[peer], deadline, what);
+      Hello h{kNetMagic, setup_.nonce, setup_.rank, link};
+      s.sendAll(&h, sizeof(h), deadline, what);
+      place(peer, link, std::move(s));
+    }
+  }
+  while (expected > 0) {
+    std::string what = "rank " + std::to_string(setup_.rank) + " waiting for its network connections";
+    Socket s = listener.accept(deadline, what);
+    Hello h{};
+    s.recvAll(&h, sizeof(h), deadline, what);
+    bool known = std::find(setup_.peers.begin(), setup_.peers.end(), h.rank) != setup_.peers.end();
+    if (h.magic != kNetMagic || h.nonce != setup_.nonce || !known || h.rank >= setup_.rank || h.link < kCtrlLink ||
+        h.link >= setup_.nChannels) {
+      MNCL_WARN(kNet, "rank %d: a connection to its network listener was not from a peer of this communicator; closed",
+                setup_.rank);
+      continue;
+    }
+    place(h.rank, h.link, std::move(s));
+    --expected;
+  }
+  // A link connected twice (a confused peer) would leave another without a socket.
+  for (auto& c : ctrl_) MNCL_CHECK(c->sock.valid(), mnclSystemError, "no control connection to rank " + std::to_string(c->peer));
+  for (auto& l : data_) MNCL_CHECK(l->sock.valid(), mnclSystemError, "no data connection to rank " + std::to_string(l->peer));
+}
+
+// ---- the proxy thread ----
+
+void NetProxy::loop() {
+  uint32_t idle = 0;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    if (progressAll()) {
+      idle = 0;
+      continue;
+    }
+    // While a call runs, steps come at any moment: poll. Otherwise sleep until a socket has
+    // something, or a call wakes us.
+    if (setup_.busy() || idle < 2000) {
+      dev::cpuBackoff(idle++);
+      continue;
+    }
+    sleep();
+    idle = 0;
+  }
+  flush();
+}
+
+bool NetProxy::progressAll() {
+  bool moved = false;
+  for (auto& c : ctrl_) moved |= progressCtrl(*c);
+  for (auto& l : data_) {
+    if (l->closed || l->ctrl->lost) continue;
+    moved |= progressSend(*l);
+    moved |= progressRecv(*l);
+  }
+  return moved;
+}
+
+bool NetProxy::progressSend(DataLink& l) {
+  if (!l.sending) {
+    if (dev::loadAcquire(&l.out.ctrl->tail) <= l.sent) return false;
+    int s = (int)(l.sent % dev::kSteps);
+    const dev::ConnCtrl* c = l.out.ctrl;
+    const dev::ProtoSizes& sz = sizes_;
+    l.outHeader = StepHeader{l.sent, c->info[s], c->stepProto[s], c->stepLength[s]};
+    switch ((Proto)l.outHeader.proto) {
+      case Proto::simple:
+        l.outData = l.out.simple + (size_t)s * sz.simpleSlotBytes;
+        l.outBytes = std::min<size_t>(l.outHeader.length, sz.simpleSlotBytes);
+        break;
+      case Proto::ll:
+        l.outData = reinterpret_cast<const char*>(l.out.ll + (size_t)s * sz.llSlotLines);
+        l.outBytes = std::min<size_t>(dev::kLLHeaderLines + (size_t)l.outHeader.length, sz.llSlotLines) * sizeof(dev::LLLine);
+        break;
+      default:
+        l.outData = reinterpret_cast<const char*>(l.out.ll128 + (size_t)s * sz.ll128SlotLines);
+        l.outBytes = std::min<size_t>(l.outHeader.length, sz.ll128SlotLines) * sizeof(dev::LL128Line);
+        break;
+    }
+    l.outDone = 0;
+    l.sending = true;
+  }
+  iovec iov[2];
+  int n = 0;
+  if (l.outDone < sizeof(StepHeader)) {
+    iov[n++] = {reinterpret_cast<char*>(&l.outHeader) + l.outDone, sizeof(StepHeader) - l.outDone};
+  }
+  size_t dataDone = l.outDone > sizeof(StepHeader) ? l.outDone - sizeof(StepHeader) : 0;
+  if (dataDone < l.outBytes) iov[n++] = {const_cast<char*>(l.outData) + dataDone, l.outBytes - dataDone};
+  ssize_t r = n > 0 ? sendSome(l.sock.fd(), iov, n) : 0;
+  if (r < 0) {
+    peerLost(l.peer, closedReason(errno));
+    l.closed = true;
+    return true;
+  }
+  l.outDone += (size_t)r;
+  if (l.outDone < sizeof(StepHeader) + l.outBytes) return r > 0;
+  // Sent (in the socket's buffer): the slot is free for the channel again.
+  l.sending = false;
+  dev::storeRelease(&l.out.ctrl->head, ++l.sent);
+  return true;
+}
+
+bool NetProxy::progressRecv(DataLink& l) {
+  bool moved = false;
+  if (!l.haveHeader) {
+    ssize_t r = recvSome(l.sock.fd(), reinterpret_cast<char*>(&l.inHeader) + l.inDone, sizeof(StepHeader) - l.inDone);
+    if (r < 0) {
+      // Closed between steps: the peer left, or died, which its control link tells (sockets
+      // close in no particular order). Anything else is a failure.
+      if (errno != 0 || l.inDone > 0) peerLost(l.peer, closedReason(errno));
+      l.closed = true;
+      return true;
+    }
+    l.inDone += (size_t)r;
+    if (l.inDone < sizeof(StepHeader)) return r > 0;
+    const StepHeader& h = l.inHeader;
+    const dev::ProtoSizes& sz = sizes_;
+    int s = (int)(h.step % dev::kSteps);
+    bool ok = h.step == l.received;
+    switch ((Proto)h.proto) {
+      case Proto::simple:
+        ok = ok && h.length <= sz.simpleSlotBytes;
+        l.inData = l.in.simple + (size_t)s * sz.simpleSlotBytes;  // straight into the slot
+        l.inBytes = h.length;
+        break;
+      case Proto::ll:
+        ok = ok && dev::kLLHeaderLines + (uint64_t)h.length <= sz.llSlotLines;
+        l.inBytes = (dev::kLLHeaderLines + (size_t)h.length) * sizeof(dev::LLLine);
+        break;
+      case Proto::ll128:
+        ok = ok && h.length <= sz.ll128SlotLines;
+        l.inBytes = (size_t)h.length * sizeof(dev::LL128Line);
+        break;
+      default:
+        ok = false;
+    }
+    if (!ok) {
+      peerLost(l.peer, "sent a malformed step on its network connection (step " + std::to_string(h.step) + ", expected " +
+                           std::to_string(l.received) + "; protocol " + std::to_string(h.proto) + ", length " +
+                           std::to_string(h.length) + ")");
+      l.closed = true;
+      return true;
+    }
+    if (h.proto != (uint32_t)Proto::simple) {
+      l.bounce.resize((l.inBytes + 7) / 8);
+      l.inData = reinterpret_cast<char*>(l.bounce.data());
+    }
+    l.haveHeader = true;
+    l.inDone = 0;
+    moved = true;
+  }
+  // The data goes into the slot (Simple) or is published there (lines): wait until our
+  // channel has consumed the step that last used it.
+  if (dev::loadAcquire(&l.in.ctrl->head) + dev::kSteps <= l.inHeader.step) return moved;
+  if (l.inDone < l.inBytes) {
+    ssize_t r = recvSome(l.sock.fd(), l.inData + l.inDone, l.inBytes - l.inDone);
+    if (r < 0) {
+      peerLost(l.peer, closedReason(errno));  // mid-step: never an orderly goodbye
+      l.closed = true;
+      return true;
+    }
+    l.inDone += (size_t)r;
+    moved |= r > 0;
+    if (l.inDone < l.inBytes) return moved;
+  }
+  publish(l);
+  l.haveHeader = false;
+  l.inDone = 0;
+  ++l.received;
+  return true;
+}
+
+// Stores a received step in the receiving end as its sender would have: the control words,
+// the lines with their flags (LL: every word carries one; LL128: the flag word last), then
+// the tail.
+void NetProxy::publish(DataLink& l) {
+  const StepHeader& h = l.inHeader;
+  const dev::ProtoSizes& sz = sizes_;
+  int s = (int)(h.step % dev::kSteps);
+  dev::ConnCtrl* c = l.in.ctrl;
+  c->info[s] = h.info;
+  c->stepLength[s] = h.length;
+  c->stepProto[s] = h.proto;
+  c->dataAt[s] = 0;
+  c->wroteToReceiver[s] = 0;
+  c->dataIsInput[s] = 0;
+  const uint64_t* words = l.bounce.data();
+  if (h.proto == (uint32_t)Proto::ll) {
+    uint64_t* to = l.in.ll[(size_t)s * sz.llSlotLines].w;
+    for (size_t i = 0; i < l.inBytes / 8; ++i) dev::storeRelease(to + i, words[i]);
+  } else if (h.proto == (uint32_t)Proto::ll128) {
+    dev::LL128Line* to = l.in.ll128 + (size_t)s * sz.ll128SlotLines;
+    for (size_t i = 0; i < h.length; ++i) {
+      const uint64_t* line = words + i * dev::kLL128Words;
+      std::memcpy(to[i].w, line, dev::kLL128DataWords * 8);
+      dev::storeRelease(&to[i].w[dev::kLL128DataWords], line[dev::kLL128DataWords]);
+    }
+  }
+  dev::storeRelease(&c->tail, h.step + 1);
+}
+
+// Our heartbeat and state out, whenever they change; the peer's in, into its mirror.
+bool NetProxy::progressCtrl(CtrlLink& c) {
+  if (c.closed) return false;
+  bool moved = false;
+  const RankCtrl* own = setup_.own;
+  uint64_t beat = dev::loadAcquire(&own->heartbeat);
+  uint32_t state = dev::loadAcquire(&own->state);
+  if (!c.outPending && (beat != c.lastBeat || state != c.lastState)) {
+    c.out.heartbeat = beat;
+    c.out.state = state;
+    c.out.failCode = own->failCode;
+    std::memcpy(c.out.failMessage, own->failMessage, sizeof(c.out.failMessage));
+    c.out.failMessage[sizeof(c.out.failMessage) - 1] = '\0';
+    c.lastBeat = beat;
+    c.lastState = state;
+    c.outDone = 0;
+    c.outPending = true;
+  }
+  if (c.outPending) {
+    iovec iov{reinterpret_cast<char*>(&c.out) + c.outDone, sizeof(CtrlMessage) - c.outDone};
+    ssize_t r = sendSome(c.sock.fd(), &iov, 1);
+    if (r < 0) {
+      peerLost(c.peer, closedReason(errno));
+      c.closed = true;
+      return true;
+    }
+    c.outDone += (size_t)r;
+    c.outPending = c.outDone < sizeof(CtrlMessage);
+    moved |= r > 0;
+  }
+  ssize_t r = recvSome(c.sock.fd(), reinterpret_cast<char*>(&c.in) + c.inDone, sizeof(CtrlMessage) - c.inDone);
+  if (r < 0) {  // (a goodbye after the peer said it left or failed; otherwise it vanished)
+    if (dev::loadAcquire(&c.mirror->ctrl()->state) == RankCtrl::kRunning) peerLost(c.peer, closedReason(errno));
+    c.closed = true;
+    return true;
+  }
+  c.inDone += (size_t)r;
+  if (c.inDone == sizeof(CtrlMessage)) {
+    RankCtrl* m = c.mirror->ctrl();
+    m->failCode = c.in.failCode;
+    std::memcpy(m->failMessage, c.in.failMessage, sizeof(m->failMessage));
+    m->failMessage[sizeof(m->failMessage) - 1] = '\0';
+    if (dev::loadAcquire(&m->state) != RankCtrl::kFailed) dev::storeRelease(&m->state, c.in.state);
+    dev::storeRelease(&m->heartbeat, c.in.heartbeat);
+    c.inDone = 0;
+  }
+  return moved || r > 0;
+}
+
+// The peer is gone (or broke the wire format): its mirror says it failed, unless it already
+// said it left or failed, and the Monitor turns that into this rank's error.
+void NetProxy::peerLost(int peer, const std::string& why) {
+  CtrlLink& c = ctrlOf(peer);
+  c.lost = c.closed = true;
+  RankCtrl* m = c.mirror->ctrl();
+  if (dev::loadAcquire(&m->state) != RankCtrl::kRunning) return;
+  m->failCode = mnclRemoteError;
+  std::string message = why + " (did its process exit, or the network fail?)";
+  std::strncpy(m->failMessage, message.c_str(), sizeof(m->failMessage) - 1);
+  dev::storeRelease(&m->state, (uint32_t)RankCtrl::kFailed);
+}
+
+// Nothing to do: wait for a socket or a wake-up (10 ms at most: our heartbeat must go out).
+void NetProxy::sleep() {
+  std::vector<pollfd> fds;
+  fds.push_back({wakeFd_, POLLIN, 0});
+  for (auto& c : ctrl_) {
+    if (!c->closed) fds.push_back({c->sock.fd(), (short)(POLLIN | (c->outPending ? POLLOUT : 0)), 0});
+  }
+  for (auto& l : data_) {
+    if (l->closed || l->ctrl->lost) continue;
+    bool waitsForSlot = l->haveHeader && dev::loadAcquire(&l->in.ctrl->head) + dev::kSteps <= l->inHeader.step;
+    short events = (short)((waitsForSlot ? 0 : POLLIN) | (l->sending ? POLLOUT : 0));
+    if (events) fds.push_back({l->sock.fd(), events, 0});
+  }
+  sleeping_.store(true);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!setup_.busy() && !stop_.load()) ::poll(fds.data(), fds.size(), 10);
+  sleeping_.store(false);
+  uint64_t drained;
+  (void)!::read(wakeFd_, &drained, sizeof(drained));
+}
+
+// Teardown: what our channels published still goes out (unless this communicator failed:
+// then nobody waits for it), then our last state; then the sockets close, each after reading
+// what is left in it (closing with unread data would reset the connection, and the peer
+// could lose what we sent last).
+void NetProxy::flush() {
+  Deadline deadline = deadlineIn(setup_.timeout);
+  auto pending = [&] {
+    for (auto& l : data_) {
+      if (!l->closed && !l->ctrl->lost && (l->sending || dev::loadAcquire(&l->out.ctrl->tail) > l->sent)) return true;
+    }
+    for (auto& c : ctrl_) {
+      if (!c->closed && (c->outPending || dev::loadAcquire(&setup_.own->state) != c->lastState)) return true;
+    }
+    return false;
+  };
+  uint32_t spins = 0;
+  while (pending() && Clock::now() < deadline) {
+    bool failed = dev::loadRelaxed(setup_.abortWord) != 0;
+    bool moved = false;
+    for (auto& c : ctrl_) moved |= progressCtrl(*c);
+    for (auto& l : data_) {
+      if (!l->closed && !l->ctrl->lost && !failed) moved |= progressSend(*l);
+    }
+    if (failed && std::all_of(ctrl_.begin(), ctrl_.end(), [](auto& c) { return c->closed || !c->outPending; })) break;
+    spins = moved ? 0 : spins + 1;
+    dev::cpuBackoff(spins);
+  }
+  char sink[4096];
+  auto drainAndClose = [&](Socket& s) {
+    if (!s.valid()) return;
+    ::shutdown(s.fd(), SHUT_WR);
+    while (::recv(s.fd(), sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+    }
+    s.close();
+  };
+  for (auto& l : data_) drainAndClose(l->sock);
+  for (auto& c : ctrl_) drainAndClose(c->sock);
+}
+
+}  // namespace mncl

@@ -1,0 +1,92 @@
+// The network transport: connections to ranks on other hosts (or to every peer, with
+// MININCL_TRANSPORT=net) go over TCP, moved by one proxy thread per communicator, as NCCL's
+// net transport moves them. CPU ranks only.
+//
+// The device code never sees a socket. A sending channel writes each step into a copy of the
+// receiver's end of the connection that lies in its own memory (ConnFifo::proxied: FIFO slots
+// only, no pointer steps or direct writes), records the step's length and protocol and bumps
+// that copy's tail. The proxy sends the step (a header, then the data) and bumps the copy's
+// head, freeing the slot. On the receiving host the proxy reads the header, waits until the
+// receiver's slot is free, reads the data into it and bumps its tail. LL and LL128 lines go
+// through a bounce buffer and are stored as their protocols publish them (LL word by word,
+// LL128 flag last): a socket read keeps no order within a line. The receiving channel cannot
+// tell a proxied step from one a sender wrote itself.
+//
+// One socket per (peer, channel), so that a channel whose receiver is behind never holds up
+// another channel's steps; and one per peer for control messages: this rank's heartbeat and
+// state (running, failed with its reason, left), which the peer keeps in a copy of our
+// RankCtrl for its Monitor, as it would read our region on one host. A connection that
+// closes before its peer has said that it left makes that peer failed.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "../bootstrap/socket.h"
+#include "region.h"
+
+namespace mncl {
+
+class NetProxy {
+ public:
+  struct Setup {
+    int rank = 0;
+    uint64_t nonce = 0;               // the communicator's: a stray connection fails the handshake
+    std::vector<int> peers;           // the ranks reached over the network
+    std::vector<SockAddr> listeners;  // [nranks]: each rank's listener (the peers' are used)
+    Socket* listener = nullptr;       // ours, listening already
+    int nChannels = 1;
+    const RegionLayout* layout = nullptr;  // read by the constructor only
+    char* regionBase = nullptr;       // our region, where the receiving ends are
+    const RankCtrl* own = nullptr;    // our control block, which the peers mirror
+    const uint32_t* abortWord = nullptr;
+    std::function<bool()> busy;       // calls are running: keep polling, do not sleep
+    double timeout = 5;               // for connecting, and for the last sends at teardown
+  };
+
+  // Connects to every peer (the lower rank of each pair connects, the higher accepts), then
+  // starts the proxy thread. Throws on a peer that cannot be reached in time.
+  explicit NetProxy(Setup setup);
+  // Sends what the channels published and this rank's last state, then closes.
+  ~NetProxy();
+
+  // The sending end of our connection to `peer` on `channel`, in our memory.
+  dev::ConnFifo sendEnd(int peer, int channel) const;
+  // `peer`'s control block as its messages (and its connections) describe it.
+  std::shared_ptr<Mapping> mirror(int peer) const;
+  // A call started: poll without sleeping while it runs.
+  void wake();
+
+ private:
+  struct StepHeader;
+  struct DataLink;
+  struct CtrlLink;
+  struct CtrlMessage;
+
+  void connectAll(Socket& listener, const std::vector<SockAddr>& listeners);
+  void loop();
+  bool progressAll();
+  bool progressSend(DataLink& l);
+  bool progressRecv(DataLink& l);
+  bool progressCtrl(CtrlLink& c);
+  void publish(DataLink& l);
+  void sleep();
+  void flush();
+  void peerLost(int peer, const std::string& why);
+  CtrlLink& ctrlOf(int peer);
+
+  Setup setup_;
+  dev::ProtoSizes sizes_{};
+  size_t connBytes_ = 0;
+  std::shared_ptr<Mapping> sendEnds_;  // our copies of the receivers' ends, [peer index][channel]
+  std::vector<std::unique_ptr<DataLink>> data_;
+  std::vector<std::unique_ptr<CtrlLink>> ctrl_;
+  int wakeFd_ = -1;
+  std::atomic<bool> sleeping_{false}, stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace mncl

@@ -1,0 +1,233 @@
+"""The network transport: TCP sockets moved by a proxy thread. Ranks on other hosts use it
+(here: processes posing as other hosts with MININCL_HOSTID), and MININCL_TRANSPORT=net puts
+every connection on it (thread ranks too), so every algorithm x protocol runs over it."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import queue as queue_mod
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+import workers
+from conftest import ALGOS, PROTOS, TYPES_OPS, counts_for, env_as, needs, run_ranks
+from test_algorithms import check_collective
+
+import minincl
+
+
+@contextlib.contextmanager
+def net_comms(nranks: int, algo: str | None = None, proto: str | None = None) -> Any:
+    with env_as({"MININCL_TRANSPORT": "net", "MININCL_ALGO": algo, "MININCL_PROTO": proto}):
+        comms = minincl.Communicator.init_all(nranks)
+    try:
+        yield comms
+    finally:
+        for c in comms:
+            c.destroy()
+
+
+def launch_as_hosts(
+    fn: Callable[..., Any],
+    nranks: int,
+    *args: Any,
+    env: dict[str, str] | None = None,
+    env_of: Callable[[int], dict[str, str]] | None = None,
+    timeout: float = 120,
+    reporting: int | None = None,
+) -> dict[int, tuple[bool, Any]]:
+    """fn(comm, *args) in `nranks` processes, each with MININCL_HOSTID of its own (so each is
+    another host to the others) plus `env` (or env_of(rank)); returns {rank: (ok, result)} of
+    those that reported (a rank that died reports nothing; with `reporting`, stops waiting
+    once that many have reported, and kills the rest)."""
+    ctx = mp.get_context("spawn")
+    uid = minincl.get_unique_id()
+    results: Any = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=workers.rank_with_env,
+            args=(
+                fn,
+                nranks,
+                r,
+                uid,
+                {"MININCL_HOSTID": f"host{r}", **(env_of(r) if env_of else env or {})},
+                args,
+                results,
+            ),
+            daemon=True,
+        )
+        for r in range(nranks)
+    ]
+    for p in procs:
+        p.start()
+    got: dict[int, tuple[bool, Any]] = {}
+    deadline = time.monotonic() + timeout
+    while len(got) < (reporting or nranks) and time.monotonic() < deadline:
+        with contextlib.suppress(queue_mod.Empty):
+            rank, ok, value = results.get(timeout=0.1)
+            got[rank] = (ok, value)
+            continue
+        if all(not p.is_alive() for p in procs) and results.empty():
+            break
+    for p in procs:
+        p.join(timeout=0 if reporting else 5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return got
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("algo", list(ALGOS))
+@pytest.mark.parametrize("nranks", [2, 3, 5])
+def test_every_algorithm_and_protocol_over_the_network(nranks: int, algo: str, proto: str) -> None:
+    with net_comms(nranks, algo, proto) as comms:
+        assert all(c.stats()["network_peers"] == nranks - 1 for c in comms)
+        for coll in ALGOS[algo]:
+            for dtype, op in TYPES_OPS:
+                needs(dtype)
+                for count in counts_for(dtype):
+                    check_collective(comms, coll, dtype, op, count)
+
+
+def test_large_messages_and_the_tuners_choices_over_the_network() -> None:
+    """Counts across many FIFO laps (each slot reused again and again), whatever the tuner picks."""
+    with net_comms(3) as comms:
+        for count in (1, 1000, 65536, 1_000_003):
+            for coll in ("allreduce", "allgather", "reduce_scatter", "broadcast"):
+                check_collective(comms, coll, "float32", "sum", count)
+
+
+def test_send_recv_and_alltoall_over_the_network() -> None:
+    with net_comms(4) as comms:
+        n = len(comms)
+
+        def body(c: Any) -> int:
+            r = c.rank
+            for count in (0, 1, 4099, 300_007):
+                out = np.zeros(count, np.float64)
+                with minincl.group():
+                    c.send(np.arange(count, dtype=np.float64) + r, (r + 1) % n)
+                    c.recv(out, (r - 1) % n)
+                np.testing.assert_array_equal(out, np.arange(count, dtype=np.float64) + (r - 1) % n)
+                got = c.sendrecv(np.full(count, r, np.int32), np.zeros(count, np.int32), r ^ 1)
+                np.testing.assert_array_equal(got, np.full(count, r ^ 1, np.int32))
+                send = np.concatenate([np.full(count, 10 * r + q, np.int64) for q in range(n)])
+                a2a = c.alltoall(send)
+                np.testing.assert_array_equal(
+                    a2a, np.concatenate([np.full(count, 10 * q + r, np.int64) for q in range(n)])
+                )
+            return 0
+
+        run_ranks(comms, body, timeout=120)
+
+
+def test_thousands_of_small_allreduces_per_protocol_over_the_network() -> None:
+    """Every step's header and flags cross the wire: values change every call."""
+    for proto in PROTOS:
+        with net_comms(3, "ring", proto) as comms:
+
+            def body(c: Any) -> int:
+                for i in range(2000):
+                    x = np.array([c.rank * i, i, 1], np.int32)
+                    c.allreduce(x)
+                    if x[0] != 3 * i or x[1] != 3 * i or x[2] != 3:
+                        raise AssertionError(f"{proto} call {i}: {x}")
+                return 0
+
+            run_ranks(comms, body, timeout=120)
+
+
+def test_mismatched_collectives_are_named_over_the_network() -> None:
+    with net_comms(2) as comms:
+
+        def body(c: Any) -> str:
+            try:
+                c.allreduce(np.ones(10 + 10 * c.rank, np.float32))
+            except minincl.Error as e:
+                return f"{type(e).__name__}: {e}"
+            return "ok"
+
+        results = run_ranks(comms, body)
+    assert any("mismatched calls" in r and "count=10" in r and "count=20" in r for r in results), results
+
+
+def test_abort_unblocks_a_collective_waiting_on_the_network() -> None:
+    with net_comms(2) as comms:
+        out: list[str] = []
+
+        def lonely() -> None:
+            try:
+                comms[0].allreduce(np.ones(1000, np.float32))  # rank 1 never joins
+            except minincl.Error as e:
+                out.append(type(e).__name__)
+
+        import threading
+
+        t = threading.Thread(target=lonely, daemon=True)
+        t.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        comms[0].abort()
+        t.join(5)
+        assert out == ["Aborted"] and time.monotonic() - t0 < 1.0
+
+
+def test_processes_on_different_hosts_use_the_network() -> None:
+    got = launch_as_hosts(workers.all_collectives, 3, [0, 1, 7, 50021])
+    assert sorted(got) == [0, 1, 2]
+    assert all(ok for ok, _ in got.values()), got
+    assert len({v for _, v in got.values()}) == 1
+    peers = launch_as_hosts(workers.network_peers, 3)
+    assert peers == {r: (True, 2) for r in range(3)}, peers
+
+
+def test_same_host_processes_keep_shared_memory_unless_told() -> None:
+    peers = minincl.launch(workers.network_peers, 2)
+    assert peers == [0, 0]
+
+
+@pytest.mark.parametrize("how", ["killed", "hung"])
+def test_a_lost_host_is_an_error_on_the_others(tmp_path: Path, how: str) -> None:
+    """A killed rank's connections close: the others raise RemoteError at once. A hung one's
+    heartbeats stop: Timeout after MININCL_TIMEOUT (no pid to look at across hosts)."""
+    sig = signal.SIGKILL if how == "killed" else signal.SIGSTOP
+    t0 = time.monotonic()
+    got = launch_as_hosts(
+        workers.stop_mid_run, 3, 1, str(tmp_path), int(sig), env={"MININCL_TIMEOUT": "2"}, timeout=60, reporting=2
+    )
+    assert sorted(got) == [0, 2], got
+    for ok, story in got.values():
+        assert ok, story
+        if how == "killed":
+            assert story.startswith("RemoteError after") and "rank 1" in story, story
+            assert "network connection" in story, story
+        else:
+            assert story.startswith(("Timeout after", "RemoteError after")) and "rank 1" in story, story
+    if how == "hung":  # one survivor times out; the other may learn it from that one
+        assert any(v.startswith("Timeout after") and "no sign of life" in v for _, v in got.values()), got
+    assert time.monotonic() - t0 < 30
+
+
+def test_transport_settings_are_checked() -> None:
+    with (
+        env_as({"MININCL_TRANSPORT": "carrier-pigeon"}),
+        pytest.raises(minincl.InvalidArgument, match="MININCL_TRANSPORT"),
+    ):
+        minincl.Communicator.init_all(2)
+    # Two processes of one host, only one of them told to use the network.
+    got = launch_as_hosts(
+        workers.network_peers,
+        2,
+        env_of=lambda r: {"MININCL_HOSTID": "one-host", "MININCL_TRANSPORT": "net" if r == 0 else "auto"},
+        timeout=60,
+    )
+    assert sorted(got) == [0, 1]
+    for ok, story in got.values():
+        assert not ok and "InvalidUsage" in story and "MININCL_TRANSPORT" in story, story
