@@ -51,6 +51,11 @@ MININCL_RUNNERS = {
         {"MININCL_BENCH_WINDOW": "1", "MININCL_WINDOW_BYTES": "2G"},
     ),
     "minincl-threads": ("run_minincl_threads.py", "2 ranks as threads of one process", {}),
+    "minincl-net": (
+        "run_minincl.py",
+        "ranks bound to cores, every connection over TCP loopback (MININCL_TRANSPORT=net), as gloo's",
+        {"MININCL_TRANSPORT": "net"},
+    ),
 }
 
 

@@ -1,5 +1,6 @@
 """minincl runner: two local processes through minincl.launch; prints CSV rows. With
-MININCL_BENCH_WINDOW=1 (the minincl-window line) the buffers come from Communicator.empty."""
+MININCL_BENCH_WINDOW=1 (the minincl-window line) the buffers come from Communicator.empty;
+with MININCL_TRANSPORT=net (the minincl-net line) every connection goes over TCP."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import minincl
 
 NRANKS = 2
 WINDOW = os.environ.get("MININCL_BENCH_WINDOW") == "1"
+NET = os.environ.get("MININCL_TRANSPORT") == "net"
 
 
 def make_op(comm: minincl.Communicator, collective: str, send: np.ndarray, recv: np.ndarray) -> Callable[[], object]:
@@ -51,7 +53,7 @@ def rank_main(comm: minincl.Communicator, cfg: RunConfig) -> dict[int, list[floa
 
 
 def main() -> None:
-    cfg = parse_args("minincl-window" if WINDOW else "minincl")
+    cfg = parse_args("minincl-window" if WINDOW else "minincl-net" if NET else "minincl")
     # One core per rank process, as Open MPI binds its ranks by default (unbound, a fresh pair
     # of processes often shares a core for its first milliseconds).
     os.environ.setdefault("MININCL_CPU_BIND", "1")

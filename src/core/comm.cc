@@ -194,7 +194,8 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   if (window_) window_->unlink();
 
   setupChannels(mine.sizes);
-  oversubscribed_ = !onGpu() && localRanks * nch > cores;
+  // (A network proxy is one more busy thread per rank: it needs a core as a channel does.)
+  oversubscribed_ = !onGpu() && localRanks * (nch + (anyNet ? 1 : 0)) > cores;
   int64_t gpuSpins = onGpu() ? env::integer("MININCL_GPU_SPINS", 1 << 14) : 0;
   MNCL_CHECK(gpuSpins >= 0 && gpuSpins <= UINT32_MAX, mnclInvalidArgument, "MININCL_GPU_SPINS must be between 0 and 2^32-1");
   for (auto& ch : channels_) ch->dev.spinBudget = onGpu() ? (uint32_t)gpuSpins : oversubscribed_ ? 200 : 5000;

@@ -20,6 +20,7 @@ namespace mncl {
 namespace {
 constexpr uint64_t kNetMagic = 0x4d4e434c4e455431ull;  // "MNCLNET1"
 constexpr int kCtrlLink = -1;                           // Hello::link of a peer's control socket
+constexpr uint32_t kSpinsBeforeYield = 20;
 
 struct Hello {
   uint64_t magic, nonce;
@@ -230,10 +231,11 @@ void NetProxy::loop() {
       idle = 0;
       continue;
     }
-    // While a call runs, steps come at any moment: poll. Otherwise sleep until a socket has
-    // something, or a call wakes us.
+    // While a call runs, steps come at any moment: poll, yielding soon (our channels may
+    // share our core, and their work is what we wait for). Otherwise sleep until a socket
+    // has something, or a call wakes us.
     if (setup_.busy() || idle < 2000) {
-      dev::cpuBackoff(idle++);
+      dev::cpuBackoff(idle++, kSpinsBeforeYield);
       continue;
     }
     sleep();
