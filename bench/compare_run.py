@@ -85,7 +85,7 @@ def available_libraries(
                     f"torch {_package_version('torch')} gloo",
                 )
             )
-        elif name in ("mpich", "openmpi"):
+        elif name in ("mpich", "openmpi", "openmpi-tcp"):
             venv = mpich_venv if name == "mpich" else openmpi_venv
             python, mpiexec = os.path.join(venv, "bin", "python"), os.path.join(venv, "bin", "mpiexec")
             if not (os.path.exists(python) and os.path.exists(mpiexec)):
@@ -95,11 +95,14 @@ def available_libraries(
                     file=sys.stderr,
                 )
                 continue
-            env = dict(OMPI_ROOT_ENV) if name == "openmpi" else {}
+            env = dict(OMPI_ROOT_ENV) if name.startswith("openmpi") else {}
+            if name == "openmpi-tcp":  # its TCP transport only, for the network comparison
+                env["OMPI_MCA_btl"] = "tcp,self"
             cmd = [mpiexec, "-n", "2", python, os.path.join(RUNNERS, "run_mpi.py"), "--library", name]
-            out.append(Library(name, cmd, env, _mpi_version(python, env)))
+            version = _mpi_version(python, env) + (" (btl tcp,self)" if name == "openmpi-tcp" else "")
+            out.append(Library(name, cmd, env, version))
         else:
-            known = ", ".join([*MININCL_RUNNERS, "gloo", "mpich", "openmpi"])
+            known = ", ".join([*MININCL_RUNNERS, "gloo", "mpich", "openmpi", "openmpi-tcp"])
             raise SystemExit(f"unknown library {name!r}: expected one of {known}")
     return out
 

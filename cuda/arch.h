@@ -150,6 +150,10 @@ struct Waiter {
   const uint32_t* abortFlag;
   uint32_t spinBudget = 200;  // CPU: pauses before yielding; GPU: hot spins before sleeping
   bool aborted = false;
+  // CPU, a communicator with network peers: moves their steps while this thread waits (it is
+  // usually what the wait is for), instead of waiting for the proxy thread to get a core.
+  void (*progress)(void*) = nullptr;
+  void* progressArg = nullptr;
 
   template <typename Ready>
   MNCL_DEV bool until(Ready ready) {
@@ -195,7 +199,10 @@ MNCL_DEV void Waiter::backoff(uint32_t spins) {
 }
 #else
 void cpuBackoff(uint32_t spins, uint32_t spinBudget = 200);
-inline void Waiter::backoff(uint32_t spins) { cpuBackoff(spins, spinBudget); }
+inline void Waiter::backoff(uint32_t spins) {
+  if (progress) progress(progressArg);
+  cpuBackoff(spins, spinBudget);
+}
 #endif
 
 // Pointer steps and direct writes (see ConnCtrl::dataAt, ConnCtrl::outputAt): a receiver reads

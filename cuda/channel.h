@@ -171,6 +171,9 @@ struct DevChannel {
   // with comm.empty live there): data in it can go as pointer steps to other processes.
   const char* window = nullptr;
   uint64_t windowBytes = 0;
+  // CPU: with network peers, what a waiting thread calls to move their steps (Waiter::progress).
+  void (*netProgress)(void*) = nullptr;
+  void* netProgressArg = nullptr;
 #if defined(MNCL_GPU_TRACE)
   long long traceStart = 0;  // clock64 at this launch's start (thread 0)
   uint64_t traceCycles[kTracePoints] = {};

@@ -95,7 +95,7 @@ MNCL_DEV T workScalar(const DevWork& w) {
 template <typename T, typename Fn, typename Paths = AnyProtocol>
 MNCL_DEV bool runTyped(DevChannel& ch, const DevWork& w, Fn fn, DevError* err) {
   if constexpr (Fn::kHasPre) fn.scalar = workScalar<T>(w);
-  Waiter waiter{ch.abortFlag, ch.spinBudget};
+  Waiter waiter{ch.abortFlag, ch.spinBudget, false, ch.netProgress, ch.netProgressArg};
   PrimsContext<Fn> cx{ch, w, fn, waiter, err};
   // Where this operation's steps start, for direct writes (only thread 0 reads them: it
   // publishes outputs and plans each step's destination).

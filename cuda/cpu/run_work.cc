@@ -80,7 +80,7 @@ void preMulSumAlone(const DevWork& w) {
 }
 
 bool runP2p(DevChannel& ch, P2pOp* ops, int nops, DevError* err) {
-  Waiter waiter{ch.abortFlag, ch.spinBudget};
+  Waiter waiter{ch.abortFlag, ch.spinBudget, false, ch.netProgress, ch.netProgressArg};
   P2pEngine engine{ch, waiter, err};
   return engine.run(ops, nops);
 }

@@ -287,6 +287,10 @@ void Comm::connect(const RegionLayout& layout) {
     for (int p = 0; p < nranks_; ++p) {
       if (p == rank_) continue;
       ch.sendTo[p] = netPeer_[p] ? netProxy_->sendEnd(p, c) : layout.conn(peerFifos_[p]->base(), rank_, c);
+      if (netPeer_[p]) {
+        ch.dev.netProgress = &NetProxy::progressFromChannel;
+        ch.dev.netProgressArg = netProxy_.get();
+      }
       ch.recvFrom[p] = layout.conn(peerFifos_[rank_]->base(), p, c);
     }
   }

@@ -227,7 +227,12 @@ void NetProxy::connectAll(Socket& listener, const std::vector<SockAddr>& listene
 void NetProxy::loop() {
   uint32_t idle = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
-    if (progressAll()) {
+    bool moved;
+    {
+      std::lock_guard<std::mutex> lock(progressMutex_);
+      moved = progressAll(true);
+    }
+    if (moved) {
       idle = 0;
       continue;
     }
@@ -244,9 +249,15 @@ void NetProxy::loop() {
   flush();
 }
 
-bool NetProxy::progressAll() {
+void NetProxy::progressFromChannel(void* proxy) {
+  auto* self = static_cast<NetProxy*>(proxy);
+  std::unique_lock<std::mutex> lock(self->progressMutex_, std::try_to_lock);
+  if (lock.owns_lock()) self->progressAll(false);
+}
+
+bool NetProxy::progressAll(bool withCtrl) {
   bool moved = false;
-  for (auto& c : ctrl_) moved |= progressCtrl(*c);
+  for (auto& c : ctrl_) moved |= withCtrl && progressCtrl(*c);
   for (auto& l : data_) {
     if (l->closed || l->ctrl->lost) continue;
     moved |= progressSend(*l);
@@ -464,6 +475,7 @@ void NetProxy::peerLost(int peer, const std::string& why) {
 // Nothing to do: wait for a socket or a wake-up (10 ms at most: our heartbeat must go out).
 void NetProxy::sleep() {
   std::vector<pollfd> fds;
+  std::unique_lock<std::mutex> lock(progressMutex_);
   fds.push_back({wakeFd_, POLLIN, 0});
   for (auto& c : ctrl_) {
     if (!c->closed) fds.push_back({c->sock.fd(), (short)(POLLIN | (c->outPending ? POLLOUT : 0)), 0});
@@ -474,6 +486,7 @@ void NetProxy::sleep() {
     short events = (short)((waitsForSlot ? 0 : POLLIN) | (l->sending ? POLLOUT : 0));
     if (events) fds.push_back({l->sock.fd(), events, 0});
   }
+  lock.unlock();
   sleeping_.store(true);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (!setup_.busy() && !stop_.load()) ::poll(fds.data(), fds.size(), 10);

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -59,6 +60,9 @@ class NetProxy {
   std::shared_ptr<Mapping> mirror(int peer) const;
   // A call started: poll without sleeping while it runs.
   void wake();
+  // Waiter::progress for our channels: a waiting channel thread moves the data links' steps
+  // itself, unless another thread is at it (no hand-off to the proxy thread on a busy core).
+  static void progressFromChannel(void* proxy);
 
  private:
   struct StepHeader;
@@ -68,7 +72,7 @@ class NetProxy {
 
   void connectAll(Socket& listener, const std::vector<SockAddr>& listeners);
   void loop();
-  bool progressAll();
+  bool progressAll(bool withCtrl);
   bool progressSend(DataLink& l);
   bool progressRecv(DataLink& l);
   bool progressCtrl(CtrlLink& c);
@@ -84,6 +88,7 @@ class NetProxy {
   std::shared_ptr<Mapping> sendEnds_;  // our copies of the receivers' ends, [peer index][channel]
   std::vector<std::unique_ptr<DataLink>> data_;
   std::vector<std::unique_ptr<CtrlLink>> ctrl_;
+  std::mutex progressMutex_;  // one thread moves the links at a time
   int wakeFd_ = -1;
   std::atomic<bool> sleeping_{false}, stop_{false};
   std::thread thread_;
