@@ -532,6 +532,12 @@ def test_ddp_matches_gloo_cpu() -> None:
     _check_same_training("cpu")
 
 
+def test_ddp_over_the_network_transport_matches_gloo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every minincl connection over TCP, as between hosts."""
+    monkeypatch.setenv("MININCL_TRANSPORT", "net")
+    _check_same_training("cpu")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a usable CUDA GPU")
 def test_ddp_matches_gloo_gpu() -> None:

@@ -82,6 +82,13 @@ struct NetProxy::CtrlLink {
   std::shared_ptr<Mapping> mirror;
 };
 
+// A step on its way out: its header, then its data where our channel wrote it.
+struct NetProxy::OutStep {
+  StepHeader header;
+  const char* data;
+  size_t bytes;
+};
+
 // One (peer, channel) connection, both directions.
 struct NetProxy::DataLink {
   int peer, channel;
@@ -90,12 +97,12 @@ struct NetProxy::DataLink {
   bool closed = false;  // the peer closed it at a step boundary (whether it left or died, ctrl tells)
   dev::ConnFifo out;  // the sending end, in our memory: our channel writes it, we send from it
   dev::ConnFifo in;   // the receiving end, in our region: we write it, our channel reads it
-  // Sending: steps sent whole, and the one under way.
+  // Sending: steps sent whole, and the batch under way (see startBatch).
   uint64_t sent = 0;
-  bool sending = false;
-  StepHeader outHeader{};
-  const char* outData = nullptr;
-  size_t outBytes = 0, outDone = 0;  // outDone counts the header too
+  OutStep batch[dev::kSteps];
+  int batchSteps = 0, batchStepsDone = 0;
+  size_t batchDone = 0;  // bytes of the batch written, headers included
+  bool sending() const { return batchSteps > 0; }
   // Receiving: steps received whole, and the one under way.
   uint64_t received = 0;
   StepHeader inHeader{};
@@ -266,49 +273,73 @@ bool NetProxy::progressAll(bool withCtrl) {
   return moved;
 }
 
-bool NetProxy::progressSend(DataLink& l) {
-  if (!l.sending) {
-    if (dev::loadAcquire(&l.out.ctrl->tail) <= l.sent) return false;
-    int s = (int)(l.sent % dev::kSteps);
-    const dev::ConnCtrl* c = l.out.ctrl;
-    const dev::ProtoSizes& sz = sizes_;
-    l.outHeader = StepHeader{l.sent, c->info[s], c->stepProto[s], c->stepLength[s]};
-    switch ((Proto)l.outHeader.proto) {
+// The steps our channel has published and we have not sent, up to a FIFO's worth: sent
+// together, in one write (one 128 KiB step per write moved a 16 MiB broadcast at ~60% of the
+// rate 512 KiB steps did, over loopback).
+bool NetProxy::startBatch(DataLink& l) {
+  uint64_t tail = dev::loadAcquire(&l.out.ctrl->tail);
+  const dev::ConnCtrl* c = l.out.ctrl;
+  const dev::ProtoSizes& sz = sizes_;
+  l.batchSteps = 0;
+  for (uint64_t step = l.sent; step < tail && l.batchSteps < dev::kSteps; ++step) {
+    int s = (int)(step % dev::kSteps);
+    OutStep& o = l.batch[l.batchSteps++];
+    o.header = StepHeader{step, c->info[s], c->stepProto[s], c->stepLength[s]};
+    switch ((Proto)o.header.proto) {
       case Proto::simple:
-        l.outData = l.out.simple + (size_t)s * sz.simpleSlotBytes;
-        l.outBytes = std::min<size_t>(l.outHeader.length, sz.simpleSlotBytes);
+        o.data = l.out.simple + (size_t)s * sz.simpleSlotBytes;
+        o.bytes = std::min<size_t>(o.header.length, sz.simpleSlotBytes);
         break;
       case Proto::ll:
-        l.outData = reinterpret_cast<const char*>(l.out.ll + (size_t)s * sz.llSlotLines);
-        l.outBytes = std::min<size_t>(dev::kLLHeaderLines + (size_t)l.outHeader.length, sz.llSlotLines) * sizeof(dev::LLLine);
+        o.data = reinterpret_cast<const char*>(l.out.ll + (size_t)s * sz.llSlotLines);
+        o.bytes = std::min<size_t>(dev::kLLHeaderLines + (size_t)o.header.length, sz.llSlotLines) * sizeof(dev::LLLine);
         break;
       default:
-        l.outData = reinterpret_cast<const char*>(l.out.ll128 + (size_t)s * sz.ll128SlotLines);
-        l.outBytes = std::min<size_t>(l.outHeader.length, sz.ll128SlotLines) * sizeof(dev::LL128Line);
+        o.data = reinterpret_cast<const char*>(l.out.ll128 + (size_t)s * sz.ll128SlotLines);
+        o.bytes = std::min<size_t>(o.header.length, sz.ll128SlotLines) * sizeof(dev::LL128Line);
         break;
     }
-    l.outDone = 0;
-    l.sending = true;
   }
-  iovec iov[2];
+  l.batchDone = 0;
+  l.batchStepsDone = 0;
+  return l.batchSteps > 0;
+}
+
+bool NetProxy::progressSend(DataLink& l) {
+  if (l.batchSteps == 0 && !startBatch(l)) return false;
+  iovec iov[2 * dev::kSteps];
   int n = 0;
-  if (l.outDone < sizeof(StepHeader)) {
-    iov[n++] = {reinterpret_cast<char*>(&l.outHeader) + l.outDone, sizeof(StepHeader) - l.outDone};
+  size_t skip = l.batchDone;  // what earlier writes took
+  auto add = [&](const void* p, size_t len) {
+    if (skip >= len) {
+      skip -= len;
+      return;
+    }
+    iov[n++] = {const_cast<char*>(static_cast<const char*>(p)) + skip, len - skip};
+    skip = 0;
+  };
+  for (int i = 0; i < l.batchSteps; ++i) {
+    add(&l.batch[i].header, sizeof(StepHeader));
+    add(l.batch[i].data, l.batch[i].bytes);
   }
-  size_t dataDone = l.outDone > sizeof(StepHeader) ? l.outDone - sizeof(StepHeader) : 0;
-  if (dataDone < l.outBytes) iov[n++] = {const_cast<char*>(l.outData) + dataDone, l.outBytes - dataDone};
-  ssize_t r = n > 0 ? sendSome(l.sock.fd(), iov, n) : 0;
+  ssize_t r = sendSome(l.sock.fd(), iov, n);
   if (r < 0) {
     peerLost(l.peer, closedReason(errno));
     l.closed = true;
     return true;
   }
-  l.outDone += (size_t)r;
-  if (l.outDone < sizeof(StepHeader) + l.outBytes) return r > 0;
-  // Sent (in the socket's buffer): the slot is free for the channel again.
-  l.sending = false;
-  dev::storeRelease(&l.out.ctrl->head, ++l.sent);
-  return true;
+  l.batchDone += (size_t)r;
+  // Each step now wholly in the socket's buffer frees its slot for the channel again.
+  size_t end = 0;
+  for (int i = 0; i < l.batchSteps; ++i) {
+    end += sizeof(StepHeader) + l.batch[i].bytes;
+    if (i < l.batchStepsDone) continue;
+    if (end > l.batchDone) break;
+    ++l.batchStepsDone;
+    dev::storeRelease(&l.out.ctrl->head, ++l.sent);
+  }
+  if (l.batchStepsDone == l.batchSteps) l.batchSteps = 0;
+  return r > 0;
 }
 
 bool NetProxy::progressRecv(DataLink& l) {
@@ -483,7 +514,7 @@ void NetProxy::sleep() {
   for (auto& l : data_) {
     if (l->closed || l->ctrl->lost) continue;
     bool waitsForSlot = l->haveHeader && dev::loadAcquire(&l->in.ctrl->head) + dev::kSteps <= l->inHeader.step;
-    short events = (short)((waitsForSlot ? 0 : POLLIN) | (l->sending ? POLLOUT : 0));
+    short events = (short)((waitsForSlot ? 0 : POLLIN) | (l->sending() ? POLLOUT : 0));
     if (events) fds.push_back({l->sock.fd(), events, 0});
   }
   lock.unlock();
@@ -503,7 +534,7 @@ void NetProxy::flush() {
   Deadline deadline = deadlineIn(setup_.timeout);
   auto pending = [&] {
     for (auto& l : data_) {
-      if (!l->closed && !l->ctrl->lost && (l->sending || dev::loadAcquire(&l->out.ctrl->tail) > l->sent)) return true;
+      if (!l->closed && !l->ctrl->lost && (l->sending() || dev::loadAcquire(&l->out.ctrl->tail) > l->sent)) return true;
     }
     for (auto& c : ctrl_) {
       if (!c->closed && (c->outPending || dev::loadAcquire(&setup_.own->state) != c->lastState)) return true;

@@ -66,6 +66,7 @@ class NetProxy {
 
  private:
   struct StepHeader;
+  struct OutStep;
   struct DataLink;
   struct CtrlLink;
   struct CtrlMessage;
@@ -73,6 +74,7 @@ class NetProxy {
   void connectAll(Socket& listener, const std::vector<SockAddr>& listeners);
   void loop();
   bool progressAll(bool withCtrl);
+  bool startBatch(DataLink& l);
   bool progressSend(DataLink& l);
   bool progressRecv(DataLink& l);
   bool progressCtrl(CtrlLink& c);
