@@ -188,6 +188,19 @@ def test_processes_on_different_hosts_use_the_network() -> None:
     assert peers == {r: (True, 2) for r in range(3)}, peers
 
 
+def test_two_hosts_of_two_processes_mix_shared_memory_and_the_network() -> None:
+    """As on two nodes: shared memory within each host, TCP between them, in one communicator."""
+
+    def two_hosts(r: int) -> dict[str, str]:
+        return {"MININCL_HOSTID": f"node{r // 2}"}
+
+    got = launch_as_hosts(workers.all_collectives, 4, [0, 1, 7, 50021], env_of=two_hosts)
+    assert sorted(got) == [0, 1, 2, 3] and all(ok for ok, _ in got.values()), got
+    assert len({v for _, v in got.values()}) == 1
+    peers = launch_as_hosts(workers.network_peers, 4, env_of=two_hosts)
+    assert peers == {r: (True, 2) for r in range(4)}, peers
+
+
 def test_same_host_processes_keep_shared_memory_unless_told() -> None:
     peers = minincl.launch(workers.network_peers, 2)
     assert peers == [0, 0]
