@@ -320,7 +320,7 @@ class PyComm {
     std::shared_ptr<Window> window = live().window();
     if (!window) {
       throwError(mnclInvalidUsage, "this communicator has no window: set MININCL_WINDOW_BYTES (e.g. 1G) before it is "
-                                   "created (a window is made only when some peer is another process)");
+                                   "created (a window is made only when some peer is another process of this host, reached through shared memory)");
     }
     size_t bytes = (size_t)dtype.itemsize();
     for (int64_t d : shape) {
