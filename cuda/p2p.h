@@ -26,9 +26,6 @@
 
 namespace mncl::dev {
 
-// What a receiver leaves in ConnCtrl::dataAt once it has taken a pointer step.
-constexpr uint64_t kPointerTaken = ~uint64_t{0};
-
 struct P2pOp {
   bool isSend;
   bool pointerSteps;    // a send may go as pointer steps and direct writes (see planP2pOps)
@@ -213,6 +210,7 @@ struct P2pEngine {
     return 0;  // CPU only: settlePointerSteps copies with one thread
 #endif
     if (!op.pointerSteps || len == 0 || len < ch.pointerStepMinBytes) return 0;
+    if (ch.sendTo[op.peer].proxied && op.totalBytes < ch.proxiedPointerMinBytes) return 0;
     const ConnCtrl* c = ch.sendTo[op.peer].ctrl;
     const char* p = op.buf + op.done;
     auto at = (uintptr_t)p, base = (uintptr_t)ch.window;

@@ -176,7 +176,8 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     for (int i = 0; i < send_.n; ++i) {
       if (written[i].done()) continue;
       const ConnFifo& f = cx_.ch.sendTo[send_.peer[i]];
-      bool reads = loadRelaxed(&f.ctrl->readsSenderMemory) && (f.peerPid == 0 || kernelCopy);
+      bool reads = loadRelaxed(&f.ctrl->readsSenderMemory) && (f.peerPid == 0 || kernelCopy) &&
+                   (!f.proxied || cx_.work.count * sizeof(T) >= cx_.ch.proxiedPointerMinBytes);
       if (!reads && !(inWindow && loadRelaxed(&f.ctrl->mapsSenderWindow))) return false;
       needed = true;
     }
@@ -280,7 +281,19 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     T* inSlot = slot(f, step);
     // (Atomic loads: on a GPU they skip L1, which may still hold an earlier lap's words.)
     uint64_t at = loadRelaxed(&f.ctrl->dataAt[step % kSteps]);
-    if (at == 0) return inSlot;
+    if (at == 0) {
+      // (Over the network, a premulsum's pointer step to the sender's input arrives in the
+      // slot, still to be scaled by the sender's scalar, which comes with it.)
+      if constexpr (Fn::kHasPre) {
+        if (loadRelaxed(&f.ctrl->dataIsInput[step % kSteps])) {
+          uint64_t bits = loadRelaxed(&f.ctrl->inputScalar[step % kSteps]);
+          T rankScalar;
+          memcpy(&rankScalar, &bits, sizeof(T));
+          pre.add(srcIndex, rankScalar);
+        }
+      }
+      return inSlot;
+    }
     // Our own memory (a direct write); or the sender's: in this process, or its window as
     // mapped here.
     if (loadRelaxed(&f.ctrl->wroteToReceiver[step % kSteps])) return reinterpret_cast<const T*>(at);

@@ -96,6 +96,41 @@ def test_every_algorithm_and_protocol_over_the_network(nranks: int, algo: str, p
                     check_collective(comms, coll, dtype, op, count)
 
 
+@pytest.mark.parametrize("proto", ["simple", None])
+def test_pointer_steps_to_the_proxy(monkeypatch: pytest.MonkeyPatch, proto: str | None) -> None:
+    """MININCL_NET_POINTER_BYTES=0: every big Simple step goes to the proxy as a pointer to
+    the caller's buffers (sent from there), send / recv and premulsum included."""
+    monkeypatch.setenv("MININCL_NET_POINTER_BYTES", "0")
+    monkeypatch.setenv("MININCL_POINTER_STEP_BYTES", "1K")
+    with net_comms(3, None, proto) as comms:
+        before = sum(c.stats()["pointer_steps"] for c in comms)
+        for count in (5003, 300_007):
+            for coll in ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"):
+                check_collective(comms, coll, "float32", "sum", count)
+            check_collective(comms, "allreduce", "int32", "max", count)
+
+        def premul(c: Any) -> int:
+            x = np.arange(40009, dtype=np.float32) % 7 + c.rank
+            got = c.allreduce(x, np.empty_like(x), op=minincl.PreMulSum(float(c.rank + 1)))
+            want = sum((np.arange(40009, dtype=np.float32) % 7 + r) * (r + 1) for r in range(3))
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+            return 0
+
+        run_ranks(comms, premul)
+        n = len(comms)
+
+        def exchange(c: Any) -> int:
+            out = np.zeros(200_003, np.float64)
+            with minincl.group():
+                c.send(np.arange(200_003, dtype=np.float64) * c.rank, (c.rank + 1) % n)
+                c.recv(out, (c.rank - 1) % n)
+            np.testing.assert_array_equal(out, np.arange(200_003, dtype=np.float64) * ((c.rank - 1) % n))
+            return 0
+
+        run_ranks(comms, exchange)
+        assert sum(c.stats()["pointer_steps"] for c in comms) > before
+
+
 def test_large_messages_and_the_tuners_choices_over_the_network() -> None:
     """Counts across many FIFO laps (each slot reused again and again), whatever the tuner picks."""
     with net_comms(3) as comms:

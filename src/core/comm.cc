@@ -446,6 +446,8 @@ PointerStepSettings pointerStepSettings(int64_t defaultMinBytes) {
 void Comm::enablePointerSteps() {
   auto [mode, directWrites, minBytes, modeChosen] = pointerStepSettings(32 << 10);
   int64_t readBytes = env::bytes("MININCL_POINTER_READ_BYTES", 1 << 20);
+  int64_t netPointerBytes = env::bytes("MININCL_NET_POINTER_BYTES", 4 << 20);
+  MNCL_CHECK(netPointerBytes >= 0, mnclInvalidArgument, "MININCL_NET_POINTER_BYTES must be a size (bytes, K, M, G)");
   MNCL_CHECK(readBytes >= 4096 && readBytes <= (1ll << 30), mnclInvalidArgument,
              "MININCL_POINTER_READ_BYTES must be between 4K and 1G");
   for (auto& ch : channels_) {
@@ -458,7 +460,14 @@ void Comm::enablePointerSteps() {
   }
   pid_t me = getpid();
   for (int p = 0; p < nranks_; ++p) {
-    if (p == rank_ || netPeer_[p]) continue;  // (over the network: FIFO steps only)
+    if (p == rank_) continue;
+    if (netPeer_[p]) {  // our proxy reads pointer steps, and sends them from where they lie
+      for (auto& ch : channels_) {
+        dev::storeRelease(&ch->sendTo[p].ctrl->readsSenderMemory, (uint32_t)(mode >= 1));
+        ch->dev.proxiedPointerMinBytes = (uint64_t)netPointerBytes;
+      }
+      continue;
+    }
     bool local = peers_[p].pid == me;
     bool readable = mode >= 1 && local;
     // Kernel copies make senders wait for their receivers' reads, and cores shared by more

@@ -59,6 +59,10 @@ struct NetProxy::StepHeader {
   dev::StepInfo info;
   uint32_t proto;   // a Proto
   uint32_t length;  // Simple: bytes; LL, LL128: data lines
+  // Simple, premulsum: the data is the sender's input, which the receiver scales by the
+  // sender's scalar (see ConnCtrl::dataIsInput).
+  uint32_t dataIsInput, unused;
+  uint64_t inputScalar;
 };
 
 // Our state of a control socket: the block we send, the block we receive into, and the copy
@@ -133,7 +137,7 @@ NetProxy::NetProxy(Setup setup) : setup_(std::move(setup)) {
       l->ctrl = ctrl_.back().get();
       l->out = layout.connAt(sendEnds_->base() + (i * setup_.nChannels + ch) * connBytes_);
       l->out.proxied = true;
-      l->out.peerPid = -1;  // nothing of the peer's is readable here: a copy attempt fails loudly
+      l->out.peerPid = 0;  // pointer steps (where allowed) are read by the proxy, in this process
       l->in = layout.conn(setup_.regionBase, peer, ch);
       data_.push_back(std::move(l));
     }
@@ -284,11 +288,13 @@ bool NetProxy::startBatch(DataLink& l) {
   for (uint64_t step = l.sent; step < tail && l.batchSteps < dev::kSteps; ++step) {
     int s = (int)(step % dev::kSteps);
     OutStep& o = l.batch[l.batchSteps++];
-    o.header = StepHeader{step, c->info[s], c->stepProto[s], c->stepLength[s]};
+    o.header = StepHeader{step, c->info[s], c->stepProto[s], c->stepLength[s], 0, 0, 0};
     switch ((Proto)o.header.proto) {
       case Proto::simple:
-        o.data = l.out.simple + (size_t)s * sz.simpleSlotBytes;
+        o.data = pointerStepData(l, s);
         o.bytes = std::min<size_t>(o.header.length, sz.simpleSlotBytes);
+        o.header.dataIsInput = c->dataIsInput[s];
+        o.header.inputScalar = c->inputScalar[s];
         break;
       case Proto::ll:
         o.data = reinterpret_cast<const char*>(l.out.ll + (size_t)s * sz.llSlotLines);
@@ -303,6 +309,18 @@ bool NetProxy::startBatch(DataLink& l) {
   l.batchDone = 0;
   l.batchStepsDone = 0;
   return l.batchSteps > 0;
+}
+
+// Where a Simple step's data is: in its slot, or, for a pointer step, in our channel's
+// buffers (it posts stable data there rather than copying it into the slot: one copy less),
+// which we take as a receiver would, so that a send / recv group ending meanwhile waits for
+// us rather than take it back (see P2pEngine::settlePointerSteps).
+const char* NetProxy::pointerStepData(DataLink& l, int s) {
+  const char* slot = l.out.simple + (size_t)s * sizes_.simpleSlotBytes;
+  uint64_t* word = &l.out.ctrl->dataAt[s];
+  uint64_t at = dev::loadAcquire(word);
+  if (at == 0 || at == dev::kPointerTaken || !dev::compareExchange(word, at, dev::kPointerTaken)) return slot;
+  return reinterpret_cast<const char*>(at);
 }
 
 bool NetProxy::progressSend(DataLink& l) {
@@ -425,7 +443,8 @@ void NetProxy::publish(DataLink& l) {
   c->stepProto[s] = h.proto;
   c->dataAt[s] = 0;
   c->wroteToReceiver[s] = 0;
-  c->dataIsInput[s] = 0;
+  c->dataIsInput[s] = h.dataIsInput;
+  c->inputScalar[s] = h.inputScalar;
   const uint64_t* words = l.bounce.data();
   if (h.proto == (uint32_t)Proto::ll) {
     uint64_t* to = l.in.ll[(size_t)s * sz.llSlotLines].w;

@@ -75,6 +75,7 @@ class NetProxy {
   void loop();
   bool progressAll(bool withCtrl);
   bool startBatch(DataLink& l);
+  const char* pointerStepData(DataLink& l, int slot);
   bool progressSend(DataLink& l);
   bool progressRecv(DataLink& l);
   bool progressCtrl(CtrlLink& c);
