@@ -284,34 +284,34 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     if (at == 0) {
       // (Over the network, a premulsum's pointer step to the sender's input arrives in the
       // slot, still to be scaled by the sender's scalar, which comes with it.)
-      if constexpr (Fn::kHasPre) {
-        if (loadRelaxed(&f.ctrl->dataIsInput[step % kSteps])) {
-          uint64_t bits = loadRelaxed(&f.ctrl->inputScalar[step % kSteps]);
-          T rankScalar;
-          memcpy(&rankScalar, &bits, sizeof(T));
-          pre.add(srcIndex, rankScalar);
-        }
-      }
+      scaleIfInput(f, step, srcIndex, pre);
       return inSlot;
     }
     // Our own memory (a direct write); or the sender's: in this process, or its window as
     // mapped here.
     if (loadRelaxed(&f.ctrl->wroteToReceiver[step % kSteps])) return reinterpret_cast<const T*>(at);
-    if constexpr (Fn::kHasPre) {
-      if (loadRelaxed(&f.ctrl->dataIsInput[step % kSteps])) {
-        uint64_t bits = loadRelaxed(&f.ctrl->inputScalar[step % kSteps]);
-        T rankScalar;
-        memcpy(&rankScalar, &bits, sizeof(T));
-        pre.add(srcIndex, rankScalar);
-        landing = nullptr;
-      }
-    }
+    if (scaleIfInput(f, step, srcIndex, pre)) landing = nullptr;
     if (const char* here = f.mappedHere(at, n * sizeof(T))) return reinterpret_cast<const T*>(here);
     T* to = landing ? landing : inSlot;
     int err = 0;
     if (tid() == 0) err = readPeerMemory(f.peerPid, to, reinterpret_cast<const void*>(at), n * sizeof(T));
     if (err != 0) failPeerCopy(cx_.error, cx_.waiter, p, err, false);
     return to;
+  }
+
+  // Premulsum: if the step is the sender's raw input, source srcIndex is scaled by the
+  // sender's scalar, which came with it (true then; such data never lands in the output).
+  MNCL_DEV bool scaleIfInput(const ConnFifo& f, uint64_t step, int srcIndex, PreOps<T>& pre) const {
+    if constexpr (Fn::kHasPre) {
+      if (loadRelaxed(&f.ctrl->dataIsInput[step % kSteps])) {
+        uint64_t bits = loadRelaxed(&f.ctrl->inputScalar[step % kSteps]);
+        T rankScalar;
+        memcpy(&rankScalar, &bits, sizeof(T));
+        pre.add(srcIndex, rankScalar);
+        return true;
+      }
+    }
+    return false;
   }
 
   MNCL_DEV bool waitRecv() {

@@ -147,20 +147,24 @@ def test_algorithm_that_cannot_run_a_collective_is_a_clear_error(forced: ForcedP
         run_ranks(comms, lambda c: c.allgather(np.ones(4, np.float32)))
 
 
+def check_small_allreduces(comms: list[Any], calls: int, label: str) -> None:
+    """`calls` 3-element allreduces on 3 ranks whose values change every call."""
+
+    def body(c: Any) -> int:
+        for i in range(calls):
+            x = np.array([c.rank * i, i, 1], np.int32)
+            c.allreduce(x)
+            if x[0] != 3 * i or x[1] != 3 * i or x[2] != 3:
+                raise AssertionError(f"{label} call {i}: {x}")
+        return 0
+
+    run_ranks(comms, body, timeout=120)
+
+
 def test_thousands_of_small_allreduces_per_protocol(forced: ForcedPool) -> None:
     """Flags must never be taken from an earlier lap or operation: values change every call."""
     for proto in PROTOS:
-        comms = forced.get(3, "ring", proto)
-
-        def body(c: Any) -> int:
-            for i in range(5000):
-                x = np.array([c.rank * i, i, 1], np.int32)
-                c.allreduce(x)
-                if x[0] != 3 * i or x[1] != 3 * i or x[2] != 3:
-                    raise AssertionError(f"{proto} call {i}: {x}")
-            return 0
-
-        run_ranks(comms, body, timeout=120)
+        check_small_allreduces(forced.get(3, "ring", proto), 5000, proto)
 
 
 def test_tuner_remembers_its_last_choice_per_collective(tmp_path: Path) -> None:

@@ -180,7 +180,9 @@ def test_mismatched_send_recv_sizes_fail_both_sides_and_write_nothing(pair: Any)
     assert r0.startswith("RemoteError") and "rank 1" in r0, r0
 
 
-def test_mismatched_collectives_are_named(pair: Any) -> None:
+def mismatched_allreduce_stories(comms: list[Any]) -> list[str]:
+    """Each rank allreduces a different count; what each raised ("ok" if nothing)."""
+
     def body(c: Any) -> str:
         try:
             c.allreduce(np.ones(10 + 10 * c.rank, np.float32))
@@ -188,7 +190,11 @@ def test_mismatched_collectives_are_named(pair: Any) -> None:
             return f"{type(e).__name__}: {e}"
         return "ok"
 
-    results = run_ranks(pair, body)
+    return run_ranks(comms, body)
+
+
+def test_mismatched_collectives_are_named(pair: Any) -> None:
+    results = mismatched_allreduce_stories(pair)
     assert any("mismatched calls" in r and "count=10" in r and "count=20" in r for r in results), results
     assert all(r != "ok" for r in results)
 

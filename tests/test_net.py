@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import workers
 from conftest import ALGOS, PROTOS, TYPES_OPS, counts_for, env_as, needs, run_ranks
-from test_algorithms import check_collective
+from test_algorithms import check_collective, check_small_allreduces
+from test_errors import mismatched_allreduce_stories
 
 import minincl
 
@@ -167,29 +168,12 @@ def test_thousands_of_small_allreduces_per_protocol_over_the_network() -> None:
     """Every step's header and flags cross the wire: values change every call."""
     for proto in PROTOS:
         with net_comms(3, "ring", proto) as comms:
-
-            def body(c: Any) -> int:
-                for i in range(2000):
-                    x = np.array([c.rank * i, i, 1], np.int32)
-                    c.allreduce(x)
-                    if x[0] != 3 * i or x[1] != 3 * i or x[2] != 3:
-                        raise AssertionError(f"{proto} call {i}: {x}")
-                return 0
-
-            run_ranks(comms, body, timeout=120)
+            check_small_allreduces(comms, 2000, proto)
 
 
 def test_mismatched_collectives_are_named_over_the_network() -> None:
     with net_comms(2) as comms:
-
-        def body(c: Any) -> str:
-            try:
-                c.allreduce(np.ones(10 + 10 * c.rank, np.float32))
-            except minincl.Error as e:
-                return f"{type(e).__name__}: {e}"
-            return "ok"
-
-        results = run_ranks(comms, body)
+        results = mismatched_allreduce_stories(comms)
     assert any("mismatched calls" in r and "count=10" in r and "count=20" in r for r in results), results
 
 

@@ -123,22 +123,7 @@ def die_mid_run(comm: minincl.Communicator, victim: int, flags: str) -> str:
     It dies only once every other rank has left the warm-up (a file each in `flags`): a
     rank still finishing its last warm-up collective would otherwise fail there, rightly,
     since a dead peer stops every collective in flight."""
-    x = np.ones(1 << 16, np.float32)
-    for _ in range(3):
-        comm.allreduce(x)
-    if comm.rank == victim:
-        deadline = time.monotonic() + 30
-        while len(os.listdir(flags)) < comm.nranks - 1 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        os.kill(os.getpid(), signal.SIGKILL)
-    open(os.path.join(flags, str(comm.rank)), "w").close()
-    t0 = time.monotonic()
-    try:
-        for _ in range(1000):
-            comm.allreduce(x)
-    except minincl.Error as e:
-        return f"{type(e).__name__} after {time.monotonic() - t0:.2f}s: {e}"
-    return "no error"
+    return stop_mid_run(comm, victim, flags, signal.SIGKILL, 1 << 16, 1000)
 
 
 def shm_segments() -> list[str]:
@@ -464,10 +449,12 @@ def network_peers(comm: minincl.Communicator) -> int:
     return comm.stats()["network_peers"]
 
 
-def stop_mid_run(comm: minincl.Communicator, victim: int, flags: str, sig: int) -> str:
-    """Like die_mid_run, but the victim sends itself `sig` (SIGKILL: it vanishes; SIGSTOP: it
-    hangs, and only its missing heartbeat can tell)."""
-    x = np.ones(1 << 12, np.float32)
+def stop_mid_run(
+    comm: minincl.Communicator, victim: int, flags: str, sig: int, elems: int = 1 << 12, calls: int = 100000
+) -> str:
+    """As die_mid_run, with the signal the victim sends itself (SIGKILL: it vanishes; SIGSTOP:
+    it hangs, and only its missing heartbeat can tell), and allreduces of `elems` floats."""
+    x = np.ones(elems, np.float32)
     for _ in range(3):
         comm.allreduce(x)
     if comm.rank == victim:
@@ -475,11 +462,11 @@ def stop_mid_run(comm: minincl.Communicator, victim: int, flags: str, sig: int) 
         while len(os.listdir(flags)) < comm.nranks - 1 and time.monotonic() < deadline:
             time.sleep(0.001)
         os.kill(os.getpid(), sig)
-        time.sleep(60)  # (stopped: the parent kills it)
+        time.sleep(60)  # (stopped, not killed: the parent kills it)
     open(os.path.join(flags, str(comm.rank)), "w").close()
     t0 = time.monotonic()
     try:
-        for _ in range(100000):
+        for _ in range(calls):
             comm.allreduce(x)
     except minincl.Error as e:
         return f"{type(e).__name__} after {time.monotonic() - t0:.2f}s: {e}"

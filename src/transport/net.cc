@@ -142,7 +142,7 @@ NetProxy::NetProxy(Setup setup) : setup_(std::move(setup)) {
       data_.push_back(std::move(l));
     }
   }
-  connectAll(*setup_.listener, setup_.listeners);
+  connectAll();
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wakeFd_ < 0) throwSystemError("eventfd() for the network proxy");
   thread_ = std::thread([this] { loop(); });
@@ -188,7 +188,8 @@ void NetProxy::wake() {
 
 // Each pair connects once per channel and once for control: the lower rank connects, the
 // higher accepts and learns from the first message which link it is.
-void NetProxy::connectAll(Socket& listener, const std::vector<SockAddr>& listeners) {
+void NetProxy::connectAll() {
+  Socket& listener = *setup_.listener;
   Deadline deadline = deadlineIn(setup_.timeout);
   auto place = [&](int peer, int link, Socket s) {
     if (link == kCtrlLink) {
@@ -207,7 +208,7 @@ void NetProxy::connectAll(Socket& listener, const std::vector<SockAddr>& listene
     }
     for (int link = kCtrlLink; link < setup_.nChannels; ++link) {
       std::string what = "rank " + std::to_string(setup_.rank) + " connecting to rank " + std::to_string(peer) + " (network transport)";
-      Socket s = Socket::connect(listeners[peer], deadline, what);
+      Socket s = Socket::connect(setup_.listeners[peer], deadline, what);
       Hello h{kNetMagic, setup_.nonce, setup_.rank, link};
       s.sendAll(&h, sizeof(h), deadline, what);
       place(peer, link, std::move(s));

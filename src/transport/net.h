@@ -71,7 +71,7 @@ class NetProxy {
   struct CtrlLink;
   struct CtrlMessage;
 
-  void connectAll(Socket& listener, const std::vector<SockAddr>& listeners);
+  void connectAll();
   void loop();
   bool progressAll(bool withCtrl);
   bool startBatch(DataLink& l);
