@@ -10,9 +10,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #if defined(__CUDACC__)
-#include <cuda/atomic>
 #define MNCL_DEV __device__ __forceinline__
 #define MNCL_HOSTDEV __host__ __device__ __forceinline__
 // A protocol's one data-moving function, called from every step of every algorithm: compiled
@@ -52,29 +53,56 @@ MNCL_DEV void syncLanes() { __syncwarp(); }
 MNCL_DEV bool allLanes(bool p) { return __all_sync(0xffffffffu, p); }
 MNCL_DEV bool anyLanes(bool p) { return __any_sync(0xffffffffu, p); }
 
+// Acquire / release / relaxed accesses at system scope (a peer may be another GPU or the
+// host), written as the PTX instructions themselves: libcu++'s cuda::atomic_ref compiles to
+// these same ones, but its header alone added ~2.3 s to the build of each of the ~65 kernel
+// translation units. On words of 4 or 8 bytes: counters and pointers.
+template <typename T>
+using WordOf = std::conditional_t<sizeof(T) == 8, uint64_t, uint32_t>;
+template <typename To, typename From>
+MNCL_DEV To sameBits(From v) {
+  static_assert(sizeof(To) == sizeof(From) && (sizeof(To) == 4 || sizeof(To) == 8), "flags are 4- or 8-byte words");
+  To to;
+  memcpy(&to, &v, sizeof(To));
+  return to;
+}
+
 template <typename T>
 MNCL_DEV T loadAcquire(const T* p) {
-  return cuda::atomic_ref<T, cuda::thread_scope_system>(*const_cast<T*>(p))
-      .load(cuda::memory_order_acquire);
-}
-template <typename T>
-MNCL_DEV void storeRelease(T* p, T v) {
-  cuda::atomic_ref<T, cuda::thread_scope_system>(*p).store(v, cuda::memory_order_release);
+  WordOf<T> v;
+  if constexpr (sizeof(T) == 8) asm volatile("ld.acquire.sys.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  else asm volatile("ld.acquire.sys.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return sameBits<T>(v);
 }
 template <typename T>
 MNCL_DEV T loadRelaxed(const T* p) {
-  return cuda::atomic_ref<T, cuda::thread_scope_system>(*const_cast<T*>(p))
-      .load(cuda::memory_order_relaxed);
+  WordOf<T> v;
+  if constexpr (sizeof(T) == 8) asm volatile("ld.relaxed.sys.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  else asm volatile("ld.relaxed.sys.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return sameBits<T>(v);
+}
+template <typename T>
+MNCL_DEV void storeRelease(T* p, T v) {
+  WordOf<T> w = sameBits<WordOf<T>>(v);
+  if constexpr (sizeof(T) == 8) asm volatile("st.release.sys.b64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+  else asm volatile("st.release.sys.b32 [%0], %1;" ::"l"(p), "r"(w) : "memory");
 }
 template <typename T>
 MNCL_DEV void storeRelaxed(T* p, T v) {
-  cuda::atomic_ref<T, cuda::thread_scope_system>(*p).store(v, cuda::memory_order_relaxed);
+  WordOf<T> w = sameBits<WordOf<T>>(v);
+  if constexpr (sizeof(T) == 8) asm volatile("st.relaxed.sys.b64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+  else asm volatile("st.relaxed.sys.b32 [%0], %1;" ::"l"(p), "r"(w) : "memory");
 }
 // Replaces *p with `desired` if it holds `expected`; true if it did (acquire and release).
 template <typename T>
 MNCL_DEV bool compareExchange(T* p, T expected, T desired) {
-  return cuda::atomic_ref<T, cuda::thread_scope_system>(*p).compare_exchange_strong(expected, desired,
-                                                                                   cuda::memory_order_acq_rel);
+  static_assert(sizeof(T) == 8, "exchanged words are 8 bytes");
+  uint64_t want = sameBits<uint64_t>(expected), old;
+  asm volatile("atom.cas.acq_rel.sys.b64 %0, [%1], %2, %3;"
+               : "=l"(old)
+               : "l"(p), "l"(want), "l"(sameBits<uint64_t>(desired))
+               : "memory");
+  return old == want;
 }
 
 #elif defined(MNCL_SIMT_EMULATION)  // Tests only: a channel as a block of CPU threads.
@@ -239,8 +267,8 @@ namespace mncl::dev {
 // depends on a total order of fences. On the CPU the flag's own release / acquire is enough.
 #if defined(__CUDACC__)
 MNCL_DEV void fenceFor(bool system) {
-  if (system) cuda::atomic_thread_fence(cuda::memory_order_acq_rel, cuda::thread_scope_system);
-  else cuda::atomic_thread_fence(cuda::memory_order_acq_rel, cuda::thread_scope_device);
+  if (system) asm volatile("fence.acq_rel.sys;" ::: "memory");
+  else asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
 #else
 inline void fenceFor(bool) {}
