@@ -9,7 +9,7 @@ import queue as queue_mod
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Union
 
 from . import _core
@@ -68,6 +68,9 @@ class Topology:
     used without a search). ``devices[r]`` names where rank ``r`` sits in the topology
     (``GPU3``, ``NUMA0``). ``path_bandwidth_gbs`` is the search's per-channel bandwidth and
     ``bandwidth_scale`` what the tuner multiplies its bandwidths by (1.0: unchanged).
+    ``hosts[r]`` numbers rank ``r``'s host (0: rank 0's, the others in order of their first
+    rank); with several hosts each ring runs through them in turn, its hop out of a host
+    named ``NET``.
     """
 
     nchannels: int
@@ -82,6 +85,7 @@ class Topology:
     source: str
     reason: str
     warnings: list[str]
+    hosts: list[int] = field(default_factory=list)
 
 
 class Communicator(_core.Communicator):

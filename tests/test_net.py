@@ -220,6 +220,55 @@ def test_two_hosts_of_two_processes_mix_shared_memory_and_the_network() -> None:
     assert peers == {r: (True, 2) for r in range(4)}, peers
 
 
+def test_rings_leave_each_host_once_whatever_the_rank_order() -> None:
+    """Hosts interleaved by rank (0, 2 on one; 1, 3 on the other): each channel's ring runs
+    through one host's ranks, then the other's, so it crosses the network twice, not four
+    times as rank order would; channels enter the hosts at different ranks."""
+
+    def interleaved(r: int) -> dict[str, str]:
+        return {"MININCL_HOSTID": f"node{r % 2}", "MININCL_NCHANNELS": "2"}
+
+    got = launch_as_hosts(workers.topology_and_collectives, 4, [0, 1, 7, 50021], env_of=interleaved)
+    assert sorted(got) == [0, 1, 2, 3] and all(ok for ok, _ in got.values()), got
+    plans = [value[0] for _, value in got.values()]
+    assert all(p == plans[0] for p in plans)
+    plan = plans[0]
+    assert plan["hosts"] == [0, 1, 0, 1]
+    assert plan["rings"] == [[0, 2, 1, 3], [2, 0, 3, 1]]
+    for ring, hops in zip(plan["rings"], plan["ring_hops"]):
+        crossings = [plan["hosts"][ring[i]] != plan["hosts"][ring[(i + 1) % 4]] for i in range(4)]
+        assert crossings.count(True) == 2
+        assert [h == "NET" for h in hops] == crossings
+    assert "2 hosts" in plan["reason"]
+
+
+def test_each_host_orders_its_own_ranks_by_the_topology() -> None:
+    """With a topology file, each host's ranks are placed on it as if alone (here by
+    MININCL_TOPO_RANK_MAP: a host's entries of the list) and ordered by the search."""
+    fixture = Path(__file__).parent / "fixtures" / "topo" / "pcie_2socket_8gpu.xml"
+
+    def hosts_with_file(r: int) -> dict[str, str]:
+        return {
+            "MININCL_HOSTID": f"node{r // 3}",
+            "MININCL_TOPO_FILE": str(fixture),
+            "MININCL_TOPO_RANK_MAP": "0,4,1,2,6,3",  # node0: GPUs 0 4 1, node1: GPUs 2 6 3
+            "MININCL_NCHANNELS": "1",
+        }
+
+    got = launch_as_hosts(workers.topology_and_collectives, 6, [1, 50021], env_of=hosts_with_file)
+    assert sorted(got) == list(range(6)) and all(ok for ok, _ in got.values()), got
+    plan = next(iter(got.values()))[1][0]
+    assert plan["hosts"] == [0, 0, 0, 1, 1, 1] and plan["searched"]
+    assert plan["devices"] == ["GPU0", "GPU4", "GPU1", "GPU2", "GPU6", "GPU3"]
+    ring = plan["rings"][0]
+    # Within each host the switch mates (GPUs 0 and 1: ranks 0, 2; GPUs 2 and 3: ranks 3, 5)
+    # are neighbours, and the ring leaves each host once.
+    pairs = {frozenset((ring[i], ring[(i + 1) % 6])) for i in range(6)}
+    assert frozenset((0, 2)) in pairs and frozenset((3, 5)) in pairs
+    assert [plan["hosts"][r] for r in ring] in ([0, 0, 0, 1, 1, 1], [1, 1, 1, 0, 0, 0])
+    assert plan["ring_hops"][0].count("NET") == 2
+
+
 def test_same_host_processes_keep_shared_memory_unless_told() -> None:
     peers = minincl.launch(workers.network_peers, 2)
     assert peers == [0, 0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -447,6 +448,11 @@ def rank_with_env(
 
 def network_peers(comm: minincl.Communicator) -> int:
     return comm.stats()["network_peers"]
+
+
+def topology_and_collectives(comm: minincl.Communicator, counts: list[int]) -> tuple[Any, int]:
+    """The communicator's ring plan (as a dict), and all_collectives' checks after it."""
+    return dataclasses.asdict(comm.topology()), all_collectives(comm, counts)
 
 
 def stop_mid_run(

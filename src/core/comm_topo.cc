@@ -13,8 +13,12 @@ namespace {
 
 constexpr int kPlanSizeTag = 500, kPlanTag = 501;
 
-topo::RankPlace placeOf(const PeerInfo& p) {
+// hosts: the host hashes seen so far, numbered in order of first rank.
+topo::RankPlace placeOf(const PeerInfo& p, std::vector<uint64_t>& hosts) {
   topo::RankPlace place;
+  auto host = std::find(hosts.begin(), hosts.end(), p.hostHash);
+  place.host = static_cast<int>(host - hosts.begin());
+  if (host == hosts.end()) hosts.push_back(p.hostHash);
   place.device = p.device;
   place.cpu = p.cpu;
   for (int c = 0; c < CPU_SETSIZE; ++c)
@@ -51,7 +55,8 @@ void Comm::agreeOnPlan() {
   std::string text;
   if (rank_ == 0) {
     topo::PlanInput in;
-    for (const PeerInfo& p : peers_) in.ranks.push_back(placeOf(p));
+    std::vector<uint64_t> hosts;
+    for (const PeerInfo& p : peers_) in.ranks.push_back(placeOf(p, hosts));
     in.topoFile = env::str("MININCL_TOPO_FILE");
     in.rankMap = env::str("MININCL_TOPO_RANK_MAP");
     in.dumpFile = env::str("MININCL_TOPO_DUMP_FILE");
@@ -90,7 +95,9 @@ void Comm::logPlan() const {
     MNCL_WARN(kInit, "topology (%s): %s; rings use rank order", plan_.source.c_str(), w.c_str());
   for (const std::string& n : plan_.notes) MNCL_INFO(kTopo, "topology (%s): %s", plan_.source.c_str(), n.c_str());
   MNCL_INFO(kInit, "topology %s: %s", plan_.source.empty() ? "-" : plan_.source.c_str(), plan_.why.c_str());
-  MNCL_INFO(kInit, "ranks on: %s", joined(plan_.devices).c_str());
+  bool severalHosts = std::any_of(plan_.hosts.begin(), plan_.hosts.end(), [](int h) { return h > 0; });
+  MNCL_INFO(kInit, "ranks on: %s%s%s%s", joined(plan_.devices).c_str(), severalHosts ? " (hosts " : "",
+            severalHosts ? joined(plan_.hosts).c_str() : "", severalHosts ? ")" : "");
   for (int c = 0; c < (int)channels_.size(); ++c) {
     const auto& hops = plan_.ringHops.empty() ? std::vector<std::string>{} : plan_.ringHops[c % plan_.ringHops.size()];
     MNCL_INFO(kInit, "channel %d ring: %s%s%s%s", c, joined(channels_[c]->ring).c_str(), hops.empty() ? "" : " (hops ",

@@ -387,6 +387,7 @@ class PyComm {
     d["path_bandwidth_gbs"] = p.bwGBs;
     d["bandwidth_scale"] = cm.tuner().bandwidthScale();
     d["devices"] = p.devices;
+    d["hosts"] = p.hosts;
     d["source"] = p.source;
     d["reason"] = p.why;
     d["warnings"] = p.warnings;

@@ -132,6 +132,91 @@ void dumpTo(const System& sys, const std::string& path, CommPlan& plan) {
   if (!out) plan.warnings.push_back("cannot write MININCL_TOPO_DUMP_FILE " + path);
 }
 
+// The plan of ranks that share a host; sys is null where the topology could not be read.
+CommPlan planOneHost(System* sys, const std::string& readError, const PlanInput& in) {
+  int n = static_cast<int>(in.ranks.size());
+  if (!sys) {
+    CommPlan p = rankOrderPlan(n, "rank order: the topology could not be read");
+    p.warnings.push_back(readError);
+    return p;
+  }
+  try {
+    return planOnSystem(*sys, in);
+  } catch (const std::exception& e) {
+    CommPlan p = rankOrderPlan(n, "rank order: the topology could not be read");
+    p.warnings.push_back(e.what());
+    return p;
+  }
+}
+
+// MININCL_TOPO_RANK_MAP's entries for some of the ranks (a list of the wrong length stays
+// whole, so that the error names it).
+std::string mapEntriesOf(const std::string& spec, const std::vector<int>& ranks, size_t nranks) {
+  std::vector<std::string> items;
+  std::stringstream in(spec);
+  for (std::string item; std::getline(in, item, ',');) items.push_back(item);
+  if (spec.empty() || items.size() != nranks) return spec;
+  std::vector<std::string> picked;
+  for (int r : ranks) picked.push_back(items[r]);
+  return join(picked, ",");
+}
+
+// One host's ranks (global numbers, in order) and their plan, in which they are 0..k-1.
+struct HostPart {
+  std::vector<int> ranks;
+  CommPlan plan;
+};
+
+// Channel c's ring: each host's ring c, entered at its (c mod size)-th rank, the hosts in
+// order; the hop that leaves a host is "NET".
+void chainHosts(const std::vector<HostPart>& hosts, int c, CommPlan& plan) {
+  std::vector<int> ring;
+  std::vector<std::string> hops;
+  for (const HostPart& h : hosts) {
+    const std::vector<int>& local = h.plan.rings[c % h.plan.rings.size()];
+    const std::vector<std::string>* localHops =
+        h.plan.ringHops.empty() ? nullptr : &h.plan.ringHops[c % h.plan.ringHops.size()];
+    int k = static_cast<int>(local.size()), first = c % k;
+    for (int i = 0; i < k; ++i) {
+      int at = (first + i) % k;
+      ring.push_back(h.ranks[local[at]]);
+      bool leaves = i == k - 1;
+      hops.push_back(leaves ? "NET" : localHops && at < (int)localHops->size() ? (*localHops)[at] : "?");
+    }
+  }
+  plan.rings.push_back(ring);
+  plan.ringHops.push_back(hops);
+}
+
+CommPlan planAcrossHosts(System* sys, const std::string& readError, const PlanInput& in, int nHosts) {
+  std::vector<HostPart> hosts(nHosts);
+  for (size_t r = 0; r < in.ranks.size(); ++r) hosts[in.ranks[r].host].ranks.push_back(static_cast<int>(r));
+  CommPlan plan;
+  plan.onGpus = true;
+  size_t nRings = 1;
+  for (size_t h = 0; h < hosts.size(); ++h) {
+    PlanInput mine = in;
+    mine.ranks.clear();
+    for (int r : hosts[h].ranks) mine.ranks.push_back(in.ranks[r]);
+    mine.rankMap = mapEntriesOf(in.rankMap, hosts[h].ranks, in.ranks.size());
+    CommPlan& p = hosts[h].plan = planOneHost(sys, readError, mine);
+    plan.searched = plan.searched || p.searched;
+    plan.onGpus = plan.onGpus && p.onGpus;
+    plan.searchChannels = h == 0 ? p.searchChannels : std::min(plan.searchChannels, p.searchChannels);
+    plan.bwGBs = h == 0 ? p.bwGBs : std::min(plan.bwGBs, p.bwGBs);
+    nRings = std::max({nRings, p.rings.size(), hosts[h].ranks.size()});
+    std::string tag = "host " + std::to_string(h) + ": ";
+    for (const std::string& w : p.warnings) plan.warnings.push_back(tag + w);
+    for (const std::string& w : p.notes) plan.notes.push_back(tag + w);
+  }
+  plan.devices.resize(in.ranks.size());
+  for (const HostPart& h : hosts)
+    for (size_t i = 0; i < h.ranks.size(); ++i) plan.devices[h.ranks[i]] = h.plan.devices[i];
+  for (size_t c = 0; c < std::min<size_t>(nRings, 64); ++c) chainHosts(hosts, static_cast<int>(c), plan);
+  plan.why = std::to_string(nHosts) + " hosts, each ring through them in turn; within host 0: " + hosts[0].plan.why;
+  return plan;
+}
+
 }  // namespace
 
 CommPlan rankOrderPlan(int nranks, const std::string& why) {
@@ -139,26 +224,31 @@ CommPlan rankOrderPlan(int nranks, const std::string& why) {
   p.rings.emplace_back(nranks);
   std::iota(p.rings[0].begin(), p.rings[0].end(), 0);
   p.devices.assign(nranks, "?");
+  p.hosts.assign(nranks, 0);
   p.why = why;
   return p;
 }
 
 CommPlan planComm(const PlanInput& in) {
-  int n = static_cast<int>(in.ranks.size());
   std::string source = in.topoFile.empty() ? "detected" : in.topoFile;
+  std::unique_ptr<System> sys;
+  std::string readError;
   try {
-    System sys = in.topoFile.empty() ? detectedSystem() : std::move(*loadXml(in.topoFile));
-    CommPlan plan = planOnSystem(sys, in);
-    if (!in.dumpFile.empty()) dumpTo(sys, in.dumpFile, plan);
-    plan.source = source;
-    plan.notes.insert(plan.notes.begin(), sys.warnings.begin(), sys.warnings.end());
-    return plan;
+    sys = in.topoFile.empty() ? std::make_unique<System>(detectedSystem()) : loadXml(in.topoFile);
   } catch (const std::exception& e) {
-    CommPlan p = rankOrderPlan(n, "rank order: the topology could not be read");
-    p.source = source;
-    p.warnings.push_back(e.what());
-    return p;
+    readError = e.what();
   }
+  int nHosts = 1;
+  for (const RankPlace& r : in.ranks) nHosts = std::max(nHosts, r.host + 1);
+  CommPlan plan = nHosts > 1 ? planAcrossHosts(sys.get(), readError, in, nHosts) : planOneHost(sys.get(), readError, in);
+  plan.hosts.clear();
+  for (const RankPlace& r : in.ranks) plan.hosts.push_back(r.host);
+  plan.source = source;
+  if (sys) {
+    if (!in.dumpFile.empty()) dumpTo(*sys, in.dumpFile, plan);
+    plan.notes.insert(plan.notes.begin(), sys->warnings.begin(), sys->warnings.end());
+  }
+  return plan;
 }
 
 // ---- the plan as text, one "key value" per line (rank 0 sends it to the others) ----
@@ -177,6 +267,7 @@ std::string encodePlan(const CommPlan& p) {
   out << "searched " << p.searched << "\nongpus " << p.onGpus << "\nchannels " << p.searchChannels
       << "\nbw " << bw << "\nsource " << oneLine(p.source) << "\nwhy " << oneLine(p.why) << "\n";
   for (const std::string& d : p.devices) out << "device " << d << "\n";
+  for (int h : p.hosts) out << "host " << h << "\n";
   for (size_t c = 0; c < p.rings.size(); ++c) {
     out << "ring";
     for (int r : p.rings[c]) out << " " << r;
@@ -205,6 +296,7 @@ CommPlan decodePlan(const std::string& text) {
     else if (key == "source") p.source = value;
     else if (key == "why") p.why = value;
     else if (key == "device") p.devices.push_back(value);
+    else if (key == "host") p.hosts.push_back(std::atoi(value.c_str()));
     else if (key == "ring") p.rings.emplace_back(std::istream_iterator<int>(words), std::istream_iterator<int>());
     else if (key == "hops")
       p.ringHops.emplace_back(std::istream_iterator<std::string>(words), std::istream_iterator<std::string>());

@@ -17,6 +17,7 @@ struct RankPlace {
   int device = -1;            // CUDA device index, -1 for a CPU rank
   int cpu = -1;               // CPU it ran on at init (sched_getcpu), -1 unknown
   std::vector<int> affinity;  // CPUs it may run on
+  int host = 0;               // its host: 0 for rank 0's, then numbered in order of first rank
 };
 
 // A node of the graph per rank, or an error saying why the ranks could not be placed.
@@ -52,6 +53,7 @@ struct CommPlan {
   std::vector<std::vector<int>> rings;            // never empty; channel c uses rings[c % size]
   std::vector<std::vector<std::string>> ringHops;  // path class of ring[i] -> ring[i+1]
   std::vector<std::string> devices;               // per rank: "GPU3", "NUMA1", "?"
+  std::vector<int> hosts;                         // per rank: RankPlace::host
   std::string source;        // the topology file, or "detected"
   std::string why;           // one line: how the order was chosen
   std::vector<std::string> warnings;  // why it fell back to rank order (log as WARN)
@@ -59,6 +61,12 @@ struct CommPlan {
 };
 
 // Never throws: anything that goes wrong falls back to rank order with a warning.
+//
+// Ranks on several hosts: each host's ranks are ordered as if they were alone (on the
+// topology of rank 0's host: the hosts are taken to look alike), and each channel's ring
+// runs through the hosts one after another, so it leaves each host once ("NET" hops).
+// Channel c enters every host at the host ring's c-th rank, which spreads the network hops
+// over the ranks (each rank's proxy carries some channels' traffic, not all of it).
 CommPlan planComm(const PlanInput& in);
 CommPlan rankOrderPlan(int nranks, const std::string& why);
 
