@@ -140,7 +140,7 @@ class Comm {
   void checkGpuErrors();  // the monitor's poll: a kernel's error record becomes the comm's error
   void enablePointerSteps();
   void enableGpuPointerSteps();
-  void startNetProxy(const UniqueIdData& id, const RegionLayout& layout);
+  void startNetProxy(const UniqueIdData& id, const RegionLayout& layout, bool sharesCores);
   void leave();
 
   int rank_, nranks_, device_;

@@ -20,6 +20,7 @@ namespace mncl {
 namespace {
 constexpr uint64_t kNetMagic = 0x4d4e434c4e455431ull;  // "MNCLNET1"
 constexpr int kCtrlLink = -1;                           // Hello::link of a peer's control socket
+// Idle turns before the proxy yields while a call runs (none where other ranks share the core).
 constexpr uint32_t kSpinsBeforeYield = 20;
 
 struct Hello {
@@ -252,7 +253,7 @@ void NetProxy::loop() {
     // share our core, and their work is what we wait for). Otherwise sleep until a socket
     // has something, or a call wakes us.
     if (setup_.busy() || idle < 2000) {
-      dev::cpuBackoff(idle++, kSpinsBeforeYield);
+      dev::cpuBackoff(idle++, setup_.sharesCores ? 0 : kSpinsBeforeYield);
       continue;
     }
     sleep();

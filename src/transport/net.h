@@ -45,6 +45,7 @@ class NetProxy {
     const RankCtrl* own = nullptr;    // our control block, which the peers mirror
     const uint32_t* abortWord = nullptr;
     std::function<bool()> busy;       // calls are running: keep polling, do not sleep
+    bool sharesCores = false;         // other ranks' channels run on our cores: yield at once
     double timeout = 5;               // for connecting, and for the last sends at teardown
   };
 
