@@ -155,6 +155,10 @@ struct DevChannel {
   uint64_t* peerHeads = nullptr;
   const int* ring = nullptr;        // [nranks]: ring order; ring[ringPos] == rank
   int ringPos = 0;
+  // CPU ranks on several hosts of this many ranks each, which the ring visits host after host
+  // (src/topo/comm_plan.h): trees then follow the hosts (see hostTreeNode). 0: one host, or
+  // hosts of unequal sizes.
+  int ranksPerHost = 0;
   ProtoSizes sizes{};
   const uint32_t* abortFlag = nullptr;
   // GPU: some connection's memory (or peer) is outside this GPU (pinned host memory, another

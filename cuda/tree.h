@@ -3,7 +3,8 @@
 // Tree 0 is a binary heap over the ranks relabelled so the root is 0; tree 1 is its mirror
 // (the labels run the other way round the ranks), so the ranks that are leaves in one tree
 // are mostly inner nodes in the other. Channels alternate between the two trees, so every
-// rank sends and receives about the same amount. Latency grows with log2(n), not n.
+// rank sends and receives about the same amount. Latency grows with log2(n), not n. Ranks on
+// several hosts run chains within hosts and these trees across them (hostTreeNode).
 //
 // allreduce: partial sums flow up to the root, the result flows back down. Both directions
 // run at once, chunk by chunk: a rank sends chunk i up before it waits for chunk i - lag to
@@ -39,19 +40,59 @@ MNCL_HOSTDEV int treeDepth(int n) {
   return d;
 }
 
+// Ranks on several hosts, `perHost` each, that `ring` visits host after host: within a host
+// a chain in ring order, and across hosts the trees above over the hosts (NCCL's trees
+// between nodes). A tree then crosses the network once per host, where a heap over rank
+// numbers crosses it at most of its edges. The root's host's chain starts at the root, every
+// other host's at the rank the ring enters it at; chains are the same in both trees, the
+// hosts' places differ.
+MNCL_HOSTDEV TreeNode hostTreeNode(const int* ring, int n, int perHost, int rank, int root, int index) {
+  int pos = 0, rootPos = 0;
+  for (int p = 0; p < n; ++p) {
+    if (ring[p] == rank) pos = p;
+    if (ring[p] == root) rootPos = p;
+  }
+  int host = pos / perHost, rootHost = rootPos / perHost;
+  // The i-th rank of host h's chain.
+  auto chain = [&](int h, int i) {
+    int first = h == rootHost ? rootPos % perHost : 0;
+    return ring[h * perHost + (first + i) % perHost];
+  };
+  int i = (pos % perHost - (host == rootHost ? rootPos % perHost : 0) + perHost) % perHost;
+  TreeNode t;
+  if (i > 0) t.parent = chain(host, i - 1);
+  if (i + 1 < perHost) t.children.add(chain(host, i + 1));
+  if (i == 0) {  // the host's head: its place among the hosts
+    TreeNode across = treeNode(host, n / perHost, rootHost, index);
+    if (across.parent >= 0) t.parent = chain(across.parent, 0);
+    for (int c = 0; c < across.children.n; ++c) t.children.add(chain(across.children.peer[c], 0));
+  }
+  return t;
+}
+
+// The depth of the trees a channel runs (see Tree::node).
+MNCL_HOSTDEV int treeDepth(int n, int perHost) {
+  return perHost > 0 ? perHost - 1 + treeDepth(n / perHost) : treeDepth(n);
+}
+
 template <template <class, class> class Prims, typename T, typename Fn>
 struct Tree {
   using Cx = PrimsContext<Fn>;
   static constexpr size_t kLag = kSteps / 2;
 
   MNCL_DEV static TreeNode node(const Cx& cx, int root) {
-    return treeNode(cx.ch.rank, cx.ch.nranks, root, cx.work.treeIndex);
+    const DevChannel& ch = cx.ch;
+#if !defined(__CUDACC__)  // (GPU communicators do not span hosts: ranksPerHost is 0)
+    if (ch.ranksPerHost > 0) return hostTreeNode(ch.ring, ch.nranks, ch.ranksPerHost, ch.rank, root, cx.work.treeIndex);
+#endif
+    return treeNode(ch.rank, ch.nranks, root, cx.work.treeIndex);
   }
   // Pieces for a pipeline `levels` times the tree's depth: up (reduce, broadcast) or up and
   // down (allreduce). Every rank cuts the same way, so parent and child agree on steps.
   template <typename P>
   MNCL_DEV static size_t step(const Cx& cx, const P& pr, int levels) {
-    return pipelineStep<T>(cx.ch.sizes, pr.stepElems(), cx.work.chanCount, levels * treeDepth(cx.ch.nranks));
+    return pipelineStep<T>(cx.ch.sizes, pr.stepElems(), cx.work.chanCount,
+                           levels * treeDepth(cx.ch.nranks, cx.ch.ranksPerHost));
   }
 
   MNCL_DEV static void allReduce(Cx cx) {

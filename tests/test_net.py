@@ -7,7 +7,10 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import queue as queue_mod
+import re
+import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -267,6 +270,44 @@ def test_each_host_orders_its_own_ranks_by_the_topology() -> None:
     assert frozenset((0, 2)) in pairs and frozenset((3, 5)) in pairs
     assert [plan["hosts"][r] for r in ring] in ([0, 0, 0, 1, 1, 1], [1, 1, 1, 0, 0, 0])
     assert plan["ring_hops"][0].count("NET") == 2
+
+
+@pytest.mark.parametrize(
+    ("hosts", "per_host", "proto"),
+    [(2, 2, "simple"), (2, 3, "ll"), (3, 2, "ll128"), (2, 2, "ll128"), (3, 1, "simple")],
+)
+def test_trees_across_hosts(hosts: int, per_host: int, proto: str) -> None:
+    """Ranks on several hosts run chains within hosts and trees across them (cuda/tree.h):
+    tree allreduce, broadcast and reduce from every root, against NumPy. Hosts are
+    interleaved by rank, so the trees' shapes differ from rank-number heaps."""
+    n = hosts * per_host
+
+    def on_hosts(r: int) -> dict[str, str]:
+        return {"MININCL_HOSTID": f"node{r % hosts}", "MININCL_ALGO": "tree", "MININCL_PROTO": proto}
+
+    got = launch_as_hosts(workers.tree_collectives, n, [1, 7, 9000], env_of=on_hosts, timeout=240)
+    assert got == {r: (True, 2 * 3 * (2 * n + 2)) for r in range(n)}, got
+
+
+def test_tree_shapes_across_hosts(tmp_path: Path) -> None:
+    """tests/tree_shape_check.cc: every host count and size, root and tree index gives one
+    tree as deep as treeDepth says, crossing between hosts only hosts - 1 times."""
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler on PATH")
+    root = Path(__file__).resolve().parent.parent
+    exe = tmp_path / "tree_shape_check"
+    built = subprocess.run(
+        [cxx, "-std=c++20", f"-I{root / 'cuda'}", str(root / "tests" / "tree_shape_check.cc"), "-o", str(exe)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr[-4000:]
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-4000:]
+    summary = re.search(r"(\d+) checks, (\d+) failed", run.stdout)
+    assert summary is not None and int(summary.group(1)) > 0 and int(summary.group(2)) == 0, run.stdout
 
 
 def test_same_host_processes_keep_shared_memory_unless_told() -> None:

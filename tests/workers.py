@@ -455,6 +455,32 @@ def topology_and_collectives(comm: minincl.Communicator, counts: list[int]) -> t
     return dataclasses.asdict(comm.topology()), all_collectives(comm, counts)
 
 
+def tree_collectives(comm: minincl.Communicator, counts: list[int]) -> int:
+    """allreduce, and broadcast and reduce from every root, in place and not, against NumPy
+    (run with MININCL_ALGO=tree); returns checks done."""
+    n, r = comm.nranks, comm.rank
+    checks = 0
+    for count in counts:
+        for dtype in (np.float32, np.int32):
+            inputs = [((np.arange(count) * (q + 1) + q) % 7).astype(dtype) for q in range(n)]
+            total = np.add.reduce(np.stack(inputs), axis=0, dtype=dtype)
+            x = inputs[r].copy()
+            comm.allreduce(x)
+            np.testing.assert_array_equal(x, total)
+            np.testing.assert_array_equal(comm.allreduce(inputs[r], np.zeros_like(x)), total)
+            for root in range(n):
+                b = inputs[r].copy()
+                comm.broadcast(b, root=root)
+                np.testing.assert_array_equal(b, inputs[root])
+                red = np.zeros_like(x)
+                comm.reduce(inputs[r], red, root=root)
+                if r == root:
+                    np.testing.assert_array_equal(red, total)
+                checks += 2
+            checks += 2
+    return checks
+
+
 def stop_mid_run(
     comm: minincl.Communicator, victim: int, flags: str, sig: int, elems: int = 1 << 12, calls: int = 100000
 ) -> str:

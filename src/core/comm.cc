@@ -217,6 +217,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
 #endif
   } else {
     tuner_.init(nranks, nch, 2 * (size_t)mine.sizes.simpleSlotBytes, oversubscribed_);
+    tuner_.setRanksPerHost(channels_[0]->dev.ranksPerHost);
     executor_ = std::make_unique<Executor>(nch, oversubscribed_ ? 0 : 50);
   }
   if (plan_.searched) tuner_.setPathBandwidth(plan_.bwGBs);
@@ -283,6 +284,7 @@ void Comm::setupChannels(const dev::ProtoSizes& sizes) {
     d.peerHeads = ch->peerHeads.data();
     d.ring = ch->ring.data();
     d.ringPos = (int)(std::find(ch->ring.begin(), ch->ring.end(), rank_) - ch->ring.begin());
+    d.ranksPerHost = onGpu() ? 0 : topo::ranksPerHost(plan_);
     d.sizes = sizes;
     d.abortFlag = abortWord();
     channels_.push_back(std::move(ch));

@@ -251,6 +251,16 @@ CommPlan planComm(const PlanInput& in) {
   return plan;
 }
 
+int ranksPerHost(const CommPlan& plan) {
+  std::vector<int> count;
+  for (int h : plan.hosts) {
+    if (h >= (int)count.size()) count.resize(h + 1, 0);
+    ++count[h];
+  }
+  bool equal = std::all_of(count.begin(), count.end(), [&](int c) { return c == count[0]; });
+  return count.size() > 1 && equal ? count[0] : 0;
+}
+
 // ---- the plan as text, one "key value" per line (rank 0 sends it to the others) ----
 
 namespace {

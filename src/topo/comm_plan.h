@@ -70,6 +70,10 @@ struct CommPlan {
 CommPlan planComm(const PlanInput& in);
 CommPlan rankOrderPlan(int nranks, const std::string& why);
 
+// Ranks on several hosts of equal rank counts: that count (each ring then visits the hosts
+// one after another, that many ranks each); 0 for one host, or hosts of different sizes.
+int ranksPerHost(const CommPlan& plan);
+
 std::string encodePlan(const CommPlan& plan);
 CommPlan decodePlan(const std::string& text);
 

@@ -148,7 +148,7 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
       factor = reduceAll ? 2 * (n - 1) / n : rootColl ? 1.0 : (n - 1) / n;
       break;
     case Algo::tree:
-      steps = (reduceAll ? 2 : 1) * dev::treeDepth(nranks_) * table.treeStepCost;
+      steps = (reduceAll ? 2 : 1) * dev::treeDepth(nranks_, ranksPerHost_) * table.treeStepCost;
       factor = reduceAll ? table.treeFactor : 1.0;
       // On a GPU an LL tree pipelines its small slots through nodes that serve three
       // connections from one block: per byte it measured 3-4x the direct or ring LL

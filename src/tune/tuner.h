@@ -42,6 +42,11 @@ class Tuner {
     gpuPointerSteps_ = on;
     forget();
   }
+  // CPU ranks on hosts of this many ranks each: trees run chains within hosts (cuda/tree.h).
+  void setRanksPerHost(int perHost) {
+    ranksPerHost_ = perHost;
+    forget();
+  }
   // Deterministic from its arguments and the communicator-wide settings, so every rank plans
   // the same way. Remembers the last answer per collective: a loop of same-sized calls pays
   // for the estimates once (MININCL_DEBUG=INFO logs a choice when it is made).
@@ -65,6 +70,7 @@ class Tuner {
   bool oversubscribed_ = false;
   bool gpu_ = false;
   bool gpuPointerSteps_ = false;
+  int ranksPerHost_ = 0;
   double bwScale_ = 1.0;  // setPathBandwidth
   unsigned algoMask_ = ~0u, protoMask_ = ~0u;
   // Per collective: the last (bytes + 1) << 12 | plan, packed so one atomic word holds it
