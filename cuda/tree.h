@@ -70,9 +70,18 @@ MNCL_HOSTDEV TreeNode hostTreeNode(const int* ring, int n, int perHost, int rank
   return t;
 }
 
-// The depth of the trees a channel runs (see Tree::node).
+// The depth of the trees a channel runs (see channelTreeNode).
 MNCL_HOSTDEV int treeDepth(int n, int perHost) {
   return perHost > 0 ? perHost - 1 + treeDepth(n / perHost) : treeDepth(n);
+}
+
+// The node of `rank` in tree `index` of channel `ch`, rooted at `root`: host-aware where the
+// ranks span hosts of equal sizes, else the heap over rank numbers.
+MNCL_HOSTDEV TreeNode channelTreeNode(const DevChannel& ch, int rank, int root, int index) {
+#if !defined(__CUDACC__)  // (GPU communicators do not span hosts: ranksPerHost is 0)
+  if (ch.ranksPerHost > 0) return hostTreeNode(ch.ring, ch.nranks, ch.ranksPerHost, rank, root, index);
+#endif
+  return treeNode(rank, ch.nranks, root, index);
 }
 
 template <template <class, class> class Prims, typename T, typename Fn>
@@ -81,11 +90,7 @@ struct Tree {
   static constexpr size_t kLag = kSteps / 2;
 
   MNCL_DEV static TreeNode node(const Cx& cx, int root) {
-    const DevChannel& ch = cx.ch;
-#if !defined(__CUDACC__)  // (GPU communicators do not span hosts: ranksPerHost is 0)
-    if (ch.ranksPerHost > 0) return hostTreeNode(ch.ring, ch.nranks, ch.ranksPerHost, ch.rank, root, cx.work.treeIndex);
-#endif
-    return treeNode(ch.rank, ch.nranks, root, cx.work.treeIndex);
+    return channelTreeNode(cx.ch, cx.ch.rank, root, cx.work.treeIndex);
   }
   // Pieces for a pipeline `levels` times the tree's depth: up (reduce, broadcast) or up and
   // down (allreduce). Every rank cuts the same way, so parent and child agree on steps.
