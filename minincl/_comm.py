@@ -70,7 +70,8 @@ class Topology:
     ``bandwidth_scale`` what the tuner multiplies its bandwidths by (1.0: unchanged).
     ``hosts[r]`` numbers rank ``r``'s host (0: rank 0's, the others in order of their first
     rank); with several hosts each ring runs through them in turn, its hop out of a host
-    named ``NET``.
+    named ``NET``. ``trees[c][r]`` is rank ``r``'s parent in channel ``c``'s tree as
+    allreduce runs it (rooted at rank 0, -1 there; reduce and broadcast re-root it).
     """
 
     nchannels: int
@@ -86,6 +87,7 @@ class Topology:
     reason: str
     warnings: list[str]
     hosts: list[int] = field(default_factory=list)
+    trees: list[list[int]] = field(default_factory=list)
 
 
 class Communicator(_core.Communicator):

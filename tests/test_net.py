@@ -245,6 +245,24 @@ def test_rings_leave_each_host_once_whatever_the_rank_order() -> None:
     assert "2 hosts" in plan["reason"]
 
 
+def test_trees_cross_between_hosts_once() -> None:
+    """Ranks 0, 1 on one host and 2, 3 on another: each channel's tree is a chain in each
+    host, from where its ring enters it, and one edge between the hosts. The heaps over
+    rank numbers (parents -1 0 0 1 and -1 3 0 0) have two and three."""
+
+    def two_hosts(r: int) -> dict[str, str]:
+        return {"MININCL_HOSTID": f"node{r // 2}", "MININCL_NCHANNELS": "2"}
+
+    got = launch_as_hosts(workers.topology_and_collectives, 4, [1, 7], env_of=two_hosts)
+    assert sorted(got) == [0, 1, 2, 3] and all(ok for ok, _ in got.values()), got
+    plan = got[0][1][0]
+    assert plan["rings"] == [[0, 1, 2, 3], [1, 0, 3, 2]]
+    assert plan["trees"] == [[-1, 0, 0, 2], [-1, 0, 3, 0]]
+    for parents in plan["trees"]:
+        edges = [(r, p) for r, p in enumerate(parents) if p >= 0]
+        assert sum(plan["hosts"][r] != plan["hosts"][p] for r, p in edges) == 1
+
+
 def test_each_host_orders_its_own_ranks_by_the_topology() -> None:
     """With a topology file, each host's ranks are placed on it as if alone (here by
     MININCL_TOPO_RANK_MAP: a host's entries of the list) and ordered by the search."""

@@ -77,6 +77,9 @@ class Comm {
   Bootstrap& bootstrap() { return *bootstrap_; }
   // How the rings were chosen (same on every rank); channel(c).ring holds the order in use.
   const topo::CommPlan& topoPlan() const { return plan_; }
+  // Channel c's tree as each rank's parent (-1 at the root), rooted at rank 0, as allreduce
+  // runs it; reduce and broadcast re-root it at their root.
+  std::vector<int> treeParents(int c) const;
 
   // This rank's window (null without one): shared memory for user buffers that peer
   // processes read directly (see transport/window.h).

@@ -90,6 +90,13 @@ int Comm::channelsWanted(int coresPerRank) const {
   return want;
 }
 
+// (Work items alternate the two trees by channel: see planCollWorks.)
+std::vector<int> Comm::treeParents(int c) const {
+  std::vector<int> parents;
+  for (int r = 0; r < nranks_; ++r) parents.push_back(dev::channelTreeNode(channels_[c]->dev, r, 0, c % 2).parent);
+  return parents;
+}
+
 // Rank 0 speaks for all: the plan is the same everywhere.
 void Comm::logPlan() const {
   for (const std::string& w : plan_.warnings)
@@ -103,11 +110,7 @@ void Comm::logPlan() const {
     const auto& hops = plan_.ringHops.empty() ? std::vector<std::string>{} : plan_.ringHops[c % plan_.ringHops.size()];
     MNCL_INFO(kInit, "channel %d ring: %s%s%s%s", c, joined(channels_[c]->ring).c_str(), hops.empty() ? "" : " (hops ",
               joined(hops).c_str(), hops.empty() ? "" : ")");
-    // The tree this channel runs (work items alternate the two trees by channel), as each
-    // rank's parent; reduce and broadcast re-root it at their root.
-    std::vector<int> parents;
-    for (int r = 0; r < nranks_; ++r) parents.push_back(dev::channelTreeNode(channels_[c]->dev, r, 0, c % 2).parent);
-    MNCL_INFO(kInit, "channel %d tree %d (rooted at rank 0): parents %s", c, c % 2, joined(parents).c_str());
+    MNCL_INFO(kInit, "channel %d tree %d (rooted at rank 0): parents %s", c, c % 2, joined(treeParents(c)).c_str());
   }
   if (plan_.searched)
     MNCL_INFO(kInit, "tuner: path bandwidth %.1f GB/s per channel, bandwidth scale %.3f", plan_.bwGBs,

@@ -371,10 +371,11 @@ class PyComm {
   py::dict topology() {
     Comm& cm = live();
     const topo::CommPlan& p = cm.topoPlan();
-    std::vector<std::vector<int>> rings;
+    std::vector<std::vector<int>> rings, trees;
     std::vector<std::vector<std::string>> hops;
     for (int c = 0; c < cm.nChannels(); ++c) {
       rings.push_back(cm.channel(c).ring);
+      trees.push_back(cm.treeParents(c));
       if (!p.ringHops.empty()) hops.push_back(p.ringHops[c % p.ringHops.size()]);
     }
     py::dict d;
@@ -388,6 +389,7 @@ class PyComm {
     d["bandwidth_scale"] = cm.tuner().bandwidthScale();
     d["devices"] = p.devices;
     d["hosts"] = p.hosts;
+    d["trees"] = trees;
     d["source"] = p.source;
     d["reason"] = p.why;
     d["warnings"] = p.warnings;
