@@ -182,8 +182,9 @@ struct DevChannel {
   uint64_t windowBytes = 0;
   // CPU: the smallest operation (bytes a rank sends or contributes) whose steps to a network
   // proxy go as pointer steps. Below it a copy into the slot lets the call return before the
-  // proxy has sent the data, which back-to-back calls measured faster (up to 1 MiB).
-  uint64_t proxiedPointerMinBytes = 4 << 20;
+  // proxy has sent the data, which back-to-back calls measured faster (a 256 KiB broadcast:
+  // 1.57x the time with pointer steps; from 512 KiB they win, bench/RESULTS.md).
+  uint64_t proxiedPointerMinBytes = 512 << 10;
   // CPU: with network peers, what a waiting thread calls to move their steps (Waiter::progress).
   void (*netProgress)(void*) = nullptr;
   void* netProgressArg = nullptr;
