@@ -135,9 +135,12 @@ def test_pointer_steps_to_the_proxy(monkeypatch: pytest.MonkeyPatch, proto: str 
         assert sum(c.stats()["pointer_steps"] for c in comms) > before
 
 
-def test_large_messages_and_the_tuners_choices_over_the_network() -> None:
-    """Counts across many FIFO laps (each slot reused again and again), whatever the tuner picks."""
-    with net_comms(3) as comms:
+@pytest.mark.parametrize("socket_buffer", [None, "0", "64K"])
+def test_large_messages_and_the_tuners_choices_over_the_network(socket_buffer: str | None) -> None:
+    """Counts across many FIFO laps (each slot reused again and again), whatever the tuner
+    picks; socket buffers as set by default, left to the kernel, and small (many partial
+    sends and reads)."""
+    with env_as({"MININCL_NET_SOCKET_BUFFER": socket_buffer}), net_comms(3) as comms:
         for count in (1, 1000, 65536, 1_000_003):
             for coll in ("allreduce", "allgather", "reduce_scatter", "broadcast"):
                 check_collective(comms, coll, "float32", "sum", count)
@@ -359,6 +362,11 @@ def test_transport_settings_are_checked() -> None:
     with (
         env_as({"MININCL_TRANSPORT": "carrier-pigeon"}),
         pytest.raises(minincl.InvalidArgument, match="MININCL_TRANSPORT"),
+    ):
+        minincl.Communicator.init_all(2)
+    with (
+        env_as({"MININCL_TRANSPORT": "net", "MININCL_NET_SOCKET_BUFFER": "2G"}),
+        pytest.raises(minincl.InvalidArgument, match="MININCL_NET_SOCKET_BUFFER"),
     ):
         minincl.Communicator.init_all(2)
     # Two processes of one host, only one of them told to use the network.

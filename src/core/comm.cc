@@ -251,6 +251,10 @@ void Comm::startNetProxy(const UniqueIdData& id, const RegionLayout& layout, boo
   s.abortWord = abortWord();
   s.busy = [this] { return callsInside_.load() > 0; };
   s.timeout = std::max(bootstrapTimeout(), Monitor::timeoutSeconds());
+  int64_t socketBuffer = env::bytes("MININCL_NET_SOCKET_BUFFER", 4 << 20);
+  MNCL_CHECK(socketBuffer >= 0 && socketBuffer <= (1 << 30), mnclInvalidArgument,
+             "MININCL_NET_SOCKET_BUFFER must be a size from 0 (the kernel's autotuning) to 1G");
+  s.socketBufferBytes = (int)socketBuffer;
   netProxy_ = std::make_unique<NetProxy>(std::move(s));
   netListener_.close();
   for (int r = 0; r < nranks_; ++r) {

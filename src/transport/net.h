@@ -46,6 +46,7 @@ class NetProxy {
     const uint32_t* abortWord = nullptr;
     std::function<bool()> busy;       // calls are running: keep polling, do not sleep
     bool sharesCores = false;         // other ranks' channels run on our cores: yield at once
+    int socketBufferBytes = 4 << 20;  // data sockets' SO_SNDBUF / SO_RCVBUF (0: the kernel's autotuning)
     double timeout = 5;               // for connecting, and for the last sends at teardown
   };
 
