@@ -53,12 +53,10 @@ MNCL_HOSTDEV TreeNode hostTreeNode(const int* ring, int n, int perHost, int rank
     if (ring[p] == root) rootPos = p;
   }
   int host = pos / perHost, rootHost = rootPos / perHost;
-  // The i-th rank of host h's chain.
-  auto chain = [&](int h, int i) {
-    int first = h == rootHost ? rootPos % perHost : 0;
-    return ring[h * perHost + (first + i) % perHost];
-  };
-  int i = (pos % perHost - (host == rootHost ? rootPos % perHost : 0) + perHost) % perHost;
+  // Where host h's chain starts within its ring segment, and the chain's i-th rank.
+  auto first = [&](int h) { return h == rootHost ? rootPos % perHost : 0; };
+  auto chain = [&](int h, int i) { return ring[h * perHost + (first(h) + i) % perHost]; };
+  int i = (pos % perHost - first(host) + perHost) % perHost;
   TreeNode t;
   if (i > 0) t.parent = chain(host, i - 1);
   if (i + 1 < perHost) t.children.add(chain(host, i + 1));

@@ -217,7 +217,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
 #endif
   } else {
     tuner_.init(nranks, nch, 2 * (size_t)mine.sizes.simpleSlotBytes, oversubscribed_);
-    tuner_.setRanksPerHost(channels_[0]->dev.ranksPerHost);
+    tuner_.setRanksPerHost(topo::ranksPerHost(plan_));
     executor_ = std::make_unique<Executor>(nch, oversubscribed_ ? 0 : 50);
   }
   if (plan_.searched) tuner_.setPathBandwidth(plan_.bwGBs);
@@ -265,6 +265,7 @@ void Comm::startNetProxy(const UniqueIdData& id, const RegionLayout& layout, boo
 void Comm::setupChannels(const dev::ProtoSizes& sizes) {
   int nch = std::min(peers_[0].nChannels, 64);
   for (const PeerInfo& p : peers_) nch = std::min(nch, (int)p.nChannels);
+  int perHost = onGpu() ? 0 : topo::ranksPerHost(plan_);  // (GPU communicators span no hosts)
   for (int c = 0; c < nch; ++c) {
     auto ch = std::make_unique<Channel>();
     ch->sendTo.resize(nranks_);
@@ -288,7 +289,7 @@ void Comm::setupChannels(const dev::ProtoSizes& sizes) {
     d.peerHeads = ch->peerHeads.data();
     d.ring = ch->ring.data();
     d.ringPos = (int)(std::find(ch->ring.begin(), ch->ring.end(), rank_) - ch->ring.begin());
-    d.ranksPerHost = onGpu() ? 0 : topo::ranksPerHost(plan_);
+    d.ranksPerHost = perHost;
     d.sizes = sizes;
     d.abortFlag = abortWord();
     channels_.push_back(std::move(ch));

@@ -134,19 +134,17 @@ void dumpTo(const System& sys, const std::string& path, CommPlan& plan) {
 
 // The plan of ranks that share a host; sys is null where the topology could not be read.
 CommPlan planOneHost(System* sys, const std::string& readError, const PlanInput& in) {
-  int n = static_cast<int>(in.ranks.size());
-  if (!sys) {
-    CommPlan p = rankOrderPlan(n, "rank order: the topology could not be read");
-    p.warnings.push_back(readError);
-    return p;
+  std::string error = readError;
+  if (sys) {
+    try {
+      return planOnSystem(*sys, in);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
   }
-  try {
-    return planOnSystem(*sys, in);
-  } catch (const std::exception& e) {
-    CommPlan p = rankOrderPlan(n, "rank order: the topology could not be read");
-    p.warnings.push_back(e.what());
-    return p;
-  }
+  CommPlan p = rankOrderPlan(static_cast<int>(in.ranks.size()), "rank order: the topology could not be read");
+  p.warnings.push_back(error);
+  return p;
 }
 
 // MININCL_TOPO_RANK_MAP's entries for some of the ranks (a list of the wrong length stays

@@ -199,7 +199,7 @@ void NetProxy::connectAll() {
     }
     // Fixed socket buffers: under the kernel's autotuning, one launch in three or four of a
     // 2-rank allreduce over loopback settled at 1.6x the time for its whole run (4 MiB:
-    // ~2450 us against ~1500); with fixed buffers of 1-16 MiB none of 30 did (bench/RESULTS.md).
+    // ~2450 us against ~1500); with fixed buffers of 1-16 MiB none of 36 did (bench/RESULTS.md).
     if (int bytes = setup_.socketBufferBytes; bytes > 0) {
       setsockopt(s.fd(), SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
       setsockopt(s.fd(), SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
