@@ -56,6 +56,12 @@ struct ConnCtrl {
   // sender's scalar (the bits of one element), which the receiver applies as it reads it.
   uint32_t dataIsInput[kSteps];
   uint64_t inputScalar[kSteps];
+  // Over the network, Simple: where a step's data belongs in the receiver's published output
+  // (a byte offset from outputAt; kNotOutput: nowhere, it is not final output), and the
+  // first step of the operation it belongs to. The receiving proxy then reads it from the
+  // socket straight into that output, as a direct write (see NetProxy::landing).
+  uint64_t outputOffset[kSteps];
+  uint64_t opFirstStep[kSteps];
   // Set once by the receiver at init: it can read the sender's memory (same process, or
   // cross-memory attach to the sender's process), so the sender may post pointer steps.
   uint32_t readsSenderMemory;
@@ -76,6 +82,8 @@ struct ConnCtrl {
 // What a receiver leaves in ConnCtrl::dataAt once it has taken a pointer step (send/recv;
 // a network proxy takes every pointer step it sends).
 constexpr uint64_t kPointerTaken = ~uint64_t{0};
+// ConnCtrl::outputOffset of a step that is not final output.
+constexpr uint64_t kNotOutput = ~uint64_t{0};
 
 // One direction of a (peer, channel) connection, as the device addresses it.
 struct ConnFifo {
@@ -188,6 +196,9 @@ struct DevChannel {
   // CPU: with network peers, what a waiting thread calls to move their steps (Waiter::progress).
   void (*netProgress)(void*) = nullptr;
   void* netProgressArg = nullptr;
+  // CPU, with network peers: returns once the proxy is not reading into an output we took
+  // back (it checks the publication before every read; see NetProxy::landing).
+  void (*netSettle)(void*) = nullptr;
 #if defined(MNCL_GPU_TRACE)
   long long traceStart = 0;  // clock64 at this launch's start (thread 0)
   uint64_t traceCycles[kTracePoints] = {};
@@ -299,6 +310,17 @@ struct DevWork {
 MNCL_HOSTDEV bool sameInfo(const StepInfo& a, const StepInfo& b) {
   return a.count == b.count && a.coll == b.coll && a.dtype == b.dtype && a.op == b.op &&
          a.algo == b.algo && a.root == b.root;
+}
+
+// Thread 0 of a channel that stopped early: takes back the output it published to peer p,
+// so that senders still running stop writing into a buffer the caller gets back with the
+// error. (A sender on this host already past its check may still land a step; a network
+// proxy never does, see netSettle.)
+MNCL_DEV void retractOutput(DevChannel& ch, int p) {
+  storeRelease(&ch.recvFrom[p].ctrl->outputFromStep, (uint64_t)0);
+#if !defined(__CUDACC__)
+  if (ch.netSettle) ch.netSettle(ch.netProgressArg);
+#endif
 }
 
 }  // namespace mncl::dev

@@ -109,11 +109,9 @@ MNCL_DEV bool runTyped(DevChannel& ch, const DevWork& w, Fn fn, DevError* err) {
   Paths::template run<T, Fn>(cx);
   if (tid() == 0) {
     if (ch.pointerStepsPosted) drainPointerSteps(ch, waiter);
-    // Stopped early: take back our published outputs, so that senders still running stop
-    // writing into buffers the caller gets back with the error (a step already past the
-    // check may still land).
+    // Stopped early: take back our published outputs.
     for (int p = 0; waiter.aborted && p < ch.nranks; ++p) {
-      if (p != ch.rank && ch.recvFrom[p].ctrl) storeRelease(&ch.recvFrom[p].ctrl->outputFromStep, (uint64_t)0);
+      if (p != ch.rank && ch.recvFrom[p].ctrl) retractOutput(ch, p);
     }
   }
   MNCL_TRACE(ch, kTraceRunDone);

@@ -83,7 +83,7 @@ struct P2pEngine {
       // Stopped early: take back our published buffers, so that no sender goes on reading
       // into them, or counting on us to take its steps.
       for (int i = 0; !ok && i < n; ++i) {
-        if (!ops[i].isSend && ops[i].started) storeRelease(&ch.recvFrom[ops[i].peer].ctrl->outputFromStep, uint64_t{0});
+        if (!ops[i].isSend && ops[i].started) retractOutput(ch, ops[i].peer);
       }
     }
     barrier();
@@ -300,6 +300,10 @@ struct P2pEngine {
         f.ctrl->wroteToReceiver[s] = op.written ? 1u : 0u;
         f.ctrl->stepLength[s] = (uint32_t)len;
         f.ctrl->stepProto[s] = (uint32_t)Proto::simple;
+        if (f.proxied) {  // (its place in the receiver's buffer, for the proxy to land it there)
+          f.ctrl->outputOffset[s] = op.done;
+          f.ctrl->opFirstStep[s] = op.firstStep;
+        }
         fenceFor(ch.systemScope);  // the step's data and the words above, before the tail
         storeFlag(&f.ctrl->tail, ++ch.sendStep[op.peer]);
         if (op.written) {

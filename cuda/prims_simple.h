@@ -88,7 +88,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     if (SEND && tid() == 0) writeThroughKernel(dst, n, written);
     if (tid() == 0 && !cx_.waiter.aborted) {  // (only thread 0 writes through the kernel)
       if (RECV) postRecv();
-      if (SEND) postSend(published, plan.publishedInput, written, n);
+      if (SEND) postSend(published, plan.publishedInput, written, dst, n);
     }
     barrier();
   }
@@ -192,6 +192,20 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     return c == Coll::allreduce || c == Coll::allgather || c == Coll::broadcast;
   }
 
+  MNCL_DEV uint64_t outputBytes() const {
+    const DevWork& w = cx_.work;
+    return (w.coll == Coll::allgather ? w.count * (uint64_t)cx_.ch.nranks : w.count) * sizeof(T);
+  }
+
+  // Over the network: where a step we send lies in the output, if it is final output values
+  // (dst's, the same at every rank), for the receiving proxy to land it there; else
+  // kNotOutput. (A premulsum's pointer step to our raw input is not.)
+  MNCL_DEV uint64_t finalOutputOffset(const T* dst, size_t n, bool publishedInput) const {
+    if (!dst || !outputsAlike(cx_.work.coll) || (Fn::kHasPre && publishedInput)) return kNotOutput;
+    uint64_t off = (uint64_t)((uintptr_t)dst - (uintptr_t)cx_.work.recv), bytes = n * sizeof(T), all = outputBytes();
+    return off <= all && bytes <= all - off ? off : kNotOutput;
+  }
+
   // Tells the sender `p` where our output is, for the operation now starting.
   MNCL_DEV void publishOutput(int p) {
     ConnCtrl* c = cx_.ch.recvFrom[p].ctrl;
@@ -199,9 +213,8 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     const DevWork& w = cx_.work;
     // Done already by an earlier primitive of this operation?
     if (loadRelaxed(&c->outputFromStep) == from && sameInfo(c->outputInfo, w.info())) return;
-    uint64_t elems = w.coll == Coll::allgather ? w.count * (uint64_t)cx_.ch.nranks : w.count;
     storeRelaxed(&c->outputAt, (uint64_t)(uintptr_t)w.recv);
-    storeRelaxed(&c->outputBytes, elems * sizeof(T));
+    storeRelaxed(&c->outputBytes, outputBytes());
     c->outputInfo = w.info();
     storeRelease(&c->outputFromStep, from);
   }
@@ -343,7 +356,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     }
   }
 
-  MNCL_DEV void postSend(const T* published, bool publishedInput, const DirectWrite* written, size_t n) {
+  MNCL_DEV void postSend(const T* published, bool publishedInput, const DirectWrite* written, const T* dst, size_t n) {
     DevChannel& ch = cx_.ch;
     StepInfo info = cx_.work.info();
     for (int i = 0; i < send_.n; ++i) {
@@ -363,6 +376,8 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       if (ch.sendTo[p].proxied) {  // (only FIFO steps: a proxied end offers no other way)
         c->stepLength[s] = (uint32_t)(n * sizeof(T));
         c->stepProto[s] = (uint32_t)Proto::simple;
+        c->outputOffset[s] = finalOutputOffset(dst, n, publishedInput);
+        c->opFirstStep[s] = ch.opFirstSendStep[p];
       }
     }
     fenceFor(ch.systemScope);  // the whole channel's data and the words above, before the tails

@@ -135,6 +135,94 @@ def test_pointer_steps_to_the_proxy(monkeypatch: pytest.MonkeyPatch, proto: str 
         assert sum(c.stats()["pointer_steps"] for c in comms) > before
 
 
+@pytest.mark.parametrize("algo", ["ring", "tree", "direct"])
+def test_steps_land_in_the_receivers_output(algo: str) -> None:
+    """Simple steps of final output values (allreduce, allgather, broadcast) and of send /
+    recv go from the socket straight into the receiver's output, which its channel finds in
+    place; steps of partial values (reduce_scatter, reduce) still go through the slots."""
+    with net_comms(3, algo, "simple") as comms:
+
+        def landed() -> int:
+            return sum(c.stats()["network_steps_landed"] for c in comms)
+
+        for coll in {"reduce_scatter", "reduce"} & set(ALGOS[algo]):
+            before = landed()
+            check_collective(comms, coll, "float32", "sum", 300_007)
+            assert landed() == before, coll
+        for coll, dtype, op in [
+            ("allreduce", "float32", "avg"),
+            ("allreduce", "int64", "max"),
+            ("allgather", "int8", "sum"),
+            ("broadcast", "float64", "sum"),
+        ]:
+            if coll not in ALGOS[algo]:
+                continue
+            before = landed()
+            check_collective(comms, coll, dtype, op, 300_007)
+            assert landed() > before, coll
+        n = len(comms)
+
+        def in_place(c: Any) -> int:  # the output is the input too (allgather: the rank's block)
+            x = np.arange(3 * 100_003, dtype=np.float32) * (c.rank + 1)
+            c.allreduce(x)
+            np.testing.assert_array_equal(x, np.arange(3 * 100_003, dtype=np.float32) * 6)
+            if "allgather" in ALGOS[algo]:
+                y = np.zeros(3 * 100_003, np.int32)
+                y[c.rank * 100_003 : (c.rank + 1) * 100_003] = c.rank + 7
+                c.allgather(y[c.rank * 100_003 : (c.rank + 1) * 100_003], y)
+                np.testing.assert_array_equal(y, np.repeat(np.arange(3, dtype=np.int32) + 7, 100_003))
+            return 0
+
+        before = landed()
+        run_ranks(comms, in_place)
+        assert landed() > before
+
+        def exchange(c: Any) -> int:
+            out = np.zeros(200_003, np.float64)
+            with minincl.group():
+                c.send(np.arange(200_003, dtype=np.float64) * c.rank, (c.rank + 1) % n)
+                c.recv(out, (c.rank - 1) % n)
+            np.testing.assert_array_equal(out, np.arange(200_003, dtype=np.float64) * ((c.rank - 1) % n))
+            return 0
+
+        before = landed()
+        run_ranks(comms, exchange)
+        assert landed() > before
+
+
+def test_an_aborted_receivers_output_stays_as_it_was() -> None:
+    """A broadcast aborted while its steps land in the output: once the error is raised,
+    nothing more lands there (the caller may free the buffer)."""
+    import threading
+
+    with net_comms(2, "ring", "simple") as comms:
+        out = np.zeros(64 << 20, np.float32)
+        results: list[tuple[int, str]] = []
+
+        def rank(r: int) -> None:
+            try:
+                comms[r].broadcast(np.ones(out.size, np.float32) if r == 0 else out, root=0)
+                results.append((r, "ok"))
+            except minincl.Error as e:
+                results.append((r, type(e).__name__))
+
+        threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while not out[0] and time.monotonic() < deadline:  # the first step has landed
+            time.sleep(0.0002)
+        comms[1].abort()
+        threads[1].join(10)
+        snapshot = out.copy()
+        time.sleep(0.3)
+        comms[0].abort()
+        threads[0].join(10)
+        assert (1, "Aborted") in results, results
+        assert 0 < np.count_nonzero(snapshot) < out.size
+        np.testing.assert_array_equal(out, snapshot)
+
+
 @pytest.mark.parametrize("socket_buffer", [None, "0", "64K"])
 def test_large_messages_and_the_tuners_choices_over_the_network(socket_buffer: str | None) -> None:
     """Counts across many FIFO laps (each slot reused again and again), whatever the tuner

@@ -304,6 +304,7 @@ void Comm::connect(const RegionLayout& layout) {
       ch.sendTo[p] = netPeer_[p] ? netProxy_->sendEnd(p, c) : layout.conn(peerFifos_[p]->base(), rank_, c);
       if (netPeer_[p]) {
         ch.dev.netProgress = &NetProxy::progressFromChannel;
+        ch.dev.netSettle = &NetProxy::settle;
         ch.dev.netProgressArg = netProxy_.get();
       }
       ch.recvFrom[p] = layout.conn(peerFifos_[rank_]->base(), p, c);
@@ -556,6 +557,7 @@ Comm::Stats Comm::stats() {
     s.pointerSteps += ch->dev.pointerStepsSent;
     s.directWrites += ch->dev.directWritesSent;
   }
+  if (netProxy_) s.landedSteps = netProxy_->landedSteps();
   for (int p = 0; p < nranks_; ++p) {
     if (p != rank_) s.readablePeers += (int)dev::loadRelaxed(&channels_[0]->dev.recvFrom[p].ctrl->readsSenderMemory);
   }

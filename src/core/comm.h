@@ -117,9 +117,10 @@ class Comm {
   bool gpuWorkPending() const;
 
   // Steps this rank's senders handed over as pointers and wrote straight into receivers'
-  // outputs since init, and how many peers read this rank's buffers directly.
+  // outputs since init, steps from network peers its proxy received straight into this
+  // rank's outputs, and how many peers read this rank's buffers directly.
   struct Stats {
-    uint64_t pointerSteps = 0, directWrites = 0;
+    uint64_t pointerSteps = 0, directWrites = 0, landedSteps = 0;
     int readablePeers = 0;
   };
   Stats stats();

@@ -344,6 +344,7 @@ class PyComm {
     d["channels"] = cm.nChannels();
     d["pointer_steps"] = s.pointerSteps;
     d["direct_writes"] = s.directWrites;
+    d["network_steps_landed"] = s.landedSteps;
     d["readable_peers"] = s.readablePeers;
     int network = 0;
     for (int r = 0; r < cm.nranks(); ++r) network += cm.overNetwork(r);

@@ -64,6 +64,9 @@ struct NetProxy::StepHeader {
   // sender's scalar (see ConnCtrl::dataIsInput).
   uint32_t dataIsInput, unused;
   uint64_t inputScalar;
+  // Simple: where the data belongs in the receiver's output (dev::kNotOutput: nowhere), and
+  // the operation it belongs to, by its first step (see ConnCtrl::outputOffset).
+  uint64_t outputOffset, opFirstStep;
 };
 
 // Our state of a control socket: the block we send, the block we receive into, and the copy
@@ -115,6 +118,7 @@ struct NetProxy::DataLink {
   bool haveHeader = false;
   char* inData = nullptr;
   size_t inBytes = 0;
+  bool landing = false;  // inData is in the receiver's output (see aimSimpleStep)
   std::vector<uint64_t> bounce;  // LL / LL128 lines, before they are stored in the slot
 };
 
@@ -297,13 +301,15 @@ bool NetProxy::startBatch(DataLink& l) {
   for (uint64_t step = l.sent; step < tail && l.batchSteps < dev::kSteps; ++step) {
     int s = (int)(step % dev::kSteps);
     OutStep& o = l.batch[l.batchSteps++];
-    o.header = StepHeader{step, c->info[s], c->stepProto[s], c->stepLength[s], 0, 0, 0};
+    o.header = StepHeader{step, c->info[s], c->stepProto[s], c->stepLength[s], 0, 0, 0, dev::kNotOutput, 0};
     switch ((Proto)o.header.proto) {
       case Proto::simple:
         o.data = pointerStepData(l, s);
         o.bytes = std::min<size_t>(o.header.length, sz.simpleSlotBytes);
         o.header.dataIsInput = c->dataIsInput[s];
         o.header.inputScalar = c->inputScalar[s];
+        o.header.outputOffset = c->outputOffset[s];
+        o.header.opFirstStep = c->opFirstStep[s];
         break;
       case Proto::ll:
         o.data = reinterpret_cast<const char*>(l.out.ll + (size_t)s * sz.llSlotLines);
@@ -419,8 +425,10 @@ bool NetProxy::progressRecv(DataLink& l) {
     moved = true;
   }
   // The data goes into the slot (Simple) or is published there (lines): wait until our
-  // channel has consumed the step that last used it.
+  // channel has consumed the step that last used it (whose control words we replace, even
+  // where the data goes elsewhere).
   if (dev::loadAcquire(&l.in.ctrl->head) + dev::kSteps <= l.inHeader.step) return moved;
+  if (l.inHeader.proto == (uint32_t)Proto::simple) aimSimpleStep(l);
   if (l.inDone < l.inBytes) {
     ssize_t r = recvSome(l.sock.fd(), l.inData + l.inDone, l.inBytes - l.inDone);
     if (r < 0) {
@@ -435,8 +443,40 @@ bool NetProxy::progressRecv(DataLink& l) {
   publish(l);
   l.haveHeader = false;
   l.inDone = 0;
+  l.landing = false;
   ++l.received;
   return true;
+}
+
+// Where the rest of a Simple step's data goes: straight into our channel's output, if it is
+// final output values and the channel has published that output for the step's very
+// operation (it then finds the step in place, as if a sender on this host had written it
+// there: one copy less); else into the slot. Asked again before every read: a channel that
+// stopped early takes its output back (dev::retractOutput), and from then on nothing more
+// goes there (a step begun there ends in the slot; the operation failed anyway).
+void NetProxy::aimSimpleStep(DataLink& l) {
+  char* out = landing(l);
+  if (l.inDone > 0 && !(l.landing && !out)) return;  // begun: it ends where it began, unless taken back
+  char* slot = l.in.simple + (size_t)(l.inHeader.step % dev::kSteps) * sizes_.simpleSlotBytes;
+  l.landing = out != nullptr;
+  l.inData = out ? out : slot;
+}
+
+// The place in our channel's output where a Simple step's data belongs, as published for
+// its operation; null if none (not final output, or not published for that operation).
+char* NetProxy::landing(const DataLink& l) const {
+  const StepHeader& h = l.inHeader;
+  const dev::ConnCtrl* c = l.in.ctrl;
+  if (h.outputOffset == dev::kNotOutput || h.length == 0) return nullptr;
+  if (dev::loadAcquire(&c->outputFromStep) != h.opFirstStep + 1 || !dev::sameInfo(c->outputInfo, h.info)) return nullptr;
+  uint64_t bytes = dev::loadRelaxed(&c->outputBytes);
+  if (h.outputOffset > bytes || h.length > bytes - h.outputOffset) return nullptr;
+  return reinterpret_cast<char*>(dev::loadRelaxed(&c->outputAt) + h.outputOffset);
+}
+
+void NetProxy::settle(void* proxy) {
+  auto* self = static_cast<NetProxy*>(proxy);
+  std::lock_guard<std::mutex> lock(self->progressMutex_);
 }
 
 // Stores a received step in the receiving end as its sender would have: the control words,
@@ -450,8 +490,9 @@ void NetProxy::publish(DataLink& l) {
   c->info[s] = h.info;
   c->stepLength[s] = h.length;
   c->stepProto[s] = h.proto;
-  c->dataAt[s] = 0;
-  c->wroteToReceiver[s] = 0;
+  c->dataAt[s] = l.landing ? (uint64_t)(uintptr_t)l.inData : 0;
+  c->wroteToReceiver[s] = l.landing ? 1u : 0u;
+  landedSteps_.fetch_add(l.landing ? 1 : 0, std::memory_order_relaxed);
   c->dataIsInput[s] = h.dataIsInput;
   c->inputScalar[s] = h.inputScalar;
   const uint64_t* words = l.bounce.data();

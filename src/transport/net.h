@@ -7,7 +7,9 @@
 // only, no pointer steps or direct writes), records the step's length and protocol and bumps
 // that copy's tail. The proxy sends the step (a header, then the data) and bumps the copy's
 // head, freeing the slot. On the receiving host the proxy reads the header, waits until the
-// receiver's slot is free, reads the data into it and bumps its tail. LL and LL128 lines go
+// receiver's slot is free, reads the data into it and bumps its tail; a Simple step of final
+// output values goes straight into the receiver's output instead, where the receiver has
+// published it for the step's operation (see aimSimpleStep). LL and LL128 lines go
 // through a bounce buffer and are stored as their protocols publish them (LL word by word,
 // LL128 flag last): a socket read keeps no order within a line. The receiving channel cannot
 // tell a proxied step from one a sender wrote itself.
@@ -65,6 +67,11 @@ class NetProxy {
   // Waiter::progress for our channels: a waiting channel thread moves the data links' steps
   // itself, unless another thread is at it (no hand-off to the proxy thread on a busy core).
   static void progressFromChannel(void* proxy);
+  // DevChannel::netSettle: returns once no thread is moving the links' steps, so that the
+  // next read into a channel's output sees whether the channel still publishes it.
+  static void settle(void* proxy);
+  // Simple steps received straight into their receiver's output (a counter, for tests).
+  uint64_t landedSteps() const { return landedSteps_.load(std::memory_order_relaxed); }
 
  private:
   struct StepHeader;
@@ -80,6 +87,8 @@ class NetProxy {
   const char* pointerStepData(DataLink& l, int slot);
   bool progressSend(DataLink& l);
   bool progressRecv(DataLink& l);
+  void aimSimpleStep(DataLink& l);
+  char* landing(const DataLink& l) const;
   bool progressCtrl(CtrlLink& c);
   void publish(DataLink& l);
   void sleep();
@@ -96,6 +105,7 @@ class NetProxy {
   std::mutex progressMutex_;  // one thread moves the links at a time
   int wakeFd_ = -1;
   std::atomic<bool> sleeping_{false}, stop_{false};
+  std::atomic<uint64_t> landedSteps_{0};
   std::thread thread_;
 };
 
