@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import queue as queue_mod
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -446,6 +448,35 @@ def test_a_lost_host_is_an_error_on_the_others(tmp_path: Path, how: str) -> None
     assert time.monotonic() - t0 < 30
 
 
+@pytest.mark.parametrize("congestion", [None, "reno", "system"])
+def test_data_sockets_use_the_congestion_control_asked_for(congestion: str | None) -> None:
+    """cubic by default (BBR, some hosts' default, slowed transfers down for good once a
+    connection had carried a few MiB one way); reno is one every process may choose."""
+    code = (
+        "import numpy as np, minincl\n"
+        "comms = minincl.Communicator.init_all(2)\n"
+        "x = [np.full(100_003, c.rank + 1.0) for c in comms]\n"
+        "import threading\n"
+        "ts = [threading.Thread(target=c.allreduce, args=(v,)) for c, v in zip(comms, x)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+        "assert all((v == 3).all() for v in x)\n"
+        "[c.destroy() for c in comms]\n"
+    )
+    env = {**os.environ, "MININCL_TRANSPORT": "net", "MININCL_DEBUG": "INFO"}
+    if congestion:
+        env["MININCL_NET_CONGESTION"] = congestion
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    used = set(re.findall(r"TCP congestion control (\w+)", out.stderr))
+    proc = Path("/proc/sys/net/ipv4")
+    system = (proc / "tcp_congestion_control").read_text().strip()
+    cubic_settable = "cubic" in (proc / "tcp_available_congestion_control").read_text().split() and (
+        os.geteuid() == 0 or "cubic" in (proc / "tcp_allowed_congestion_control").read_text().split()
+    )
+    want = congestion or ("cubic" if cubic_settable else system)
+    assert used == {system if want == "system" else want}, out.stderr[-2000:]
+
+
 def test_transport_settings_are_checked() -> None:
     with (
         env_as({"MININCL_TRANSPORT": "carrier-pigeon"}),
@@ -457,6 +488,12 @@ def test_transport_settings_are_checked() -> None:
         pytest.raises(minincl.InvalidArgument, match="MININCL_NET_SOCKET_BUFFER"),
     ):
         minincl.Communicator.init_all(2)
+    for congestion in ("cubic;", "no-such-congestion"):
+        with (
+            env_as({"MININCL_TRANSPORT": "net", "MININCL_NET_CONGESTION": congestion}),
+            pytest.raises(minincl.InvalidArgument, match="MININCL_NET_CONGESTION"),
+        ):
+            minincl.Communicator.init_all(2)
     # Two processes of one host, only one of them told to use the network.
     got = launch_as_hosts(
         workers.network_peers,

@@ -255,6 +255,11 @@ void Comm::startNetProxy(const UniqueIdData& id, const RegionLayout& layout, boo
   MNCL_CHECK(socketBuffer >= 0 && socketBuffer <= (1 << 30), mnclInvalidArgument,
              "MININCL_NET_SOCKET_BUFFER must be a size from 0 (the kernel's autotuning) to 1G");
   s.socketBufferBytes = (int)socketBuffer;
+  std::string congestion = env::str("MININCL_NET_CONGESTION", "");
+  MNCL_CHECK(congestion.size() < 16 && congestion.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") == std::string::npos,
+             mnclInvalidArgument, "MININCL_NET_CONGESTION must name a TCP congestion control (cubic, reno, bbr, ...) or be 'system'");
+  s.congestionRequired = !congestion.empty() && congestion != "system";
+  s.congestion = congestion.empty() ? "cubic" : congestion == "system" ? "" : congestion;
   netProxy_ = std::make_unique<NetProxy>(std::move(s));
   netListener_.close();
   for (int r = 0; r < nranks_; ++r) {

@@ -4,6 +4,8 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -148,6 +150,12 @@ NetProxy::NetProxy(Setup setup) : setup_(std::move(setup)) {
     }
   }
   connectAll();
+  if (!data_.empty()) {
+    char cc[16] = {};
+    socklen_t len = sizeof(cc) - 1;
+    getsockopt(data_[0]->sock.fd(), IPPROTO_TCP, TCP_CONGESTION, cc, &len);
+    MNCL_INFO(kNet, "rank %d: %zu network data sockets, TCP congestion control %s", setup_.rank, data_.size(), cc);
+  }
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wakeFd_ < 0) throwSystemError("eventfd() for the network proxy");
   thread_ = std::thread([this] { loop(); });
@@ -201,13 +209,7 @@ void NetProxy::connectAll() {
       ctrlOf(peer).sock = std::move(s);
       return;
     }
-    // Fixed socket buffers: under the kernel's autotuning, one launch in three or four of a
-    // 2-rank allreduce over loopback settled at 1.6x the time for its whole run (4 MiB:
-    // ~2450 us against ~1500); with fixed buffers of 1-16 MiB none of 36 did (bench/RESULTS.md).
-    if (int bytes = setup_.socketBufferBytes; bytes > 0) {
-      setsockopt(s.fd(), SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
-      setsockopt(s.fd(), SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
-    }
+    tuneDataSocket(s);
     for (auto& l : data_) {
       if (l->peer == peer && l->channel == link) l->sock = std::move(s);
     }
@@ -244,6 +246,31 @@ void NetProxy::connectAll() {
   // A link connected twice (a confused peer) would leave another without a socket.
   for (auto& c : ctrl_) MNCL_CHECK(c->sock.valid(), mnclSystemError, "no control connection to rank " + std::to_string(c->peer));
   for (auto& l : data_) MNCL_CHECK(l->sock.valid(), mnclSystemError, "no data connection to rank " + std::to_string(l->peer));
+}
+
+// Fixed socket buffers: under the kernel's autotuning, one launch in three or four of a
+// 2-rank allreduce over loopback settled at 1.6x the time for its whole run (4 MiB: ~2450 us
+// against ~1500); with fixed buffers of 1-16 MiB none of 36 did (bench/RESULTS.md).
+//
+// Congestion control: under BBR (the system's choice on some hosts), once a connection had
+// carried a few MiB one way it paced and capped what it had in flight by its model of the
+// path, and a 2-rank allgather of 4 MiB over loopback took ~1000 us instead of ~600 from then
+// on; under cubic or reno it never did (bench/RESULTS.md, seventeenth session).
+void NetProxy::tuneDataSocket(Socket& s) {
+  if (int bytes = setup_.socketBufferBytes; bytes > 0) {
+    setsockopt(s.fd(), SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+    setsockopt(s.fd(), SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+  }
+  const std::string& cc = setup_.congestion;
+  if (cc.empty() || setsockopt(s.fd(), IPPROTO_TCP, TCP_CONGESTION, cc.data(), (socklen_t)cc.size()) == 0) return;
+  std::string why = std::strerror(errno);
+  MNCL_CHECK(!setup_.congestionRequired, mnclInvalidArgument,
+             "MININCL_NET_CONGESTION=" + cc + ": the kernel refused it (" + why +
+                 "; /proc/sys/net/ipv4/tcp_available_congestion_control lists what it has, tcp_allowed_congestion_control "
+                 "what an unprivileged process may choose; 'system' keeps the system's)");
+  MNCL_INFO(kNet, "rank %d: TCP congestion control %s refused (%s): data sockets keep the system's", setup_.rank, cc.c_str(),
+            why.c_str());
+  setup_.congestion.clear();  // (not again for every socket)
 }
 
 // ---- the proxy thread ----

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -49,6 +50,10 @@ class NetProxy {
     std::function<bool()> busy;       // calls are running: keep polling, do not sleep
     bool sharesCores = false;         // other ranks' channels run on our cores: yield at once
     int socketBufferBytes = 4 << 20;  // data sockets' SO_SNDBUF / SO_RCVBUF (0: the kernel's autotuning)
+    // Data sockets' TCP congestion control ("": the system's). Where the kernel refuses it,
+    // an error if `congestionRequired` (the user asked for it), else the system's is kept.
+    std::string congestion = "cubic";
+    bool congestionRequired = false;
     double timeout = 5;               // for connecting, and for the last sends at teardown
   };
 
@@ -81,6 +86,7 @@ class NetProxy {
   struct CtrlMessage;
 
   void connectAll();
+  void tuneDataSocket(Socket& s);
   void loop();
   bool progressAll(bool withCtrl);
   bool startBatch(DataLink& l);
