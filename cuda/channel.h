@@ -190,9 +190,10 @@ struct DevChannel {
   uint64_t windowBytes = 0;
   // CPU: the smallest operation (bytes a rank sends or contributes) whose steps to a network
   // proxy go as pointer steps. Below it a copy into the slot lets the call return before the
-  // proxy has sent the data, which back-to-back calls measured faster (a 256 KiB broadcast:
-  // 1.57x the time with pointer steps; from 512 KiB they win, bench/RESULTS.md).
-  uint64_t proxiedPointerMinBytes = 512 << 10;
+  // proxy has sent the data, which back-to-back calls measured faster (2 ranks over loopback:
+  // a 64 KiB broadcast took 1.11-1.27x the time with pointer steps; from 128 KiB they win,
+  // 0.71-0.89x at 128-256 KiB; bench/RESULTS.md, seventeenth session).
+  uint64_t proxiedPointerMinBytes = 128 << 10;
   // CPU: with network peers, what a waiting thread calls to move their steps (Waiter::progress).
   void (*netProgress)(void*) = nullptr;
   void* netProgressArg = nullptr;

@@ -467,7 +467,7 @@ PointerStepSettings pointerStepSettings(int64_t defaultMinBytes) {
 void Comm::enablePointerSteps() {
   auto [mode, directWrites, minBytes, modeChosen] = pointerStepSettings(32 << 10);
   int64_t readBytes = env::bytes("MININCL_POINTER_READ_BYTES", 1 << 20);
-  int64_t netPointerBytes = env::bytes("MININCL_NET_POINTER_BYTES", 512 << 10);
+  int64_t netPointerBytes = env::bytes("MININCL_NET_POINTER_BYTES", 128 << 10);
   MNCL_CHECK(netPointerBytes >= 0, mnclInvalidArgument, "MININCL_NET_POINTER_BYTES must be a size (bytes, K, M, G)");
   MNCL_CHECK(readBytes >= 4096 && readBytes <= (1ll << 30), mnclInvalidArgument,
              "MININCL_POINTER_READ_BYTES must be between 4K and 1G");
