@@ -102,6 +102,17 @@ def test_every_algorithm_and_protocol_over_the_network(nranks: int, algo: str, p
                     check_collective(comms, coll, dtype, op, count)
 
 
+def ring_exchange(c: Any) -> int:
+    """Each rank sends 200,003 doubles to the next and receives the previous one's, in one group."""
+    n = c.nranks
+    out = np.zeros(200_003, np.float64)
+    with minincl.group():
+        c.send(np.arange(200_003, dtype=np.float64) * c.rank, (c.rank + 1) % n)
+        c.recv(out, (c.rank - 1) % n)
+    np.testing.assert_array_equal(out, np.arange(200_003, dtype=np.float64) * ((c.rank - 1) % n))
+    return 0
+
+
 @pytest.mark.parametrize("proto", ["simple", None])
 def test_pointer_steps_to_the_proxy(monkeypatch: pytest.MonkeyPatch, proto: str | None) -> None:
     """MININCL_NET_POINTER_BYTES=0: every big Simple step goes to the proxy as a pointer to
@@ -123,17 +134,8 @@ def test_pointer_steps_to_the_proxy(monkeypatch: pytest.MonkeyPatch, proto: str 
             return 0
 
         run_ranks(comms, premul)
-        n = len(comms)
 
-        def exchange(c: Any) -> int:
-            out = np.zeros(200_003, np.float64)
-            with minincl.group():
-                c.send(np.arange(200_003, dtype=np.float64) * c.rank, (c.rank + 1) % n)
-                c.recv(out, (c.rank - 1) % n)
-            np.testing.assert_array_equal(out, np.arange(200_003, dtype=np.float64) * ((c.rank - 1) % n))
-            return 0
-
-        run_ranks(comms, exchange)
+        run_ranks(comms, ring_exchange)
         assert sum(c.stats()["pointer_steps"] for c in comms) > before
 
 
@@ -162,7 +164,6 @@ def test_steps_land_in_the_receivers_output(algo: str) -> None:
             before = landed()
             check_collective(comms, coll, dtype, op, 300_007)
             assert landed() > before, coll
-        n = len(comms)
 
         def in_place(c: Any) -> int:  # the output is the input too (allgather: the rank's block)
             x = np.arange(3 * 100_003, dtype=np.float32) * (c.rank + 1)
@@ -179,16 +180,8 @@ def test_steps_land_in_the_receivers_output(algo: str) -> None:
         run_ranks(comms, in_place)
         assert landed() > before
 
-        def exchange(c: Any) -> int:
-            out = np.zeros(200_003, np.float64)
-            with minincl.group():
-                c.send(np.arange(200_003, dtype=np.float64) * c.rank, (c.rank + 1) % n)
-                c.recv(out, (c.rank - 1) % n)
-            np.testing.assert_array_equal(out, np.arange(200_003, dtype=np.float64) * ((c.rank - 1) % n))
-            return 0
-
         before = landed()
-        run_ranks(comms, exchange)
+        run_ranks(comms, ring_exchange)
         assert landed() > before
 
 
