@@ -360,3 +360,52 @@ def test_thousands_of_small_calls_on_one_communicator(comms_of: Any) -> None:
         return 0
 
     run_ranks(comms, body)
+
+
+FIFO_DEFAULTS_CHECK = """
+import re, sys, threading
+import numpy as np, minincl
+n = int(sys.argv[1])
+comms = minincl.Communicator.init_all(n)
+for count in (65_537, 300_007, 1_048_583):
+    base = np.arange(count, dtype=np.float32) % 1013
+    outs = {}
+    def body(c):
+        r = c.rank
+        b = base + 1 if r == 1 % n else np.zeros(count, np.float32)
+        c.broadcast(b, root=1 % n)  # in place, as the root's core is idle
+        g = c.allgather(base[: count // n] * (r + 1), np.empty(count // n * n, np.float32))
+        s = c.allreduce(base * (r + 1), np.empty(count, np.float32))
+        outs[r] = (b, g, s)
+    ts = [threading.Thread(target=body, args=(c,)) for c in comms]
+    [t.start() for t in ts]; [t.join() for t in ts]
+    for r in range(n):
+        b, g, s = outs[r]
+        assert np.array_equal(b, base + 1), (count, r)
+        assert np.array_equal(g, np.concatenate([base[: count // n] * (q + 1) for q in range(n)])), (count, r)
+        assert np.array_equal(s, base * sum(range(1, n + 1))), (count, r)
+[c.destroy() for c in comms]
+print("checked")
+"""
+
+
+@pytest.mark.parametrize(
+    ("nranks", "transport", "slot"),
+    [(2, None, 512 << 10), (8, None, 512 << 10), (9, None, 128 << 10), (2, "net", 128 << 10)],
+)
+def test_default_fifo_slots(nranks: int, transport: str | None, slot: int) -> None:
+    """With MININCL_SIMPLE_SLOT_BYTES unset (the tests set it small elsewhere), CPU Simple
+    slots are 512 KiB up to 8 ranks, 128 KiB above or with network peers; messages of one slot
+    or a few (a broadcast of one slot is cut in two) give NumPy's answers."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MININCL_")}
+    env.update({"MININCL_DEBUG": "INFO", **({"MININCL_TRANSPORT": transport} if transport else {})})
+    out = subprocess.run(
+        [sys.executable, "-c", FIFO_DEFAULTS_CHECK, str(nranks)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0 and "checked" in out.stdout, out.stderr[-3000:]
+    assert set(re.findall(r"FIFO simple (\d+) B", out.stderr)) == {str(slot)}, out.stderr[-2000:]
