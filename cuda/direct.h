@@ -99,7 +99,7 @@ struct Direct {
     T* dst = (T*)w.recv + w.chanOffset;
     bool isRoot = ch.rank == w.root;
     P pr = isRoot ? P(cx, PeerSet(), PeerSet::allBut(ch.rank, ch.nranks)) : P(cx, PeerSet(w.root), PeerSet());
-    forEachStep(pipelineStep<T>(ch.sizes, pr.stepElems(), w.chanCount, broadcastHops(1)), w.chanCount, [&](size_t off, size_t len) {
+    forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
       if (isRoot) pr.copySend(src + off, dst + off, len);
       else pr.recv(dst + off, len);
     });

@@ -31,13 +31,6 @@ MNCL_HOSTDEV size_t pipelineStep(const ProtoSizes& sizes, size_t stepElems, size
   return minSize(stepElems, piece > smallest ? piece : smallest);
 }
 
-// A broadcast's pipeline depth: at least two pieces, even over one hop. A root with nothing
-// else to do writes every other step into its receiver itself (PrimsSimple::planSend), so
-// both cores copy; a message of one step leaves one of them idle (2 processes, 256 KiB with
-// 512 KiB slots: 1.6x the time of two steps). (Cutting a 2-rank reduce_scatter in two as
-// well made it 1.43x slower at 64 KiB and no faster above.)
-MNCL_HOSTDEV int broadcastHops(int hops) { return hops > 2 ? hops : 2; }
-
 // The n chunks of one loop of a ring: chunk c covers [off(c), off(c) + len(c)).
 struct RingLoop {
   size_t base, chunk, end;
@@ -101,7 +94,7 @@ struct Ring {
     bool isRoot = ch.rank == w.root;
     bool isLast = at(ch, ch.ringPos + 1) == w.root;
     auto pr = Prims<T, Fn>(cx, PeerSet(isRoot ? -1 : at(ch, ch.ringPos - 1)), PeerSet(isLast ? -1 : at(ch, ch.ringPos + 1)));
-    size_t step = pipelineStep<T>(ch.sizes, pr.stepElems(), w.chanCount, broadcastHops(ch.nranks - 1));
+    size_t step = pipelineStep<T>(ch.sizes, pr.stepElems(), w.chanCount, ch.nranks - 1);
     forEachStep(step, w.chanCount, [&](size_t off, size_t len) {
       if (isRoot) pr.copySend(src + off, dst + off, len);
       else if (isLast) pr.recv(dst + off, len);

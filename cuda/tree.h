@@ -94,9 +94,8 @@ struct Tree {
   // down (allreduce). Every rank cuts the same way, so parent and child agree on steps.
   template <typename P>
   MNCL_DEV static size_t step(const Cx& cx, const P& pr, int levels) {
-    int hops = levels * treeDepth(cx.ch.nranks, cx.ch.ranksPerHost);
     return pipelineStep<T>(cx.ch.sizes, pr.stepElems(), cx.work.chanCount,
-                           cx.work.coll == Coll::broadcast ? broadcastHops(hops) : hops);
+                           levels * treeDepth(cx.ch.nranks, cx.ch.ranksPerHost));
   }
 
   MNCL_DEV static void allReduce(Cx cx) {

@@ -52,36 +52,24 @@ int cpuCount() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-// FIFO sizes. A GPU step is worth more bytes: its flag round trip costs microseconds. On the
-// CPU the Simple slot's default depends on the communicator (see defaultCpuSizes): left 0
-// here, until every rank is known.
+// FIFO sizes. A GPU step is worth more bytes: its flag round trip costs microseconds.
 dev::ProtoSizes protoSizesFromEnv(bool onGpu) {
   dev::ProtoSizes s{};
-  s.simpleSlotBytes = (uint32_t)env::bytes("MININCL_SIMPLE_SLOT_BYTES", onGpu ? 512 << 10 : 0);
+  s.simpleSlotBytes = (uint32_t)env::bytes("MININCL_SIMPLE_SLOT_BYTES", onGpu ? 512 << 10 : 128 << 10);
   // GPU: a step of LL is one pass of a whole block (512 threads x 4 lines in flight each);
   // LL128 four passes (64 lines x 4 per pass). Steps of a few KiB made LL step-bound there.
   s.llSlotLines = (uint32_t)env::integer("MININCL_LL_SLOT_LINES", onGpu ? 2048 : 512);
   s.ll128SlotLines = (uint32_t)env::integer("MININCL_LL128_SLOT_LINES", onGpu ? 1024 : 256);
-  // CPU: pieces of 16 KiB keep a 4-rank tree allreduce busy at 64 KiB (19-21 us against 29-30
-  // uncut). GPU: uncut until measured there (a step costs several us).
-  s.pipelineChunkBytes = (uint32_t)env::bytes("MININCL_PIPELINE_CHUNK_BYTES", onGpu ? s.simpleSlotBytes : 16 << 10);
-  MNCL_CHECK(s.simpleSlotBytes == 0 || (s.simpleSlotBytes >= 4096 && s.simpleSlotBytes % 4096 == 0), mnclInvalidArgument,
+  // CPU: a piece of 1/8 slot (16 KiB) keeps a 4-rank tree allreduce busy at 64 KiB (19-21 us
+  // against 29-30 uncut). GPU: uncut until measured there (a step costs several us).
+  s.pipelineChunkBytes =
+      (uint32_t)env::bytes("MININCL_PIPELINE_CHUNK_BYTES", onGpu ? s.simpleSlotBytes : s.simpleSlotBytes / 8);
+  MNCL_CHECK(s.simpleSlotBytes >= 4096 && s.simpleSlotBytes % 4096 == 0, mnclInvalidArgument,
         "MININCL_SIMPLE_SLOT_BYTES must be a multiple of 4096");
   MNCL_CHECK(s.pipelineChunkBytes >= 64, mnclInvalidArgument, "MININCL_PIPELINE_CHUNK_BYTES must be at least 64");
   MNCL_CHECK(s.llSlotLines >= 16 && s.ll128SlotLines >= 4, mnclInvalidArgument,
         "MININCL_LL_SLOT_LINES must be at least 16 and MININCL_LL128_SLOT_LINES at least 4");
   return s;
-}
-
-// The CPU's Simple slot where MININCL_SIMPLE_SLOT_BYTES is unset. Big steps cost fewer
-// handshakes and kernel copies: between 2 processes, 512 KiB slots took 0.84-0.93x the time
-// of 128 KiB ones for allgather, broadcast, sendrecv and alltoall from 1 MiB
-// (bench/RESULTS.md, seventeenth session). But each connection holds 8 slots, and every
-// rank connects to every other: above 8 ranks that would be 4 MiB times each peer, so they
-// keep 128 KiB; so do communicators with network peers (over TCP, 512 KiB steps took
-// allreduce 1.06-1.21x the time).
-uint32_t defaultCpuSlotBytes(int nranks, bool overNetwork) {
-  return nranks <= 8 && !overNetwork ? 512 << 10 : 128 << 10;
 }
 
 }  // namespace
@@ -145,10 +133,6 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
     otherProcess |= p.pid != mine.pid && !netPeer_[p.rank];
     sharedProcess |= p.pid == mine.pid && p.rank != rank;
   }
-  // (Every rank sees the same peers, so each picks the same default.)
-  bool commOverNetwork = false;
-  for (const PeerInfo& p : peers_) commOverNetwork |= p.netForced || p.hostHash != peers_[0].hostHash;
-  if (mine.sizes.simpleSlotBytes == 0) mine.sizes.simpleSlotBytes = defaultCpuSlotBytes(nranks, commOverNetwork && nranks > 1);
   if (anyNet) {  // where the network peers will connect, on the interface bootstrap uses
     netListener_ = Socket::listen(bootstrap_->localAddress());
     peers_[rank].netAddr = WireAddr::from(netListener_.localAddr());
@@ -232,7 +216,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
     gpu_->upload(channels_, static_cast<const uint32_t*>(abortPinned_->device()));
 #endif
   } else {
-    tuner_.init(nranks, nch, kCpuChannelShareBytes, oversubscribed_);
+    tuner_.init(nranks, nch, 2 * (size_t)mine.sizes.simpleSlotBytes, oversubscribed_);
     tuner_.setRanksPerHost(topo::ranksPerHost(plan_));
     executor_ = std::make_unique<Executor>(nch, oversubscribed_ ? 0 : 50);
   }

@@ -125,10 +125,6 @@ class Comm {
   };
   Stats stats();
 
-  // CPU: the smallest share of an operation worth a channel of its own (the tuner's; a send
-  // or recv takes twice it): two steps of 128 KiB, the slot these shares were measured with.
-  static constexpr size_t kCpuChannelShareBytes = 256 << 10;
-
   // Why peer r stopped, if it has failed (from its control block); empty if it has not.
   std::string peerFailure(int r) const;
 

@@ -49,7 +49,7 @@ bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
 
 void planP2pOps(Comm& comm, const P2pCall& c, std::vector<std::vector<dev::P2pOp>>& perChannel) {
   size_t bytes = c.count * dataTypeSize(c.dtype);
-  size_t perChannelBytes = comm.onGpu() ? 4 * (size_t)comm.channel(0).dev.sizes.simpleSlotBytes : 2 * Comm::kCpuChannelShareBytes;
+  size_t perChannelBytes = 4 * (size_t)comm.channel(0).dev.sizes.simpleSlotBytes;
   int nch = (int)std::clamp<size_t>(bytes / perChannelBytes, 1, (size_t)comm.nChannels());
   size_t share = alignedShare(bytes, nch, 1);
   for (int ch = 0; ch < nch; ++ch) {
