@@ -442,7 +442,7 @@ def test_a_lost_host_is_an_error_on_the_others(tmp_path: Path, how: str) -> None
 
 
 @pytest.mark.parametrize("congestion", [None, "reno", "system"])
-def test_data_sockets_use_the_congestion_control_asked_for(congestion: str | None) -> None:
+def test_data_sockets_use_the_congestion_control_asked_for(congestion: str | None, tmp_path: Path) -> None:
     """cubic by default (BBR, some hosts' default, slowed transfers down for good once a
     connection had carried a few MiB one way); reno is one every process may choose."""
     code = (
@@ -458,7 +458,10 @@ def test_data_sockets_use_the_congestion_control_asked_for(congestion: str | Non
     env = {**os.environ, "MININCL_TRANSPORT": "net", "MININCL_DEBUG": "INFO"}
     if congestion:
         env["MININCL_NET_CONGESTION"] = congestion
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    # (From an empty folder: run from the repository root, "import minincl" finds its sources.)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     used = set(re.findall(r"TCP congestion control (\w+)", out.stderr))
     proc = Path("/proc/sys/net/ipv4")
