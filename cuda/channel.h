@@ -101,8 +101,9 @@ struct ConnFifo {
   bool kernelWrites = false;
   // Sending end, CPU: the peer is reached over the network. This end is a copy of the
   // receiver's in our own memory, which the proxy thread sends on (src/transport/net.h): every
-  // protocol publishes each step's length and protocol, and bumps tail, for the proxy to see.
-  // The proxy, in this process, reads pointer steps where they lie (peerPid 0).
+  // protocol publishes each step's length and protocol (Simple: its outputOffset and
+  // opFirstStep too), and bumps tail, for the proxy to see. The proxy, in this process, reads
+  // pointer steps where they lie (peerPid 0).
   bool proxied = false;
   char* simple = nullptr;          // kSteps * simpleSlotBytes
   LLLine* ll = nullptr;            // kSteps * llSlotLines

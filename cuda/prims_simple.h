@@ -197,9 +197,10 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     return (w.coll == Coll::allgather ? w.count * (uint64_t)cx_.ch.nranks : w.count) * sizeof(T);
   }
 
-  // Over the network: where a step we send lies in the output, if it is final output values
-  // (dst's, the same at every rank), for the receiving proxy to land it there; else
-  // kNotOutput. (A premulsum's pointer step to our raw input is not.)
+  // Where a step we send lies in the output (bytes from its start), if it is final output
+  // values (dst's, the same at every rank): where a direct write puts it, or a network
+  // receiver's proxy lands it. Else kNotOutput. (A premulsum's pointer step to our raw input
+  // is not final.)
   MNCL_DEV uint64_t finalOutputOffset(const T* dst, size_t n, bool publishedInput) const {
     if (!dst || !outputsAlike(cx_.work.coll) || (Fn::kHasPre && publishedInput)) return kNotOutput;
     uint64_t off = (uint64_t)((uintptr_t)dst - (uintptr_t)cx_.work.recv), bytes = n * sizeof(T), all = outputBytes();
@@ -230,9 +231,9 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     kernel = kernel && f.kernelWrites;
     if (!(f.directWrites || kernel) || !outputsAlike(w.coll)) return {};
     if (loadAcquire(&c->outputFromStep) != cx_.ch.opFirstSendStep[p] + 1 || !sameInfo(c->outputInfo, w.info())) return {};
-    uint64_t off = (uint64_t)((const char*)dst - (const char*)w.recv), bytes = n * sizeof(T);
-    uint64_t outBytes = loadRelaxed(&c->outputBytes);
-    if (off > outBytes || bytes > outBytes - off) return {};
+    // (The receiver's output is as big as ours: it published it for this very call.)
+    uint64_t off = finalOutputOffset(dst, n, false), bytes = n * sizeof(T);
+    if (off == kNotOutput) return {};
     uint64_t there = loadRelaxed(&c->outputAt) + off;
     if (char* here = f.directWrites ? f.mappedHere(there, bytes) : nullptr) return {reinterpret_cast<T*>(here), there, false};
     return kernel ? DirectWrite{nullptr, there, true} : DirectWrite{};
