@@ -11,15 +11,17 @@
 // Pointer steps (CPU): a big step may post the address of the sender's data instead of a
 // copy of it (ConnCtrl::dataAt); the receiver takes the step, swapping the address for
 // kPointerTaken, and copies straight from the sender's buffer (the same process, its window,
-// or a kernel copy from its process): one copy instead of two. A send still never waits for
-// a receiver that has not started: when the group ends, the steps nobody took go into their
-// FIFO slots after all, as they would have without pointers (see settlePointerSteps). A
-// receiver says when it has started its recv (it publishes its buffer, as collectives do for
-// direct writes); from then on the sender's pointer steps may be longer than a slot, since
-// they will be taken: the rest of the op goes as one step, which the receiver reads in
-// pieces (DevChannel::pointerReadBytes) between steps of its group's other ops. That is for
-// a sender that receives too; one with nothing else to do keeps the FIFO until its receiver
-// has started, then splits the bytes with it (see sendVerdict).
+// or a kernel copy from its process): one copy instead of two. A send still completes
+// without its receiver: when the group ends, the steps nobody took go into their FIFO slots
+// after all, as they would have without pointers (see settlePointerSteps). A receiver says
+// when it has started its recv (it publishes its buffer, as collectives do for direct
+// writes); from then on the sender's pointer steps may be longer than a slot, since they will
+// be taken: the rest of the op goes as one step. The receiver reads it in one go, or, while
+// it has sends of its own to post, in pieces (DevChannel::pointerReadBytes). That is for a
+// sender that receives too; one longer than a slot waits for its receiver to start while the
+// group has recvs to move (slot-long steps would cost a kernel read each), and posts
+// slot-long steps only once they are done. A sender with nothing else to do keeps
+// the FIFO until its receiver has started, then splits the bytes with it (see sendVerdict).
 #pragma once
 
 #include "prims.h"
@@ -54,6 +56,9 @@ struct P2pEngine {
   DevError* error;
   // This channel receives in this group too (thread 0): its sends may go as pointer steps.
   bool receivesToo = false;
+  int opsLeft = 0;        // the group's unfinished ops
+  bool recvsLeft = false; // ... some of them recvs (as this pass began)
+  uint64_t readLongest = kLongestRead;  // the most the next pointer-step read takes (movePass)
 
   MNCL_HOSTDEV static StepInfo infoOf(const P2pOp& op) {
     StepInfo s{};
@@ -94,24 +99,21 @@ struct P2pEngine {
   enum class Verdict { wait, go, mismatch };
 
   MNCL_DEV bool runOps(P2pOp* ops, int n) {
-    int left = n;
+    opsLeft = n;
     uint32_t idle = 0;
-    while (left > 0) {
-      bool moved = false;
-      for (int i = 0; i < n; ++i) {
-        P2pOp& op = ops[i];
-        if (op.finished() || blockedByEarlier(ops, i)) continue;
-        Verdict v = Verdict::wait;
-        if (tid() == 0) v = op.isSend ? sendVerdict(op) : recvVerdict(op);
-        if (barrierAny(v == Verdict::mismatch)) {
-          waiter.aborted = true;
-          return false;
+    while (opsLeft > 0) {
+      // Recvs publish their buffers first, then sends post, then recvs read: a peer waiting
+      // for our step must not wait for our reads as well (a pass that read 1 MiB before
+      // posting its send made a 2-rank exchange take twice as long, the two reads one after
+      // the other), and our sends go as soon as their receivers have started.
+      if (tid() == 0) {
+        for (int i = 0; i < n; ++i) {
+          if (!ops[i].isSend && !ops[i].started && !blockedByEarlier(ops, i)) startRecv(ops[i]);
         }
-        if (!barrierAny(v == Verdict::go)) continue;
-        if (!moveStep(op)) return false;
-        moved = true;
-        if (op.finished()) --left;
       }
+      bool moved = false;
+      recvsLeft = unfinished(ops, n, false);
+      if (!movePass(ops, n, true, &moved) || !movePass(ops, n, false, &moved)) return false;
       if (moved) {
         idle = 0;
         continue;
@@ -124,6 +126,39 @@ struct P2pEngine {
       waiter.backoff(idle++);
     }
     return true;
+  }
+
+  // One step of every ready send (or recv) op; false if aborted or mismatched.
+  MNCL_DEV bool movePass(P2pOp* ops, int n, bool sends, bool* moved) {
+    for (int i = 0; i < n; ++i) {
+      P2pOp& op = ops[i];
+      if (op.isSend != sends || op.finished() || blockedByEarlier(ops, i)) continue;
+      Verdict v = Verdict::wait;
+      if (tid() == 0) v = op.isSend ? sendVerdict(op) : recvVerdict(op);
+      if (barrierAny(v == Verdict::mismatch)) {
+        waiter.aborted = true;
+        return false;
+      }
+      if (!barrierAny(v == Verdict::go)) continue;
+      if (!sends && op.stepAt != 0 && !op.written) {
+        // About to read a sender's memory: first post what our sends can (our receiver may
+        // have started since the sends' pass: a peer publishes its buffer, then posts).
+        if (unfinished(ops, n, true) && !movePass(ops, n, true, moved)) return false;
+        readLongest = unfinished(ops, n, true) ? ch.pointerReadBytes : kLongestRead;
+      }
+      if (!moveStep(op)) return false;
+      *moved = true;
+      if (op.finished()) --opsLeft;
+    }
+    return true;
+  }
+
+  // Some send has bytes left to post (or some recv bytes left to read).
+  MNCL_DEV static bool unfinished(const P2pOp* ops, int n, bool sends) {
+    for (int i = 0; i < n; ++i) {
+      if (ops[i].isSend == sends && !ops[i].finished()) return true;
+    }
+    return false;
   }
 
   // Ops on the same connection (peer and direction) run in the order they were issued.
@@ -160,6 +195,15 @@ struct P2pEngine {
     op.stepLen = (uint32_t)minBytes(slotBytes, left);
     op.stepAt = 0;
     if (receivesToo) {
+      // Before the receiver starts, a pointer step could only be a slot long, and a kernel
+      // read per slot costs: 1 MiB read 128 KiB at a time took 91 us here, in one read 62.
+      // So a send longer than a slot waits for its receiver instead, then goes as one step,
+      // while the group has recvs to move meanwhile. (After them, it fills slots, so that it
+      // completes without its receiver, as a FIFO send does. A network proxy reads a pointer
+      // step at no such cost, and its receiver's start is not seen here.)
+      if (!started && left > slotBytes && recvsLeft && !ch.sendTo[op.peer].proxied && pointerFor(op, op.stepLen) != 0) {
+        return Verdict::wait;
+      }
       uint64_t len = started ? minBytes(kLongestStep, left) : op.stepLen;
       op.stepAt = pointerFor(op, len);
       if (op.stepAt != 0) op.stepLen = (uint32_t)len;
@@ -226,11 +270,7 @@ struct P2pEngine {
     if (op.midStep) return Verdict::go;
     ConnCtrl* c = ch.recvFrom[op.peer].ctrl;
     uint64_t step = ch.recvStep[op.peer];
-    if (!op.started) {
-      op.firstStep = step;
-      publishBuffer(op, c, step);
-      op.started = true;
-    }
+    if (!op.started) startRecv(op);  // (an earlier op on its connection just finished)
     if (loadAcquire(&c->tail) <= step) return Verdict::wait;
     int s = (int)(step % kSteps);
     StepInfo want = infoOf(op), got = c->info[s];
@@ -256,13 +296,16 @@ struct P2pEngine {
     return Verdict::mismatch;
   }
 
-  // Tells the sender that this recv has started, and where its buffer is (ConnCtrl::outputAt;
-  // valid for the op whose first step is `firstStep`).
-  MNCL_DEV void publishBuffer(const P2pOp& op, ConnCtrl* c, uint64_t firstStep) const {
+  // Thread 0: starts a recv, telling its sender where its buffer is (ConnCtrl::outputAt;
+  // valid for the op whose first step is op.firstStep).
+  MNCL_DEV void startRecv(P2pOp& op) const {
+    ConnCtrl* c = ch.recvFrom[op.peer].ctrl;
+    op.firstStep = ch.recvStep[op.peer];
+    op.started = true;
     storeRelaxed(&c->outputAt, (uint64_t)(uintptr_t)op.buf);
     storeRelaxed(&c->outputBytes, op.bytes);
     c->outputInfo = infoOf(op);
-    storeRelease(&c->outputFromStep, firstStep + 1);
+    storeRelease(&c->outputFromStep, op.firstStep + 1);
   }
 
   // Takes step `step` if it is a pointer step: its address, or 0 (in the slot; acquire: the
@@ -288,7 +331,7 @@ struct P2pEngine {
     } else if (op.stepAt == 0) {
       copyElems(op.buf + op.done, slot(f, step), len);
     } else {
-      len = minBytes(len, ch.pointerReadBytes);
+      len = minBytes(len, readLongest);
       if (!readPointerStep(op, len)) return false;
     }
     barrier();
@@ -398,6 +441,11 @@ struct P2pEngine {
 
   // The longest step (ConnCtrl::stepLength is 32 bits).
   static constexpr uint64_t kLongestStep = uint64_t{1} << 30;
+  // The most a receiver reads of a pointer step at once when it has no sends left to post
+  // (with some, DevChannel::pointerReadBytes, so that it soon posts them). One kernel read is
+  // cheaper than several (2 processes reading 64 MiB from each other: 11.0 ms in one read,
+  // 11.6 in 1 MiB pieces), but it is not interrupted: this bounds how late an abort is seen.
+  static constexpr uint64_t kLongestRead = uint64_t{64} << 20;
 };
 
 }  // namespace mncl::dev

@@ -44,6 +44,19 @@ def test_exchanges_between_processes(
     assert all(stats["pointer_steps"] > 0 for _, stats in results), results
 
 
+def test_an_exchange_waits_for_its_receiver_then_goes_as_one_step(
+    pointer_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A send longer than a slot, in a group that also receives, is not cut into slot-long
+    pointer steps while its receiver has not started (one kernel read per slot costs): it
+    waits for the receiver, then goes as one step. Every call, whichever rank comes first."""
+    monkeypatch.setenv("MININCL_NCHANNELS", "1")
+    results = minincl.launch(workers.repeated_exchanges, 2, BIG, 40)
+    assert [checks for checks, _, _ in results] == [40, 40]
+    skip_without_cross_memory_attach([(steps, stats) for _, steps, stats in results], 2)
+    assert [steps for _, steps, _ in results] == [40, 40], results
+
+
 def test_exchanges_from_windows(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without kernel copies, a receiver still reads pointer steps from the sender's window."""
     monkeypatch.setenv("MININCL_POINTER_STEPS", "1")
@@ -129,10 +142,15 @@ def test_a_send_alone_without_kernel_copies_goes_through_the_fifo(
     assert all(stats["direct_writes"] == 0 and stats["pointer_steps"] == 0 for _, stats in results), results
 
 
+@pytest.mark.parametrize("two_sends", [False, True])
 @pytest.mark.parametrize("count", [3000, 24000])  # one pointer step; six, filling most of the FIFO
-def test_a_send_completes_before_its_receiver_starts(pointer_env: None, tmp_path: Path, count: int) -> None:
+def test_a_send_completes_before_its_receiver_starts(
+    pointer_env: None, tmp_path: Path, count: int, two_sends: bool
+) -> None:
+    """Also when the group sends to two peers that start late (a send waits for its receiver
+    only while the group has recvs to move)."""
     flag = str(tmp_path / f"rank0-returned-{os.getpid()}")
-    results = minincl.launch(workers.send_done_before_receiver_starts, 3, count, flag)
+    results = minincl.launch(workers.send_done_before_receiver_starts, 3, count, flag, two_sends)
     assert [ok for ok, _ in results] == [True, True, True], results
     # Rank 0's steps to rank 1 were taken back into the FIFO: none was read where it was.
     skip_without_cross_memory_attach(results, 3)

@@ -304,29 +304,53 @@ def exchanges_with_stats(
     return checks, comm.stats()
 
 
-def send_done_before_receiver_starts(comm: minincl.Communicator, count: int, flag: str) -> tuple[bool, dict[str, int]]:
+def send_done_before_receiver_starts(
+    comm: minincl.Communicator, count: int, flag: str, two_sends: bool = False
+) -> tuple[bool, dict[str, int]]:
     """3 ranks. Rank 0 sends to rank 1 in a group that also receives from rank 2, so its steps
     go as pointer steps; rank 1 starts its recv only once rank 0's group has returned (rank 0
     touches `flag`). The send must complete without its receiver, as a FIFO send does (the
-    message fits in the FIFO): True if it did and rank 1 got the data."""
+    message fits in the FIFO): True if it did and rank 1 got the data. With `two_sends`, the
+    group also sends to rank 2, which likewise receives only after the flag."""
     values = (np.arange(count) % 1000).astype(np.float32)
     if comm.rank == 0:
         got = np.zeros(count, np.float32)
         with minincl.group():
             comm.send(values, 1)
+            if two_sends:
+                comm.send(values * 3, 2)
             comm.recv(got, 2)
         open(flag, "w").close()
         return bool((got == values * 2).all()), comm.stats()
     if comm.rank == 2:
         comm.send(values * 2, 0)
-        return True, comm.stats()
+        if not two_sends:
+            return True, comm.stats()
     deadline = time.monotonic() + 20
     while not os.path.exists(flag) and time.monotonic() < deadline:
         time.sleep(0.01)
     started_after = os.path.exists(flag)
     out = np.zeros(count, np.float32)
     comm.recv(out, 0)  # (even if rank 0 never returned: it would wait for this)
-    return started_after and bool((out == values).all()), comm.stats()
+    want = values * 3 if comm.rank == 2 else values
+    return started_after and bool((out == want).all()), comm.stats()
+
+
+def repeated_exchanges(comm: minincl.Communicator, count: int, calls: int) -> tuple[int, int, dict[str, int]]:
+    """`calls` exchanges of `count` float32 with the partner rank (sendrecv), back to back;
+    each checked against NumPy. Returns the checks, the pointer steps this rank posted
+    meanwhile, and its counters."""
+    peer = comm.rank ^ 1
+    before = comm.stats()["pointer_steps"]
+    checks = 0
+    for i in range(calls):
+        mine = np.arange(count, dtype=np.float32) + (comm.rank * 1000 + i)
+        out = np.full(count, -1, np.float32)
+        comm.sendrecv(mine, out, peer)
+        np.testing.assert_array_equal(out, np.arange(count, dtype=np.float32) + (peer * 1000 + i))
+        checks += 1
+    stats = comm.stats()
+    return checks, stats["pointer_steps"] - before, stats
 
 
 def one_way_sends_with_stats(
