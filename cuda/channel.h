@@ -56,6 +56,11 @@ struct ConnCtrl {
   // sender's scalar (the bits of one element), which the receiver applies as it reads it.
   uint32_t dataIsInput[kSteps];
   uint64_t inputScalar[kSteps];
+  // CPU, a pointer step to the sender's input of an allgather or broadcast (0 otherwise):
+  // where the channel's share of that input ends. It all stays as it is until the operation
+  // ends, and lands in the receiver's output right after the step's data, so a receiver
+  // that copies through the kernel may read it all at once (see PrimsSimple::received).
+  uint64_t inputEnd[kSteps];
   // Over the network, Simple: where a step's data belongs in the receiver's published output
   // (a byte offset from outputAt; kNotOutput: nowhere, it is not final output), and the
   // first step of the operation it belongs to. The receiving proxy then reads it from the
@@ -105,6 +110,10 @@ struct ConnFifo {
   // opFirstStep too), and bumps tail, for the proxy to see. The proxy, in this process, reads
   // pointer steps where they lie (peerPid 0).
   bool proxied = false;
+  // Receiving end, CPU: the sender's input [readAheadFrom, readAheadTo) (as the sender
+  // addresses it) this end read ahead through the kernel into readAheadInto, during the
+  // operation whose first step from the sender is readAheadOp - 1 (0: none).
+  uint64_t readAheadOp = 0, readAheadFrom = 0, readAheadTo = 0, readAheadInto = 0;
   char* simple = nullptr;          // kSteps * simpleSlotBytes
   LLLine* ll = nullptr;            // kSteps * llSlotLines
   LL128Line* ll128 = nullptr;      // kSteps * ll128SlotLines
@@ -185,6 +194,7 @@ struct DevChannel {
   uint32_t pointerReadBytes = 1 << 20;
   uint64_t pointerStepsSent = 0;            // counter, for tests and tuning
   uint64_t directWritesSent = 0;            // counter, for tests and tuning
+  uint64_t stepsReadAhead = 0;              // counter: steps whose data a kernel read brought early
   // CPU: this rank's window, shared memory every peer process maps (user buffers allocated
   // with comm.empty live there): data in it can go as pointer steps to other processes.
   const char* window = nullptr;

@@ -88,7 +88,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     if (SEND && tid() == 0) writeThroughKernel(dst, n, written);
     if (tid() == 0 && !cx_.waiter.aborted) {  // (only thread 0 writes through the kernel)
       if (RECV) postRecv();
-      if (SEND) postSend(published, plan.publishedInput, written, dst, n);
+      if (SEND) postSend(published, plan.publishedInput, plan.inputEnd, written, dst, n);
     }
     barrier();
   }
@@ -104,6 +104,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   struct SendPlan {
     const T* published;              // a pointer step for every receiver not written directly
     bool publishedInput;             // ... to this rank's input as the caller gave it
+    uint64_t inputEnd;               // ... which receivers may read ahead up to here (0: no)
     DirectWrite written[kMaxPeers];  // per send peer
   };
 
@@ -113,6 +114,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     SendPlan s;
     s.published = nullptr;
     s.publishedInput = false;
+    s.inputEnd = 0;
     for (int i = 0; i < send_.n; ++i) s.written[i] = DirectWrite{nullptr, 0, false};
     // A broadcast's receivers have nothing else to do: they copy for themselves (a pointer
     // step) when they can, rather than leave every copy to the sender's core. A sender with
@@ -134,7 +136,20 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     }
     for (int i = 0; dst && !s.published && i < send_.n; ++i) s.written[i] = directWrite(send_.peer[i], dst, n, kernelWrite);
     if (!s.published) s.published = pointerToPublish(src, dst, recv, post, n, s.written, s.publishedInput);
+    // (Not where we write every other step ourselves: a receiver reading it all would leave
+    // those writes nothing to save.)
+    if (s.publishedInput && !senderIdle) s.inputEnd = readAheadEnd(s.published, n);
     return s;
+  }
+
+  // Where this channel's share of our input ends, if the step at p lies in it and the share
+  // lands in receivers' outputs in one piece, in order (allgather, broadcast); else 0.
+  MNCL_DEV uint64_t readAheadEnd(const T* p, size_t n) const {
+    const DevWork& w = cx_.work;
+    if (w.coll != Coll::allgather && w.coll != Coll::broadcast) return 0;
+    const T* begin = (const T*)w.send + w.chanOffset;
+    const T* end = begin + w.chanCount;
+    return p >= begin && p + n <= end ? (uint64_t)(uintptr_t)end : 0;
   }
 
   MNCL_DEV T* slot(const ConnFifo& f, uint64_t step) const {
@@ -306,12 +321,48 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     if (loadRelaxed(&f.ctrl->wroteToReceiver[step % kSteps])) return reinterpret_cast<const T*>(at);
     if (scaleIfInput(f, step, srcIndex, pre)) landing = nullptr;
     if (const char* here = f.mappedHere(at, n * sizeof(T))) return reinterpret_cast<const T*>(here);
+    if (landing && readAlready(p, at, landing, n)) {
+      if (tid() == 0) ++cx_.ch.stepsReadAhead;
+      return landing;
+    }
     T* to = landing ? landing : inSlot;
+    size_t bytes = landing ? readAheadBytes(p, step, at, landing, n) : n * sizeof(T);
     int err = 0;
-    if (tid() == 0) err = readPeerMemory(f.peerPid, to, reinterpret_cast<const void*>(at), n * sizeof(T));
+    if (tid() == 0) err = readPeerMemory(f.peerPid, to, reinterpret_cast<const void*>(at), bytes);
     if (err != 0) failPeerCopy(cx_.error, cx_.waiter, p, err, false);
+    if (tid() == 0 && err == 0 && bytes > n * sizeof(T)) {
+      ConnFifo& from = cx_.ch.recvFrom[p];
+      from.readAheadOp = cx_.ch.opFirstRecvStep[p] + 1;
+      from.readAheadFrom = at;
+      from.readAheadTo = at + bytes;
+      from.readAheadInto = (uint64_t)(uintptr_t)landing;
+    }
     return to;
   }
+
+  // Read ahead: a kernel copy costs per call (1 MiB between 2 processes: 62 us in one read,
+  // 91 in 128 KiB reads), so a receiver copying a sender's input into its output through the
+  // kernel takes the rest of the sender's share at once, up to ConnCtrl::inputEnd (and to
+  // the end of our output, whatever the peer says), and later steps of it find their data in
+  // place. (Their data is the same wherever it comes from: final output values.)
+  MNCL_DEV size_t readAheadBytes(int p, uint64_t step, uint64_t at, const T* landing, size_t n) const {
+    size_t bytes = n * sizeof(T);
+    uint64_t end = loadRelaxed(&cx_.ch.recvFrom[p].ctrl->inputEnd[step % kSteps]);
+    uint64_t out = (uint64_t)(uintptr_t)cx_.work.recv, into = (uint64_t)(uintptr_t)landing;
+    if (into < out || into >= out + outputBytes()) return bytes;
+    uint64_t room = out + outputBytes() - into, want = end > at ? end - at : 0;
+    if (want > room) want = room;
+    if (want > cx_.ch.pointerReadBytes) want = cx_.ch.pointerReadBytes;
+    return want > bytes ? (size_t)want : bytes;
+  }
+
+  MNCL_DEV bool readAlready(int p, uint64_t at, const T* landing, size_t n) const {
+    const ConnFifo& f = cx_.ch.recvFrom[p];
+    return f.readAheadOp == cx_.ch.opFirstRecvStep[p] + 1 && at >= f.readAheadFrom &&
+           at + n * sizeof(T) <= f.readAheadTo && (uint64_t)(uintptr_t)landing == f.readAheadInto + (at - f.readAheadFrom);
+  }
+
+  static constexpr uint64_t kLongestReadAhead = uint64_t{64} << 20;  // (an abort waits for it)
 
   // Premulsum: if the step is the sender's raw input, source srcIndex is scaled by the
   // sender's scalar, which came with it (true then; such data never lands in the output).
@@ -357,7 +408,8 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     }
   }
 
-  MNCL_DEV void postSend(const T* published, bool publishedInput, const DirectWrite* written, const T* dst, size_t n) {
+  MNCL_DEV void postSend(const T* published, bool publishedInput, uint64_t inputEnd, const DirectWrite* written,
+                         const T* dst, size_t n) {
     DevChannel& ch = cx_.ch;
     StepInfo info = cx_.work.info();
     for (int i = 0; i < send_.n; ++i) {
@@ -367,6 +419,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       c->info[s] = info;
       c->dataAt[s] = written[i].done() ? written[i].there : (uint64_t)(uintptr_t)published;
       c->wroteToReceiver[s] = written[i].done() ? 1u : 0u;
+      c->inputEnd[s] = written[i].done() ? 0 : inputEnd;
       if constexpr (Fn::kHasPre) {  // (the receiver reads these only when it runs a premulsum too)
         c->dataIsInput[s] = publishedInput && !written[i].done() ? 1u : 0u;
         uint64_t bits = 0;

@@ -29,19 +29,24 @@ def kernel_copies(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MININCL_ALGO", raising=False)
 
 
+# How far a receiver reads ahead in a sender's input: many 16 KiB steps at once; or 2.5
+# steps, so that a read ends inside a step (which the receiver then reads itself).
+@pytest.mark.parametrize("read_bytes", ["1M", "40K"])
 @pytest.mark.parametrize("channels", ["1", "2"])
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_copies_through_the_kernel_give_numpys_answer(
-    kernel_copies: None, monkeypatch: pytest.MonkeyPatch, nranks: int, channels: str
+    kernel_copies: None, monkeypatch: pytest.MonkeyPatch, nranks: int, channels: str, read_bytes: str
 ) -> None:
     monkeypatch.setenv("MININCL_NCHANNELS", channels)
+    monkeypatch.setenv("MININCL_POINTER_READ_BYTES", read_bytes)
     results = minincl.launch(workers.kernel_copies_with_stats, nranks, COUNTS)
     assert all(checks == len(COUNTS) * 4 * (2 * nranks + 6) for checks, _ in results)
     skip_without_cross_memory_attach(results, nranks)
-    # Receivers read inputs (pointer steps); with 2 ranks each root wrote into its receiver
-    # (direct writes; with 3 the tuner picks algorithms with none, e.g. a broadcast root
-    # sending to both).
+    # Receivers read inputs (pointer steps), allgather's and broadcast's ahead; with 2 ranks
+    # each root wrote into its receiver (direct writes; with 3 the tuner picks algorithms
+    # with none, e.g. a broadcast root sending to both).
     assert all(stats["pointer_steps"] > 0 for _, stats in results), results
+    assert all(stats["steps_read_ahead"] > 0 for _, stats in results), results
     assert all(stats["direct_writes"] > 0 for _, stats in results) or nranks > 2, results
 
 

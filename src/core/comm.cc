@@ -561,6 +561,7 @@ Comm::Stats Comm::stats() {
   for (auto& ch : channels_) {
     s.pointerSteps += ch->dev.pointerStepsSent;
     s.directWrites += ch->dev.directWritesSent;
+    s.stepsReadAhead += ch->dev.stepsReadAhead;
   }
   if (netProxy_) s.landedSteps = netProxy_->landedSteps();
   for (int p = 0; p < nranks_; ++p) {

@@ -120,7 +120,7 @@ class Comm {
   // outputs since init, steps from network peers its proxy received straight into this
   // rank's outputs, and how many peers read this rank's buffers directly.
   struct Stats {
-    uint64_t pointerSteps = 0, directWrites = 0, landedSteps = 0;
+    uint64_t pointerSteps = 0, directWrites = 0, landedSteps = 0, stepsReadAhead = 0;
     int readablePeers = 0;
   };
   Stats stats();

@@ -345,6 +345,7 @@ class PyComm {
     d["pointer_steps"] = s.pointerSteps;
     d["direct_writes"] = s.directWrites;
     d["network_steps_landed"] = s.landedSteps;
+    d["steps_read_ahead"] = s.stepsReadAhead;
     d["readable_peers"] = s.readablePeers;
     int network = 0;
     for (int r = 0; r < cm.nranks(); ++r) network += cm.overNetwork(r);
@@ -784,6 +785,7 @@ PYBIND11_MODULE(_core, m) {
       .def("_split_info", &PyComm::splitInfo, py::arg("color"), py::arg("key"))
       .def("stats", &PyComm::stats,
            "Counters: channels; pointer_steps, steps whose data a receiver read straight from this rank's buffers; "
+           "steps_read_ahead, steps whose data this rank had already read from the sender's input (CPU processes); "
            "readable_peers, peers whose buffers this rank reads directly; network_peers, peers reached over TCP.")
       .def("_window_empty", &PyComm::windowEmpty, py::arg("shape"), py::arg("dtype"))
       .def("_topology", &PyComm::topology)
