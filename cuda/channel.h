@@ -190,7 +190,9 @@ struct DevChannel {
   // until its receivers have consumed them (the user may reuse the buffers right after).
   bool pointerStepsPosted = false;
   uint32_t pointerStepMinBytes = 32 << 10;  // smaller steps are copied: not worth a handshake
-  // Send/recv: the most a receiver reads of a pointer step before it looks at its other ops.
+  // CPU, between processes: the most a receiver reads through the kernel at once where it
+  // chooses (a send/recv pointer step while its group has sends to post; an allgather or
+  // broadcast read ahead).
   uint32_t pointerReadBytes = 1 << 20;
   uint64_t pointerStepsSent = 0;            // counter, for tests and tuning
   uint64_t directWritesSent = 0;            // counter, for tests and tuning

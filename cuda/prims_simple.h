@@ -342,9 +342,10 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
 
   // Read ahead: a kernel copy costs per call (1 MiB between 2 processes: 62 us in one read,
   // 91 in 128 KiB reads), so a receiver copying a sender's input into its output through the
-  // kernel takes the rest of the sender's share at once, up to ConnCtrl::inputEnd (and to
-  // the end of our output, whatever the peer says), and later steps of it find their data in
-  // place. (Their data is the same wherever it comes from: final output values.)
+  // kernel reads on into the rest of the sender's share (ConnCtrl::inputEnd), up to
+  // DevChannel::pointerReadBytes (4 MiB reads were slower from 16 MiB) and to the end of our
+  // output, whatever the peer says. Later steps find their data in place (it is the same
+  // wherever it comes from: final output values).
   MNCL_DEV size_t readAheadBytes(int p, uint64_t step, uint64_t at, const T* landing, size_t n) const {
     size_t bytes = n * sizeof(T);
     uint64_t end = loadRelaxed(&cx_.ch.recvFrom[p].ctrl->inputEnd[step % kSteps]);
@@ -361,8 +362,6 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     return f.readAheadOp == cx_.ch.opFirstRecvStep[p] + 1 && at >= f.readAheadFrom &&
            at + n * sizeof(T) <= f.readAheadTo && (uint64_t)(uintptr_t)landing == f.readAheadInto + (at - f.readAheadFrom);
   }
-
-  static constexpr uint64_t kLongestReadAhead = uint64_t{64} << 20;  // (an abort waits for it)
 
   // Premulsum: if the step is the sender's raw input, source srcIndex is scaled by the
   // sender's scalar, which came with it (true then; such data never lands in the output).

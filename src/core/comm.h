@@ -118,7 +118,8 @@ class Comm {
 
   // Steps this rank's senders handed over as pointers and wrote straight into receivers'
   // outputs since init, steps from network peers its proxy received straight into this
-  // rank's outputs, and how many peers read this rank's buffers directly.
+  // rank's outputs, steps whose data this rank had read ahead from a sender's input, and how
+  // many peers read this rank's buffers directly.
   struct Stats {
     uint64_t pointerSteps = 0, directWrites = 0, landedSteps = 0, stepsReadAhead = 0;
     int readablePeers = 0;
