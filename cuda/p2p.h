@@ -18,10 +18,11 @@
 // writes); from then on the sender's pointer steps may be longer than a slot, since they will
 // be taken: the rest of the op goes as one step. The receiver reads it in one go, or, while
 // it has sends of its own to post, in pieces (DevChannel::pointerReadBytes). That is for a
-// sender that receives too; one longer than a slot waits for its receiver to start while the
-// group has recvs to move (slot-long steps would cost a kernel read each), and posts
-// slot-long steps only once they are done. A sender with nothing else to do keeps
-// the FIFO until its receiver has started, then splits the bytes with it (see sendVerdict).
+// sender that receives too; one longer than a slot, which its receiver reads through the
+// kernel, waits for the receiver to start while the group has recvs to move (slot-long
+// steps would cost a kernel read each), and posts slot-long steps only once they are done.
+// A sender with nothing else to do keeps the FIFO until its receiver has started, then
+// splits the bytes with it (see sendVerdict).
 #pragma once
 
 #include "prims.h"
@@ -197,13 +198,13 @@ struct P2pEngine {
     if (receivesToo) {
       // Before the receiver starts, a pointer step could only be a slot long, and a kernel
       // read per slot costs: 1 MiB read 128 KiB at a time took 91 us here, in one read 62.
-      // So a send longer than a slot waits for its receiver instead, then goes as one step,
-      // while the group has recvs to move meanwhile. (After them, it fills slots, so that it
-      // completes without its receiver, as a FIFO send does. A network proxy reads a pointer
-      // step at no such cost, and its receiver's start is not seen here.)
-      if (!started && left > slotBytes && recvsLeft && !ch.sendTo[op.peer].proxied && pointerFor(op, op.stepLen) != 0) {
-        return Verdict::wait;
-      }
+      // So a send longer than a slot that its receiver would read through the kernel waits
+      // for the receiver instead, then goes as one step, while the group has recvs to move
+      // meanwhile. (After them, it fills slots, so that it completes without its receiver, as
+      // a FIFO send does. Plain reads of our memory, in this process or our window, cost no
+      // such thing; nor does a network proxy's, and its receiver's start is not seen here.)
+      uint64_t at = pointerFor(op, op.stepLen);
+      if (!started && left > slotBytes && recvsLeft && at != 0 && readByKernel(op, at, op.stepLen)) return Verdict::wait;
       uint64_t len = started ? minBytes(kLongestStep, left) : op.stepLen;
       op.stepAt = pointerFor(op, len);
       if (op.stepAt != 0) op.stepLen = (uint32_t)len;
@@ -256,11 +257,21 @@ struct P2pEngine {
     if (!op.pointerSteps || len == 0 || len < ch.pointerStepMinBytes) return 0;
     if (ch.sendTo[op.peer].proxied && op.totalBytes < ch.proxiedPointerMinBytes) return 0;
     const ConnCtrl* c = ch.sendTo[op.peer].ctrl;
-    const char* p = op.buf + op.done;
-    auto at = (uintptr_t)p, base = (uintptr_t)ch.window;
-    bool inWindow = ch.windowBytes && at >= base && at + len <= base + ch.windowBytes;
-    bool readable = loadRelaxed(&c->readsSenderMemory) || (inWindow && loadRelaxed(&c->mapsSenderWindow));
+    auto at = (uintptr_t)(op.buf + op.done);
+    bool readable = loadRelaxed(&c->readsSenderMemory) || (inOwnWindow(at, len) && loadRelaxed(&c->mapsSenderWindow));
     return readable ? (uint64_t)at : 0;
+  }
+
+  // Whether the receiver would read a pointer step at `at` through the kernel: it is in
+  // another process and does not map that memory (our window).
+  MNCL_DEV bool readByKernel(const P2pOp& op, uintptr_t at, size_t len) const {
+    const ConnFifo& f = ch.sendTo[op.peer];
+    return f.peerPid != 0 && !f.proxied && !(inOwnWindow(at, len) && loadRelaxed(&f.ctrl->mapsSenderWindow));
+  }
+
+  MNCL_DEV bool inOwnWindow(uintptr_t at, size_t len) const {
+    auto base = (uintptr_t)ch.window;
+    return ch.windowBytes && at >= base && at + len <= base + ch.windowBytes;
   }
 
   // Thread 0: has this recv's next step arrived, and does the sender's op match ours? If it
