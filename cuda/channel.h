@@ -201,6 +201,10 @@ struct DevChannel {
   // with comm.empty live there): data in it can go as pointer steps to other processes.
   const char* window = nullptr;
   uint64_t windowBytes = 0;
+  MNCL_HOSTDEV bool inWindow(uintptr_t at, uint64_t bytes) const {
+    auto base = (uintptr_t)window;
+    return windowBytes && at >= base && at + bytes <= base + windowBytes;
+  }
   // CPU: the smallest operation (bytes a rank sends or contributes) whose steps to a network
   // proxy go as pointer steps. Below it a copy into the slot lets the call return before the
   // proxy has sent the data, which back-to-back calls measured faster (2 ranks over loopback:

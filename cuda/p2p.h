@@ -203,8 +203,10 @@ struct P2pEngine {
       // meanwhile. (After them, it fills slots, so that it completes without its receiver, as
       // a FIFO send does. Plain reads of our memory, in this process or our window, cost no
       // such thing; nor does a network proxy's, and its receiver's start is not seen here.)
-      uint64_t at = pointerFor(op, op.stepLen);
-      if (!started && left > slotBytes && recvsLeft && at != 0 && readByKernel(op, at, op.stepLen)) return Verdict::wait;
+      if (!started && left > slotBytes && recvsLeft) {
+        uint64_t at = pointerFor(op, op.stepLen);
+        if (at != 0 && readByKernel(op, at, op.stepLen)) return Verdict::wait;
+      }
       uint64_t len = started ? minBytes(kLongestStep, left) : op.stepLen;
       op.stepAt = pointerFor(op, len);
       if (op.stepAt != 0) op.stepLen = (uint32_t)len;
@@ -258,7 +260,7 @@ struct P2pEngine {
     if (ch.sendTo[op.peer].proxied && op.totalBytes < ch.proxiedPointerMinBytes) return 0;
     const ConnCtrl* c = ch.sendTo[op.peer].ctrl;
     auto at = (uintptr_t)(op.buf + op.done);
-    bool readable = loadRelaxed(&c->readsSenderMemory) || (inOwnWindow(at, len) && loadRelaxed(&c->mapsSenderWindow));
+    bool readable = loadRelaxed(&c->readsSenderMemory) || (ch.inWindow(at, len) && loadRelaxed(&c->mapsSenderWindow));
     return readable ? (uint64_t)at : 0;
   }
 
@@ -266,12 +268,7 @@ struct P2pEngine {
   // another process and does not map that memory (our window).
   MNCL_DEV bool readByKernel(const P2pOp& op, uintptr_t at, size_t len) const {
     const ConnFifo& f = ch.sendTo[op.peer];
-    return f.peerPid != 0 && !f.proxied && !(inOwnWindow(at, len) && loadRelaxed(&f.ctrl->mapsSenderWindow));
-  }
-
-  MNCL_DEV bool inOwnWindow(uintptr_t at, size_t len) const {
-    auto base = (uintptr_t)ch.window;
-    return ch.windowBytes && at >= base && at + len <= base + ch.windowBytes;
+    return f.peerPid != 0 && !f.proxied && !(ch.inWindow(at, len) && loadRelaxed(&f.ctrl->mapsSenderWindow));
   }
 
   // Thread 0: has this recv's next step arrived, and does the sender's op match ours? If it

@@ -187,7 +187,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
 
   // Whether every receiver without a direct write can read n elements at p (and one needs to).
   MNCL_DEV bool receiversCanRead(const T* p, size_t n, const DirectWrite* written, bool kernelCopy) const {
-    bool inWindow = inOwnWindow(p, n), needed = false;
+    bool inWindow = cx_.ch.inWindow((uintptr_t)p, n * sizeof(T)), needed = false;
     for (int i = 0; i < send_.n; ++i) {
       if (written[i].done()) continue;
       const ConnFifo& f = cx_.ch.sendTo[send_.peer[i]];
@@ -284,11 +284,6 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       int err = writePeerMemory(f.peerPid, reinterpret_cast<void*>(written[i].there), from, n * sizeof(T));
       if (err != 0) failPeerCopy(cx_.error, cx_.waiter, send_.peer[i], err, true);
     }
-  }
-
-  MNCL_DEV bool inOwnWindow(const T* p, size_t n) const {
-    auto at = (uintptr_t)p, base = (uintptr_t)cx_.ch.window;
-    return cx_.ch.windowBytes && at >= base && at + n * sizeof(T) <= base + cx_.ch.windowBytes;
   }
 
   MNCL_DEV bool inSendBuffer(const T* p) const {

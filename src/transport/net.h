@@ -6,8 +6,8 @@
 // receiver's end of the connection that lies in its own memory (ConnFifo::proxied: no direct
 // writes; a big Simple step may be a pointer step into the caller's buffers, which the proxy
 // sends from), records the step's length and protocol (Simple: and where it belongs in the
-// receiver's output) and bumps that copy's tail. The proxy sends the step (a header, then the data) and bumps the copy's
-// head, freeing the slot. On the receiving host the proxy reads the header, waits until the
+// receiver's output) and bumps that copy's tail. The proxy sends the step (a header, then
+// the data) and bumps the copy's head, freeing the slot. On the receiving host the proxy reads the header, waits until the
 // receiver's slot is free, reads the data into it and bumps its tail; a Simple step of final
 // output values goes straight into the receiver's output instead, where the receiver has
 // published it for the step's operation (see aimSimpleStep). LL and LL128 lines go
