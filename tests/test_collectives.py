@@ -205,6 +205,57 @@ def test_send_recv_ring_and_pairs(comms_of: Any, nranks: int, count: int) -> Non
         np.testing.assert_array_equal(own, data[r])
 
 
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+def test_copies_to_self_are_shared_among_channels(comms_of: Any, nranks: int) -> None:
+    """Copies to self of 64 KiB and more are split among the channels with work: several
+    pairs of uneven sizes in one group, beside a send to a peer or alone."""
+    import minincl
+
+    comms = comms_of(nranks)
+    sizes = [(129, "uint8"), (2 * 65536 + 1, "uint8"), (70001, "float64"), (300007, "int32")]
+    data = [[rank_values(r, n, t, "sum", seed=n).astype(t) for n, t in sizes] for r in range(nranks)]
+
+    def body(c: Any) -> tuple[list[Any], list[Any]]:
+        with_peer = [np.zeros(n, t) for n, t in sizes]
+        alone = [np.zeros(n, t) for n, t in sizes]
+        ring = np.zeros(sizes[-1][0], sizes[-1][1])
+        with minincl.group():
+            for x, out in zip(data[c.rank], with_peer):
+                c.send(x, c.rank)
+                c.recv(out, c.rank)
+            c.send(data[c.rank][-1], (c.rank + 1) % nranks)
+            c.recv(ring, (c.rank - 1) % nranks)
+        with minincl.group():
+            for x, out in zip(data[c.rank], alone):
+                c.send(x, c.rank)
+                c.recv(out, c.rank)
+        return with_peer + [ring], alone
+
+    for r, (with_peer, alone) in enumerate(run_ranks(comms, body)):
+        for got, want in zip(with_peer, data[r] + [data[(r - 1) % nranks][-1]]):
+            np.testing.assert_array_equal(got, want)
+        for got, want in zip(alone, data[r]):
+            np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_alltoall_of_every_rank_from_one_thread(comms_of: Any, nranks: int) -> None:
+    """One thread drives every rank, each call in one group (as NCCL drives several GPUs):
+    each rank's copy to self runs on its own channels."""
+    import minincl
+
+    comms = comms_of(nranks)
+    count = 50021
+    inputs = [rank_values(r, count * nranks, "float32", "sum", seed=r).astype(np.float32) for r in range(nranks)]
+    outputs = [np.zeros(count * nranks, np.float32) for _ in comms]
+    with minincl.group():
+        for c, x, out in zip(comms, inputs, outputs):
+            c.alltoall(x, out)
+    for r, out in enumerate(outputs):
+        want = np.concatenate([inputs[q][r * count : (r + 1) * count] for q in range(nranks)])
+        np.testing.assert_array_equal(out, want)
+
+
 @pytest.mark.parametrize("nranks", [2, 3, 5])
 @pytest.mark.parametrize("count", [0, 1, 7, 40009])
 def test_sendrecv(comms_of: Any, nranks: int, count: int) -> None:

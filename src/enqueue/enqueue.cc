@@ -118,6 +118,11 @@ struct CommPlan {
   std::vector<std::vector<dev::P2pOp>> p2p;      // [channel]
   std::vector<ChannelResult> results;            // [channel]
   std::vector<const P2pCall*> selfSends, selfRecvs;
+  // Copies from a send to self into its recv: each channel with work copies a slice of
+  // every pair (selfSlice[c] of selfSlices; -1: none), so that the copies run on the
+  // channels' threads at once, not on the caller's before any channel starts.
+  std::vector<int> selfSlice;  // [channel]
+  int selfSlices = 0;
 
   void reset(Comm* c) {
     comm = c;
@@ -131,8 +136,11 @@ struct CommPlan {
     results.assign(n, ChannelResult{});
     selfSends.clear();
     selfRecvs.clear();
+    selfSlice.assign(n, -1);
+    selfSlices = 0;
   }
   bool hasWork(int c) const { return !colls[c].empty() || !p2p[c].empty(); }
+  bool runs(int c) const { return hasWork(c) || selfSlice[c] >= 0; }
 };
 
 void planColl(CommPlan& plan, const CollCall& c) {
@@ -156,13 +164,36 @@ void planP2p(CommPlan& plan, const P2pCall& c) {
   planP2pOps(*plan.comm, c, plan.p2p);
 }
 
+// A slice of a copy to self is at least this long: a shorter one is not worth a thread.
+constexpr size_t kMinSelfSlice = 64 << 10;
+
+// Checks the sends to self against the recvs from self, and shares the copies among the
+// channels that have work (channel 0 when none has).
 void matchSelf(CommPlan& plan) {
   checkSelfPairs(plan.comm->rank(), plan.selfSends, plan.selfRecvs);
+  size_t bytes = 0;
+  for (const P2pCall* s : plan.selfSends) bytes += s->count * dataTypeSize(s->dtype);
+  if (bytes == 0) return;
+  int ways = (int)std::clamp<size_t>(bytes / kMinSelfSlice, 1, (size_t)plan.comm->nChannels());
+  for (int c = 0; c < plan.comm->nChannels() && plan.selfSlices < ways; ++c) {
+    if (plan.hasWork(c)) plan.selfSlice[c] = plan.selfSlices++;
+  }
+  if (plan.selfSlices == 0) plan.selfSlice[0] = plan.selfSlices++;
+}
+
+// Channel c's slice of every copy to self: slices are 64-byte aligned.
+void copySelfSlice(const CommPlan& plan, int c) {
+  int slice = plan.selfSlice[c];
+  if (slice < 0) return;
   for (size_t i = 0; i < plan.selfSends.size(); ++i) {
     const P2pCall& s = *plan.selfSends[i];
-    if (s.count && plan.selfRecvs[i]->buf != s.buf) {
-      std::memmove(plan.selfRecvs[i]->buf, s.buf, s.count * dataTypeSize(s.dtype));
-    }
+    char* to = (char*)plan.selfRecvs[i]->buf;
+    if (to == s.buf) continue;
+    size_t bytes = s.count * dataTypeSize(s.dtype);
+    size_t per = ((bytes + plan.selfSlices - 1) / plan.selfSlices + 63) / 64 * 64;
+    size_t at = std::min(bytes, (size_t)slice * per);
+    size_t len = std::min(per, bytes - at);
+    if (len) std::memmove(to + at, (const char*)s.buf + at, len);
   }
 }
 
@@ -175,6 +206,7 @@ void runChannel(CommPlan& plan, int c) {
     if (!res.ok) return;
     res.ok = dev::runCollective(ch.dev, w, &res.error);
   }
+  if (res.ok) copySelfSlice(plan, c);
   if (res.ok && !plan.p2p[c].empty()) {
     res.ok = dev::runP2p(ch.dev, plan.p2p[c].data(), (int)plan.p2p[c].size(), &res.error);
   }
@@ -204,10 +236,10 @@ void launch(CommPlan* plans, size_t nplans) {
   for (size_t i = 0; i < nplans; ++i) {
     CommPlan& plan = plans[i];
     for (int c = i == 0 ? 1 : 0; c < plan.comm->nChannels(); ++c) {
-      if (plan.hasWork(c)) plan.comm->executor().post(c, [&plan, c] { runChannel(plan, c); }, &done);
+      if (plan.runs(c)) plan.comm->executor().post(c, [&plan, c] { runChannel(plan, c); }, &done);
     }
   }
-  if (nplans > 0 && plans[0].hasWork(0)) runChannel(plans[0], 0);
+  if (nplans > 0 && plans[0].runs(0)) runChannel(plans[0], 0);
   done.wait();
   for (size_t i = 0; i < nplans; ++i) finish(plans[i]);
 }
