@@ -15,8 +15,8 @@
 //
 // `post` finishes a fully reduced value (avg's division). Algorithms (ring.h, tree.h, ...)
 // are written only in these words, so they run under every protocol. A protocol class
-// implements one function, genericOp<RECV, SEND>(src, dst, n, post), where src / dst may be
-// null; receiving combines src first, then the peers in the order given.
+// implements one function, genericOp(kind, src, dst, n, post), where src / dst may be null;
+// receiving combines src first, then the peers in the order given.
 #pragma once
 
 #include "channel.h"
@@ -60,34 +60,61 @@ struct PrimsContext {
   DevError* error;  // set when a peer's step belongs to a different call
 };
 
+// What one step does: receive from the receive peers, send to the send peers, or both.
+// sendInput (with both): send this rank's input, not the reduced result (see
+// sendRecvReduceCopy).
+struct StepKind {
+  bool recv;
+  bool send;
+  bool sendInput = false;
+};
+template <bool Recv, bool Send, bool SendInput>
+struct FixedStepKind {
+  static constexpr bool recv = Recv, send = Send, sendInput = SendInput;
+};
+
+// The kind a primitive passes to its protocol's genericOp. On a GPU (and in the tests'
+// emulation of one) a run-time value: one copy of genericOp serves every primitive (a copy
+// per kind made each kernel compile 1.6-2x as long and spill more registers; the branches
+// on it are uniform, once per pass). On the CPU a type whose members are constants: a copy
+// per kind, each with its branches folded away, as a CPU step may be a single line.
+template <bool Recv, bool Send, bool SendInput = false>
+MNCL_HOSTDEV constexpr auto stepKind() {
+#if MNCL_SIMT
+  return StepKind{Recv, Send, SendInput};
+#else
+  return FixedStepKind<Recv, Send, SendInput>{};
+#endif
+}
+
 template <typename Derived, typename T>
 class PrimsVocabulary {
  public:
-  MNCL_DEV void send(const T* src, size_t n) { self().template genericOp<false, true>(src, nullptr, n, false); }
+  MNCL_DEV void send(const T* src, size_t n) { self().genericOp(stepKind<false, true>(), src, nullptr, n, false); }
   MNCL_DEV void recv(T* dst, size_t n, bool post = false) {
-    self().template genericOp<true, false>(nullptr, dst, n, post);
+    self().genericOp(stepKind<true, false>(), nullptr, dst, n, post);
   }
   MNCL_DEV void recvReduceSend(const T* src, size_t n) {
-    self().template genericOp<true, true>(src, nullptr, n, false);
+    self().genericOp(stepKind<true, true>(), src, nullptr, n, false);
   }
   MNCL_DEV void recvReduceCopy(const T* src, T* dst, size_t n, bool post = false) {
-    self().template genericOp<true, false>(src, dst, n, post);
+    self().genericOp(stepKind<true, false>(), src, dst, n, post);
   }
   MNCL_DEV void recvReduceCopySend(const T* src, T* dst, size_t n, bool post = false) {
-    self().template genericOp<true, true>(src, dst, n, post);
+    self().genericOp(stepKind<true, true>(), src, dst, n, post);
   }
   MNCL_DEV void recvCopySend(T* dst, size_t n, bool post = false) {
-    self().template genericOp<true, true>(nullptr, dst, n, post);
+    self().genericOp(stepKind<true, true>(), nullptr, dst, n, post);
   }
   MNCL_DEV void copySend(const T* src, T* dst, size_t n, bool post = false) {
-    self().template genericOp<false, true>(src, dst, n, post);
+    self().genericOp(stepKind<false, true>(), src, dst, n, post);
   }
   // What a one-shot allreduce does: every rank sends its input to every peer and reduces all
   // of them. A protocol that can sends its input and polls the peers' in one pass of a step
-  // (genericOp's SEND_INPUT); the others send the step, then receive it.
+  // (StepKind::sendInput); the others send the step, then receive it.
   MNCL_DEV void sendRecvReduceCopy(const T* src, T* dst, size_t n, bool post = false) {
     if constexpr (Derived::kSendsInputInPass) {
-      self().template genericOp<true, true, true>(src, dst, n, post);
+      self().genericOp(stepKind<true, true, true>(), src, dst, n, post);
     } else {
       send(src, n);
       recvReduceCopy(src, dst, n, post);

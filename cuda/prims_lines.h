@@ -180,14 +180,13 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
   // wait for each other at every line, where a step sent whole, then received, streams.
   static constexpr bool kSendsInputInPass = MNCL_SIMT != 0;
 
-  // SEND_INPUT: each pass first sends this rank's input (src) to the send peers, then waits for
-  // the receive peers' lines and reduces (sendRecvReduceCopy): one step for what is otherwise
-  // a send step and a receive step.
-  template <bool RECV, bool SEND, bool SEND_INPUT = false>
-  MNCL_DEV_STEP void genericOp(const T* src, T* dst, size_t n, bool post) {
-    static_assert(!SEND_INPUT || (RECV && SEND));
+  // kind.sendInput: each pass first sends this rank's input (src) to the send peers, then
+  // waits for the receive peers' lines and reduces (sendRecvReduceCopy): one step for what is
+  // otherwise a send step and a receive step.
+  template <typename Kind>  // StepKind, or a FixedStepKind (see stepKind)
+  MNCL_DEV_STEP void genericOp(Kind kind, const T* src, T* dst, size_t n, bool post) {
     DevChannel& ch = cx_.ch;
-    if (tid() == 0 && SEND) {
+    if (tid() == 0 && kind.send) {
       waitSendAndAnnounce();
       MNCL_TRACE(ch, kTraceAnnounced);
     }
@@ -202,8 +201,8 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
     for (size_t base = 0; base < nlines && !cx_.waiter.aborted; base += linesPerPass) {
       const Pass ps = planPass(base, lane, n, nlines);
       P v[kU], t[kU];  // the value so far, and the next source's packs
-      P input[SEND_INPUT ? kU : 1];
-      if constexpr (SEND_INPUT) {
+      P input[kU];  // (kind.sendInput)
+      if (kind.sendInput) {
         for (int u = 0; u < kU; ++u) {
           loadPackPrefix(input[u], src + ps.first[u], ps.elems[u]);
           prePack(cx_.fn, input[u]);
@@ -212,11 +211,11 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
         if (base == 0) MNCL_TRACE(ch, kTraceLinesWritten);
       }
       bool have = false;
-      for (int r = 0; r <= (RECV ? recv_.n : 0); ++r) {
-        if (r == (RECV ? recv_.srcPos : 0) && src) {
+      for (int r = 0; r <= (kind.recv ? recv_.n : 0); ++r) {
+        if (r == (kind.recv ? recv_.srcPos : 0) && src) {
           gather(v, t, have, [&](P* into) {
             for (int u = 0; u < kU; ++u) {
-              if constexpr (SEND_INPUT) into[u] = input[u];
+              if (kind.sendInput) into[u] = input[u];
               else {
                 loadPackPrefix(into[u], src + ps.first[u], ps.elems[u]);
                 prePack(cx_.fn, into[u]);
@@ -225,7 +224,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
             return true;
           });
         }
-        if (!RECV || r == recv_.n) continue;
+        if (!kind.recv || r == recv_.n) continue;
         int peer = recv_.peer[r];
         if (!gather(v, t, have, [&](P* into) { return readLines(peer, ps, lane, into); })) break;
         if (base == 0) MNCL_TRACE(ch, kTraceLinesSeen);
@@ -234,26 +233,26 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
       }
       // Thread 0 (LL128: a warp) checked the peers' StepInfo with the first lines; if a peer
       // runs another call, no thread stores any of this step: the caller's buffer stays as it was.
-      if (RECV && base == 0 && barrierAny(cx_.waiter.aborted)) cx_.waiter.aborted = true;
+      if (kind.recv && base == 0 && barrierAny(cx_.waiter.aborted)) cx_.waiter.aborted = true;
       if (cx_.waiter.aborted) break;
       for (int u = 0; u < kU; ++u) {
         if (post) postPack(cx_.fn, v[u]);
         if (dst && ps.elems[u] > 0) storePackPrefix(v[u], dst + ps.first[u], ps.elems[u]);
       }
-      if (SEND && !SEND_INPUT) {
+      if (kind.send && !kind.sendInput) {
         writeLines(ps, lane, v);
         if (base == 0) MNCL_TRACE(ch, kTraceLinesWritten);
       }
     }
     barrier();
     if (tid() == 0 && !cx_.waiter.aborted) {
-      if (RECV) {
+      if (kind.recv) {
         for (int r = 0; r < recv_.n; ++r) {
           int peer = recv_.peer[r];
           storeFlag(&ch.recvFrom[peer].ctrl->head, ++ch.recvStep[peer]);  // only frees the slot
         }
       }
-      if (SEND) {
+      if (kind.send) {
         for (int s = 0; s < send_.n; ++s) {
           int peer = send_.peer[s];
           ++ch.sendStep[peer];

@@ -30,8 +30,8 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
 
   MNCL_DEV size_t stepElems() const { return cx_.ch.sizes.simpleSlotBytes / sizeof(T); }
 
-  template <bool RECV, bool SEND>
-  MNCL_DEV_STEP void genericOp(const T* src, T* dst, size_t n, bool post) {
+  template <typename Kind>  // StepKind, or a FixedStepKind (see stepKind)
+  MNCL_DEV_STEP void genericOp(Kind kind, const T* src, T* dst, size_t n, bool post) {
     DevChannel& ch = cx_.ch;
     const T* srcs[kMaxSrcs];
     T* dsts[kMaxDsts];
@@ -41,26 +41,26 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     // while the block's threads look at them, and the data must go to one place).
     MNCL_CHANNEL_SHARED SendPlan plan;
     if (tid() == 0) {
-      if (RECV) waitRecv();
-      if (SEND) waitSend();
-      if (SEND && !cx_.waiter.aborted) plan = planSend(src, dst, n, RECV, post);
+      if (kind.recv) waitRecv();
+      if (kind.send) waitSend();
+      if (kind.send && !cx_.waiter.aborted) plan = planSend(src, dst, n, kind.recv, post);
     }
     // Only thread 0 waited: if it gave up, every thread must stop here, together.
     if (barrierAny(cx_.waiter.aborted)) {
       cx_.waiter.aborted = true;
       return;
     }
-    const T* published = SEND ? plan.published : nullptr;
+    const T* published = kind.send ? plan.published : nullptr;
     const DirectWrite* written = plan.written;
     // A plain forward (one peer's data to dst) reads the peer's memory straight into dst.
-    T* landing = RECV && !src && !post && recv_.n == 1 ? dst : nullptr;
+    T* landing = kind.recv && !src && !post && recv_.n == 1 ? dst : nullptr;
     PreOps<T> pre;  // premulsum: src (this rank's input) and peers' inputs read where they lie
-    for (int i = 0; i <= (RECV ? recv_.n : 0); ++i) {
-      if (i == (RECV ? recv_.srcPos : 0) && src) {
+    for (int i = 0; i <= (kind.recv ? recv_.n : 0); ++i) {
+      if (i == (kind.recv ? recv_.srcPos : 0) && src) {
         if constexpr (Fn::kHasPre) pre.add(nsrc, cx_.fn.scalar);
         srcs[nsrc++] = src;
       }
-      if (RECV && i < recv_.n) {
+      if (kind.recv && i < recv_.n) {
         srcs[nsrc] = received(i, n, landing, nsrc, pre);
         ++nsrc;
       }
@@ -71,11 +71,11 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     bool inPlace = dst && nsrc == 1 && srcs[0] == dst && !(post && Fn::kHasPost) && pre.mask == 0;
     if (dst && !inPlace) dsts[ndst++] = dst;
     bool ownOutput = ndst > 0;
-    for (int i = 0; SEND && i < send_.n; ++i) {
+    for (int i = 0; kind.send && i < send_.n; ++i) {
       if (written[i].here) dsts[ndst++] = written[i].here;
     }
     int outputs = ndst;
-    for (int i = 0; SEND && !published && i < send_.n; ++i) {
+    for (int i = 0; kind.send && !published && i < send_.n; ++i) {
       if (!written[i].done()) dsts[ndst++] = slot(ch.sendTo[send_.peer[i]], ch.sendStep[send_.peer[i]]);
     }
     // Streaming stores bypass the cache: only for outputs nobody reads during the operation
@@ -85,10 +85,10 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     int nStream = !cx_.work.streamOutput || (published && published == dst && ownOutput) ? 0 : receiversKeepIt ? outputs : ownOutput ? 1 : 0;
     if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, post, nStream, Fn::kHasPre ? &pre : nullptr);
     barrier();
-    if (SEND && tid() == 0) writeThroughKernel(dst, n, written);
+    if (kind.send && tid() == 0) writeThroughKernel(dst, n, written);
     if (tid() == 0 && !cx_.waiter.aborted) {  // (only thread 0 writes through the kernel)
-      if (RECV) postRecv();
-      if (SEND) postSend(published, plan.publishedInput, plan.inputEnd, written, dst, n);
+      if (kind.recv) postRecv();
+      if (kind.send) postSend(published, plan.publishedInput, plan.inputEnd, written, dst, n);
     }
     barrier();
   }
