@@ -4,7 +4,9 @@
         fifo:MININCL_POINTER_STEPS=1 default:
 
 `--dtype` picks the element type (float32 by default; bfloat16 as PyTorch tensors), `--op`
-the reduction of allreduce and reduce_scatter (sum by default).
+the reduction of allreduce and reduce_scatter (sum by default), `--window` takes every buffer
+from `Communicator.empty` (the rank's window, which peers map; MININCL_WINDOW_BYTES is 1G
+unless set).
 Each variant is NAME:VAR=VALUE;VAR=VALUE (nothing after the colon: the environment as it is).
 Every round runs each variant once (a fresh `minincl.launch` of the ranks, bound to cores),
 in reversed order on every other round; a variant's figure for a size is the median over
@@ -38,6 +40,7 @@ def parse_size(text: str) -> int:
 
 DTYPE = "float32"  # the child's --dtype
 OP = "sum"  # the child's --op
+WINDOW: minincl.Communicator | None = None  # the child's --window: buffers from its window
 
 
 def ones(n: int) -> Any:
@@ -46,11 +49,17 @@ def ones(n: int) -> Any:
         import torch
 
         return torch.ones(n, dtype=torch.bfloat16)
+    if WINDOW is not None:
+        a = WINDOW.empty(n, DTYPE)
+        a[:] = 1
+        return a
     return np.ones(n, DTYPE)
 
 
 def zeros(n: int) -> Any:
-    return ones(n) * 0
+    a = ones(n)
+    a[:] = 0
+    return a
 
 
 def make_op(c: minincl.Communicator, collective: str, nbytes: int) -> Callable[[], object]:
@@ -88,10 +97,15 @@ def p2p_op(c: minincl.Communicator, pattern: str, n: int) -> Callable[[], object
 
 
 def rank_main(
-    comm: minincl.Communicator, collectives: list[str], sizes: list[int], dtype: str, op: str = "sum"
+    comm: minincl.Communicator,
+    collectives: list[str],
+    sizes: list[int],
+    dtype: str,
+    op: str = "sum",
+    window: bool = False,
 ) -> dict[str, float]:
-    global DTYPE, OP
-    DTYPE, OP = dtype, op
+    global DTYPE, OP, WINDOW
+    DTYPE, OP, WINDOW = dtype, op, comm if window else None
     times: dict[str, float] = {}
     for collective in collectives:
         for size in sizes:
@@ -112,6 +126,8 @@ def rank_main(
 
 def child(args: argparse.Namespace) -> None:
     os.environ.setdefault("MININCL_CPU_BIND", "1")
+    if args.window:
+        os.environ.setdefault("MININCL_WINDOW_BYTES", "1G")
     per_rank = minincl.launch(
         rank_main,
         args.ranks,
@@ -119,6 +135,7 @@ def child(args: argparse.Namespace) -> None:
         [parse_size(s) for s in args.sizes.split(",")],
         args.dtype,
         args.op,
+        args.window,
     )
     print(json.dumps({k: max(r[k] for r in per_rank) for k in per_rank[0]}))
 
@@ -132,6 +149,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--dtype", default="float32", help="float32, float16, bfloat16 (PyTorch), ...")
     p.add_argument("--op", default="sum", help="sum, prod, max, min, avg (allreduce and reduce_scatter)")
+    p.add_argument("--window", action="store_true", help="buffers from Communicator.empty (peers map them)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -160,6 +178,7 @@ def main() -> int:
                 args.dtype,
                 "--op",
                 args.op,
+                *(["--window"] if args.window else []),
             ]
             out = subprocess.run(
                 cmd, env={**os.environ, "OPENBLAS_NUM_THREADS": "1", **env}, capture_output=True, text=True, timeout=900

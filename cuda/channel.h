@@ -305,6 +305,7 @@ struct DevWork {
   int algoVariant;      // direct allreduce: 0 one-shot, 1 two-shot
   bool sendIsReadOnly;  // the send buffer overlaps no part of the receive buffer
   bool streamOutput;    // CPU: large output, write it with non-temporal stores
+  bool readInputThemselves;  // CPU: allgather receivers read our input, not take direct writes
   // CPU, between processes (cross-memory attach; where each wins, see work_plan.cc):
   bool readByKernel;    // receivers may read a sender's untouched input by a kernel copy
   bool writeByKernel;   // senders may write final values into a receiver's output by one

@@ -131,8 +131,13 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     bool pushThisStep = senderIdle && stepInOp % 2 == 1;
     if (pushThisStep && stepInOp == 1) awaitPublishedOutput(to);
     bool kernelWrite = n * sizeof(T) >= cx_.ch.pointerStepMinBytes && cx_.work.writeByKernel;
-    if (cx_.work.coll == Coll::broadcast && !pushThisStep) {
-      s.published = pointerToPublish(src, dst, recv, post, n, s.written, s.publishedInput);
+    // Likewise an allgather's receivers on the CPU (DevWork::readInputThemselves), but only
+    // steps of our input: the lines of our output, just written, are slow for another core
+    // to read.
+    const DevWork& w = cx_.work;
+    if ((w.coll == Coll::broadcast || w.readInputThemselves) && !pushThisStep) {
+      const T* p = pointerToPublish(src, dst, recv, post, n, s.written, s.publishedInput);
+      if (w.coll == Coll::broadcast || s.publishedInput) s.published = p;
     }
     for (int i = 0; dst && !s.published && i < send_.n; ++i) s.written[i] = directWrite(send_.peer[i], dst, n, kernelWrite);
     if (!s.published) s.published = pointerToPublish(src, dst, recv, post, n, s.written, s.publishedInput);

@@ -110,3 +110,26 @@ def test_bad_direct_writes_setting_is_a_clear_error(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("MININCL_DIRECT_WRITES", "2")
     with pytest.raises(minincl.InvalidArgument, match="MININCL_DIRECT_WRITES"):
         minincl.Communicator.init_all(2)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_allgather_receivers_read_the_senders_input(
+    simple_env: None, monkeypatch: pytest.MonkeyPatch, nranks: int
+) -> None:
+    """An allgather's receivers read each step of a sender's input themselves (a pointer step),
+    as a broadcast's do: no direct write carries a rank's own block. A ring of 3 forwards the
+    blocks it received, and those still go as direct writes (our output's freshly written
+    lines are slow for another core to read)."""
+    monkeypatch.setenv("MININCL_POINTER_STEP_BYTES", "1024")
+    comms = init_forced(nranks, "ring")
+    try:
+        inputs = [rank_values(r, COUNT, "int32", "sum", seed=r).astype(np.int32) for r in range(nranks)]
+        got = run_ranks(comms, lambda c: c.allgather(inputs[c.rank], np.empty(COUNT * nranks, np.int32)))
+        for g in got:
+            np.testing.assert_array_equal(g, np.concatenate(inputs))
+        stats = [c.stats() for c in comms]
+        assert all(s["pointer_steps"] > 0 for s in stats), stats
+        assert all((s["direct_writes"] > 0) == (nranks > 2) for s in stats), stats
+    finally:
+        for c in comms:
+            c.destroy()
