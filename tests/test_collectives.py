@@ -208,34 +208,42 @@ def test_send_recv_ring_and_pairs(comms_of: Any, nranks: int, count: int) -> Non
 @pytest.mark.parametrize("nranks", [1, 2, 3])
 def test_copies_to_self_are_shared_among_channels(comms_of: Any, nranks: int) -> None:
     """Copies to self of 64 KiB and more are split among the channels with work: several
-    pairs of uneven sizes in one group, beside a send to a peer or alone."""
+    pairs of uneven sizes in one group, beside a send to a peer or alone; a copy whose ends
+    overlap still lands as one memmove would."""
     import minincl
 
     comms = comms_of(nranks)
     sizes = [(129, "uint8"), (2 * 65536 + 1, "uint8"), (70001, "float64"), (300007, "int32")]
     data = [[rank_values(r, n, t, "sum", seed=n).astype(t) for n, t in sizes] for r in range(nranks)]
 
-    def body(c: Any) -> tuple[list[Any], list[Any]]:
+    shift = 1000  # an overlapping copy: from the start of a buffer to 1000 bytes on
+
+    def body(c: Any) -> tuple[list[Any], list[Any], Any]:
         with_peer = [np.zeros(n, t) for n, t in sizes]
         alone = [np.zeros(n, t) for n, t in sizes]
         ring = np.zeros(sizes[-1][0], sizes[-1][1])
+        overlapping = data[c.rank][1].copy()
         with minincl.group():
             for x, out in zip(data[c.rank], with_peer):
                 c.send(x, c.rank)
                 c.recv(out, c.rank)
+            c.send(overlapping[:-shift], c.rank)
+            c.recv(overlapping[shift:], c.rank)
             c.send(data[c.rank][-1], (c.rank + 1) % nranks)
             c.recv(ring, (c.rank - 1) % nranks)
         with minincl.group():
             for x, out in zip(data[c.rank], alone):
                 c.send(x, c.rank)
                 c.recv(out, c.rank)
-        return with_peer + [ring], alone
+        return with_peer + [ring], alone, overlapping
 
-    for r, (with_peer, alone) in enumerate(run_ranks(comms, body)):
+    for r, (with_peer, alone, overlapping) in enumerate(run_ranks(comms, body)):
         for got, want in zip(with_peer, data[r] + [data[(r - 1) % nranks][-1]]):
             np.testing.assert_array_equal(got, want)
         for got, want in zip(alone, data[r]):
             np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(overlapping[shift:], data[r][1][:-shift])
+        np.testing.assert_array_equal(overlapping[:shift], data[r][1][:shift])
 
 
 @pytest.mark.parametrize("nranks", [2, 3])

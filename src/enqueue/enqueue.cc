@@ -181,19 +181,22 @@ void matchSelf(CommPlan& plan) {
   if (plan.selfSlices == 0) plan.selfSlice[0] = plan.selfSlices++;
 }
 
-// Channel c's slice of every copy to self: slices are 64-byte aligned.
+// Channel c's slice of every copy to self: slices are 64-byte aligned. A copy whose ends
+// overlap (but differ) goes whole, as one memmove, in the first slice.
 void copySelfSlice(const CommPlan& plan, int c) {
   int slice = plan.selfSlice[c];
   if (slice < 0) return;
   for (size_t i = 0; i < plan.selfSends.size(); ++i) {
     const P2pCall& s = *plan.selfSends[i];
     char* to = (char*)plan.selfRecvs[i]->buf;
-    if (to == s.buf) continue;
+    const char* from = (const char*)s.buf;
+    if (to == from) continue;
     size_t bytes = s.count * dataTypeSize(s.dtype);
-    size_t per = ((bytes + plan.selfSlices - 1) / plan.selfSlices + 63) / 64 * 64;
+    bool apart = to + bytes <= from || from + bytes <= to;
+    size_t per = apart ? ((bytes + plan.selfSlices - 1) / plan.selfSlices + 63) / 64 * 64 : bytes;
     size_t at = std::min(bytes, (size_t)slice * per);
     size_t len = std::min(per, bytes - at);
-    if (len) std::memmove(to + at, (const char*)s.buf + at, len);
+    if (len) std::memmove(to + at, from + at, len);
   }
 }
 
