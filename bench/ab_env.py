@@ -157,6 +157,8 @@ def main() -> int:
         return 0
     if len(args.variants) < 2:
         p.error("give at least two variants")
+    if args.window and args.dtype == "bfloat16":
+        p.error("--window takes NumPy arrays, and bfloat16 runs as PyTorch tensors")
     variants = [
         (name, dict(kv.split("=", 1) for kv in env.split(";") if kv))
         for name, env in (v.split(":", 1) for v in args.variants)
