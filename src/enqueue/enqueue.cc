@@ -337,18 +337,27 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
   MNCL_CHECK(!(comm.onGpu() && send == recv && bytes), mnclInvalidUsage,
         "in-place alltoall on a CUDA communicator: pass a separate recv buffer");
   MNCL_CHECK(count == 0 || (send && recv), mnclInvalidArgument, "alltoall: a buffer is null");
-  // In place, a block could be overwritten before it is sent: send from a copy.
-  std::shared_ptr<std::vector<char>> copy;
-  if (send == recv && bytes) {
+  // In place, a block could be overwritten before it is sent: the other ranks' blocks go
+  // from a copy (ours stays where it is), in memory the communicator keeps.
+  bool inPlace = send == recv && bytes;
+  int me = comm.rank();
+  if (inPlace) {
     MNCL_CHECK(tlsGroupDepth == 0, mnclInvalidUsage,
           "in-place alltoall inside a group is not supported: use a separate receive buffer");
-    copy = std::make_shared<std::vector<char>>((const char*)send, (const char*)send + bytes * comm.nranks());
-    send = copy->data();
+    std::vector<char>& copy = comm.alltoallScratch();
+    copy.resize(bytes * (comm.nranks() - 1));
+    for (int p = 0; p < comm.nranks(); ++p) {
+      if (p != me) std::memcpy(copy.data() + (p - (p > me)) * bytes, (const char*)send + p * bytes, bytes);
+    }
   }
+  auto block = [&](int p) -> char* {
+    if (!inPlace || p == me) return (char*)send + p * bytes;
+    return comm.alltoallScratch().data() + (p - (p > me)) * bytes;
+  };
   groupStart();
   try {
     for (int p = 0; p < comm.nranks(); ++p) {
-      enqueueP2p(comm, {true, (char*)send + p * bytes, count, dtype, p, stream});
+      enqueueP2p(comm, {true, block(p), count, dtype, p, stream});
       enqueueP2p(comm, {false, (char*)recv + p * bytes, count, dtype, p, stream});
     }
   } catch (...) {
