@@ -130,11 +130,11 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     uint64_t stepInOp = cx_.ch.sendStep[to] - cx_.ch.opFirstSendStep[to];
     bool pushThisStep = senderIdle && stepInOp % 2 == 1;
     if (pushThisStep && stepInOp == 1) awaitPublishedOutput(to);
-    bool kernelWrite = n * sizeof(T) >= cx_.ch.pointerStepMinBytes && cx_.work.writeByKernel;
+    const DevWork& w = cx_.work;
+    bool kernelWrite = n * sizeof(T) >= cx_.ch.pointerStepMinBytes && w.writeByKernel;
     // Likewise an allgather's receivers on the CPU (DevWork::readInputThemselves), but only
     // steps of our input: the lines of our output, just written, are slow for another core
     // to read.
-    const DevWork& w = cx_.work;
     if ((w.coll == Coll::broadcast || w.readInputThemselves) && !pushThisStep) {
       const T* p = pointerToPublish(src, dst, recv, post, n, s.written, s.publishedInput);
       if (w.coll == Coll::broadcast || s.publishedInput) s.published = p;

@@ -341,23 +341,21 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
   // from a copy (ours stays where it is), in memory the communicator keeps.
   bool inPlace = send == recv && bytes;
   int me = comm.rank();
+  std::vector<char>& copy = comm.alltoallScratch();
+  auto copied = [&](int p) { return copy.data() + (size_t)(p - (p > me)) * bytes; };  // block p (not me)
+  auto block = [&](int p) { return (char*)send + (size_t)p * bytes; };
   if (inPlace) {
     MNCL_CHECK(tlsGroupDepth == 0, mnclInvalidUsage,
           "in-place alltoall inside a group is not supported: use a separate receive buffer");
-    std::vector<char>& copy = comm.alltoallScratch();
     copy.resize(bytes * (comm.nranks() - 1));
     for (int p = 0; p < comm.nranks(); ++p) {
-      if (p != me) std::memcpy(copy.data() + (p - (p > me)) * bytes, (const char*)send + p * bytes, bytes);
+      if (p != me) std::memcpy(copied(p), block(p), bytes);
     }
   }
-  auto block = [&](int p) -> char* {
-    if (!inPlace || p == me) return (char*)send + p * bytes;
-    return comm.alltoallScratch().data() + (p - (p > me)) * bytes;
-  };
   groupStart();
   try {
     for (int p = 0; p < comm.nranks(); ++p) {
-      enqueueP2p(comm, {true, block(p), count, dtype, p, stream});
+      enqueueP2p(comm, {true, inPlace && p != me ? copied(p) : block(p), count, dtype, p, stream});
       enqueueP2p(comm, {false, (char*)recv + p * bytes, count, dtype, p, stream});
     }
   } catch (...) {

@@ -7,13 +7,14 @@
 // writes; a big Simple step may be a pointer step into the caller's buffers, which the proxy
 // sends from), records the step's length and protocol (Simple: and where it belongs in the
 // receiver's output) and bumps that copy's tail. The proxy sends the step (a header, then
-// the data) and bumps the copy's head, freeing the slot. On the receiving host the proxy reads the header, waits until the
-// receiver's slot is free, reads the data into it and bumps its tail; a Simple step of final
-// output values goes straight into the receiver's output instead, where the receiver has
-// published it for the step's operation (see aimSimpleStep). LL and LL128 lines go
-// through a bounce buffer and are stored as their protocols publish them (LL word by word,
-// LL128 flag last): a socket read keeps no order within a line. The receiving channel cannot
-// tell a proxied step from one a sender wrote itself.
+// the data) and bumps the copy's head, freeing the slot. On the receiving host the proxy
+// reads the header, waits until the receiver's slot is free, reads the data into it and
+// bumps its tail; a Simple step of final output values goes straight into the receiver's
+// output instead, where the receiver has published it for the step's operation (see
+// aimSimpleStep). LL and LL128 lines go through a bounce buffer and are stored as their
+// protocols publish them (LL word by word, LL128 flag last): a socket read keeps no order
+// within a line. The receiving channel cannot tell a proxied step from one a sender wrote
+// itself.
 //
 // One socket per (peer, channel), so that a channel whose receiver is behind never holds up
 // another channel's steps; and one per peer for control messages: this rank's heartbeat and
