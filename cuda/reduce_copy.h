@@ -219,13 +219,20 @@ inline void postInPlace(const Fn& fn, T* __restrict__ acc, size_t n) {
 // keep a large output from evicting what the operation still needs (its FIFOs).
 void streamCopy(void* dst, const void* src, size_t bytes);  // cpu/stream_copy.cc
 
-// Streaming loops read four 4 KiB stretches at once, a line from each in turn: a core's
-// prefetchers follow each stretch, so four times the reads are in flight. Measured on this
-// 2-core VM, one core, 256 MiB in 128 KiB steps: a copy with non-temporal stores 16.5 -> 22
-// GB/s of traffic, two inputs reduced into two outputs 13.6 -> 20 (both cores at once: the
-// same). With ordinary stores it gains nothing (12.7 -> 13.5): the read for ownership rules.
+// Streaming loops may read several 4 KiB stretches at once, a line from each in turn, so
+// that the core's prefetchers follow several streams. Whether that pays depends on the CPU
+// (one core, 256 MiB in 128 KiB steps, a copy with non-temporal stores, GB/s of traffic):
+// - Intel (a 2-core Xeon VM): four stretches 22 against 16.5 in order; a reduction of two
+//   inputs into two outputs 20 against 13.6. With ordinary stores no gain (12.7 -> 13.5).
+// - AMD (a 2-core EPYC VM): in order 38-40, two stretches 23-24, four 26-28; a reduction
+//   of two inputs into one output 28-30 in order, 20-26 with four.
+// So the default is four on Intel, one (in order) elsewhere; MININCL_STREAM_STRETCHES sets it
+// (the host calls useStreamStretches at communicator init). In cpu/stream_copy.cc:
 constexpr size_t kStreamStretch = 4096;
-constexpr size_t kStreamStretches = 4;
+size_t streamStretches();          // how many the streaming loops read at once
+size_t defaultStreamStretches();   // this CPU's default
+void useStreamStretches(size_t stretches);
+bool cpuIsIntel();  // (the streaming defaults differ by vendor, see also streamOutputBytes)
 
 // Stores the 64 bytes at `line` (64-byte aligned) to dst (a whole cache line, see
 // reduceCopyStreamed), bypassing the caches. The caller fences (streamFence) before anything
@@ -399,7 +406,7 @@ inline void reduceCopyBlockedRange(const Fn& fn, int nsrc, const T* const* srcs,
   reduceCopyBlocked(fn, nsrc, s, ndst, d, to - from, post, nStream, pre);
 }
 
-// Streamed outputs, stretches interleaved (kStreamStretch). Non-temporal stores must fill
+// Streamed outputs, in order or stretches interleaved (streamStretches()). Non-temporal stores must fill
 // whole cache lines, or the partly filled lines of every stretch and output compete for the
 // core's few write-combining buffers (a 2-rank allreduce into NumPy arrays, which start 16
 // bytes into a line, fell from 6 to 1.6 GB/s): so the streamed outputs must share their
@@ -416,10 +423,10 @@ inline bool reduceCopyStreamed(const Fn& fn, int nsrc, const T* const* srcs, int
   size_t head = lineOffset ? (64 - lineOffset) / sizeof(T) : 0;
   if (head > n) head = n;
   reduceCopyBlockedRange(fn, nsrc, srcs, ndst, dsts, 0, head, post, nStream, pre);
-  size_t i = head;
-  for (; i + kStreamStretches * kStretch <= n; i += kStreamStretches * kStretch) {
+  size_t i = head, stretches = streamStretches();
+  for (; stretches > 1 && i + stretches * kStretch <= n; i += stretches * kStretch) {
     for (size_t l = 0; l < kStretch; l += kLine) {
-      for (size_t p = 0; p < kStreamStretches; ++p) {
+      for (size_t p = 0; p < stretches; ++p) {
         reduceStreamLine(fn, nsrc, srcs, ndst, dsts, i + p * kStretch + l, post, nStream, pre);
       }
     }

@@ -141,6 +141,13 @@ def test_malformed_stream_output_bytes_fails_at_init(tmp_path: Path) -> None:
         assert ("refused:" in out.stdout and "MININCL_STREAM_OUTPUT_BYTES" in out.stdout) == refused, out.stdout
 
 
+@pytest.mark.parametrize("value", ["0", "17", "four"])
+def test_stream_stretches_outside_1_to_16_fail_at_init(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("MININCL_STREAM_STRETCHES", value)
+    with pytest.raises(minincl.InvalidArgument, match="MININCL_STREAM_STRETCHES"):
+        minincl.Communicator.init_all(2)
+
+
 def test_algorithm_that_cannot_run_a_collective_is_a_clear_error(forced: ForcedPool) -> None:
     comms = forced.get(2, "tree", "simple")
     with pytest.raises(minincl.InvalidUsage, match="allgather"):

@@ -19,12 +19,15 @@ def test_collectives_over_shm(nranks: int) -> None:
     assert results == [results[0]] * nranks and results[0] > 0
 
 
+@pytest.mark.parametrize("stretches", [1, 4])
 @pytest.mark.parametrize("threads", [False, True])
-def test_streamed_outputs_match_numpy(monkeypatch: pytest.MonkeyPatch, threads: bool) -> None:
-    """MININCL_STREAM_OUTPUT_BYTES=0: every output written with non-temporal stores, whole
-    interleaved stretches, lines and a ragged tail, aligned and not, through the FIFO
-    (processes) and through pointer steps and direct writes (threads)."""
+def test_streamed_outputs_match_numpy(monkeypatch: pytest.MonkeyPatch, threads: bool, stretches: int) -> None:
+    """MININCL_STREAM_OUTPUT_BYTES=0: every output written with non-temporal stores, lines in
+    order or whole interleaved stretches (MININCL_STREAM_STRETCHES; each CPU's default is one
+    of the two), lines and a ragged tail, aligned and not, through the FIFO (processes) and
+    through pointer steps and direct writes (threads)."""
     monkeypatch.setenv("MININCL_STREAM_OUTPUT_BYTES", "0")
+    monkeypatch.setenv("MININCL_STREAM_STRETCHES", str(stretches))
     counts = [1, 7, 4099, 50021]
     if threads:
         (results,) = minincl.launch(workers.thread_ranks, 1, 3, counts)

@@ -1,11 +1,31 @@
 // Copies with non-temporal stores (x86: movntdq), for outputs too large to stay in cache.
 // Elsewhere a plain memcpy.
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 
 #include "../reduce_copy.h"
 
 namespace mncl::dev {
+
+namespace {
+std::atomic<size_t> stretchesInUse{defaultStreamStretches()};
+}  // namespace
+
+bool cpuIsIntel() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();  // (this may run among static initializers, before libgcc's own)
+  return __builtin_cpu_is("intel");
+#else
+  return false;
+#endif
+}
+
+size_t defaultStreamStretches() { return cpuIsIntel() ? 4 : 1; }  // see kStreamStretch
+
+void useStreamStretches(size_t stretches) { stretchesInUse.store(stretches, std::memory_order_relaxed); }
+
+size_t streamStretches() { return stretchesInUse.load(std::memory_order_relaxed); }
 
 namespace {
 // Line by line, from possibly unaligned src to 64-byte aligned dst.
@@ -27,12 +47,11 @@ void streamCopy(void* dst, const void* src, size_t bytes) {
   if (head > bytes) head = bytes;
   std::memcpy(d, s, head);
   d += head, s += head, bytes -= head;
-  // Stretches read at once (see kStreamStretch), a line of each in turn.
-  constexpr size_t kBlock = kStreamStretches * kStreamStretch;
-  size_t i = 0;
-  for (; i + kBlock <= bytes; i += kBlock) {
+  // Stretches read at once (see streamStretches), a line of each in turn.
+  size_t stretches = streamStretches(), block = stretches * kStreamStretch, i = 0;
+  for (; stretches > 1 && i + block <= bytes; i += block) {
     for (size_t l = 0; l < kStreamStretch; l += 64) {
-      for (size_t p = 0; p < kStreamStretches; ++p) streamLines(d + i + p * kStreamStretch + l, s + i + p * kStreamStretch + l, 1);
+      for (size_t p = 0; p < stretches; ++p) streamLines(d + i + p * kStreamStretch + l, s + i + p * kStreamStretch + l, 1);
     }
   }
   size_t lines = (bytes - i) / 64;

@@ -95,6 +95,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   mine.hostHash = hostHash();
   mine.sizes = protoSizesFromEnv(onGpu());
   streamOutputBytes();  // a malformed MININCL_STREAM_OUTPUT_BYTES fails here, not mid-collective
+  applyStreamStretchesSetting();
   applyVectorIsaSetting();
   mine.probeAddr = peerMemoryProbeAddress();
   std::string transport = env::str("MININCL_TRANSPORT");

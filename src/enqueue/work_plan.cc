@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "../../cuda/reduce_copy.h"
 #include "../core/comm.h"
 #include "../core/env.h"
 #include "../core/error.h"
@@ -10,10 +11,21 @@ namespace mncl {
 
 // Outputs at least this big (per rank) are written with non-temporal stores on the CPU: far
 // past the per-core caches they would only evict the FIFOs the operation streams through.
-// (Measured on a 2-core VM: a gain from 32 MiB on, a loss at 8 MiB.)
+// Measured on a 2-core Intel VM: a gain from 32 MiB on, a loss at 8 MiB. On a 2-core AMD
+// EPYC VM no gain, and a risk: 2 of 8 runs of a 64 MiB allreduce took 60-82 ms instead of
+// 13.5-15 (the whole run, stalled on the non-temporal stores), never without them (11.4-15.4
+// ms). So outputs are streamed by default on Intel only.
 size_t streamOutputBytes() {
-  static const size_t bytes = (size_t)env::bytes("MININCL_STREAM_OUTPUT_BYTES", 32 << 20);
+  static const size_t bytes =
+      (size_t)env::bytes("MININCL_STREAM_OUTPUT_BYTES", dev::cpuIsIntel() ? 32 << 20 : kNeverStreamed);
   return bytes;
+}
+
+void applyStreamStretchesSetting() {
+  int64_t n = env::integer("MININCL_STREAM_STRETCHES", (int64_t)dev::defaultStreamStretches());
+  MNCL_CHECK(n >= 1 && n <= 16, mnclInvalidArgument,
+             "MININCL_STREAM_STRETCHES=" + std::to_string(n) + " is not between 1 and 16");
+  dev::useStreamStretches((size_t)n);
 }
 
 namespace {
@@ -31,6 +43,9 @@ namespace {
 //   step, so that root and receiver split the copies (32 and 64 MiB: 0.55x and 0.64x with the
 //   reads); an out-of-place allreduce below the streaming size (0.65x at 512 KiB, 0.80x at 8
 //   and 16 MiB; 32 MiB: 1.25x. In place, 16 MiB: 1.13x; NumPy arrays and torch tensors alike).
+// Where outputs are never streamed (by default on CPUs other than Intel's), both go on at
+// every size: on a 2-core AMD EPYC VM, with the streaming off as well, 0.65-0.72x the time
+// at 32-256 MiB (allreduce), 0.56-0.83x (reduce_scatter), 0.98-1.07x (allgather).
 bool readByKernel(const CollCall& c, size_t recvBytes) {
   bool reduces = c.coll == Coll::allreduce || c.coll == Coll::reducescatter;
   return c.coll == Coll::broadcast || (c.coll == Coll::allgather && recvBytes < 2 * streamOutputBytes()) ||

@@ -35,8 +35,13 @@ void planP2pOps(Comm& comm, const P2pCall& c, std::vector<std::vector<dev::P2pOp
 void checkSelfPairs(int rank, const std::vector<const P2pCall*>& sends, const std::vector<const P2pCall*>& recvs);
 
 // MININCL_STREAM_OUTPUT_BYTES, read once per process (communicator init reads it first, so
-// a malformed value fails there rather than in a collective).
+// a malformed value fails there rather than in a collective). kNeverStreamed by default on
+// CPUs other than Intel's. (Twice it must not overflow: see readByKernel.)
+constexpr size_t kNeverStreamed = size_t{1} << 60;
 size_t streamOutputBytes();
+// MININCL_STREAM_STRETCHES: how many 4 KiB stretches the streaming loops read at once (see
+// dev::kStreamStretch); the CPU's default unless set. Throws InvalidArgument outside 1-16.
+void applyStreamStretchesSetting();
 
 // A single rank has nothing to exchange: the result is its own input. True if the call is
 // of that kind (its copy is then the caller's to make, on the host or the GPU stream).
