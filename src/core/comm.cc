@@ -94,7 +94,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   mine.device = device;
   mine.hostHash = hostHash();
   mine.sizes = protoSizesFromEnv(onGpu());
-  streamOutputBytes();  // a malformed MININCL_STREAM_OUTPUT_BYTES fails here, not mid-collective
+  streamOutputBytes(Coll::allreduce);  // a malformed MININCL_STREAM_OUTPUT_BYTES fails here, not mid-collective
   applyStreamStretchesSetting();
   applyVectorIsaSetting();
   mine.probeAddr = peerMemoryProbeAddress();

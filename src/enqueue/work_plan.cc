@@ -9,16 +9,27 @@
 
 namespace mncl {
 
+namespace {
+bool reducesValues(Coll c) { return c == Coll::allreduce || c == Coll::reducescatter || c == Coll::reduce; }
+}  // namespace
+
 // Outputs at least this big (per rank) are written with non-temporal stores on the CPU: far
 // past the per-core caches they would only evict the FIFOs the operation streams through.
 // Measured on a 2-core Intel VM: a gain from 32 MiB on, a loss at 8 MiB. On a 2-core AMD
-// EPYC VM no gain, and a risk: 2 of 8 runs of a 64 MiB allreduce took 60-82 ms instead of
-// 13.5-15 (the whole run, stalled on the non-temporal stores), never without them (11.4-15.4
-// ms). So outputs are streamed by default on Intel only.
-size_t streamOutputBytes() {
-  static const size_t bytes =
-      (size_t)env::bytes("MININCL_STREAM_OUTPUT_BYTES", dev::cpuIsIntel() ? 32 << 20 : kNeverStreamed);
-  return bytes;
+// EPYC VM copies still gain (windows, 128 MiB allgather and 64 MiB broadcast: 0.6x and 0.7x
+// the time) but reductions lose: a 64 MiB allreduce took 0.54x the time unstreamed (windows),
+// 0.8x with plain buffers, where 2 of 8 streamed runs took 60-82 ms instead of 13.5-15 (the
+// whole run, stalled on the non-temporal stores) and no unstreamed one did. So reductions
+// stream on Intel only. MININCL_STREAM_OUTPUT_BYTES, where set, is the size for both.
+size_t streamOutputBytes(Coll c) {
+  static const auto sizes = [] {
+    size_t copies = size_t{32} << 20, reductions = dev::cpuIsIntel() ? copies : kNeverStreamed;
+    if (!env::str("MININCL_STREAM_OUTPUT_BYTES").empty()) {
+      copies = reductions = (size_t)env::bytes("MININCL_STREAM_OUTPUT_BYTES", 0);
+    }
+    return std::pair{copies, reductions};
+  }();
+  return reducesValues(c) ? sizes.second : sizes.first;
 }
 
 void applyStreamStretchesSetting() {
@@ -43,16 +54,20 @@ namespace {
 //   step, so that root and receiver split the copies (32 and 64 MiB: 0.55x and 0.64x with the
 //   reads); an out-of-place allreduce below the streaming size (0.65x at 512 KiB, 0.80x at 8
 //   and 16 MiB; 32 MiB: 1.25x. In place, 16 MiB: 1.13x; NumPy arrays and torch tensors alike).
-// Where outputs are never streamed (by default on CPUs other than Intel's), both go on at
-// every size: on a 2-core AMD EPYC VM, with the streaming off as well, 0.65-0.72x the time
-// at 32-256 MiB (allreduce), 0.56-0.83x (reduce_scatter), 0.98-1.07x (allgather).
+// On CPUs other than Intel's, where reductions' outputs are never streamed, reducing
+// receivers read and allreduce senders write at every size (a 2-core AMD EPYC VM, against the
+// streamed FIFO: 0.65-0.78x the time at 32-256 MiB, allreduce; 0.56-1.00x, reduce_scatter),
+// and allgather receivers read at every size too: at 128 MiB the FIFO's streamed copies took
+// 2-3.5x as long in 2 of 5 runs (0.9x in the others), the kernel's 15-18 ms in every run.
 bool readByKernel(const CollCall& c, size_t recvBytes) {
   bool reduces = c.coll == Coll::allreduce || c.coll == Coll::reducescatter;
-  return c.coll == Coll::broadcast || (c.coll == Coll::allgather && recvBytes < 2 * streamOutputBytes()) ||
-         (reduces && recvBytes < streamOutputBytes());
+  bool allgatherReads = !dev::cpuIsIntel() || recvBytes < 2 * streamOutputBytes(c.coll);
+  return c.coll == Coll::broadcast || (c.coll == Coll::allgather && allgatherReads) ||
+         (reduces && recvBytes < streamOutputBytes(c.coll));
 }
 bool writeByKernel(const CollCall& c, size_t recvBytes, bool inPlace) {
-  return c.coll == Coll::broadcast || (c.coll == Coll::allreduce && !inPlace && recvBytes < streamOutputBytes());
+  return c.coll == Coll::broadcast ||
+         (c.coll == Coll::allreduce && !inPlace && recvBytes < streamOutputBytes(c.coll));
 }
 
 // Whether an allgather's receivers read each step of a sender's input themselves (a pointer
@@ -62,7 +77,7 @@ bool writeByKernel(const CollCall& c, size_t recvBytes, bool inPlace) {
 // 0.64-1.02x at 2-8 MiB; ranks as threads alike at 128 KiB-2 MiB. No gain at 32 MiB, where
 // outputs are streamed.
 bool readInputThemselves(const CollCall& c, size_t recvBytes) {
-  return c.coll == Coll::allgather && recvBytes < streamOutputBytes();
+  return c.coll == Coll::allgather && recvBytes < streamOutputBytes(c.coll);
 }
 
 bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
@@ -149,7 +164,7 @@ int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out)
     w.treeIndex = ch % 2;
     w.algoVariant = p.variant;
     w.sendIsReadOnly = sendIsReadOnly;
-    w.streamOutput = !comm.onGpu() && recvBytes >= streamOutputBytes();
+    w.streamOutput = !comm.onGpu() && recvBytes >= streamOutputBytes(c.coll);
     w.readByKernel = !comm.onGpu() && readByKernel(c, recvBytes);
     w.writeByKernel = !comm.onGpu() && writeByKernel(c, recvBytes, !sendIsReadOnly);
     w.readInputThemselves = !comm.onGpu() && readInputThemselves(c, recvBytes);

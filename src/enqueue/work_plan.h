@@ -34,11 +34,12 @@ void planP2pOps(Comm& comm, const P2pCall& c, std::vector<std::vector<dev::P2pOp
 // Sends to self pair with recvs from self in order; throws InvalidUsage unless they match.
 void checkSelfPairs(int rank, const std::vector<const P2pCall*>& sends, const std::vector<const P2pCall*>& recvs);
 
-// MININCL_STREAM_OUTPUT_BYTES, read once per process (communicator init reads it first, so
-// a malformed value fails there rather than in a collective). kNeverStreamed by default on
-// CPUs other than Intel's. (Twice it must not overflow: see readByKernel.)
+// The size from which collective c's outputs are streamed on the CPU: MININCL_STREAM_OUTPUT_BYTES,
+// read once per process (communicator init reads it first, so a malformed value fails there
+// rather than in a collective); unset, 32 MiB, but kNeverStreamed for reductions on CPUs other
+// than Intel's. (Twice it must not overflow: see readByKernel.)
 constexpr size_t kNeverStreamed = size_t{1} << 60;
-size_t streamOutputBytes();
+size_t streamOutputBytes(Coll c);
 // MININCL_STREAM_STRETCHES: how many 4 KiB stretches the streaming loops read at once (see
 // dev::kStreamStretch); the CPU's default unless set. Throws InvalidArgument outside 1-16.
 void applyStreamStretchesSetting();
