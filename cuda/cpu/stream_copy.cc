@@ -12,10 +12,13 @@ namespace {
 std::atomic<size_t> stretchesInUse{defaultStreamStretches()};
 }  // namespace
 
-bool cpuIsIntel() {
+bool cpuIsIntel() {  // asked once per process: plans ask on every call
 #if defined(__x86_64__)
-  __builtin_cpu_init();  // (this may run among static initializers, before libgcc's own)
-  return __builtin_cpu_is("intel");
+  static const bool intel = [] {
+    __builtin_cpu_init();  // (this may run among static initializers, before libgcc's own)
+    return __builtin_cpu_is("intel") != 0;
+  }();
+  return intel;
 #else
   return false;
 #endif

@@ -123,8 +123,7 @@ void checkSelfPairs(int rank, const std::vector<const P2pCall*>& sends, const st
 bool copyWithoutPeers(const Comm& comm, const CollCall& c) { return c.count > 0 && comm.nranks() == 1; }
 
 bool scalesWithoutPeers(const Comm& comm, const CollCall& c) {
-  bool reduces = c.coll == Coll::allreduce || c.coll == Coll::reduce || c.coll == Coll::reducescatter;
-  return copyWithoutPeers(comm, c) && reduces && c.op == RedOp::premulsum;
+  return copyWithoutPeers(comm, c) && reducesValues(c.coll) && c.op == RedOp::premulsum;
 }
 
 // What every channel's work item for the call holds: the call itself, all of it.
