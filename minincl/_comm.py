@@ -294,15 +294,24 @@ def launch(
                     results[rank] = (ok, value)
             break
         if deadline is not None and time.monotonic() > deadline:
+            # (Ranks that did finish have their results in the queue: they count.)
+            with contextlib.suppress(queue_mod.Empty):
+                while len(results) < nranks:
+                    rank, ok, value = queue.get(timeout=0.5)
+                    results[rank] = (ok, value)
             break
-    for p in procs:
+    killed = set()
+    for r, p in enumerate(procs):
         p.join(timeout=5)
         if p.is_alive():
             p.kill()
             p.join()
+            killed.add(r)
     failures = []
     for r, p in enumerate(procs):
-        if r not in results:
+        if r in killed and r not in results:
+            failures.append(f"rank {r}: still running after the launch timeout of {timeout} s (killed)")
+        elif r not in results:
             failures.append(f"rank {r}: process ended with exit code {p.exitcode} and no result")
         elif not results[r][0]:
             failures.append(f"rank {r}: {results[r][1]}")

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import workers
 from conftest import run_ranks
 
 import minincl
@@ -197,6 +198,30 @@ def test_mismatched_collectives_are_named(pair: Any) -> None:
     results = mismatched_allreduce_stories(pair)
     assert any("mismatched calls" in r and "count=10" in r and "count=20" in r for r in results), results
     assert all(r != "ok" for r in results)
+
+
+# What rank 0 called, and what the others did, in each case of workers.different_calls.
+DIFFERENT_CALLS = {
+    "dtype": ("allgather(count=1000, float32", "allgather(count=1000, int8"),
+    "alltoall": ("alltoall(count=3, float32)", "allreduce(count=9, float32, sum"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DIFFERENT_CALLS))
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_calls_whose_steps_never_meet_still_fail_every_rank(case: str, processes: bool) -> None:
+    """Each rank would wait for ever on a FIFO the other never fills; the ranks' monitors
+    compare the calls they logged instead, and name both."""
+    if processes:
+        results = minincl.launch(workers.different_calls, 3, case, timeout=60)
+    else:
+        comms = minincl.Communicator.init_all(3)
+        results = run_ranks(comms, lambda c: workers.different_calls(c, case))
+        for c in comms:
+            c.destroy()
+    assert all(r.startswith(("InvalidUsage", "RemoteError")) and "mismatched calls" in r for r in results), results
+    rank0, others = DIFFERENT_CALLS[case]
+    assert any(rank0 in r and others in r for r in results), results
 
 
 def test_wrong_unique_id() -> None:

@@ -36,6 +36,13 @@ def test_streamed_outputs_match_numpy(monkeypatch: pytest.MonkeyPatch, threads: 
     assert results == [results[0]] * 3 and results[0] == len(counts) * (4 * 6 + 2)
 
 
+def test_launch_timeout_names_the_rank_still_running_and_keeps_the_others_results() -> None:
+    with pytest.raises(minincl.LaunchError) as e:
+        minincl.launch(workers.rank0_sleeps, 2, 60.0, timeout=2)
+    assert "rank 0: still running after the launch timeout of 2 s (killed)" in str(e.value)
+    assert e.value.results == {1: 1}
+
+
 def test_no_segment_outlives_init() -> None:
     before = workers.shm_segments()
     during = minincl.launch(workers.report_segments, 3)

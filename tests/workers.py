@@ -243,6 +243,31 @@ def kernel_copies_with_stats(comm: minincl.Communicator, counts: list[int]) -> t
     return checks, comm.stats()
 
 
+def rank0_sleeps(comm: minincl.Communicator, seconds: float) -> int:
+    if comm.rank == 0:
+        time.sleep(seconds)
+    return comm.rank
+
+
+def different_calls(comm: minincl.Communicator, case: str) -> str:
+    """Rank 0 makes another call than the others, one whose steps never meet theirs in a FIFO
+    (it takes another protocol or algorithm, or sends and receives instead): the error each
+    rank raised, or "ok"."""
+    comm.allreduce(np.ones(100, np.float32))
+    try:
+        if case == "dtype":  # 4000 bytes against 1000: the tuner picks differently
+            dt = np.float32 if comm.rank == 0 else np.int8
+            comm.allgather(np.ones(1000, dt), np.zeros(1000 * comm.nranks, dt))
+        elif comm.rank == 0:
+            comm.alltoall(np.ones(3 * comm.nranks, np.float32), np.zeros(3 * comm.nranks, np.float32))
+        else:
+            comm.allreduce(np.ones(3 * comm.nranks, np.float32))
+        comm.barrier()
+    except minincl.Error as e:
+        return f"{type(e).__name__}: {e}"
+    return "ok"
+
+
 def mismatched_broadcast(comm: minincl.Communicator) -> tuple[str, bool]:
     """Rank 0 broadcasts 200,000 floats in place, the others 100,000: returns the error and
     whether this rank's buffer is still as it was."""

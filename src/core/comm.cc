@@ -612,6 +612,10 @@ void Comm::fail(mnclResult_t code, const std::string& message) {
   if (code != mnclAborted) MNCL_WARN(kInit, "rank %d: %s", rank_, message.c_str());
 }
 
+void Comm::logCall(const LoggedCall& call) {
+  if (region_) mncl::logCall(region_->ctrl()->calls, call);
+}
+
 mnclResult_t Comm::asyncError() const {
   std::lock_guard<std::mutex> lock(errorMutex_);
   return error_;

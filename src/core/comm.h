@@ -17,6 +17,7 @@
 #include "../transport/region.h"
 #include "../transport/window.h"
 #include "../tune/tuner.h"
+#include "call_log.h"
 #include "minincl.h"
 
 namespace mncl {
@@ -99,6 +100,10 @@ class Comm {
 
   // Stops everything; returns once no call is running inside the communicator.
   void abort();
+
+  // Logs a collective call this rank starts, where its peers' monitors compare it with
+  // theirs (see call_log.h).
+  void logCall(const LoggedCall& call);
 
   // Counts calls running inside; destroy/abort wait for them to leave.
   struct CallScope {

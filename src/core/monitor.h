@@ -5,12 +5,15 @@
 //  - the peer's process is gone (same host)         -> RemoteError, at once;
 //  - the peer's heartbeat stopped for MININCL_TIMEOUT -> Timeout;
 //  - the peer destroyed its communicator while this rank is still inside a call for
-//    MININCL_TIMEOUT                                 -> RemoteError.
+//    MININCL_TIMEOUT                                 -> RemoteError;
+//  - the peer made another collective call than ours under the same number (see
+//    call_log.h)                                     -> InvalidUsage naming both, at once.
 // fail() sets the abort word, so every spin loop of this rank stops within microseconds.
 #pragma once
 
 #include <condition_variable>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -27,6 +30,7 @@ class Monitor {
  private:
   void loop();
   void checkPeer(int r, double now);
+  bool checkCalls(int r, const std::string& who);
 
   Comm& comm_;
   double timeout_;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../../cuda/cpu/run_work.h"
+#include "../core/call_log.h"
 #include "../core/comm.h"
 #include "../core/env.h"
 #include "../core/error.h"
@@ -19,20 +20,14 @@ namespace mncl {
 
 namespace {
 
-const char* opName(uint8_t op) {
-  static const char* names[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
-  return op < (uint8_t)RedOp::count ? names[op] : "?";
-}
-
 std::string describe(const dev::StepInfo& s) {
   if (s.coll == (uint8_t)Coll::sendrecv) {
     return "send of " + std::to_string(s.count) + " bytes (" + dataTypeName((DataType)s.dtype) + ")";
   }
-  std::string d = std::string(collName((Coll)s.coll)) + "(count=" + std::to_string(s.count) + ", " +
-                  dataTypeName((DataType)s.dtype);
-  if (s.coll != (uint8_t)Coll::broadcast && s.coll != (uint8_t)Coll::allgather) d += std::string(", ") + opName(s.op);
-  if (s.coll == (uint8_t)Coll::broadcast || s.coll == (uint8_t)Coll::reduce) d += ", root=" + std::to_string(s.root);
-  return d + ", " + algoName((Algo)s.algo) + ")";
+  // (Copy-only collectives run, and so check their steps, in bytes.)
+  bool inBytes = s.coll == (uint8_t)Coll::broadcast || s.coll == (uint8_t)Coll::allgather;
+  uint64_t count = inBytes ? s.count / dataTypeSize((DataType)s.dtype) : s.count;
+  return describeCall({s.coll, s.dtype, s.op, s.root, count}, algoName((Algo)s.algo));
 }
 
 std::string mismatchMessage(int rank, const dev::DevError& e) {
@@ -309,10 +304,18 @@ void record(const Recorded& r) {
   launch(&single, 1);
 }
 
+// A collective call as every rank must make it: the reduction and root only where they matter.
+LoggedCall loggedCallOf(const CollCall& c) {
+  bool reduces = c.coll == Coll::allreduce || c.coll == Coll::reduce || c.coll == Coll::reducescatter;
+  bool rooted = c.coll == Coll::broadcast || c.coll == Coll::reduce;
+  return {(uint8_t)c.coll, (uint8_t)c.dtype, reduces ? (uint8_t)c.op : (uint8_t)0, rooted ? c.root : 0, c.count};
+}
+
 }  // namespace
 
 void enqueueColl(Comm& comm, const CollCall& call) {
   validate(comm, call);
+  comm.logCall(loggedCallOf(call));
   record({&comm, false, call, {}});
 }
 
@@ -337,6 +340,7 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
   MNCL_CHECK(!(comm.onGpu() && send == recv && bytes), mnclInvalidUsage,
         "in-place alltoall on a CUDA communicator: pass a separate recv buffer");
   MNCL_CHECK(count == 0 || (send && recv), mnclInvalidArgument, "alltoall: a buffer is null");
+  comm.logCall({kAlltoallCall, (uint8_t)dtype, 0, 0, count});
   // In place, a block could be overwritten before it is sent: the other ranks' blocks go
   // from a copy (ours stays where it is), in memory the communicator keeps.
   bool inPlace = send == recv && bytes;

@@ -77,6 +77,7 @@ struct NetProxy::CtrlMessage {
   uint64_t heartbeat;
   uint32_t state, failCode;
   char failMessage[sizeof(RankCtrl::failMessage)];
+  CallLog calls;  // (sent with every heartbeat: the peer's monitor compares them with its own)
 };
 
 struct NetProxy::CtrlLink {
@@ -550,6 +551,7 @@ bool NetProxy::progressCtrl(CtrlLink& c) {
     c.out.failCode = own->failCode;
     std::memcpy(c.out.failMessage, own->failMessage, sizeof(c.out.failMessage));
     c.out.failMessage[sizeof(c.out.failMessage) - 1] = '\0';
+    copyCallLog(own->calls, c.out.calls);
     c.lastBeat = beat;
     c.lastState = state;
     c.outDone = 0;
@@ -579,6 +581,7 @@ bool NetProxy::progressCtrl(CtrlLink& c) {
     m->failCode = c.in.failCode;
     std::memcpy(m->failMessage, c.in.failMessage, sizeof(m->failMessage));
     m->failMessage[sizeof(m->failMessage) - 1] = '\0';
+    copyCallLog(c.in.calls, m->calls);
     if (dev::loadAcquire(&m->state) != RankCtrl::kFailed) dev::storeRelease(&m->state, c.in.state);
     dev::storeRelease(&m->heartbeat, c.in.heartbeat);
     c.inDone = 0;

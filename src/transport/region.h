@@ -14,6 +14,7 @@
 #include <string>
 
 #include "../../cuda/channel.h"
+#include "../core/call_log.h"
 
 namespace mncl {
 
@@ -24,6 +25,7 @@ struct RankCtrl {
   alignas(128) uint32_t state;
   uint32_t failCode;                // an mnclResult_t when state == kFailed
   char failMessage[240];
+  CallLog calls;                    // the collective calls the rank made last
 };
 
 class RegionLayout {

@@ -66,6 +66,11 @@ constexpr double kBaseLatencyUs = 1.0;
 const char* algoName(Algo a) { return kAlgoNames[(int)a]; }
 const char* protoName(Proto p) { return kProtoNames[(int)p]; }
 const char* collName(Coll c) { return kCollNames[(int)c]; }
+const char* redOpName(RedOp op) {
+  static const char* names[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
+  static_assert(std::size(names) == (size_t)RedOp::count);
+  return (unsigned)op < (unsigned)RedOp::count ? names[(int)op] : "?";
+}
 const char* dataTypeName(DataType t) {
   static const char* names[] = {"int8",    "uint8",   "int32",    "uint32",        "int64",      "uint64",
                                 "float16", "float32", "float64", "bfloat16", "float8_e4m3fn", "float8_e5m2"};

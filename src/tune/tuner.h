@@ -25,6 +25,7 @@ const char* algoName(Algo a);
 const char* protoName(Proto p);
 const char* collName(Coll c);
 const char* dataTypeName(DataType t);  // "float32", ...; "?" if out of range
+const char* redOpName(RedOp op);       // "sum", ...; "?" if out of range
 
 // Parses "ring,tree" / "^ll" style lists into a bit mask over `count` names.
 unsigned parseNameList(const std::string& list, const char* const* names, int count, const char* var);

@@ -1,0 +1,72 @@
+#include "call_log.h"
+
+#include <atomic>
+
+#include "../../cuda/dtypes.h"
+#include "../tune/tuner.h"
+
+namespace mncl {
+
+namespace {
+using Entry = CallLog::Entry;
+
+uint64_t load(const uint64_t& w, std::memory_order order = std::memory_order_relaxed) {
+  return std::atomic_ref<uint64_t>(const_cast<uint64_t&>(w)).load(order);
+}
+void store(uint64_t& w, uint64_t v, std::memory_order order = std::memory_order_relaxed) {
+  std::atomic_ref<uint64_t>(w).store(v, order);
+}
+
+Entry& entryOf(CallLog& log, uint64_t seq) { return log.entries[(seq - 1) % kCallLogSize]; }
+const Entry& entryOf(const CallLog& log, uint64_t seq) { return log.entries[(seq - 1) % kCallLogSize]; }
+
+void writeEntry(Entry& e, uint64_t seq, uint64_t count, uint64_t what) {
+  store(e.seq, 0);
+  std::atomic_thread_fence(std::memory_order_release);  // (readers see 0 before new words)
+  store(e.count, count);
+  store(e.what, what);
+  store(e.seq, seq, std::memory_order_release);
+}
+
+// Entry `seq`, read whole: false if it holds another call or changed while we read it.
+bool readEntry(const Entry& e, uint64_t seq, uint64_t& count, uint64_t& what) {
+  if (load(e.seq, std::memory_order_acquire) != seq) return false;
+  count = load(e.count);
+  what = load(e.what);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return load(e.seq) == seq;
+}
+}  // namespace
+
+void logCall(CallLog& log, const LoggedCall& c) {
+  uint64_t seq = load(log.made) + 1;
+  uint64_t what = c.kind | (uint64_t)c.dtype << 8 | (uint64_t)c.op << 16 | (uint64_t)(uint32_t)c.root << 32;
+  writeEntry(entryOf(log, seq), seq, c.count, what);
+  store(log.made, seq, std::memory_order_release);
+}
+
+std::optional<LoggedCall> loggedCall(const CallLog& log, uint64_t seq) {
+  uint64_t count = 0, what = 0;
+  if (seq == 0 || !readEntry(entryOf(log, seq), seq, count, what)) return std::nullopt;
+  return LoggedCall{(uint8_t)what, (uint8_t)(what >> 8), (uint8_t)(what >> 16), (int32_t)(uint32_t)(what >> 32), count};
+}
+
+void copyCallLog(const CallLog& from, CallLog& to) {
+  uint64_t made = load(from.made, std::memory_order_acquire);
+  for (uint64_t seq = made > kCallLogSize ? made - kCallLogSize + 1 : 1; seq <= made; ++seq) {
+    uint64_t count = 0, what = 0;
+    if (readEntry(entryOf(from, seq), seq, count, what)) writeEntry(entryOf(to, seq), seq, count, what);
+  }
+  store(to.made, made, std::memory_order_release);
+}
+
+std::string describeCall(const LoggedCall& c, const char* algo) {
+  std::string name = c.kind == kAlltoallCall ? "alltoall" : collName((Coll)c.kind);
+  std::string d = name + "(count=" + std::to_string(c.count) + ", " + dataTypeName((DataType)c.dtype);
+  bool reduces = c.kind == (uint8_t)Coll::allreduce || c.kind == (uint8_t)Coll::reduce || c.kind == (uint8_t)Coll::reducescatter;
+  if (reduces) d += std::string(", ") + redOpName((RedOp)c.op);
+  if (c.kind == (uint8_t)Coll::broadcast || c.kind == (uint8_t)Coll::reduce) d += ", root=" + std::to_string(c.root);
+  return d + (algo ? std::string(", ") + algo : "") + ")";
+}
+
+}  // namespace mncl

@@ -1,0 +1,51 @@
+// The collective calls a rank made last, in its control block, where its peers can read them.
+//
+// Ranks that make different collective calls usually meet in a FIFO, where every step carries
+// its call (dev::StepInfo) and the receiver names the mismatch. But calls that differ in size
+// may take different protocols or algorithms, whose steps never meet: each rank would wait for
+// ever on a FIFO the other never fills. So every rank logs each collective call it starts,
+// and its monitor compares its peers' logs with its own (Monitor::checkCalls): the same call
+// number with a different call is an error naming both, whatever the ranks are waiting on.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace mncl {
+
+// One logged call, as every rank must make it: what, how many elements of which type, and,
+// where they matter, the reduction and the root (0 where they do not).
+struct LoggedCall {
+  uint8_t kind;  // a Coll, or kAlltoallCall
+  uint8_t dtype, op;
+  int32_t root;
+  uint64_t count;
+  bool operator==(const LoggedCall&) const = default;
+};
+constexpr uint8_t kAlltoallCall = 0x40;  // (alltoall is a group of sends and receives, no Coll)
+
+// The last kCallLogSize calls of a rank, in shared memory: written by the rank, read by its
+// peers' monitors (and its network proxy, which sends them on). Each entry is three words;
+// `seq` is 0 while the others change, so a reader that sees the same seq before and after
+// reading them has read one call.
+constexpr int kCallLogSize = 16;
+struct CallLog {
+  alignas(128) uint64_t made;  // collective calls this rank started
+  struct Entry {
+    uint64_t seq;    // the call's number, from 1
+    uint64_t count;
+    uint64_t what;   // kind | dtype << 8 | op << 16 | root << 32
+  } entries[kCallLogSize];
+};
+
+// Logs the rank's next call (its owner only; calls of one communicator come one at a time).
+void logCall(CallLog& log, const LoggedCall& call);
+// Call number `seq` of the log, if it still holds it.
+std::optional<LoggedCall> loggedCall(const CallLog& log, uint64_t seq);
+// Copies `from` into `to` entry by entry (a network peer's log into its mirror).
+void copyCallLog(const CallLog& from, CallLog& to);
+// "allreduce(count=10, float32, sum)", as the user called it ("..., sum, ring)" with `algo`).
+std::string describeCall(const LoggedCall& call, const char* algo = nullptr);
+
+}  // namespace mncl
