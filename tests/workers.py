@@ -552,3 +552,95 @@ def stop_mid_run(
     except minincl.Error as e:
         return f"{type(e).__name__} after {time.monotonic() - t0:.2f}s: {e}"
     return "no error"
+
+
+# ---- random call sequences (test_call_sequences.py) ----
+
+SEQUENCE_DTYPES = ["int8", "uint8", "int32", "int64", "float16", "float32", "float64"]
+SEQUENCE_COUNTS = [0, 1, 3, 31, 1000, 4097, 65537, 300001]
+SEQUENCE_CALLS = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "ring_exchange"]
+
+
+def sequence_values(seed: int, rank: int, n: int, dtype: str, op: str) -> np.ndarray:
+    """Small integers, so that every type and op has an exact result."""
+    rng = np.random.default_rng(seed * 1009 + rank)
+    if op == "prod":
+        return rng.choice([1, 1, 2] if dtype.startswith("u") else [1, -1, 2], n).astype(dtype)
+    lo = 0 if dtype.startswith("u") else -3
+    return rng.integers(lo, 4, n).astype(dtype)
+
+
+def sequence_reduce(arrays: list[np.ndarray], op: str) -> np.ndarray:
+    stacked = np.stack(arrays)
+    out = {"sum": stacked.sum(0), "prod": stacked.prod(0), "max": stacked.max(0), "min": stacked.min(0)}[op]
+    return out.astype(arrays[0].dtype)
+
+
+def call_sequence(comm: minincl.Communicator, seed: int, steps: int, windows: bool) -> list[str]:
+    """`steps` calls drawn from `seed` (the same on every rank): collective, type, count, op,
+    root, in place or not, buffers from the window or not. Returns the calls whose result
+    (or input, where it must stay unchanged) differs from NumPy's."""
+    import random
+
+    rng = random.Random(seed)
+    n, me = comm.nranks, comm.rank
+    wrong: list[str] = []
+
+    def buf(count: int, dtype: str, window: bool, values: np.ndarray | None = None) -> np.ndarray:
+        b = comm.empty(count, dtype) if window else np.empty(count, dtype)
+        b[:] = 0 if values is None else values
+        return b
+
+    def check(what: str, got: np.ndarray, want: np.ndarray) -> None:
+        if not np.array_equal(got, want):
+            wrong.append(what)
+
+    for step in range(steps):
+        call, dtype, count = rng.choice(SEQUENCE_CALLS), rng.choice(SEQUENCE_DTYPES), rng.choice(SEQUENCE_COUNTS)
+        op, root = rng.choice(["sum", "prod", "max", "min"]), rng.randrange(n)
+        in_place, window = rng.random() < 0.4, windows and rng.random() < 0.4
+        what = f"step {step}: {call} of {count} {dtype} ({op}, root {root}, in place {in_place}, window {window})"
+        blocks = n if call in ("reduce_scatter", "alltoall") else 1
+        inputs = [sequence_values(seed * 100 + step, r, count * blocks, dtype, op) for r in range(n)]
+        mine = inputs[me]
+        if call == "allreduce":
+            send = buf(count, dtype, window, mine)
+            out = send if in_place else buf(count, dtype, window)
+            comm.allreduce(send, None if in_place else out, op=op)
+            check(what, out, sequence_reduce(inputs, op))
+        elif call == "broadcast":
+            send = buf(count, dtype, window, mine)
+            out = send if in_place else buf(count, dtype, window)
+            comm.broadcast(send, None if in_place else out, root=root)
+            check(what, out, inputs[root])
+        elif call == "reduce":
+            send = buf(count, dtype, window, mine)
+            out = send if in_place else buf(count, dtype, window)
+            comm.reduce(send, None if in_place else out, op=op, root=root)
+            if me == root:
+                check(what, out, sequence_reduce(inputs, op))
+        elif call == "allgather":
+            out = buf(count * n, dtype, window)
+            part = out[me * count : (me + 1) * count]
+            if in_place:
+                part[:] = mine
+            comm.allgather(part if in_place else buf(count, dtype, window, mine), out)
+            check(what, out, np.concatenate(inputs))
+        elif call == "reduce_scatter":
+            send = buf(count * n, dtype, window, mine)
+            out = send[me * count : (me + 1) * count] if in_place else buf(count, dtype, window)
+            comm.reduce_scatter(send, out, op=op)
+            check(what, out, sequence_reduce([x[me * count : (me + 1) * count] for x in inputs], op))
+        elif call == "alltoall":
+            send = buf(count * n, dtype, window, mine)
+            out = buf(count * n, dtype, window)
+            comm.alltoall(send, out)
+            check(what, out, np.concatenate([x[me * count : (me + 1) * count] for x in inputs]))
+            check(what + " (input)", send, mine)
+        else:  # each rank sends to the next and receives from the one before, as one group
+            send, out = buf(count, dtype, window, mine), buf(count, dtype, window)
+            with minincl.group():
+                comm.send(send, (me + 1) % n)
+                comm.recv(out, (me - 1) % n)
+            check(what, out, inputs[(me - 1) % n])
+    return wrong
