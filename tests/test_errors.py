@@ -224,6 +224,30 @@ def test_calls_whose_steps_never_meet_still_fail_every_rank(case: str, processes
     assert any(rank0 in r and others in r for r in results), results
 
 
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_a_recv_blocked_behind_a_collective_is_a_deadlock_error(
+    monkeypatch: pytest.MonkeyPatch, processes: bool
+) -> None:
+    """Rank 1 receives from rank 0, which sends only after the allreduce it and rank 2 are
+    in, which needs rank 1: after a second of that, every rank raises, naming it. (A tree,
+    whose rank 0 waits for rank 1's part before it sends it anything: a ring's first step
+    would reach rank 1's receive, which names the mismatch at once.)"""
+    monkeypatch.setenv("MININCL_ALGO", "tree")
+    if processes:
+        results = minincl.launch(workers.different_calls, 3, "recv", timeout=60)
+    else:
+        comms = minincl.Communicator.init_all(3)
+        results = run_ranks(comms, lambda c: workers.different_calls(c, "recv"))
+        for c in comms:
+            c.destroy()
+    assert all(r.startswith(("InvalidUsage", "RemoteError")) for r in results), results
+    assert any(
+        "deadlock: rank 1 waits in sends or receives with rank(s) 0, which are inside collective call 2 "
+        "(allreduce(count=5000, float32, sum))" in r
+        for r in results
+    ), results
+
+
 def test_wrong_unique_id() -> None:
     with pytest.raises(minincl.InvalidArgument, match="unique id"):
         minincl.Communicator(2, b"\x00" * 128, 0)

@@ -250,14 +250,19 @@ def rank0_sleeps(comm: minincl.Communicator, seconds: float) -> int:
 
 
 def different_calls(comm: minincl.Communicator, case: str) -> str:
-    """Rank 0 makes another call than the others, one whose steps never meet theirs in a FIFO
-    (it takes another protocol or algorithm, or sends and receives instead): the error each
-    rank raised, or "ok"."""
+    """Rank 0 (rank 1 for "recv") makes another call than the others, one whose steps never
+    meet theirs in a FIFO (it takes another protocol or algorithm, or sends and receives
+    instead): the error each rank raised, or "ok"."""
     comm.allreduce(np.ones(100, np.float32))
     try:
         if case == "dtype":  # 4000 bytes against 1000: the tuner picks differently
             dt = np.float32 if comm.rank == 0 else np.int8
             comm.allgather(np.ones(1000, dt), np.zeros(1000 * comm.nranks, dt))
+        elif case == "recv":  # rank 1 waits for a send that rank 0 makes only after its allreduce
+            if comm.rank == 1:
+                comm.recv(np.zeros(5000, np.float32), 0)
+            else:
+                comm.allreduce(np.ones(5000, np.float32))
         elif comm.rank == 0:
             comm.alltoall(np.ones(3 * comm.nranks, np.float32), np.zeros(3 * comm.nranks, np.float32))
         else:

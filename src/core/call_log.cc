@@ -51,7 +51,30 @@ std::optional<LoggedCall> loggedCall(const CallLog& log, uint64_t seq) {
   return LoggedCall{(uint8_t)what, (uint8_t)(what >> 8), (uint8_t)(what >> 16), (int32_t)(uint32_t)(what >> 32), count};
 }
 
+void enterCall(CallLog& log, Inside inside, uint64_t peers) {
+  store(log.inside, (uint64_t)inside);
+  store(log.peers, peers);
+  store(log.entered, load(log.entered) + 1, std::memory_order_release);
+}
+
+void leaveCall(CallLog& log) { store(log.inside, (uint64_t)Inside::nothing, std::memory_order_release); }
+
+std::optional<CallActivity> callActivity(const CallLog& log) {
+  CallActivity a;
+  a.entered = load(log.entered, std::memory_order_acquire);
+  a.inside = (Inside)load(log.inside);
+  a.peers = load(log.peers);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (load(log.entered) != a.entered) return std::nullopt;
+  return a;
+}
+
 void copyCallLog(const CallLog& from, CallLog& to) {
+  if (std::optional<CallActivity> a = callActivity(from)) {
+    store(to.inside, (uint64_t)a->inside);
+    store(to.peers, a->peers);
+    store(to.entered, a->entered, std::memory_order_release);
+  }
   uint64_t made = load(from.made, std::memory_order_acquire);
   for (uint64_t seq = made > kCallLogSize ? made - kCallLogSize + 1 : 1; seq <= made; ++seq) {
     uint64_t count = 0, what = 0;

@@ -37,12 +37,30 @@ struct CallLog {
     uint64_t count;
     uint64_t what;   // kind | dtype << 8 | op << 16 | root << 32
   } entries[kCallLogSize];
+  // What the rank's thread is inside now (CPU communicators, one call at a time): see
+  // CallActivity. `entered` is bumped (release) after the other two words change.
+  uint64_t entered, inside, peers;
+};
+
+// A rank inside sends and receives whose every peer is inside a later collective call waits
+// for ever: those peers post nothing until that collective ends, and it needs this rank
+// (Monitor::checkDeadlock). What the log says a rank is inside:
+enum class Inside : uint64_t { nothing, collectives, sendsAndReceives, both };
+struct CallActivity {
+  uint64_t entered = 0;  // calls entered so far: a new call, a new number
+  Inside inside = Inside::nothing;
+  uint64_t peers = 0;    // sendsAndReceives: bit p for each peer p (all ranks below 64)
 };
 
 // Logs the rank's next call (its owner only; calls of one communicator come one at a time).
 void logCall(CallLog& log, const LoggedCall& call);
 // Call number `seq` of the log, if it still holds it.
 std::optional<LoggedCall> loggedCall(const CallLog& log, uint64_t seq);
+// The rank enters a call (its owner only), or leaves it.
+void enterCall(CallLog& log, Inside inside, uint64_t peers);
+void leaveCall(CallLog& log);
+// What the rank is inside, if it read consistently (it was not entering a call meanwhile).
+std::optional<CallActivity> callActivity(const CallLog& log);
 // Copies `from` into `to` entry by entry (a network peer's log into its mirror).
 void copyCallLog(const CallLog& from, CallLog& to);
 // "allreduce(count=10, float32, sum)", as the user called it ("..., sum, ring)" with `algo`).

@@ -680,10 +680,17 @@ void Comm::abort() {
   while (callsInside_.load(std::memory_order_acquire) > 0) dev::cpuBackoff(spins++);
 }
 
-Comm::CallScope::CallScope(Comm& c) : comm(c) {
-  comm.callsInside_.fetch_add(1, std::memory_order_acq_rel);
+Comm::CallScope::CallScope(Comm& c, Inside inside, uint64_t peers) : comm(c) {
+  int before = comm.callsInside_.fetch_add(1, std::memory_order_acq_rel);
+  if (comm.region_ && !comm.onGpu()) enterCall(comm.region_->ctrl()->calls, before == 0 ? inside : Inside::both, peers);
   if (comm.netProxy_) comm.netProxy_->wake();
 }
-Comm::CallScope::~CallScope() { comm.callsInside_.fetch_sub(1, std::memory_order_acq_rel); }
+Comm::CallScope::~CallScope() {
+  int after = comm.callsInside_.fetch_sub(1, std::memory_order_acq_rel) - 1;
+  if (!comm.region_ || comm.onGpu()) return;
+  CallLog& log = comm.region_->ctrl()->calls;
+  if (after == 0) leaveCall(log);
+  else enterCall(log, Inside::both, 0);
+}
 
 }  // namespace mncl

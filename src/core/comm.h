@@ -105,9 +105,10 @@ class Comm {
   // theirs (see call_log.h).
   void logCall(const LoggedCall& call);
 
-  // Counts calls running inside; destroy/abort wait for them to leave.
+  // Counts calls running inside; destroy/abort wait for them to leave. On the CPU it also
+  // says in the call log what the call is inside (see call_log.h; several at once: both).
   struct CallScope {
-    explicit CallScope(Comm& c);
+    explicit CallScope(Comm& c, Inside inside = Inside::both, uint64_t peers = 0);
     ~CallScope();
     Comm& comm;
   };

@@ -7,12 +7,16 @@
 //  - the peer destroyed its communicator while this rank is still inside a call for
 //    MININCL_TIMEOUT                                 -> RemoteError;
 //  - the peer made another collective call than ours under the same number (see
-//    call_log.h)                                     -> InvalidUsage naming both, at once.
+//    call_log.h)                                     -> InvalidUsage naming both, at once;
+//  - we are inside a collective call the peer has not made, and it is inside sends or
+//    receives none of whose peers can post theirs (see call_log.h) for a second
+//                                                    -> InvalidUsage naming the deadlock.
 // fail() sets the abort word, so every spin loop of this rank stops within microseconds.
 #pragma once
 
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,12 +35,16 @@ class Monitor {
   void loop();
   void checkPeer(int r, double now);
   bool checkCalls(int r, const std::string& who);
+  void checkDeadlock(double now);
+  std::optional<uint64_t> blockedBehind(int r, uint64_t collective) const;
 
   Comm& comm_;
   double timeout_;
   struct PeerWatch {
     uint64_t lastBeat = 0;
     double lastChange = 0, leftSince = -1;
+    uint64_t blockedCall = 0;  // the peer's call (CallActivity::entered) blocked behind ours
+    double blockedSince = 0;
   };
   std::vector<PeerWatch> watch_;
   std::mutex mutex_;

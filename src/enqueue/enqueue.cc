@@ -20,9 +20,11 @@ namespace mncl {
 
 namespace {
 
-std::string describe(const dev::StepInfo& s) {
+// A call as a step carries it: `ours` for the receiver's own (its half of a send is a recv).
+std::string describe(const dev::StepInfo& s, bool ours) {
   if (s.coll == (uint8_t)Coll::sendrecv) {
-    return "send of " + std::to_string(s.count) + " bytes (" + dataTypeName((DataType)s.dtype) + ")";
+    return std::string(ours ? "recv" : "send") + " of " + std::to_string(s.count) + " bytes (" +
+           dataTypeName((DataType)s.dtype) + ")";
   }
   // (Copy-only collectives run, and so check their steps, in bytes.)
   bool inBytes = s.coll == (uint8_t)Coll::broadcast || s.coll == (uint8_t)Coll::allgather;
@@ -37,7 +39,7 @@ std::string mismatchMessage(int rank, const dev::DevError& e) {
            dataTypeName((DataType)e.expected.dtype) + ") from " + peer + ", but " + peer + " sent " +
            std::to_string(e.got.count) + " bytes (" + dataTypeName((DataType)e.got.dtype) + ")";
   }
-  return "mismatched calls: " + me + " called " + describe(e.expected) + " but " + peer + " called " + describe(e.got) +
+  return "mismatched calls: " + me + " called " + describe(e.expected, true) + " but " + peer + " called " + describe(e.got, false) +
          "; every rank must make the same collective calls in the same order";
 }
 
@@ -249,6 +251,7 @@ struct Recorded {
   bool isP2p;
   CollCall coll;
   P2pCall p2p;
+  bool ofAlltoall = false;  // a send or receive of an alltoall: part of a collective call
 };
 
 thread_local int tlsGroupDepth = 0;
@@ -273,6 +276,27 @@ void runRecordedOnGpu(std::vector<Recorded>& calls) {
   launchGpuCalls(gpuCalls);
 }
 
+// What a call is inside, for its communicator's call log (sends and receives with ranks
+// from 64 on count as both: the log's peer mask ends there).
+std::pair<Inside, uint64_t> insideOf(const Recorded& r) {
+  if (!r.isP2p || r.ofAlltoall) return {Inside::collectives, 0};
+  if (r.p2p.peer >= 64) return {Inside::both, 0};
+  return {Inside::sendsAndReceives, uint64_t{1} << r.p2p.peer};
+}
+
+// ... and what `comm`'s calls among a group's are inside.
+std::pair<Inside, uint64_t> insideOf(const std::vector<Recorded>& calls, const Comm* comm) {
+  Inside all = Inside::nothing;
+  uint64_t peers = 0;
+  for (const Recorded& r : calls) {
+    if (r.comm != comm) continue;
+    auto [inside, p] = insideOf(r);
+    all = all == Inside::nothing || all == inside ? inside : Inside::both;
+    peers |= p;
+  }
+  return {all, peers};
+}
+
 void runRecorded(std::vector<Recorded>& calls) {
   if (!calls.empty() && calls[0].comm->onGpu()) return runRecordedOnGpu(calls);
   std::vector<CommPlan> plans;
@@ -283,7 +307,10 @@ void runRecorded(std::vector<Recorded>& calls) {
     if (index.emplace(r.comm, plans.size()).second) plans.emplace_back().reset(r.comm);
   }
   std::vector<std::unique_ptr<Comm::CallScope>> scopes;
-  for (CommPlan& p : plans) scopes.push_back(std::make_unique<Comm::CallScope>(*p.comm));
+  for (CommPlan& p : plans) {
+    auto [inside, peers] = insideOf(calls, p.comm);
+    scopes.push_back(std::make_unique<Comm::CallScope>(*p.comm, inside, peers));
+  }
   for (Recorded& r : calls) plan(plans[index[r.comm]], r);
   launch(plans.data(), plans.size());
 }
@@ -293,7 +320,8 @@ void record(const Recorded& r) {
     tlsRecorded.push_back(r);
     return;
   }
-  Comm::CallScope scope(*r.comm);
+  auto [inside, peers] = insideOf(r);
+  Comm::CallScope scope(*r.comm, inside, peers);
   if (r.comm->onGpu()) {
     launchGpuCalls({{r.comm, r.isP2p, r.coll, r.p2p}});
     return;
@@ -359,8 +387,12 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
   groupStart();
   try {
     for (int p = 0; p < comm.nranks(); ++p) {
-      enqueueP2p(comm, {true, inPlace && p != me ? copied(p) : block(p), count, dtype, p, stream});
-      enqueueP2p(comm, {false, (char*)recv + p * bytes, count, dtype, p, stream});
+      P2pCall send{true, inPlace && p != me ? copied(p) : block(p), count, dtype, p, stream};
+      P2pCall receive{false, (char*)recv + p * bytes, count, dtype, p, stream};
+      for (const P2pCall& c : {send, receive}) {
+        validate(comm, c);
+        record({&comm, true, {}, c, true});
+      }
     }
   } catch (...) {
     groupEnd();
