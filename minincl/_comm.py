@@ -279,26 +279,18 @@ def launch(
     for p in procs:
         p.start()
     results: dict[int, tuple[bool, Any]] = {}
+
+    def collect(wait: float) -> None:  # results already sent, each waited for at most `wait` s
+        with contextlib.suppress(queue_mod.Empty):
+            while len(results) < nranks:
+                rank, ok, value = queue.get(timeout=wait)
+                results[rank] = (ok, value)
+
     deadline = None if timeout is None else time.monotonic() + timeout
     while len(results) < nranks:
-        try:
-            rank, ok, value = queue.get(timeout=0.1)
-            results[rank] = (ok, value)
-            continue
-        except queue_mod.Empty:
-            pass
-        if all(not p.is_alive() for p in procs):
-            with contextlib.suppress(queue_mod.Empty):
-                while len(results) < nranks:
-                    rank, ok, value = queue.get(timeout=0.5)
-                    results[rank] = (ok, value)
-            break
-        if deadline is not None and time.monotonic() > deadline:
-            # (Ranks that did finish have their results in the queue: they count.)
-            with contextlib.suppress(queue_mod.Empty):
-                while len(results) < nranks:
-                    rank, ok, value = queue.get(timeout=0.5)
-                    results[rank] = (ok, value)
+        collect(0.1)
+        if all(not p.is_alive() for p in procs) or (deadline is not None and time.monotonic() > deadline):
+            collect(0.5)
             break
     killed = set()
     for r, p in enumerate(procs):
@@ -307,6 +299,7 @@ def launch(
             p.kill()
             p.join()
             killed.add(r)
+    collect(0.5)  # (ranks that were waiting on a killed one: it is gone, they raised)
     failures = []
     for r, p in enumerate(procs):
         if r in killed and r not in results:
