@@ -368,7 +368,6 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
   MNCL_CHECK(!(comm.onGpu() && send == recv && bytes), mnclInvalidUsage,
         "in-place alltoall on a CUDA communicator: pass a separate recv buffer");
   MNCL_CHECK(count == 0 || (send && recv), mnclInvalidArgument, "alltoall: a buffer is null");
-  comm.logCall({kAlltoallCall, (uint8_t)dtype, 0, 0, count});
   // In place, a block could be overwritten before it is sent: the other ranks' blocks go
   // from a copy (ours stays where it is), in memory the communicator keeps.
   bool inPlace = send == recv && bytes;
@@ -384,12 +383,13 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
       if (p != me) std::memcpy(copied(p), block(p), bytes);
     }
   }
+  comm.logCall({kAlltoallCall, (uint8_t)dtype, 0, 0, count});
   groupStart();
   try {
     for (int p = 0; p < comm.nranks(); ++p) {
-      P2pCall send{true, inPlace && p != me ? copied(p) : block(p), count, dtype, p, stream};
-      P2pCall receive{false, (char*)recv + p * bytes, count, dtype, p, stream};
-      for (const P2pCall& c : {send, receive}) {
+      P2pCall sendTo{true, inPlace && p != me ? copied(p) : block(p), count, dtype, p, stream};
+      P2pCall recvFrom{false, (char*)recv + p * bytes, count, dtype, p, stream};
+      for (const P2pCall& c : {sendTo, recvFrom}) {
         validate(comm, c);
         record({&comm, true, {}, c, true});
       }
