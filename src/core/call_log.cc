@@ -84,6 +84,7 @@ void copyCallLog(const CallLog& from, CallLog& to) {
 }
 
 std::string describeCall(const LoggedCall& c, const char* algo) {
+  if (c.kind == kBarrierCall) return "barrier()";
   std::string name = c.kind == kAlltoallCall ? "alltoall" : collName((Coll)c.kind);
   std::string d = name + "(count=" + std::to_string(c.count) + ", " + dataTypeName((DataType)c.dtype);
   bool reduces = c.kind == (uint8_t)Coll::allreduce || c.kind == (uint8_t)Coll::reduce || c.kind == (uint8_t)Coll::reducescatter;

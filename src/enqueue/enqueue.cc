@@ -347,6 +347,13 @@ void enqueueColl(Comm& comm, const CollCall& call) {
   record({&comm, false, call, {}});
 }
 
+void enqueueBarrier(Comm& comm, int32_t* word) {
+  CollCall call{Coll::allreduce, word, word, 1, DataType::i32, RedOp::sum, 0};
+  validate(comm, call);
+  comm.logCall({kBarrierCall, (uint8_t)DataType::i32, 0, 0, 0});
+  record({&comm, false, call, {}});
+}
+
 void enqueueP2p(Comm& comm, const P2pCall& call) {
   validate(comm, call);
   record({&comm, true, {}, call});

@@ -43,6 +43,9 @@ void enqueueColl(Comm& comm, const CollCall& call);
 void enqueueP2p(Comm& comm, const P2pCall& call);
 // A send and a recv as one group (MPI_Sendrecv): both checked before either is recorded.
 void enqueueSendRecv(Comm& comm, const P2pCall& send, const P2pCall& recv);
+// A CPU barrier: an allreduce of one int32 (`word`, in place), logged as a barrier (so that
+// a mismatch names it as the caller made it).
+void enqueueBarrier(Comm& comm, int32_t* word);
 void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, DataType dtype, void* stream = nullptr);
 
 void groupStart();

@@ -406,8 +406,7 @@ class PyComm {
       comm_->bootstrap().barrier();
       return;
     }
-    CollCall c{Coll::allreduce, &barrierWord_, &barrierWord_, 1, DataType::i32, RedOp::sum, 0};
-    run(false, py::none(), py::none(), {}, [c](Comm& cm, void*) { enqueueColl(cm, c); });
+    run(false, py::none(), py::none(), {}, [this](Comm& cm, void*) { enqueueBarrier(cm, &barrierWord_); });
   }
 
   // Stops in-flight work on every thread (they raise Aborted), then releases everything.
