@@ -248,6 +248,25 @@ def test_a_recv_blocked_behind_a_collective_is_a_deadlock_error(
     ), results
 
 
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_a_send_nobody_receives_before_a_collective_is_named(processes: bool) -> None:
+    """The unreceived step leaves rank 1's steps to rank 0 one ahead: the barrier that follows
+    would wait for ever on rank 0. The ranks' counts of sends and receives before it say why."""
+    if processes:
+        results = minincl.launch(workers.different_calls, 3, "send", timeout=60)
+    else:
+        comms = minincl.Communicator.init_all(3)
+        results = run_ranks(comms, lambda c: workers.different_calls(c, "send"))
+        for c in comms:
+            c.destroy()
+    assert all(r.startswith(("InvalidUsage", "RemoteError")) for r in results), results
+    assert any(
+        "unmatched sends and receives before collective call 2 (barrier()): the ranks posted 1 send(s) but "
+        "0 receive(s) before it (sends, receives: rank 0: 0, 0; rank 1: 1, 0; rank 2: 0, 0)" in r
+        for r in results
+    ), results
+
+
 def test_wrong_unique_id() -> None:
     with pytest.raises(minincl.InvalidArgument, match="unique id"):
         minincl.Communicator(2, b"\x00" * 128, 0)

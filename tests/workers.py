@@ -250,7 +250,7 @@ def rank0_sleeps(comm: minincl.Communicator, seconds: float) -> int:
 
 
 def different_calls(comm: minincl.Communicator, case: str) -> str:
-    """Rank 0 (rank 1 for "recv") makes another call than the others, one whose steps never
+    """Rank 0 (rank 1 for "send" and "recv") makes another call than the others, one whose steps never
     meet theirs in a FIFO (it takes another protocol or algorithm, or sends and receives
     instead): the error each rank raised, or "ok"."""
     comm.allreduce(np.ones(100, np.float32))
@@ -258,6 +258,9 @@ def different_calls(comm: minincl.Communicator, case: str) -> str:
         if case == "dtype":  # 4000 bytes against 1000: the tuner picks differently
             dt = np.float32 if comm.rank == 0 else np.int8
             comm.allgather(np.ones(1000, dt), np.zeros(1000 * comm.nranks, dt))
+        elif case == "send":  # rank 1 sends what rank 0 never receives, then both meet in a barrier
+            if comm.rank == 1:
+                comm.send(np.ones(1000, np.float16), 0)
         elif case == "recv":  # rank 1 waits for a send that rank 0 makes only after its allreduce
             if comm.rank == 1:
                 comm.recv(np.zeros(5000, np.float32), 0)

@@ -20,35 +20,47 @@ void store(uint64_t& w, uint64_t v, std::memory_order order = std::memory_order_
 Entry& entryOf(CallLog& log, uint64_t seq) { return log.entries[(seq - 1) % kCallLogSize]; }
 const Entry& entryOf(const CallLog& log, uint64_t seq) { return log.entries[(seq - 1) % kCallLogSize]; }
 
-void writeEntry(Entry& e, uint64_t seq, uint64_t count, uint64_t what) {
+struct Words {  // an entry's words after seq
+  uint64_t count, what, sends, recvs;
+};
+
+void writeEntry(Entry& e, uint64_t seq, const Words& w) {
   store(e.seq, 0);
   std::atomic_thread_fence(std::memory_order_release);  // (readers see 0 before new words)
-  store(e.count, count);
-  store(e.what, what);
+  store(e.count, w.count);
+  store(e.what, w.what);
+  store(e.sendsBefore, w.sends);
+  store(e.recvsBefore, w.recvs);
   store(e.seq, seq, std::memory_order_release);
 }
 
 // Entry `seq`, read whole: false if it holds another call or changed while we read it.
-bool readEntry(const Entry& e, uint64_t seq, uint64_t& count, uint64_t& what) {
+bool readEntry(const Entry& e, uint64_t seq, Words& w) {
   if (load(e.seq, std::memory_order_acquire) != seq) return false;
-  count = load(e.count);
-  what = load(e.what);
+  w = {load(e.count), load(e.what), load(e.sendsBefore), load(e.recvsBefore)};
   std::atomic_thread_fence(std::memory_order_acquire);
   return load(e.seq) == seq;
 }
 }  // namespace
 
+void countP2p(CallLog& log, bool isSend) {
+  uint64_t& n = isSend ? log.sendsPosted : log.recvsPosted;
+  store(n, load(n) + 1);
+}
+
 void logCall(CallLog& log, const LoggedCall& c) {
   uint64_t seq = load(log.made) + 1;
   uint64_t what = c.kind | (uint64_t)c.dtype << 8 | (uint64_t)c.op << 16 | (uint64_t)(uint32_t)c.root << 32;
-  writeEntry(entryOf(log, seq), seq, c.count, what);
+  writeEntry(entryOf(log, seq), seq, {c.count, what, load(log.sendsPosted), load(log.recvsPosted)});
   store(log.made, seq, std::memory_order_release);
 }
 
-std::optional<LoggedCall> loggedCall(const CallLog& log, uint64_t seq) {
-  uint64_t count = 0, what = 0;
-  if (seq == 0 || !readEntry(entryOf(log, seq), seq, count, what)) return std::nullopt;
-  return LoggedCall{(uint8_t)what, (uint8_t)(what >> 8), (uint8_t)(what >> 16), (int32_t)(uint32_t)(what >> 32), count};
+std::optional<LoggedCall> loggedCall(const CallLog& log, uint64_t seq, P2pBalance* before) {
+  Words w{};
+  if (seq == 0 || !readEntry(entryOf(log, seq), seq, w)) return std::nullopt;
+  if (before) *before = {w.sends, w.recvs};
+  return LoggedCall{(uint8_t)w.what, (uint8_t)(w.what >> 8), (uint8_t)(w.what >> 16), (int32_t)(uint32_t)(w.what >> 32),
+                    w.count};
 }
 
 void enterCall(CallLog& log, Inside inside, uint64_t peers) {
@@ -77,8 +89,8 @@ void copyCallLog(const CallLog& from, CallLog& to) {
   }
   uint64_t made = load(from.made, std::memory_order_acquire);
   for (uint64_t seq = made > kCallLogSize ? made - kCallLogSize + 1 : 1; seq <= made; ++seq) {
-    uint64_t count = 0, what = 0;
-    if (readEntry(entryOf(from, seq), seq, count, what)) writeEntry(entryOf(to, seq), seq, count, what);
+    Words w{};
+    if (readEntry(entryOf(from, seq), seq, w)) writeEntry(entryOf(to, seq), seq, w);
   }
   store(to.made, made, std::memory_order_release);
 }

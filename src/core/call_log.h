@@ -37,7 +37,10 @@ struct CallLog {
     uint64_t seq;    // the call's number, from 1
     uint64_t count;
     uint64_t what;   // kind | dtype << 8 | op << 16 | root << 32
+    uint64_t sendsBefore, recvsBefore;  // sends and receives the rank posted before the call
   } entries[kCallLogSize];
+  // Sends and receives posted so far (see P2pBalance).
+  uint64_t sendsPosted, recvsPosted;
   // What the rank's thread is inside now (CPU communicators, one call at a time): see
   // CallActivity. `entered` is bumped (release) after the other two words change.
   uint64_t entered, inside, peers;
@@ -53,10 +56,20 @@ struct CallActivity {
   uint64_t peers = 0;    // sendsAndReceives: bit p for each peer p (all ranks below 64)
 };
 
+// Sends and receives between collective calls must pair up before the next one: a send
+// nobody receives leaves its connection's steps one ahead, and the collective that follows
+// waits for ever on a slot the sender never writes. So each logged call also holds the sends
+// and receives its rank posted before it, and the monitors compare the totals of all ranks.
+struct P2pBalance {
+  uint64_t sends = 0, recvs = 0;  // before the call
+};
+
+// Counts a send or receive the rank posts (its owner only).
+void countP2p(CallLog& log, bool isSend);
 // Logs the rank's next call (its owner only; calls of one communicator come one at a time).
 void logCall(CallLog& log, const LoggedCall& call);
 // Call number `seq` of the log, if it still holds it.
-std::optional<LoggedCall> loggedCall(const CallLog& log, uint64_t seq);
+std::optional<LoggedCall> loggedCall(const CallLog& log, uint64_t seq, P2pBalance* before = nullptr);
 // The rank enters a call (its owner only), or leaves it.
 void enterCall(CallLog& log, Inside inside, uint64_t peers);
 void leaveCall(CallLog& log);

@@ -616,6 +616,10 @@ void Comm::logCall(const LoggedCall& call) {
   if (region_) mncl::logCall(region_->ctrl()->calls, call);
 }
 
+void Comm::countP2p(bool isSend) {
+  if (region_) mncl::countP2p(region_->ctrl()->calls, isSend);
+}
+
 mnclResult_t Comm::asyncError() const {
   std::lock_guard<std::mutex> lock(errorMutex_);
   return error_;

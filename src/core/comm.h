@@ -104,6 +104,8 @@ class Comm {
   // Logs a collective call this rank starts, where its peers' monitors compare it with
   // theirs (see call_log.h).
   void logCall(const LoggedCall& call);
+  // Counts a send or receive this rank posts, for the same log.
+  void countP2p(bool isSend);
 
   // Counts calls running inside; destroy/abort wait for them to leave. On the CPU it also
   // says in the call log what the call is inside (see call_log.h; several at once: both).

@@ -8,6 +8,8 @@
 //    MININCL_TIMEOUT                                 -> RemoteError;
 //  - the peer made another collective call than ours under the same number (see
 //    call_log.h)                                     -> InvalidUsage naming both, at once;
+//  - the ranks' sends and receives before a collective call they all made do not pair up
+//    (see call_log.h)                                -> InvalidUsage with each rank's counts;
 //  - we are inside a collective call the peer has not made, and it is inside sends or
 //    receives none of whose peers can post theirs (see call_log.h) for a second
 //                                                    -> InvalidUsage naming the deadlock.
@@ -35,6 +37,7 @@ class Monitor {
   void loop();
   void checkPeer(int r, double now);
   bool checkCalls(int r, const std::string& who);
+  bool checkP2pBalance();
   void checkDeadlock(double now);
   std::optional<uint64_t> blockedBehind(int r, uint64_t collective) const;
 
@@ -47,6 +50,7 @@ class Monitor {
     double blockedSince = 0;
   };
   std::vector<PeerWatch> watch_;
+  uint64_t balancedUpTo_ = 0;  // the newest collective call whose sends and receives paired up
   std::mutex mutex_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -316,6 +316,7 @@ void runRecorded(std::vector<Recorded>& calls) {
 }
 
 void record(const Recorded& r) {
+  if (r.isP2p) r.comm->countP2p(r.p2p.isSend);
   if (tlsGroupDepth > 0) {
     tlsRecorded.push_back(r);
     return;
