@@ -64,7 +64,7 @@ struct P2pBalance {
   uint64_t sends = 0, recvs = 0;  // before the call
 };
 
-// Counts a send or receive the rank posts (its owner only).
+// Counts a send or receive the rank posts (its owner only; those of a group when it ends).
 void countP2p(CallLog& log, bool isSend);
 // Logs the rank's next call (its owner only; calls of one communicator come one at a time).
 void logCall(CallLog& log, const LoggedCall& call);

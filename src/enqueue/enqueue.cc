@@ -298,6 +298,12 @@ std::pair<Inside, uint64_t> insideOf(const std::vector<Recorded>& calls, const C
 }
 
 void runRecorded(std::vector<Recorded>& calls) {
+  // (A group's sends and receives count only now, when it ends: the collective calls it holds
+  // were logged in the order the ranks made them, and the ranks may order sends and
+  // collectives differently within a group.)
+  for (const Recorded& r : calls) {
+    if (r.isP2p) r.comm->countP2p(r.p2p.isSend);
+  }
   if (!calls.empty() && calls[0].comm->onGpu()) return runRecordedOnGpu(calls);
   std::vector<CommPlan> plans;
   std::map<Comm*, size_t> index;
@@ -316,13 +322,13 @@ void runRecorded(std::vector<Recorded>& calls) {
 }
 
 void record(const Recorded& r) {
-  if (r.isP2p) r.comm->countP2p(r.p2p.isSend);
   if (tlsGroupDepth > 0) {
     tlsRecorded.push_back(r);
     return;
   }
   auto [inside, peers] = insideOf(r);
   Comm::CallScope scope(*r.comm, inside, peers);
+  if (r.isP2p) r.comm->countP2p(r.p2p.isSend);
   if (r.comm->onGpu()) {
     launchGpuCalls({{r.comm, r.isP2p, r.coll, r.p2p}});
     return;
