@@ -200,6 +200,18 @@ def test_mismatched_collectives_are_named(pair: Any) -> None:
     assert all(r != "ok" for r in results)
 
 
+def different_calls_on_3_ranks(case: str, processes: bool) -> list[str]:
+    """workers.different_calls on 3 ranks, as processes or as threads: what each raised."""
+    if processes:
+        return minincl.launch(workers.different_calls, 3, case, timeout=60)
+    comms = minincl.Communicator.init_all(3)
+    try:
+        return run_ranks(comms, lambda c: workers.different_calls(c, case))
+    finally:
+        for c in comms:
+            c.destroy()
+
+
 # What rank 0 called, and what the others did, in each case of workers.different_calls.
 DIFFERENT_CALLS = {
     "dtype": ("allgather(count=1000, float32", "allgather(count=1000, int8"),
@@ -212,13 +224,7 @@ DIFFERENT_CALLS = {
 def test_calls_whose_steps_never_meet_still_fail_every_rank(case: str, processes: bool) -> None:
     """Each rank would wait for ever on a FIFO the other never fills; the ranks' monitors
     compare the calls they logged instead, and name both."""
-    if processes:
-        results = minincl.launch(workers.different_calls, 3, case, timeout=60)
-    else:
-        comms = minincl.Communicator.init_all(3)
-        results = run_ranks(comms, lambda c: workers.different_calls(c, case))
-        for c in comms:
-            c.destroy()
+    results = different_calls_on_3_ranks(case, processes)
     assert all(r.startswith(("InvalidUsage", "RemoteError")) and "mismatched calls" in r for r in results), results
     rank0, others = DIFFERENT_CALLS[case]
     assert any(rank0 in r and others in r for r in results), results
@@ -233,13 +239,7 @@ def test_a_recv_blocked_behind_a_collective_is_a_deadlock_error(
     whose rank 0 waits for rank 1's part before it sends it anything: a ring's first step
     would reach rank 1's receive, which names the mismatch at once.)"""
     monkeypatch.setenv("MININCL_ALGO", "tree")
-    if processes:
-        results = minincl.launch(workers.different_calls, 3, "recv", timeout=60)
-    else:
-        comms = minincl.Communicator.init_all(3)
-        results = run_ranks(comms, lambda c: workers.different_calls(c, "recv"))
-        for c in comms:
-            c.destroy()
+    results = different_calls_on_3_ranks("recv", processes)
     assert all(r.startswith(("InvalidUsage", "RemoteError")) for r in results), results
     assert any(
         "deadlock: rank 1 waits in sends or receives with rank(s) 0, which are inside collective call 2 "
@@ -255,13 +255,7 @@ def test_a_send_nobody_receives_before_a_collective_is_named(processes: bool) ->
     before it say why. (Where the barrier's first step from rank 1 lands behind the
     unreceived one, rank 0 may name that first, as a mismatch; where the barrier got through,
     the next call fails.)"""
-    if processes:
-        results = minincl.launch(workers.different_calls, 3, "send", timeout=60)
-    else:
-        comms = minincl.Communicator.init_all(3)
-        results = run_ranks(comms, lambda c: workers.different_calls(c, "send"))
-        for c in comms:
-            c.destroy()
+    results = different_calls_on_3_ranks("send", processes)
     assert all(r.startswith(("InvalidUsage", "RemoteError")) for r in results), results
     counted = (
         "unmatched sends and receives before collective call 2 (barrier()): the ranks posted 1 send(s) but "
