@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import signal
 import threading
 import time
@@ -250,9 +251,9 @@ def rank0_sleeps(comm: minincl.Communicator, seconds: float) -> int:
 
 
 def different_calls(comm: minincl.Communicator, case: str) -> str:
-    """Rank 0 (rank 1 for "send" and "recv") makes another call than the others, one whose steps never
-    meet theirs in a FIFO (it takes another protocol or algorithm, or sends and receives
-    instead): the error each rank raised, or "ok"."""
+    """Rank 0 (rank 1 for "send" and "recv") makes another call than the others, one whose
+    steps never meet theirs in a FIFO (it takes another protocol or algorithm, or sends and
+    receives instead): the error each rank raised, or "ok"."""
     comm.allreduce(np.ones(100, np.float32))
     try:
         if case == "dtype":  # 4000 bytes against 1000: the tuner picks differently
@@ -591,8 +592,6 @@ def call_sequence(comm: minincl.Communicator, seed: int, steps: int, windows: bo
     """`steps` calls drawn from `seed` (the same on every rank): collective, type, count, op,
     root, in place or not, buffers from the window or not. Returns the calls whose result
     (or input, where it must stay unchanged) differs from NumPy's."""
-    import random
-
     rng = random.Random(seed)
     n, me = comm.nranks, comm.rank
     wrong: list[str] = []

@@ -122,24 +122,27 @@ bool Monitor::checkCalls(int r, const std::string& who) {
   return false;
 }
 
-// Whether the sends and receives all ranks posted before the newest collective call they all
-// logged pair up (see P2pBalance). If not, fails the communicator with each rank's counts.
-bool Monitor::checkP2pBalance() {
+// The sends and receives all ranks posted before the newest collective call they all logged
+// must pair up (see P2pBalance); if not, fails the communicator with each rank's counts.
+void Monitor::checkP2pBalance() {
   uint64_t s = UINT64_MAX;
   for (int r = 0; r < comm_.nranks(); ++r) s = std::min(s, dev::loadAcquire(&comm_.peerRegions_[r]->ctrl()->calls.made));
-  if (s == 0 || s == balancedUpTo_) return false;
+  if (s == 0 || s == balancedUpTo_) return;
+  std::vector<P2pBalance> before(comm_.nranks());
   uint64_t sends = 0, recvs = 0;
-  std::string each;
   for (int r = 0; r < comm_.nranks(); ++r) {
-    P2pBalance b;
-    if (!loggedCall(comm_.peerRegions_[r]->ctrl()->calls, s, &b)) return false;  // (overwritten: a later tick)
-    sends += b.sends;
-    recvs += b.recvs;
-    if (r < 8) each += std::string(r ? "; " : "") + "rank " + std::to_string(r) + ": " + std::to_string(b.sends) + ", " + std::to_string(b.recvs);
+    if (!loggedCall(comm_.peerRegions_[r]->ctrl()->calls, s, &before[r])) return;  // (overwritten: a later tick)
+    sends += before[r].sends;
+    recvs += before[r].recvs;
   }
   if (sends == recvs) {
     balancedUpTo_ = s;
-    return false;
+    return;
+  }
+  std::string each;
+  for (int r = 0; r < comm_.nranks() && r < 8; ++r) {
+    each += std::string(r ? "; " : "") + "rank " + std::to_string(r) + ": " + std::to_string(before[r].sends) + ", " +
+            std::to_string(before[r].recvs);
   }
   std::optional<LoggedCall> call = loggedCall(comm_.region_->ctrl()->calls, s);
   comm_.fail(mnclInvalidUsage, "unmatched sends and receives before collective call " + std::to_string(s) +
@@ -147,7 +150,6 @@ bool Monitor::checkP2pBalance() {
                                    std::to_string(sends) + " send(s) but " + std::to_string(recvs) +
                                    " receive(s) before it (sends, receives: " + each + (comm_.nranks() > 8 ? "; ..." : "") +
                                    "); every send needs its receive before either rank's next collective call");
-  return true;
 }
 
 // Sends and receives that wait for our collective call, which waits for them (see

@@ -37,7 +37,7 @@ class Monitor {
   void loop();
   void checkPeer(int r, double now);
   bool checkCalls(int r, const std::string& who);
-  bool checkP2pBalance();
+  void checkP2pBalance();
   void checkDeadlock(double now);
   std::optional<uint64_t> blockedBehind(int r, uint64_t collective) const;
 
