@@ -264,6 +264,51 @@ def test_a_send_nobody_receives_before_a_collective_is_named(processes: bool) ->
     assert any(counted in r or ("mismatched calls" in r and "send of 2000 bytes" in r) for r in results), results
 
 
+def p2p_ring_on(nranks: int, case: str, processes: bool) -> list[str]:
+    """workers.p2p_ring on `nranks` ranks, as processes or as threads."""
+    if processes:
+        return minincl.launch(workers.p2p_ring, nranks, case, timeout=60)
+    comms = minincl.Communicator.init_all(nranks)
+    try:
+        return run_ranks(comms, lambda c: workers.p2p_ring(c, case))
+    finally:
+        for c in comms:
+            c.destroy()
+
+
+# How a rank's wait in each cycle of workers.p2p_ring is named (rank r, the rank before it p).
+CYCLE_WAITS = {
+    "recv first": "rank {r} waits for rank {p} to send (its receive 1 from rank {p}; rank {p} posted 0 send(s) to it)",
+    "long send first": (
+        "rank {p} waits for rank {r} to receive (its send 1 to rank {r} is longer than their connections hold; "
+        "rank {r} posted 0 receive(s) from it)"
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CYCLE_WAITS))
+@pytest.mark.parametrize("nranks", [2, 3])
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_sends_and_receives_waiting_in_a_cycle_are_a_deadlock_error(case: str, nranks: int, processes: bool) -> None:
+    """Every rank receives first (or sends more than its connections hold first): each waits
+    for the rank before it, which waits inside its call. After a second of that, every rank
+    raises; one names every wait of the cycle."""
+    results = p2p_ring_on(nranks, case, processes)
+    assert all(r.startswith(("InvalidUsage", "RemoteError")) for r in results), results
+    waits = [CYCLE_WAITS[case].format(r=r, p=(r - 1) % nranks) for r in range(nranks)]
+    assert any(
+        r.startswith("InvalidUsage: deadlock in sends and receives: ") and all(w in r for w in waits) for r in results
+    ), results
+
+
+@pytest.mark.parametrize("case", ["short send first", "chain"])
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_sends_and_receives_that_wait_longer_than_a_second_are_no_deadlock(case: str, processes: bool) -> None:
+    """A short send ends without its receive; a rank waiting on one that sleeps outside any
+    call, or on one waiting on such a rank, waits in no cycle: no error, the right values."""
+    assert p2p_ring_on(3, case, processes) == ["ok"] * 3
+
+
 def test_wrong_unique_id() -> None:
     with pytest.raises(minincl.InvalidArgument, match="unique id"):
         minincl.Communicator(2, b"\x00" * 128, 0)

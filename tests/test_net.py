@@ -266,6 +266,18 @@ def test_mismatched_collectives_are_named_over_the_network() -> None:
     assert any("mismatched calls" in r and "count=10" in r and "count=20" in r for r in results), results
 
 
+def test_receives_waiting_in_a_cycle_over_the_network_are_a_deadlock_error() -> None:
+    """Every rank receives first: the ranks' counts of sends and receives come with their
+    heartbeats, and the cycle of waits is named as on one host."""
+    with net_comms(3) as comms:
+        results = run_ranks(comms, lambda c: workers.p2p_ring(c, "recv first"))
+    assert all(r.startswith(("InvalidUsage", "RemoteError")) for r in results), results
+    assert any(
+        "deadlock in sends and receives: " in r and "rank 0 waits for rank 2 to send (its receive 1 from rank 2" in r
+        for r in results
+    ), results
+
+
 def test_abort_unblocks_a_collective_waiting_on_the_network() -> None:
     with net_comms(2) as comms:
         out: list[str] = []

@@ -280,6 +280,35 @@ def different_calls(comm: minincl.Communicator, case: str) -> str:
     return "ok"
 
 
+def p2p_ring(comm: minincl.Communicator, case: str) -> str:
+    """Each rank sends to the next rank and receives from the one before, in an order given
+    by `case`: "recv first" and "long send first" wait in a cycle (the send is longer than
+    the connections hold); "short send first" (each waits 1.5 s before its receive) and
+    "chain" (rank 0 receives first, then sends after 1.5 s; the others wait in a chain behind
+    it) end. The error each rank raised, or "ok" after checking what it received."""
+    n, r = comm.nranks, comm.rank
+    count = 8 << 20 if case == "long send first" else 1000
+    out = np.full(count, r + 1, np.float32)
+    got = np.zeros(count, np.float32)
+    try:
+        if case == "recv first" or (case == "chain" and r != 0):
+            comm.recv(got, (r - 1) % n)
+            comm.send(out, (r + 1) % n)
+        elif case == "chain":
+            time.sleep(1.5)
+            comm.send(out, (r + 1) % n)
+            comm.recv(got, (r - 1) % n)
+        else:
+            comm.send(out, (r + 1) % n)
+            if case == "short send first":
+                time.sleep(1.5)
+            comm.recv(got, (r - 1) % n)
+    except minincl.Error as e:
+        return f"{type(e).__name__}: {e}"
+    np.testing.assert_array_equal(got, np.full(count, (r - 1) % n + 1, np.float32))
+    return "ok"
+
+
 def mismatched_broadcast(comm: minincl.Communicator) -> tuple[str, bool]:
     """Rank 0 broadcasts 200,000 floats in place, the others 100,000: returns the error and
     whether this rank's buffer is still as it was."""

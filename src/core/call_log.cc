@@ -43,9 +43,19 @@ bool readEntry(const Entry& e, uint64_t seq, Words& w) {
 }
 }  // namespace
 
-void countP2p(CallLog& log, bool isSend) {
+void countP2p(CallLog& log, bool isSend, int peer, bool longSend) {
   uint64_t& n = isSend ? log.sendsPosted : log.recvsPosted;
   store(n, load(n) + 1);
+  if (peer < 0 || peer >= kP2pPeers) return;
+  CallLog::PeerWords& w = log.withPeer[peer];
+  uint64_t& k = isSend ? w.sends : w.recvs;
+  store(k, load(k) + 1);
+  if (isSend && longSend) store(w.lastLongSend, load(w.sends));
+}
+
+PeerP2p peerP2p(const CallLog& log, int peer) {
+  const CallLog::PeerWords& w = log.withPeer[peer];
+  return {load(w.sends), load(w.recvs), load(w.lastLongSend)};
 }
 
 void logCall(CallLog& log, const LoggedCall& c) {
@@ -86,6 +96,12 @@ void copyCallLog(const CallLog& from, CallLog& to) {
     store(to.inside, (uint64_t)a->inside);
     store(to.peers, a->peers);
     store(to.entered, a->entered, std::memory_order_release);
+  }
+  for (int p = 0; p < kP2pPeers; ++p) {
+    PeerP2p c = peerP2p(from, p);
+    store(to.withPeer[p].sends, c.sends);
+    store(to.withPeer[p].recvs, c.recvs);
+    store(to.withPeer[p].lastLongSend, c.lastLongSend);
   }
   uint64_t made = load(from.made, std::memory_order_acquire);
   for (uint64_t seq = made > kCallLogSize ? made - kCallLogSize + 1 : 1; seq <= made; ++seq) {

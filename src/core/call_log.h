@@ -31,6 +31,7 @@ constexpr uint8_t kBarrierCall = 0x41;   // (a barrier is an allreduce of one in
 // `seq` is 0 while the others change, so a reader that sees the same seq before and after
 // reading them has read one call.
 constexpr int kCallLogSize = 16;
+constexpr int kP2pPeers = 64;  // the peers whose sends and receives a log counts
 struct CallLog {
   alignas(128) uint64_t made;  // collective calls this rank started
   struct Entry {
@@ -41,15 +42,35 @@ struct CallLog {
   } entries[kCallLogSize];
   // Sends and receives posted so far (see P2pBalance).
   uint64_t sendsPosted, recvsPosted;
+  // ... and with each peer below kP2pPeers (see PeerP2p).
+  struct PeerWords {
+    uint64_t sends, recvs, lastLongSend;
+  } withPeer[kP2pPeers];
   // What the rank's thread is inside now (CPU communicators, one call at a time): see
   // CallActivity. `entered` is bumped (release) after the other two words change.
   uint64_t entered, inside, peers;
 };
 
+// Sends and receives wait for each other in a cycle (Monitor::checkWaitCycle): rank A cannot
+// end its call before B posts more, B not before C, ..., and Z not before A, while each is
+// inside its call and so posts nothing. A rank waits on peer P when it is inside a call and
+//  - it has posted more receives from P than P has posted sends to it (a receive never ends
+//    without its send), or
+//  - its newest long send to P, one longer than its connections to P hold, is beyond the
+//    receives P has posted from it (a send that fits ends without its receive, so only a long
+//    one counts, and never one over the network, whose sockets hold an unknown amount more).
+// Sends and receives pair up in order, so the counts say it; an op of an earlier, finished
+// call was paired, so whatever is unpaired belongs to the call the rank is inside now.
+struct PeerP2p {
+  uint64_t sends = 0, recvs = 0;  // posted to and from the peer so far
+  uint64_t lastLongSend = 0;      // the number (from 1, among `sends`) of the newest long send
+};
+
 // A rank inside sends and receives whose every peer is inside a later collective call waits
 // for ever: those peers post nothing until that collective ends, and it needs this rank
 // (Monitor::checkDeadlock). What the log says a rank is inside:
-enum class Inside : uint64_t { nothing, collectives, sendsAndReceives, both };
+// (`several`: calls from several threads at once, each of which may post more.)
+enum class Inside : uint64_t { nothing, collectives, sendsAndReceives, both, several };
 struct CallActivity {
   uint64_t entered = 0;  // calls entered so far: a new call, a new number
   Inside inside = Inside::nothing;
@@ -65,7 +86,10 @@ struct P2pBalance {
 };
 
 // Counts a send or receive the rank posts (its owner only; those of a group when it ends).
-void countP2p(CallLog& log, bool isSend);
+// `peer` is counted only below kP2pPeers; `longSend`: see PeerP2p.
+void countP2p(CallLog& log, bool isSend, int peer, bool longSend);
+// What the rank posted with `peer` (< kP2pPeers) so far.
+PeerP2p peerP2p(const CallLog& log, int peer);
 // Logs the rank's next call (its owner only; calls of one communicator come one at a time).
 void logCall(CallLog& log, const LoggedCall& call);
 // Call number `seq` of the log, if it still holds it.

@@ -616,8 +616,14 @@ void Comm::logCall(const LoggedCall& call) {
   if (region_) mncl::logCall(region_->ctrl()->calls, call);
 }
 
-void Comm::countP2p(bool isSend) {
-  if (region_) mncl::countP2p(region_->ctrl()->calls, isSend);
+void Comm::countP2p(bool isSend, int peer, size_t bytes) {
+  if (!region_) return;
+  // (A send longer than its channels' ways to the peer hold cannot end before its receive;
+  // over the network, twice that, for what the path between the sockets holds.)
+  size_t held = (size_t)dev::kSteps * channel(0).dev.sizes.simpleSlotBytes;
+  if (peer != rank_ && netPeer_[peer]) held = 2 * netProxy_->mostHeldPerChannel();
+  bool longSend = isSend && !onGpu() && held > 0 && bytes > (size_t)nChannels() * held;
+  mncl::countP2p(region_->ctrl()->calls, isSend, peer == rank_ ? -1 : peer, longSend);
 }
 
 mnclResult_t Comm::asyncError() const {
@@ -686,7 +692,7 @@ void Comm::abort() {
 
 Comm::CallScope::CallScope(Comm& c, Inside inside, uint64_t peers) : comm(c) {
   int before = comm.callsInside_.fetch_add(1, std::memory_order_acq_rel);
-  if (comm.region_ && !comm.onGpu()) enterCall(comm.region_->ctrl()->calls, before == 0 ? inside : Inside::both, peers);
+  if (comm.region_ && !comm.onGpu()) enterCall(comm.region_->ctrl()->calls, before == 0 ? inside : Inside::several, peers);
   if (comm.netProxy_) comm.netProxy_->wake();
 }
 Comm::CallScope::~CallScope() {
@@ -694,7 +700,7 @@ Comm::CallScope::~CallScope() {
   if (!comm.region_ || comm.onGpu()) return;
   CallLog& log = comm.region_->ctrl()->calls;
   if (after == 0) leaveCall(log);
-  else enterCall(log, Inside::both, 0);
+  else enterCall(log, Inside::several, 0);
 }
 
 }  // namespace mncl

@@ -105,10 +105,10 @@ class Comm {
   // theirs (see call_log.h).
   void logCall(const LoggedCall& call);
   // Counts a send or receive this rank posts, for the same log.
-  void countP2p(bool isSend);
+  void countP2p(bool isSend, int peer, size_t bytes);
 
   // Counts calls running inside; destroy/abort wait for them to leave. On the CPU it also
-  // says in the call log what the call is inside (see call_log.h; several at once: both).
+  // says in the call log what the call is inside (see call_log.h).
   struct CallScope {
     explicit CallScope(Comm& c, Inside inside = Inside::both, uint64_t peers = 0);
     ~CallScope();

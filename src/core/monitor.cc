@@ -61,6 +61,7 @@ void Monitor::loop() {
     }
     if (!comm_.failed()) checkP2pBalance();
     if (!comm_.onGpu() && !comm_.failed()) checkDeadlock(now);
+    if (!comm_.onGpu() && !comm_.failed()) checkWaitCycle(now);
   }
 }
 
@@ -150,56 +151,6 @@ void Monitor::checkP2pBalance() {
                                    std::to_string(sends) + " send(s) but " + std::to_string(recvs) +
                                    " receive(s) before it (sends, receives: " + each + (comm_.nranks() > 8 ? "; ..." : "") +
                                    "); every send needs its receive before either rank's next collective call");
-}
-
-// Sends and receives that wait for our collective call, which waits for them (see
-// call_log.h): we are inside collective call s; peer r has not made it, and is inside sends
-// or receives whose every peer is inside a collective call r has not made either, so none of
-// them posts the other half. After a second of that, with r still in the same call, it is
-// an error (a rank whose data is already there finishes far sooner, on a busy machine too).
-void Monitor::checkDeadlock(double now) {
-  const CallLog& mine = comm_.region_->ctrl()->calls;
-  uint64_t s = dev::loadAcquire(&mine.made);
-  std::optional<CallActivity> me = callActivity(mine);
-  bool inCollective = me && me->inside == Inside::collectives;
-  for (int r = 0; r < comm_.nranks(); ++r) {
-    PeerWatch& w = watch_[r];
-    std::optional<uint64_t> blocked = inCollective && r != comm_.rank() ? blockedBehind(r, s) : std::nullopt;
-    if (!blocked || *blocked != w.blockedCall) {
-      w.blockedCall = blocked.value_or(0);
-      w.blockedSince = now;
-      continue;
-    }
-    if (now - w.blockedSince < 1.0) continue;
-    std::string peers;
-    uint64_t mask = callActivity(comm_.peerRegions_[r]->ctrl()->calls).value_or(CallActivity{}).peers;
-    for (int p = 0; p < 64; ++p) {
-      if (mask >> p & 1) peers += (peers.empty() ? "" : ", ") + std::to_string(p);
-    }
-    std::optional<LoggedCall> ours = loggedCall(mine, s);
-    comm_.fail(mnclInvalidUsage, "deadlock: rank " + std::to_string(r) + " waits in sends or receives with rank(s) " +
-                                     peers + ", which are inside collective call " + std::to_string(s) +
-                                     (ours ? " (" + describeCall(*ours) + ")" : std::string()) + ", which rank " +
-                                     std::to_string(r) + " has not made; every rank must make the same calls in the same order");
-    return;
-  }
-}
-
-// Peer r's call number (CallActivity::entered), if r is inside sends or receives that cannot
-// end while our collective call s runs: it has not made call s, and every rank it sends to or
-// receives from is inside a collective call that r has not made.
-std::optional<uint64_t> Monitor::blockedBehind(int r, uint64_t s) const {
-  const CallLog& log = comm_.peerRegions_[r]->ctrl()->calls;
-  uint64_t made = dev::loadAcquire(&log.made);
-  std::optional<CallActivity> a = callActivity(log);
-  if (!a || a->inside != Inside::sendsAndReceives || a->peers == 0 || made >= s) return std::nullopt;
-  for (int p = 0; p < comm_.nranks() && p < 64; ++p) {
-    if (!(a->peers >> p & 1)) continue;
-    const CallLog& theirs = comm_.peerRegions_[p]->ctrl()->calls;
-    std::optional<CallActivity> b = callActivity(theirs);
-    if (!b || b->inside != Inside::collectives || dev::loadAcquire(&theirs.made) <= made) return std::nullopt;
-  }
-  return a->entered;
 }
 
 }  // namespace mncl

@@ -12,11 +12,14 @@
 //    (see call_log.h)                                -> InvalidUsage with each rank's counts;
 //  - we are inside a collective call the peer has not made, and it is inside sends or
 //    receives none of whose peers can post theirs (see call_log.h) for a second
-//                                                    -> InvalidUsage naming the deadlock.
+//                                                    -> InvalidUsage naming the deadlock;
+//  - sends and receives wait on each other in a cycle through this rank (see call_log.h)
+//    for a second                                    -> InvalidUsage naming each wait.
 // fail() sets the abort word, so every spin loop of this rank stops within microseconds.
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -40,6 +43,18 @@ class Monitor {
   void checkP2pBalance();
   void checkDeadlock(double now);
   std::optional<uint64_t> blockedBehind(int r, uint64_t collective) const;
+  // Rank `rank` cannot end its call before `peer` posts more: its receive `number` from the
+  // peer, which posted `peerPosted` sends to it; or its long send `number`, against the
+  // peer's `peerPosted` receives.
+  struct Wait {
+    int rank, peer;
+    bool longSend;
+    uint64_t number, peerPosted;
+  };
+  void checkWaitCycle(double now);
+  std::vector<Wait> waitCycle() const;
+  std::optional<Wait> waitOn(int r, int p) const;
+  static std::string describe(const Wait& w);
 
   Comm& comm_;
   double timeout_;
@@ -50,6 +65,8 @@ class Monitor {
     double blockedSince = 0;
   };
   std::vector<PeerWatch> watch_;
+  std::vector<uint64_t> cycleKey_;  // the wait cycle seen last (its ranks and their calls' numbers)
+  double cycleSince_ = 0;
   uint64_t balancedUpTo_ = 0;  // the newest collective call whose sends and receives paired up
   std::mutex mutex_;
   std::condition_variable cv_;

@@ -302,7 +302,7 @@ void runRecorded(std::vector<Recorded>& calls) {
   // were logged in the order the ranks made them, and the ranks may order sends and
   // collectives differently within a group.)
   for (const Recorded& r : calls) {
-    if (r.isP2p) r.comm->countP2p(r.p2p.isSend);
+    if (r.isP2p) r.comm->countP2p(r.p2p.isSend, r.p2p.peer, r.p2p.count * dataTypeSize(r.p2p.dtype));
   }
   if (!calls.empty() && calls[0].comm->onGpu()) return runRecordedOnGpu(calls);
   std::vector<CommPlan> plans;
@@ -326,9 +326,9 @@ void record(const Recorded& r) {
     tlsRecorded.push_back(r);
     return;
   }
+  if (r.isP2p) r.comm->countP2p(r.p2p.isSend, r.p2p.peer, r.p2p.count * dataTypeSize(r.p2p.dtype));
   auto [inside, peers] = insideOf(r);
   Comm::CallScope scope(*r.comm, inside, peers);
-  if (r.isP2p) r.comm->countP2p(r.p2p.isSend);
   if (r.comm->onGpu()) {
     launchGpuCalls({{r.comm, r.isP2p, r.coll, r.p2p}});
     return;

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -536,6 +537,29 @@ void NetProxy::publish(DataLink& l) {
     }
   }
   dev::storeRelease(&c->tail, h.step + 1);
+}
+
+namespace {
+// The third number of a /proc/sys/net/ipv4/tcp_[rw]mem file: the most its autotuning gives a
+// socket's buffer (0 if unreadable).
+size_t autotunedMost(const char* path) {
+  FILE* f = std::fopen(path, "r");
+  if (!f) return 0;
+  unsigned long least = 0, first = 0, most = 0;
+  int n = std::fscanf(f, "%lu %lu %lu", &least, &first, &most);
+  std::fclose(f);
+  return n == 3 ? most : 0;
+}
+}  // namespace
+
+size_t NetProxy::mostHeldPerChannel() const {
+  size_t fifo = (size_t)dev::kSteps * sizes_.simpleSlotBytes;
+  // (The kernel doubles a buffer size set with setsockopt, for its own bookkeeping.)
+  size_t set = 2 * (size_t)setup_.socketBufferBytes;
+  size_t sendBuffer = set ? set : autotunedMost("/proc/sys/net/ipv4/tcp_wmem");
+  size_t recvBuffer = set ? set : autotunedMost("/proc/sys/net/ipv4/tcp_rmem");
+  if (sendBuffer == 0 || recvBuffer == 0) return 0;
+  return 2 * fifo + sendBuffer + recvBuffer;
 }
 
 // Our heartbeat and state out, whenever they change; the peer's in, into its mirror.

@@ -77,6 +77,10 @@ class NetProxy {
   // DevChannel::netSettle: returns once no thread is moving the links' steps, so that the
   // next read into a channel's output sees whether the channel still publishes it.
   static void settle(void* proxy);
+  // The most bytes of one channel's steps to a peer that the way there holds before the
+  // peer's receiver takes any: our copy of its FIFO, our socket's send buffer, the peer's
+  // receive buffer and its FIFO (0: unknown). A longer send cannot end before its receive.
+  size_t mostHeldPerChannel() const;
   // Simple steps received straight into their receiver's output (a counter, for tests).
   uint64_t landedSteps() const { return landedSteps_.load(std::memory_order_relaxed); }
 

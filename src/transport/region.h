@@ -24,7 +24,7 @@ struct RankCtrl {
   alignas(128) uint64_t heartbeat;  // bumped by the rank's monitor thread
   alignas(128) uint32_t state;
   uint32_t failCode;                // an mnclResult_t when state == kFailed
-  char failMessage[240];
+  char failMessage[1024];           // (room for a deadlock message naming every wait)
   CallLog calls;                    // the collective calls the rank made last
 };
 
