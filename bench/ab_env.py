@@ -3,6 +3,9 @@
     python3 bench/ab_env.py --ranks 2 --collectives allgather,broadcast --sizes 1M,8M \\
         fifo:MININCL_POINTER_STEPS=1 default:
 
+Collectives: allreduce, broadcast, allgather, reduce_scatter, alltoall, sendrecv, send, and
+allreduce_inplace and allreduce_fresh (out of place, its input rewritten before each call, as
+a training step's is: an untouched input stays cached where a peer read it the call before).
 `--dtype` picks the element type (float32 by default; bfloat16 as PyTorch tensors), `--op`
 the reduction of allreduce and reduce_scatter (sum by default), `--window` takes every buffer
 from `Communicator.empty` (the rank's window, which peers map; MININCL_WINDOW_BYTES is 1G
@@ -81,6 +84,17 @@ def make_op(c: minincl.Communicator, collective: str, nbytes: int) -> Callable[[
         return lambda: c.alltoall(send, out)
     if collective in ("sendrecv", "send"):
         return p2p_op(c, collective, n)
+    if collective == "allreduce_inplace":
+        buf = ones(n)
+        return lambda: c.allreduce(buf, op=OP)
+    if collective == "allreduce_fresh":  # the input rewritten before each call, as a model's
+        send, out = ones(n), zeros(n)
+
+        def fresh() -> object:
+            send[:] = 1
+            return c.allreduce(send, out, op=OP)
+
+        return fresh
     send, out = ones(n), zeros(n)
     return lambda: c.allreduce(send, out, op=OP)
 

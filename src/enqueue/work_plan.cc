@@ -59,6 +59,10 @@ namespace {
 // streamed FIFO: 0.65-0.78x the time at 32-256 MiB, allreduce; 0.56-1.00x, reduce_scatter),
 // and allgather receivers read at every size too: at 128 MiB the FIFO's streamed copies took
 // 2-3.5x as long in 2 of 5 runs (0.9x in the others), the kernel's 15-18 ms in every run.
+// Timed in the same moments (bench/paired_paths.py), the FIFO is the faster at 256 KiB-16
+// MiB while data moves fast between the cores (0.5-0.95x) and the slower in the VM's periods
+// when it does not (1.1-2.1x, inputs rewritten before each call): the kernel's worst case is
+// the bounded one (bench/RESULTS.md, twenty-second session).
 bool readByKernel(const CollCall& c, size_t recvBytes) {
   bool reduces = c.coll == Coll::allreduce || c.coll == Coll::reducescatter;
   bool allgatherReads = !dev::cpuIsIntel() || recvBytes < 2 * streamOutputBytes(c.coll);
