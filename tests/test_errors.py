@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -200,16 +200,21 @@ def test_mismatched_collectives_are_named(pair: Any) -> None:
     assert all(r != "ok" for r in results)
 
 
-def different_calls_on_3_ranks(case: str, processes: bool) -> list[str]:
-    """workers.different_calls on 3 ranks, as processes or as threads: what each raised."""
+def case_on_ranks(fn: Callable[[Any, str], str], nranks: int, case: str, processes: bool) -> list[str]:
+    """fn(comm, case) of workers on `nranks` ranks, as processes or as threads."""
     if processes:
-        return minincl.launch(workers.different_calls, 3, case, timeout=60)
-    comms = minincl.Communicator.init_all(3)
+        return minincl.launch(fn, nranks, case, timeout=60)
+    comms = minincl.Communicator.init_all(nranks)
     try:
-        return run_ranks(comms, lambda c: workers.different_calls(c, case))
+        return run_ranks(comms, lambda c: fn(c, case))
     finally:
         for c in comms:
             c.destroy()
+
+
+def different_calls_on_3_ranks(case: str, processes: bool) -> list[str]:
+    """workers.different_calls on 3 ranks, as processes or as threads: what each raised."""
+    return case_on_ranks(workers.different_calls, 3, case, processes)
 
 
 # What rank 0 called, and what the others did, in each case of workers.different_calls.
@@ -264,18 +269,6 @@ def test_a_send_nobody_receives_before_a_collective_is_named(processes: bool) ->
     assert any(counted in r or ("mismatched calls" in r and "send of 2000 bytes" in r) for r in results), results
 
 
-def p2p_ring_on(nranks: int, case: str, processes: bool) -> list[str]:
-    """workers.p2p_ring on `nranks` ranks, as processes or as threads."""
-    if processes:
-        return minincl.launch(workers.p2p_ring, nranks, case, timeout=60)
-    comms = minincl.Communicator.init_all(nranks)
-    try:
-        return run_ranks(comms, lambda c: workers.p2p_ring(c, case))
-    finally:
-        for c in comms:
-            c.destroy()
-
-
 # How a rank's wait in each cycle of workers.p2p_ring is named (rank r, the rank before it p).
 CYCLE_WAITS = {
     "recv first": "rank {r} waits for rank {p} to send (its receive 1 from rank {p}; rank {p} posted 0 send(s) to it)",
@@ -293,7 +286,7 @@ def test_sends_and_receives_waiting_in_a_cycle_are_a_deadlock_error(case: str, n
     """Every rank receives first (or sends more than its connections hold first): each waits
     for the rank before it, which waits inside its call. After a second of that, every rank
     raises; one names every wait of the cycle."""
-    results = p2p_ring_on(nranks, case, processes)
+    results = case_on_ranks(workers.p2p_ring, nranks, case, processes)
     assert all(r.startswith(("InvalidUsage", "RemoteError")) for r in results), results
     waits = [CYCLE_WAITS[case].format(r=r, p=(r - 1) % nranks) for r in range(nranks)]
     assert any(
@@ -306,7 +299,7 @@ def test_sends_and_receives_waiting_in_a_cycle_are_a_deadlock_error(case: str, n
 def test_sends_and_receives_that_wait_longer_than_a_second_are_no_deadlock(case: str, processes: bool) -> None:
     """A short send ends without its receive; a rank waiting on one that sleeps outside any
     call, or on one waiting on such a rank, waits in no cycle: no error, the right values."""
-    assert p2p_ring_on(3, case, processes) == ["ok"] * 3
+    assert case_on_ranks(workers.p2p_ring, 3, case, processes) == ["ok"] * 3
 
 
 def test_wrong_unique_id() -> None:

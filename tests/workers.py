@@ -284,8 +284,9 @@ def p2p_ring(comm: minincl.Communicator, case: str) -> str:
     """Each rank sends to the next rank and receives from the one before, in an order given
     by `case`: "recv first" and "long send first" wait in a cycle (the send is longer than
     the connections hold); "short send first" (each waits 1.5 s before its receive) and
-    "chain" (rank 0 receives first, then sends after 1.5 s; the others wait in a chain behind
-    it) end. The error each rank raised, or "ok" after checking what it received."""
+    "chain" (rank 0 sends only after 1.5 s outside any call, then receives; the others receive
+    first, in a chain behind it) end. The error each rank raised, or "ok" after checking what
+    it received."""
     n, r = comm.nranks, comm.rank
     count = 8 << 20 if case == "long send first" else 1000
     out = np.full(count, r + 1, np.float32)

@@ -58,7 +58,8 @@ struct CallLog {
 //    without its send), or
 //  - its newest long send to P, one longer than its connections to P hold, is beyond the
 //    receives P has posted from it (a send that fits ends without its receive, so only a long
-//    one counts, and never one over the network, whose sockets hold an unknown amount more).
+//    one counts; over the network, one longer than twice what the sockets and FIFOs on the
+//    way hold: see Comm::countP2p).
 // Sends and receives pair up in order, so the counts say it; an op of an earlier, finished
 // call was paired, so whatever is unpaired belongs to the call the rank is inside now.
 struct PeerP2p {

@@ -2,7 +2,7 @@
 // and cannot end, whose ranks stay alive and keep their heartbeats going. Both checks are for
 // CPU communicators, whose calls return only when they are done, so that a rank inside a
 // call posts nothing more until it ends.
-#include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,7 +27,7 @@ bool insideOneCall(const std::optional<CallActivity>& a) {
 // call_log.h): we are inside collective call s; peer r has not made it, and is inside sends
 // or receives whose every peer is inside a collective call r has not made either, so none of
 // them posts the other half. After a second of that, with r still in the same call, it is
-// an error (a rank whose data is already there finishes far sooner, on a busy machine too).
+// an error.
 void Monitor::checkDeadlock(double now) {
   const CallLog& mine = comm_.region_->ctrl()->calls;
   uint64_t s = dev::loadAcquire(&mine.made);
