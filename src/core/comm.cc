@@ -620,9 +620,12 @@ void Comm::countP2p(bool isSend, int peer, size_t bytes) {
   if (!region_) return;
   // (A send longer than its channels' ways to the peer hold cannot end before its receive;
   // over the network, twice that, for what the path between the sockets holds.)
-  size_t held = (size_t)dev::kSteps * channel(0).dev.sizes.simpleSlotBytes;
-  if (peer != rank_ && netPeer_[peer]) held = 2 * netProxy_->mostHeldPerChannel();
-  bool longSend = isSend && !onGpu() && held > 0 && bytes > (size_t)nChannels() * held;
+  bool longSend = false;
+  if (isSend && !onGpu() && peer != rank_ && nChannels() > 0) {
+    size_t held = (size_t)dev::kSteps * channel(0).dev.sizes.simpleSlotBytes;
+    if (netPeer_[peer]) held = 2 * netProxy_->mostHeldPerChannel();
+    longSend = held > 0 && bytes > (size_t)nChannels() * held;
+  }
   mncl::countP2p(region_->ctrl()->calls, isSend, peer == rank_ ? -1 : peer, longSend);
 }
 
