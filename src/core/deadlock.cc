@@ -16,6 +16,8 @@ namespace {
 // How long a wait must last, unchanged, before it is an error: a rank whose data is there
 // finishes far sooner, on a busy machine too.
 constexpr double kDeadlockSeconds = 1.0;
+// How long this rank's call must have lasted before the monitor looks for waits in a cycle.
+constexpr double kSearchAfterSeconds = 0.1;
 
 // A rank inside one call (not several at once, from threads that may post more).
 bool insideOneCall(const std::optional<CallActivity>& a) {
@@ -127,7 +129,14 @@ std::vector<Monitor::Wait> Monitor::waitCycle() const {
 // error naming each wait.
 void Monitor::checkWaitCycle(double now) {
   if (comm_.nranks() > kP2pPeers) return;
-  std::vector<Wait> cycle = waitCycle();
+  // (Most calls end within milliseconds: the search waits for one that has not.)
+  std::optional<CallActivity> a = callActivity(comm_.region_->ctrl()->calls);
+  uint64_t call = a ? a->entered : 0;
+  if (call != myCall_) {
+    myCall_ = call;
+    myCallSince_ = now;
+  }
+  std::vector<Wait> cycle = now - myCallSince_ >= kSearchAfterSeconds ? waitCycle() : std::vector<Wait>{};
   std::vector<uint64_t> key;  // each rank of the cycle and its call's number
   for (const Wait& w : cycle) {
     key.push_back((uint64_t)w.rank);

@@ -67,6 +67,8 @@ class Monitor {
   std::vector<PeerWatch> watch_;
   std::vector<uint64_t> cycleKey_;  // the wait cycle seen last (its ranks and their calls' numbers)
   double cycleSince_ = 0;
+  uint64_t myCall_ = 0;  // this rank's call (CallActivity::entered), and since when
+  double myCallSince_ = 0;
   uint64_t balancedUpTo_ = 0;  // the newest collective call whose sends and receives paired up
   std::mutex mutex_;
   std::condition_variable cv_;
