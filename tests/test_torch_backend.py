@@ -462,6 +462,30 @@ def test_dead_peer_raises_through_work_wait(tmp_path: Path) -> None:
     assert outcome["seconds"] < 60, outcome
 
 
+def recv_first() -> dict[str, str]:
+    """Both ranks receive before they send: what each raised."""
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("minincl")
+    try:
+        dist.recv(torch.zeros(10), 1 - rank)
+        outcome = {"type": "none", "message": "the recv returned"}
+    except Exception as e:  # noqa: BLE001 - written for the test to inspect
+        outcome = {"type": type(e).__name__, "message": str(e)}
+    dist.destroy_process_group()
+    return outcome
+
+
+def test_receives_waiting_on_each_other_raise_instead_of_hanging() -> None:
+    """gloo and NCCL wait here until the process group's timeout (minutes); minincl names the
+    cycle after a second."""
+    outcomes = run_local(recv_first, WORLD, timeout=90)
+    assert all(o["type"] in ("InvalidUsage", "RemoteError") for o in outcomes), outcomes
+    assert any(
+        "deadlock in sends and receives: " in o["message"] and "waits for rank 1 to send" in o["message"]
+        for o in outcomes
+    ), outcomes
+
+
 # ---- DDP: minincl and gloo train the same model to the same parameters ----
 
 
