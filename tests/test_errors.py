@@ -273,7 +273,11 @@ def test_a_send_nobody_receives_before_a_collective_is_named(processes: bool) ->
 CYCLE_WAITS = {
     "recv first": "rank {r} waits for rank {p} to send (its receive 1 from rank {p}; rank {p} posted 0 send(s) to it)",
     "long send first": (
-        "rank {p} waits for rank {r} to receive (its send 1 to rank {r} is longer than their connections hold; "
+        "rank {p} waits for rank {r} to receive (its send 1 to rank {r} does not fit in their connections; "
+        "rank {r} posted 0 receive(s) from it)"
+    ),
+    "grouped sends first": (
+        "rank {p} waits for rank {r} to receive (its send 2 to rank {r} does not fit in their connections; "
         "rank {r} posted 0 receive(s) from it)"
     ),
 }
@@ -282,10 +286,14 @@ CYCLE_WAITS = {
 @pytest.mark.parametrize("case", sorted(CYCLE_WAITS))
 @pytest.mark.parametrize("nranks", [2, 3])
 @pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
-def test_sends_and_receives_waiting_in_a_cycle_are_a_deadlock_error(case: str, nranks: int, processes: bool) -> None:
-    """Every rank receives first (or sends more than its connections hold first): each waits
-    for the rank before it, which waits inside its call. After a second of that, every rank
-    raises; one names every wait of the cycle."""
+def test_sends_and_receives_waiting_in_a_cycle_are_a_deadlock_error(
+    monkeypatch: pytest.MonkeyPatch, case: str, nranks: int, processes: bool
+) -> None:
+    """Every rank receives first (or first sends more than its connections hold, in one send
+    or in a group of two that fit alone): each waits for the rank before it, which waits
+    inside its call. After a second of that, every rank raises; one names every wait of the
+    cycle. (One channel: 1 MiB of FIFO to each peer, which the grouped sends overflow.)"""
+    monkeypatch.setenv("MININCL_NCHANNELS", "1")
     results = case_on_ranks(workers.p2p_ring, nranks, case, processes)
     assert all(r.startswith(("InvalidUsage", "RemoteError")) for r in results), results
     waits = [CYCLE_WAITS[case].format(r=r, p=(r - 1) % nranks) for r in range(nranks)]

@@ -282,11 +282,11 @@ def different_calls(comm: minincl.Communicator, case: str) -> str:
 
 def p2p_ring(comm: minincl.Communicator, case: str) -> str:
     """Each rank sends to the next rank and receives from the one before, in an order given
-    by `case`: "recv first" and "long send first" wait in a cycle (the send is longer than
-    the connections hold); "short send first" (each waits 1.5 s before its receive) and
-    "chain" (rank 0 sends only after 1.5 s outside any call, then receives; the others receive
-    first, in a chain behind it) end. The error each rank raised, or "ok" after checking what
-    it received."""
+    by `case`. "recv first", "long send first" and "grouped sends first" wait in a cycle (the
+    send, or the group's two of 768 KiB, do not fit in one channel's connection). "short send
+    first" (each waits 1.5 s before its receive) and "chain" (rank 0 sends only after 1.5 s
+    outside any call, then receives; the others receive first, in a chain behind it) end. The
+    error each rank raised, or "ok" after checking what it received."""
     n, r = comm.nranks, comm.rank
     count = 8 << 20 if case == "long send first" else 1000
     out = np.full(count, r + 1, np.float32)
@@ -298,6 +298,12 @@ def p2p_ring(comm: minincl.Communicator, case: str) -> str:
         elif case == "chain":
             time.sleep(1.5)
             comm.send(out, (r + 1) % n)
+            comm.recv(got, (r - 1) % n)
+        elif case == "grouped sends first":
+            half = np.full(196608, r + 1, np.float32)  # 768 KiB: it fits alone, not twice
+            with minincl.group():
+                comm.send(half, (r + 1) % n)
+                comm.send(half, (r + 1) % n)
             comm.recv(got, (r - 1) % n)
         else:
             comm.send(out, (r + 1) % n)

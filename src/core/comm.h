@@ -104,7 +104,8 @@ class Comm {
   // Logs a collective call this rank starts, where its peers' monitors compare it with
   // theirs (see call_log.h).
   void logCall(const LoggedCall& call);
-  // Counts a send or receive this rank posts, for the same log.
+  // Counts a send or receive this rank posts, for the same log. `bytes`: of a send, with
+  // those to the same peer before it in its group.
   void countP2p(bool isSend, int peer, size_t bytes);
 
   // Counts calls running inside; destroy/abort wait for them to leave. On the CPU it also

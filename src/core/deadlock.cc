@@ -89,7 +89,7 @@ std::string Monitor::describe(const Wait& w) {
   std::string r = "rank " + std::to_string(w.rank), p = "rank " + std::to_string(w.peer);
   if (w.longSend) {
     return r + " waits for " + p + " to receive (its send " + std::to_string(w.number) + " to " + p +
-           " is longer than their connections hold; " + p + " posted " + std::to_string(w.peerPosted) +
+           " does not fit in their connections; " + p + " posted " + std::to_string(w.peerPosted) +
            " receive(s) from it)";
   }
   return r + " waits for " + p + " to send (its receive " + std::to_string(w.number) + " from " + p + "; " + p +

@@ -301,8 +301,14 @@ void runRecorded(std::vector<Recorded>& calls) {
   // (A group's sends and receives count only now, when it ends: the collective calls it holds
   // were logged in the order the ranks made them, and the ranks may order sends and
   // collectives differently within a group.)
+  // (A group's sends to one peer share its connections: the bytes counted with a send are
+  // those of the group's sends to that peer so far, which together may not fit.)
+  std::map<std::pair<Comm*, int>, size_t> sentInGroup;
   for (const Recorded& r : calls) {
-    if (r.isP2p) r.comm->countP2p(r.p2p.isSend, r.p2p.peer, r.p2p.count * dataTypeSize(r.p2p.dtype));
+    if (!r.isP2p) continue;
+    size_t bytes = r.p2p.count * dataTypeSize(r.p2p.dtype);
+    if (r.p2p.isSend) bytes = sentInGroup[{r.comm, r.p2p.peer}] += bytes;
+    r.comm->countP2p(r.p2p.isSend, r.p2p.peer, bytes);
   }
   if (!calls.empty() && calls[0].comm->onGpu()) return runRecordedOnGpu(calls);
   std::vector<CommPlan> plans;
