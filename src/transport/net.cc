@@ -131,6 +131,7 @@ NetProxy::NetProxy(Setup setup) : setup_(std::move(setup)) {
   setup_.layout = nullptr;  // (the caller's, for this constructor only)
   sizes_ = layout.sizes();
   connBytes_ = layout.connBytes();
+  mostHeldPerChannel_ = heldPerChannel();
   size_t npeers = setup_.peers.size();
   sendEnds_ = createLocalRegion(std::max<size_t>(1, npeers * setup_.nChannels * connBytes_));
   for (size_t i = 0; i < npeers; ++i) {
@@ -552,7 +553,7 @@ size_t autotunedMost(const char* path) {
 }
 }  // namespace
 
-size_t NetProxy::mostHeldPerChannel() const {
+size_t NetProxy::heldPerChannel() const {
   size_t fifo = (size_t)dev::kSteps * sizes_.simpleSlotBytes;
   // (The kernel doubles a buffer size set with setsockopt, for its own bookkeeping.)
   size_t set = 2 * (size_t)setup_.socketBufferBytes;

@@ -80,7 +80,7 @@ class NetProxy {
   // The most bytes of one channel's steps to a peer that the way there holds before the
   // peer's receiver takes any: our copy of its FIFO, our socket's send buffer, the peer's
   // receive buffer and its FIFO (0: unknown). A longer send cannot end before its receive.
-  size_t mostHeldPerChannel() const;
+  size_t mostHeldPerChannel() const { return mostHeldPerChannel_; }
   // Simple steps received straight into their receiver's output (a counter, for tests).
   uint64_t landedSteps() const { return landedSteps_.load(std::memory_order_relaxed); }
 
@@ -92,6 +92,7 @@ class NetProxy {
   struct CtrlMessage;
 
   void connectAll();
+  size_t heldPerChannel() const;
   void tuneDataSocket(Socket& s);
   void loop();
   bool progressAll(bool withCtrl);
@@ -111,6 +112,7 @@ class NetProxy {
   Setup setup_;
   dev::ProtoSizes sizes_{};
   size_t connBytes_ = 0;
+  size_t mostHeldPerChannel_ = 0;  // (read at start: the kernel's limits may need files read)
   std::shared_ptr<Mapping> sendEnds_;  // our copies of the receivers' ends, [peer index][channel]
   std::vector<std::unique_ptr<DataLink>> data_;
   std::vector<std::unique_ptr<CtrlLink>> ctrl_;
