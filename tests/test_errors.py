@@ -204,12 +204,7 @@ def case_on_ranks(fn: Callable[[Any, str], str], nranks: int, case: str, process
     """fn(comm, case) of workers on `nranks` ranks, as processes or as threads."""
     if processes:
         return minincl.launch(fn, nranks, case, timeout=60)
-    comms = minincl.Communicator.init_all(nranks)
-    try:
-        return run_ranks(comms, lambda c: fn(c, case))
-    finally:
-        for c in comms:
-            c.destroy()
+    return workers.run_on_threads(nranks, lambda c: fn(c, case))
 
 
 def different_calls_on_3_ranks(case: str, processes: bool) -> list[str]:

@@ -105,15 +105,20 @@ def unaligned_outputs_and_avg(comm: minincl.Communicator, counts: list[int]) -> 
     return checks
 
 
-def thread_ranks(_launched: minincl.Communicator, nranks: int, counts: list[int]) -> list[int]:
-    """`nranks` ranks as threads of this one process (pointer steps, direct writes), each
-    running unaligned_outputs_and_avg (the launcher's own 1-rank communicator is unused)."""
+def run_on_threads(nranks: int, fn: Callable[[Any], Any]) -> list[Any]:
+    """run_ranks on `nranks` new ranks as threads of this process, destroyed afterwards."""
     comms = minincl.Communicator.init_all(nranks)
     try:
-        return run_ranks(comms, lambda c: unaligned_outputs_and_avg(c, counts))
+        return run_ranks(comms, fn)
     finally:
         for c in comms:
             c.destroy()
+
+
+def thread_ranks(_launched: minincl.Communicator, nranks: int, counts: list[int]) -> list[int]:
+    """`nranks` ranks as threads of this one process (pointer steps, direct writes), each
+    running unaligned_outputs_and_avg (the launcher's own 1-rank communicator is unused)."""
+    return run_on_threads(nranks, lambda c: unaligned_outputs_and_avg(c, counts))
 
 
 def collectives_with_stats(comm: minincl.Communicator, counts: list[int]) -> tuple[int, dict[str, int]]:
