@@ -298,11 +298,10 @@ std::pair<Inside, uint64_t> insideOf(const std::vector<Recorded>& calls, const C
 }
 
 void runRecorded(std::vector<Recorded>& calls) {
-  // (A group's sends and receives count only now, when it ends: the collective calls it holds
+  // A group's sends and receives count only now, when it ends: the collective calls it holds
   // were logged in the order the ranks made them, and the ranks may order sends and
-  // collectives differently within a group.)
-  // (A group's sends to one peer share its connections: the bytes counted with a send are
-  // those of the group's sends to that peer so far, which together may not fit.)
+  // collectives differently within a group. Its sends to one peer share the connections, so
+  // a send counts with the bytes of the group's sends to that peer so far.
   std::map<std::pair<Comm*, int>, size_t> sentInGroup;
   for (const Recorded& r : calls) {
     if (!r.isP2p) continue;
