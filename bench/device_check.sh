@@ -202,7 +202,7 @@ if ((BUILD_OK)); then
     done
     # 8-byte latency: one thread driving both ranks, a group per call (one fused kernel), and
     # A/B: a kernel per rank (MININCL_GPU_FUSE=0), channels read from device memory
-    # (MININCL_GPU_CHANNEL_CACHE=0), the general kernel for direct LL too
+    # (MININCL_GPU_CHANNEL_CACHE=0), the LL kernel for direct LL too
     # (MININCL_GPU_PATH_KERNELS=0); per algorithm.
     lat_args=(allreduce -b 8 -e 8 -n 2000 -w 200 -P ll -D cuda -c 1)
     step perf_lat_2_grouped "$(limit 30 100)" "$OUT/perf_lat_2_grouped.log" "$PERF" "${lat_args[@]}" -t 2 -g
@@ -210,7 +210,7 @@ if ((BUILD_OK)); then
       env MININCL_GPU_FUSE=0 "$PERF" "${lat_args[@]}" -t 2 -g
     step perf_lat_2_grouped_nocache "$(limit 30 100)" "$OUT/perf_lat_2_grouped_nocache.log" \
       env MININCL_GPU_CHANNEL_CACHE=0 "$PERF" "${lat_args[@]}" -t 2 -g
-    step perf_lat_2_grouped_general "$(limit 30 100)" "$OUT/perf_lat_2_grouped_general.log" \
+    step perf_lat_2_grouped_llkernel "$(limit 30 100)" "$OUT/perf_lat_2_grouped_llkernel.log" \
       env MININCL_GPU_PATH_KERNELS=0 "$PERF" "${lat_args[@]}" -t 2 -g
     step perf_lat_2_nocache "$(limit 30 100)" "$OUT/perf_lat_2_nocache.log" \
       env MININCL_GPU_CHANNEL_CACHE=0 "$PERF" "${lat_args[@]}" -t 2
@@ -271,7 +271,7 @@ if ((BUILD_OK)); then
     "$PY" bench/gpu_bench.py latency --json "$OUT/gpu_bench_latency.json"
   step gpu_bench_graph "$(limit 30 80)" "$OUT/gpu_bench_graph.log" \
     "$PY" bench/gpu_bench.py graph --json "$OUT/gpu_bench_graph.json"
-  for v in unfused:MININCL_GPU_FUSE=0 nocache:MININCL_GPU_CHANNEL_CACHE=0 general:MININCL_GPU_PATH_KERNELS=0; do  # A/B of the graph replay
+  for v in unfused:MININCL_GPU_FUSE=0 nocache:MININCL_GPU_CHANNEL_CACHE=0 llkernel:MININCL_GPU_PATH_KERNELS=0; do  # A/B of the graph replay
     step "gpu_bench_graph_${v%%:*}" "$(limit 30 80)" "$OUT/gpu_bench_graph_${v%%:*}.log" \
       env "${v#*:}" "$PY" bench/gpu_bench.py graph --json "$OUT/gpu_bench_graph_${v%%:*}.json"
   done
@@ -280,7 +280,7 @@ if ((BUILD_OK)); then
   step gpu_bench_threads "$(limit 30 80)" "$OUT/gpu_bench_threads.log" \
     "$PY" bench/gpu_bench.py threads --json "$OUT/gpu_bench_threads.json"
   # Inside the kernel: time points of an 8-byte allreduce, with its direct-LL kernel and with
-  # the general one (a trace build, when device_prebuild.sh made one; printed at comm destroy).
+  # the LL one (a trace build, when device_prebuild.sh made one; printed at comm destroy).
   TRACE_PERF=$PREBUILT/minincl-perf-trace
   if [ -x "$TRACE_PERF" ] && (($(left) > 120)); then
     for pk in 1 0; do

@@ -56,24 +56,36 @@ MNCL_DEV void drainPointerSteps(DevChannel& ch, Waiter& waiter) {
   ch.pointerStepsPosted = false;
 }
 
-// What an entry point runs: every protocol and algorithm, switched on the work item at run
-// time (the general kernel and the CPU), ...
+// What an entry point runs: one protocol's every algorithm, fixed at compile time (the GPU
+// kernels, one per protocol: ptxas took three times as long over one kernel holding all
+// three, whose registers spilled, as over the three apart), ...
+template <Proto P>
+struct OneProtocol {
+  MNCL_HOSTDEV static bool runs(const DevWork& w) { return w.proto == P; }
+  template <typename T, typename Fn>
+  MNCL_DEV static void run(PrimsContext<Fn> cx) {
+    if constexpr (P == Proto::simple) runAlgorithm<PrimsSimple, T, Fn>(cx);
+    if constexpr (P == Proto::ll) runAlgorithm<PrimsLL, T, Fn>(cx);
+    if constexpr (P == Proto::ll128) runAlgorithm<PrimsLL128, T, Fn>(cx);
+  }
+};
+
+// ... every protocol, switched on the work item at run time (the CPU), ...
 struct AnyProtocol {
   template <typename T, typename Fn>
   MNCL_DEV static void run(PrimsContext<Fn> cx) {
     switch (cx.work.proto) {
-      case Proto::simple: runAlgorithm<PrimsSimple, T, Fn>(cx); break;
-      case Proto::ll: runAlgorithm<PrimsLL, T, Fn>(cx); break;
-      case Proto::ll128: runAlgorithm<PrimsLL128, T, Fn>(cx); break;
+      case Proto::simple: OneProtocol<Proto::simple>::run<T, Fn>(cx); break;
+      case Proto::ll: OneProtocol<Proto::ll>::run<T, Fn>(cx); break;
+      case Proto::ll128: OneProtocol<Proto::ll128>::run<T, Fn>(cx); break;
       default: break;
     }
   }
 };
 
-// ... or direct LL only, fixed at compile time: what small operations on one GPU run (the
-// tuner's choice up to tens of KiB). A kernel of this one path is a quarter of the general
-// one's code and spills no registers, where the general kernel, with every algorithm x
-// protocol in one function, does (see cuda/gpu/kernels.cu).
+// ... or direct LL only: what small operations on one GPU run (the tuner's choice up to tens
+// of KiB), in a kernel of that one path (one of the LL kernel's three algorithms; see
+// cuda/gpu/kernels.cu).
 struct DirectLLOnly {
   MNCL_HOSTDEV static bool runs(const DevWork& w) { return w.proto == Proto::ll && w.algo == Algo::direct; }
   template <typename T, typename Fn>

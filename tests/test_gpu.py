@@ -625,9 +625,9 @@ def test_group_of_ranks_in_one_kernel_or_one_each(gpus: GpuPool, cp: Any, fuse: 
 
 
 @pytest.mark.parametrize("path_kernels", ["1", "0"])
-def test_direct_ll_in_its_own_kernel_or_the_general_one(cp: Any, path_kernels: str) -> None:
+def test_direct_ll_in_its_own_kernel_or_the_ll_one(cp: Any, path_kernels: str) -> None:
     """Direct LL, the small operations' path, runs a kernel of that path alone
-    (MININCL_GPU_PATH_KERNELS=1, the default) or the general kernel (0): the same results for
+    (MININCL_GPU_PATH_KERNELS=1, the default) or the LL kernel (0): the same results for
     every collective, one-shot and two-shot sizes, a reduction of each kind."""
     forced = {"MININCL_GPU_PATH_KERNELS": path_kernels, "MININCL_ALGO": "direct", "MININCL_PROTO": "ll"}
     with env_as(forced):

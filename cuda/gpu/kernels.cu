@@ -1,10 +1,9 @@
 // CUDA entry point of the device code: one kernel launch per operation, one block per
 // channel, each block running its channel's share with the same algorithms and protocols as
-// the CPU build. Templated only on (element type, reduction); algorithm and protocol are
-// chosen at run time inside, and copy-only collectives use a single byte instance. Each
-// instance also has a kernel for direct LL alone, the small operations' path: a launch whose
-// every block runs it takes that one (a quarter of the code, none of the general kernel's
-// register spills), everything else the general one.
+// the CPU build. Templated on (element type, reduction) and on the protocol: a kernel per
+// protocol, its algorithm chosen at run time inside, and copy-only collectives use a single
+// byte instance. Each instance also has a kernel for direct LL alone, the small operations'
+// path: a launch whose every block runs it takes that one, everything else its protocol's.
 //
 // The build compiles this file once per (reduction, type) — the defines below come from
 // CMakeLists.txt — so the instances spread over parallel compiler jobs; launch.cu picks
@@ -99,14 +98,30 @@ bool allDirectLL(const GpuLaunch& l) {
   return true;
 }
 
+// The protocol every block of the launch runs (the ranks of one collective agree on it);
+// Proto::count where they differ, which no kernel runs.
+Proto launchProtocol(const GpuLaunch& l) {
+  for (int b = 1; b < l.nBlocks; ++b) {
+    if (l.blocks.work[b].proto != l.blocks.work[0].proto) return Proto::count;
+  }
+  return l.blocks.work[0].proto;
+}
+
+template <typename T, typename Fn, typename Paths>
+cudaError_t launchKernel(const GpuLaunch& l, Fn fn) {
+  collectiveKernel<T, Fn, Paths><<<l.nBlocks, l.nThreads, l.blocks.cachedArraysBytes, l.stream>>>(l.blocks, fn);
+  return cudaGetLastError();
+}
+
 template <typename T, typename Fn>
 cudaError_t launch(const GpuLaunch& l, Fn fn) {
-  if (l.pathKernels && allDirectLL(l)) {
-    collectiveKernel<T, Fn, DirectLLOnly><<<l.nBlocks, l.nThreads, l.blocks.cachedArraysBytes, l.stream>>>(l.blocks, fn);
-  } else {
-    collectiveKernel<T, Fn, AnyProtocol><<<l.nBlocks, l.nThreads, l.blocks.cachedArraysBytes, l.stream>>>(l.blocks, fn);
+  if (l.pathKernels && allDirectLL(l)) return launchKernel<T, Fn, DirectLLOnly>(l, fn);
+  switch (launchProtocol(l)) {
+    case Proto::simple: return launchKernel<T, Fn, OneProtocol<Proto::simple>>(l, fn);
+    case Proto::ll: return launchKernel<T, Fn, OneProtocol<Proto::ll>>(l, fn);
+    case Proto::ll128: return launchKernel<T, Fn, OneProtocol<Proto::ll128>>(l, fn);
+    default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 // A premulsum on a single rank: each element of the input times the scalar.
@@ -124,7 +139,9 @@ __global__ void __launch_bounds__(kGpuThreads) preMulSumAloneKernel(const __grid
 template <typename T, typename Fn>
 cudaError_t preload() {
   cudaFuncAttributes a;
-  cudaError_t e = cudaFuncGetAttributes(&a, collectiveKernel<T, Fn, AnyProtocol>);
+  cudaError_t e = cudaFuncGetAttributes(&a, collectiveKernel<T, Fn, OneProtocol<Proto::simple>>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, collectiveKernel<T, Fn, OneProtocol<Proto::ll>>);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, collectiveKernel<T, Fn, OneProtocol<Proto::ll128>>);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, collectiveKernel<T, Fn, DirectLLOnly>);
   if constexpr (Fn::kHasPre) {
     if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, preMulSumAloneKernel<T>);

@@ -44,7 +44,7 @@ struct GpuLaunch {
   int nBlocks, nThreads, nranks;
   cudaStream_t stream;
   // A launch whose every block runs direct LL (small operations) uses the kernel of that one
-  // path instead of the general one (see DirectLLOnly in dispatch.h); false: always general.
+  // path instead of its protocol's (see DirectLLOnly in dispatch.h); false: always the protocol's.
   bool pathKernels = true;
 };
 

@@ -206,7 +206,7 @@ void launch(const Launch& L) {
 bool fusionEnabled() { return env::integer("MININCL_GPU_FUSE", 1) != 0; }
 
 // A group whose every call is one collective of a different rank, all on one GPU and one
-// caller stream, with the same kernel instance (collective, type, op, rank count): one launch
+// caller stream, with the same kernel (collective, type, op, rank count, protocol): one launch
 // runs every rank's channels (see dev::GpuBlocks). Instead of a kernel per rank on side
 // streams forked from the caller's and joined back, which costs a launch and two stream
 // dependencies per rank, in a graph as well. Returns false, launching nothing, where the
@@ -232,6 +232,8 @@ bool launchFused(const std::vector<GpuCall>& calls) {
   for (const GpuCall& gc : calls) {
     plans.push_back(planColl(*gc.comm, gc.coll, stream));
     if (!plans.back().kernel) return false;  // a copy, or nothing to do
+    // (one kernel per protocol: ranks whose tuners chose differently launch apart)
+    if (plans.back().collLaunch.blocks.work[0].proto != plans.front().collLaunch.blocks.work[0].proto) return false;
     nBlocks += plans.back().collLaunch.nBlocks;
   }
   if (nBlocks > dev::kMaxGpuChannels) return false;

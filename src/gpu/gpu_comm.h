@@ -78,7 +78,7 @@ class GpuComm {
   // MININCL_GPU_CHANNEL_CACHE=0 when the communicator was made.
   uint32_t cachedArraysBytes() const { return cachedArraysBytes_; }
   // Whether small operations run the kernel of their one path (dev::GpuLaunch::pathKernels);
-  // MININCL_GPU_PATH_KERNELS=0 when the communicator was made: always the general kernel.
+  // MININCL_GPU_PATH_KERNELS=0 when the communicator was made: always their protocol's kernel.
   bool pathKernels() const { return pathKernels_; }
   int nChannels() const { return nChannels_; }
   dev::DevError* errorsOnDevice() const { return static_cast<dev::DevError*>(errors_.device()); }
