@@ -153,13 +153,23 @@ def test_abort_from_another_thread_unblocks_a_collective(pair: Any) -> None:
     pytest.fail("rank 1 never learned that rank 0 aborted")
 
 
-def test_mismatched_send_recv_sizes_fail_both_sides_and_write_nothing(pair: Any) -> None:
-    out = np.full(20, -1, np.float32)
+# (send, recv) float32 counts: small; a recv spread over both channels whose send takes one
+# (a channel per 64 KiB of a message, with the 16 KiB slots of conftest.py); the reverse.
+MISMATCHED_P2P_COUNTS = [(10, 20), (16384, 32768), (32768, 16384)]
+
+
+@pytest.mark.parametrize(("send_count", "recv_count"), MISMATCHED_P2P_COUNTS)
+def test_mismatched_send_recv_sizes_fail_both_sides_and_write_nothing(
+    pair: Any, send_count: int, recv_count: int
+) -> None:
+    """The receiver names both sizes and writes nothing, also where its recv spreads over a
+    channel the send never uses (that channel's wait ends when another finds the mismatch)."""
+    out = np.full(recv_count, -1, np.float32)
 
     def body(c: Any) -> str:
         try:
             if c.rank == 0:
-                c.send(np.ones(10, np.float32), 1)
+                c.send(np.ones(send_count, np.float32), 1)
             else:
                 c.recv(out, 0)
         except minincl.Error as e:
@@ -167,8 +177,9 @@ def test_mismatched_send_recv_sizes_fail_both_sides_and_write_nothing(pair: Any)
         return "ok"
 
     r0, r1 = run_ranks(pair, body)
-    assert r1.startswith("InvalidUsage") and "recv of 80 bytes" in r1 and "sent 40 bytes" in r1, r1
-    np.testing.assert_array_equal(out, np.full(20, -1, np.float32))
+    sizes = f"recv of {4 * recv_count} bytes (float32) from rank 0, but rank 0 sent {4 * send_count} bytes"
+    assert r1.startswith("InvalidUsage") and sizes in r1, r1
+    np.testing.assert_array_equal(out, np.full(recv_count, -1, np.float32))
     # The small send may complete into the FIFO before the receiver objects; either way the
     # sender learns of the failure no later than its next call.
     if r0 == "ok":
@@ -281,14 +292,17 @@ CYCLE_WAITS = {
 @pytest.mark.parametrize("case", sorted(CYCLE_WAITS))
 @pytest.mark.parametrize("nranks", [2, 3])
 @pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+@pytest.mark.parametrize("channels", ["1", "4"])
 def test_sends_and_receives_waiting_in_a_cycle_are_a_deadlock_error(
-    monkeypatch: pytest.MonkeyPatch, case: str, nranks: int, processes: bool
+    monkeypatch: pytest.MonkeyPatch, case: str, nranks: int, processes: bool, channels: str
 ) -> None:
     """Every rank receives first (or first sends more than its connections hold, in one send
     or in a group of two that fit alone): each waits for the rank before it, which waits
     inside its call. After a second of that, every rank raises; one names every wait of the
-    cycle. (One channel: 1 MiB of FIFO to each peer, which the grouped sends overflow.)"""
-    monkeypatch.setenv("MININCL_NCHANNELS", "1")
+    cycle. (Each channel holds 8 slots of 16 KiB to each peer; the grouped sends of 96 KiB
+    both go on the first channel, so they overflow it with four channels as with one.)"""
+    monkeypatch.setenv("MININCL_SIMPLE_SLOT_BYTES", "16K")
+    monkeypatch.setenv("MININCL_NCHANNELS", channels)
     results = case_on_ranks(workers.p2p_ring, nranks, case, processes)
     assert all(r.startswith(("InvalidUsage", "RemoteError")) for r in results), results
     waits = [CYCLE_WAITS[case].format(r=r, p=(r - 1) % nranks) for r in range(nranks)]

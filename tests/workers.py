@@ -288,7 +288,8 @@ def different_calls(comm: minincl.Communicator, case: str) -> str:
 def p2p_ring(comm: minincl.Communicator, case: str) -> str:
     """Each rank sends to the next rank and receives from the one before, in an order given
     by `case`. "recv first", "long send first" and "grouped sends first" wait in a cycle (the
-    send, or the group's two of 768 KiB, do not fit in one channel's connection). "short send
+    send does not fit in the channels' connections, nor the group's two of 96 KiB on the one
+    channel each takes, with the 16 KiB slots of conftest.py). "short send
     first" (each waits 1.5 s before its receive) and "chain" (rank 0 sends only after 1.5 s
     outside any call, then receives; the others receive first, in a chain behind it) end. The
     error each rank raised, or "ok" after checking what it received."""
@@ -305,7 +306,7 @@ def p2p_ring(comm: minincl.Communicator, case: str) -> str:
             comm.send(out, (r + 1) % n)
             comm.recv(got, (r - 1) % n)
         elif case == "grouped sends first":
-            half = np.full(196608, r + 1, np.float32)  # 768 KiB: it fits alone, not twice
+            half = np.full(24576, r + 1, np.float32)  # 96 KiB: it fits alone (8 slots), not twice
             with minincl.group():
                 comm.send(half, (r + 1) % n)
                 comm.send(half, (r + 1) % n)

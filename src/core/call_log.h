@@ -57,9 +57,10 @@ struct CallLog {
 //  - it has posted more receives from P than P has posted sends to it (a receive never ends
 //    without its send), or
 //  - its newest long send to P, one that does not fit in its connections to P (with the
-//    sends to P before it in its group), is beyond the receives P has posted from it (a send
-//    that fits ends without its receive, so only a long one counts; over the network, one
-//    longer than twice what the sockets and FIFOs on the way hold: see Comm::countP2p).
+//    sends to P before it in its group, which start on the same channel), is beyond the
+//    receives P has posted from it (a send that fits ends without its receive, so only a
+//    long one counts; over the network, one longer than twice what the sockets and FIFOs on
+//    the way hold: see Comm::countP2p).
 // Sends and receives pair up in order, so the counts say it; an op of an earlier, finished
 // call was paired, so whatever is unpaired belongs to the call the rank is inside now.
 struct PeerP2p {

@@ -616,15 +616,15 @@ void Comm::logCall(const LoggedCall& call) {
   if (region_) mncl::logCall(region_->ctrl()->calls, call);
 }
 
-void Comm::countP2p(bool isSend, int peer, size_t bytes) {
+void Comm::countP2p(bool isSend, int peer, size_t channelBytes) {
   if (!region_) return;
-  // (A send longer than its channels' ways to the peer hold cannot end before its receive;
-  // over the network, twice that, for what the path between the sockets holds.)
+  // (A send that puts more on a channel than its way to the peer holds cannot end before its
+  // receive; over the network, twice that, for what the path between the sockets holds.)
   bool longSend = false;
   if (isSend && !onGpu() && peer != rank_ && nChannels() > 0) {
     size_t held = (size_t)dev::kSteps * channel(0).dev.sizes.simpleSlotBytes;
     if (netPeer_[peer]) held = 2 * netProxy_->mostHeldPerChannel();
-    longSend = held > 0 && bytes > (size_t)nChannels() * held;
+    longSend = held > 0 && channelBytes > held;
   }
   mncl::countP2p(region_->ctrl()->calls, isSend, peer == rank_ ? -1 : peer, longSend);
 }

@@ -72,6 +72,7 @@ class Comm {
   gpu::GpuComm* gpu() const { return gpu_.get(); }
   int nChannels() const { return (int)channels_.size(); }
   Channel& channel(int c) { return *channels_[c]; }
+  const Channel& channel(int c) const { return *channels_[c]; }
   const std::vector<PeerInfo>& peers() const { return peers_; }
   Executor& executor() { return *executor_; }
   const Tuner& tuner() const { return tuner_; }
@@ -104,9 +105,10 @@ class Comm {
   // Logs a collective call this rank starts, where its peers' monitors compare it with
   // theirs (see call_log.h).
   void logCall(const LoggedCall& call);
-  // Counts a send or receive this rank posts, for the same log. `bytes`: of a send, with
-  // those to the same peer before it in its group.
-  void countP2p(bool isSend, int peer, size_t bytes);
+  // Counts a send or receive this rank posts, for the same log. `channelBytes`: of a send,
+  // the most that one of its channels carries to the peer, with the group's earlier sends to
+  // it (see p2pSplit).
+  void countP2p(bool isSend, int peer, size_t channelBytes);
 
   // Counts calls running inside; destroy/abort wait for them to leave. On the CPU it also
   // says in the call log what the call is inside (see call_log.h).

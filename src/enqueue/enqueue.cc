@@ -202,25 +202,26 @@ void copySelfSlice(const CommPlan& plan, int c) {
 void runChannel(CommPlan& plan, int c) {
   Channel& ch = plan.comm->channel(c);
   ChannelResult& res = plan.results[c];
-  for (const dev::DevWork& w : plan.colls[c]) {
-    if (!res.ok) return;
-    res.ok = dev::runCollective(ch.dev, w, &res.error);
+  for (size_t i = 0; i < plan.colls[c].size() && res.ok; ++i) {
+    res.ok = dev::runCollective(ch.dev, plan.colls[c][i], &res.error);
   }
   if (res.ok) copySelfSlice(plan, c);
   if (res.ok && !plan.p2p[c].empty()) {
     res.ok = dev::runP2p(ch.dev, plan.p2p[c].data(), (int)plan.p2p[c].size(), &res.error);
   }
+  // A mismatch (or a failed read) found by the device code fails the communicator at once:
+  // the call's other channels may be waiting for steps that never come (a recv longer than
+  // its send spreads over more channels than the send), and the failure ends their waits.
+  if (!res.ok && res.error.peer >= 0) {
+    auto [code, message] = deviceErrorMessage(*plan.comm, res.error);
+    plan.comm->fail(code, message);
+  }
 }
 
-// After a launch: a mismatch found by the device code becomes this rank's error; an abort
-// or a peer's failure is already stored in the communicator.
+// After a launch: the error a channel stopped on (a mismatch, an abort, a peer's failure) is
+// stored in the communicator; it becomes this rank's exception.
 void finish(CommPlan& plan) {
   Comm& comm = *plan.comm;
-  for (const ChannelResult& r : plan.results) {
-    if (r.ok || r.error.peer < 0) continue;
-    auto [code, message] = deviceErrorMessage(comm, r.error);
-    comm.fail(code, message);
-  }
   for (const ChannelResult& r : plan.results) {
     if (!r.ok) comm.throwStoredError();
   }
@@ -297,16 +298,24 @@ std::pair<Inside, uint64_t> insideOf(const std::vector<Recorded>& calls, const C
   return {all, peers};
 }
 
+// Adds a send's bytes to what its group's earlier sends to the same peer put on each channel;
+// returns the most on one channel.
+size_t addToChannels(std::vector<size_t>& perChannel, P2pSplit split, size_t bytes) {
+  if (perChannel.size() < (size_t)split.channels) perChannel.resize(split.channels);
+  for (int ch = 0; ch < split.channels; ++ch) perChannel[ch] += split.bytesOn(ch, bytes);
+  return *std::max_element(perChannel.begin(), perChannel.end());
+}
+
 void runRecorded(std::vector<Recorded>& calls) {
   // A group's sends and receives count only now, when it ends: the collective calls it holds
   // were logged in the order the ranks made them, and the ranks may order sends and
-  // collectives differently within a group. Its sends to one peer share the connections, so
-  // a send counts with the bytes of the group's sends to that peer so far.
-  std::map<std::pair<Comm*, int>, size_t> sentInGroup;
+  // collectives differently within a group. Its sends to one peer share the connections (each
+  // starts on channel 0), so a send counts with the group's sends to that peer so far.
+  std::map<std::pair<Comm*, int>, std::vector<size_t>> sentInGroup;  // [channel]
   for (const Recorded& r : calls) {
     if (!r.isP2p) continue;
     size_t bytes = r.p2p.count * dataTypeSize(r.p2p.dtype);
-    if (r.p2p.isSend) bytes = sentInGroup[{r.comm, r.p2p.peer}] += bytes;
+    if (r.p2p.isSend) bytes = addToChannels(sentInGroup[{r.comm, r.p2p.peer}], p2pSplit(*r.comm, bytes), bytes);
     r.comm->countP2p(r.p2p.isSend, r.p2p.peer, bytes);
   }
   if (!calls.empty() && calls[0].comm->onGpu()) return runRecordedOnGpu(calls);
@@ -331,7 +340,10 @@ void record(const Recorded& r) {
     tlsRecorded.push_back(r);
     return;
   }
-  if (r.isP2p) r.comm->countP2p(r.p2p.isSend, r.p2p.peer, r.p2p.count * dataTypeSize(r.p2p.dtype));
+  if (r.isP2p) {
+    size_t bytes = r.p2p.count * dataTypeSize(r.p2p.dtype);
+    r.comm->countP2p(r.p2p.isSend, r.p2p.peer, p2pSplit(*r.comm, bytes).bytesOn(0, bytes));
+  }
   auto [inside, peers] = insideOf(r);
   Comm::CallScope scope(*r.comm, inside, peers);
   if (r.comm->onGpu()) {

@@ -91,18 +91,24 @@ bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
 
 }  // namespace
 
-void planP2pOps(Comm& comm, const P2pCall& c, std::vector<std::vector<dev::P2pOp>>& perChannel) {
-  size_t bytes = c.count * dataTypeSize(c.dtype);
+P2pSplit p2pSplit(const Comm& comm, size_t bytes) {
+  if (comm.nChannels() == 0) return {1, bytes};
+  // (a channel each for every 4 slots of the message: fewer, smaller steps cost more than
+  // they spread)
   size_t perChannelBytes = 4 * (size_t)comm.channel(0).dev.sizes.simpleSlotBytes;
   int nch = (int)std::clamp<size_t>(bytes / perChannelBytes, 1, (size_t)comm.nChannels());
-  size_t share = alignedShare(bytes, nch, 1);
-  for (int ch = 0; ch < nch; ++ch) {
-    size_t off = std::min(bytes, (size_t)ch * share);
+  return {nch, alignedShare(bytes, nch, 1)};
+}
+
+void planP2pOps(Comm& comm, const P2pCall& c, std::vector<std::vector<dev::P2pOp>>& perChannel) {
+  size_t bytes = c.count * dataTypeSize(c.dtype);
+  P2pSplit split = p2pSplit(comm, bytes);
+  for (int ch = 0; ch < split.channels; ++ch) {
     dev::P2pOp op{};
     op.isSend = c.isSend;
     op.peer = c.peer;
-    op.buf = static_cast<char*>(c.buf) + off;
-    op.bytes = std::min(share, bytes - off);
+    op.buf = static_cast<char*>(c.buf) + std::min(bytes, (size_t)ch * split.share);
+    op.bytes = split.bytesOn(ch, bytes);
     op.totalBytes = bytes;
     op.dtype = c.dtype;
     op.pointerSteps = !comm.onGpu();  // (never measured on a GPU)

@@ -3,6 +3,7 @@
 // same cut serves the CPU launch and the GPU one.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,15 @@ inline size_t alignedShare(size_t count, int parts, size_t elemSize) {
 // Appends one work item per channel used to `out` (nothing when count is 0 or there is a
 // single rank: see copyWithoutPeers). Returns how many it appended.
 int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out);
+
+// How a send or recv of `bytes` spreads over channels: the first `channels` of them carry
+// `share` bytes each, the last of them what remains.
+struct P2pSplit {
+  int channels;
+  size_t share;
+  size_t bytesOn(int ch, size_t bytes) const { return std::min(share, bytes - std::min(bytes, (size_t)ch * share)); }
+};
+P2pSplit p2pSplit(const Comm& comm, size_t bytes);
 
 // Appends a send or recv to another rank to the channels' op lists (perChannel[c], sized
 // to the communicator's channels): big transfers spread over channels, and channel 0 always
