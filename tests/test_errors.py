@@ -192,6 +192,17 @@ def test_mismatched_send_recv_sizes_fail_both_sides_and_write_nothing(
     assert r0.startswith("RemoteError") and "rank 1" in r0, r0
 
 
+def test_a_failed_call_returns_its_buffers_only_once_no_peer_reads_them() -> None:
+    """Rank 0's call differs; ranks 1 and 2 match each other, and rank 2 reads rank 1's
+    pointer steps while rank 1 fails (on rank 0's steps) and frees its buffers. Rank 1 now
+    returns only once rank 2 has failed too and left its call: no read of freed memory
+    (that crashed this process in most rounds), every rank raises. In a process of its own."""
+    (rounds,) = minincl.launch(workers.mismatched_allgathers_on_threads, 1, 6, timeout=120)
+    for results in rounds:
+        assert all(r.startswith(("InvalidUsage", "RemoteError")) for r in results), results
+        assert any("mismatched calls" in r and "int8" in r and "float16" in r for r in results), results
+
+
 def mismatched_allreduce_stories(comms: list[Any]) -> list[str]:
     """Each rank allreduces a different count; what each raised ("ok" if nothing)."""
 

@@ -121,6 +121,24 @@ def thread_ranks(_launched: minincl.Communicator, nranks: int, counts: list[int]
     return run_on_threads(nranks, lambda c: unaligned_outputs_and_avg(c, counts))
 
 
+def mismatched_allgathers_on_threads(_launched: minincl.Communicator, rounds: int) -> list[list[str]]:
+    """Rounds of 3 ranks as threads of this process allgathering 1 Mi elements, rank 0 of
+    int8 and the others of float16: the error each rank raised, per round. Ranks 1 and 2
+    match each other, so rank 2 reads rank 1's pointer steps, from buffers rank 1 frees once
+    its call (which rank 0 failed) returns. (Slots of the default 128 KiB: the tests' 16 KiB
+    ones are below the size of a pointer step.)"""
+    os.environ["MININCL_SIMPLE_SLOT_BYTES"] = "128K"
+
+    def body(c: minincl.Communicator) -> str:
+        try:
+            c.allgather(np.ones(1 << 20, np.int8 if c.rank == 0 else np.float16))
+        except minincl.Error as e:
+            return f"{type(e).__name__}: {e}"
+        return "ok"
+
+    return [run_on_threads(3, body) for _ in range(rounds)]
+
+
 def collectives_with_stats(comm: minincl.Communicator, counts: list[int]) -> tuple[int, dict[str, int]]:
     return all_collectives(comm, counts), comm.stats()
 

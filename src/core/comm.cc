@@ -687,6 +687,40 @@ std::string Comm::peerFailure(int r) const {
   return "rank " + std::to_string(r) + " (pid " + std::to_string(peers_[r].pid) + ") failed: " + ctrl->failMessage;
 }
 
+bool Comm::peerOutOfCalls(int r) const {
+  const RankCtrl* ctrl = peerRegions_[r]->ctrl();
+  uint32_t state = dev::loadAcquire(&ctrl->state);
+  if (state == RankCtrl::kLeft) return true;
+  bool otherProcess = peers_[r].pid != peers_[rank_].pid;
+  if (otherProcess && processGone(peers_[r].pid)) return true;
+  if (state != RankCtrl::kFailed) return false;
+  // (Pairs with the fence in launch (enqueue.cc), after a rank enters a call and before it
+  // checks whether it failed: either it sees its failure there, or we see it inside here.)
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::optional<CallActivity> a = callActivity(ctrl->calls);
+  return a && a->inside == Inside::nothing;
+}
+
+void Comm::awaitPeersOutOfCalls() const {
+  if (!failed() || onGpu() || !region_) return;
+  using Clock = std::chrono::steady_clock;
+  auto deadline = Clock::now() + std::chrono::duration<double>(Monitor::timeoutSeconds());
+  for (int r = 0; r < nranks_; ++r) {
+    if (r == rank_ || netPeer_[r]) continue;  // (a network peer's proxy is ours: see netSettle)
+    // A peer whose monitor stopped beating (a stopped process) will not fail: not waited for
+    // once its heartbeat stood still for 100 ms (its monitor beats every 10).
+    const RankCtrl* ctrl = peerRegions_[r]->ctrl();
+    uint64_t beat = dev::loadAcquire(&ctrl->heartbeat);
+    auto beatSeen = Clock::now();
+    while (!peerOutOfCalls(r) && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      uint64_t now = dev::loadAcquire(&ctrl->heartbeat);
+      if (now != beat) beat = now, beatSeen = Clock::now();
+      if (Clock::now() - beatSeen > std::chrono::milliseconds(100)) break;
+    }
+  }
+}
+
 void Comm::abort() {
   fail(mnclAborted, "the communicator was aborted (mnclCommAbort / comm.abort())");
   uint32_t spins = 0;

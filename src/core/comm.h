@@ -145,10 +145,20 @@ class Comm {
   // Why peer r stopped, if it has failed (from its control block); empty if it has not.
   std::string peerFailure(int r) const;
 
+  // CPU, once a call that ran on this communicator and failed has left it (CallScope),
+  // before its error reaches the caller, who may then free the call's buffers: a peer on
+  // this host whose steps matched ours may still read the pointer steps we posted (our
+  // buffers) or write into outputs we published. Each peer fails too once its monitor sees
+  // our failure, within a tick; this waits until every peer on this host has failed (or
+  // left, or its process is gone, or its monitor stopped) and is outside any call (at most
+  // MININCL_TIMEOUT). Returns at once if the communicator has not failed.
+  void awaitPeersOutOfCalls() const;
+
   // Whether peer r is reached over the network (another host, or MININCL_TRANSPORT=net).
   bool overNetwork(int r) const { return netPeer_[r] != 0; }
 
  private:
+  bool peerOutOfCalls(int r) const;
   void agreeOnPlan();
   int channelsWanted(int coresPerRank) const;
   int gpuChannelsWanted(int ranksOnDevice) const;

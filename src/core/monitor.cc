@@ -14,8 +14,6 @@
 
 namespace mncl {
 
-namespace {
-// Gone, or a zombie waiting for its parent to reap it (a killed child of a launcher).
 bool processGone(int pid) {
   if (kill(pid, 0) != 0 && errno == ESRCH) return true;
   FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
@@ -26,6 +24,7 @@ bool processGone(int pid) {
   return rc == 1 && (state == 'Z' || state == 'X');
 }
 
+namespace {
 double nowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }

@@ -30,6 +30,10 @@ namespace mncl {
 
 class Comm;
 
+// Whether process pid (on this host) is gone, or a zombie waiting for its parent to reap it
+// (a killed child of a launcher).
+bool processGone(int pid);
+
 class Monitor {
  public:
   explicit Monitor(Comm& comm);

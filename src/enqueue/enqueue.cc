@@ -1,6 +1,7 @@
 #include "enqueue.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -231,7 +232,17 @@ void finish(CommPlan& plan) {
 // Runs the plans of one launch. The caller runs the first communicator's channel 0 itself;
 // every other channel (other communicators' too, when one thread drives several ranks) runs
 // on its own thread, since any rank may have to wait for another.
-void launch(CommPlan* plans, size_t nplans) {
+// *ran: set once the channels may have exposed the calls' buffers to peers (posted pointer
+// steps, published outputs); a failure after that waits for the peers (see record).
+void launch(CommPlan* plans, size_t nplans, bool* ran) {
+  // A peer whose call failed may have left pointer steps to buffers it hands back to its
+  // caller; it waits until we have failed too, or are outside any call. Having entered ours
+  // (CallScope), we look once more: either we see our failure here (our monitor makes it
+  // within a tick of the peer's), or the peer sees us inside (the fences pair up; see
+  // Comm::peerOutOfCalls).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (size_t i = 0; i < nplans; ++i) checkUsable(*plans[i].comm);
+  *ran = true;
   Completion done;
   for (size_t i = 0; i < nplans; ++i) matchSelf(plans[i]);
   for (size_t i = 0; i < nplans; ++i) {
@@ -326,13 +337,21 @@ void runRecorded(std::vector<Recorded>& calls) {
           "a group mixes CPU and CUDA communicators: run each kind in a group of its own");
     if (index.emplace(r.comm, plans.size()).second) plans.emplace_back().reset(r.comm);
   }
-  std::vector<std::unique_ptr<Comm::CallScope>> scopes;
-  for (CommPlan& p : plans) {
-    auto [inside, peers] = insideOf(calls, p.comm);
-    scopes.push_back(std::make_unique<Comm::CallScope>(*p.comm, inside, peers));
+  bool ran = false;
+  try {
+    std::vector<std::unique_ptr<Comm::CallScope>> scopes;
+    for (CommPlan& p : plans) {
+      auto [inside, peers] = insideOf(calls, p.comm);
+      scopes.push_back(std::make_unique<Comm::CallScope>(*p.comm, inside, peers));
+    }
+    for (Recorded& r : calls) plan(plans[index[r.comm]], r);
+    launch(plans.data(), plans.size(), &ran);
+  } catch (...) {
+    for (CommPlan& p : plans) {
+      if (ran) p.comm->awaitPeersOutOfCalls();  // (see record)
+    }
+    throw;
   }
-  for (Recorded& r : calls) plan(plans[index[r.comm]], r);
-  launch(plans.data(), plans.size());
 }
 
 void record(const Recorded& r) {
@@ -345,15 +364,24 @@ void record(const Recorded& r) {
     r.comm->countP2p(r.p2p.isSend, r.p2p.peer, p2pSplit(*r.comm, bytes).bytesOn(0, bytes));
   }
   auto [inside, peers] = insideOf(r);
-  Comm::CallScope scope(*r.comm, inside, peers);
   if (r.comm->onGpu()) {
+    Comm::CallScope scope(*r.comm, inside, peers);
     launchGpuCalls({{r.comm, r.isP2p, r.coll, r.p2p}});
     return;
   }
-  thread_local CommPlan single;
-  single.reset(r.comm);
-  plan(single, r);
-  launch(&single, 1);
+  bool ran = false;
+  try {
+    Comm::CallScope scope(*r.comm, inside, peers);
+    thread_local CommPlan single;
+    single.reset(r.comm);
+    plan(single, r);
+    launch(&single, 1, &ran);
+  } catch (...) {
+    // A call that ran and failed returns its buffers only once no peer can touch them (after
+    // leaving the call: a peer that failed as well waits for that).
+    if (ran) r.comm->awaitPeersOutOfCalls();
+    throw;
+  }
 }
 
 // A collective call as every rank must make it: the reduction and root only where they matter.
