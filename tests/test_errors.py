@@ -203,6 +203,15 @@ def test_a_failed_call_returns_its_buffers_only_once_no_peer_reads_them() -> Non
         assert any("mismatched calls" in r and "int8" in r and "float16" in r for r in results), results
 
 
+@pytest.mark.parametrize(("nranks", "seed"), [(2, 1), (3, 2), (4, 3)])
+def test_random_mismatched_calls_raise_and_never_hang(nranks: int, seed: int) -> None:
+    """Random collective calls where one rank's differs in one field (collective, count,
+    type, root, op; or a send or recv instead): every case ends, calls that differ raise on
+    some rank, calls alike raise on none. In a process of its own, so that a crash shows."""
+    (problems,) = minincl.launch(workers.random_mismatched_calls, 1, nranks, 40, seed, timeout=600)
+    assert problems == []
+
+
 def mismatched_allreduce_stories(comms: list[Any]) -> list[str]:
     """Each rank allreduces a different count; what each raised ("ok" if nothing)."""
 
@@ -320,6 +329,18 @@ def test_sends_and_receives_waiting_in_a_cycle_are_a_deadlock_error(
     assert any(
         r.startswith("InvalidUsage: deadlock in sends and receives: ") and all(w in r for w in waits) for r in results
     ), results
+
+
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_sends_and_receives_waiting_for_a_rank_inside_a_collective_are_a_deadlock_error(processes: bool) -> None:
+    """Two ranks exchange while the third is inside a barrier they have not made: each
+    waits for the other side, every rank inside a call. After a second, every rank raises;
+    one names the barrier's wait (this hung before)."""
+    fn = workers.exchange_against_barrier
+    results = minincl.launch(fn, 3, timeout=60) if processes else workers.run_on_threads(3, fn)
+    assert all(r.startswith(("InvalidUsage", "RemoteError")) for r in results), results
+    waits = [f"rank 2 waits for rank {p} to make collective call 1 (rank {p} made 0" for p in (0, 1)]
+    assert any("deadlock in sends and receives: " in r and any(w in r for w in waits) for r in results), results
 
 
 @pytest.mark.parametrize("case", ["short send first", "chain"])

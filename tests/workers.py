@@ -139,6 +139,106 @@ def mismatched_allgathers_on_threads(_launched: minincl.Communicator, rounds: in
     return [run_on_threads(3, body) for _ in range(rounds)]
 
 
+# (collective, count, dtype, root, op) of one rank's call in random_mismatched_calls.
+FUZZ_CALLS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "barrier", "ring")
+FUZZ_COUNTS = (0, 1, 7, 1000, 16384, 100003, 1 << 20)
+
+
+def fuzz_call(comm: minincl.Communicator, kind: str, count: int, dtype: str, root: int, op: str) -> None:
+    n = comm.nranks
+    x = np.ones(count * (n if kind in ("reduce_scatter", "alltoall") else 1), dtype)
+    if kind in ("allreduce", "reduce", "reduce_scatter"):
+        kwargs: dict[str, Any] = {"op": op, "root": root} if kind == "reduce" else {"op": op}
+        getattr(comm, kind)(x, **kwargs)
+    elif kind == "broadcast":
+        comm.broadcast(x, root=root)
+    elif kind in ("allgather", "alltoall"):
+        getattr(comm, kind)(x)
+    elif kind == "barrier":
+        comm.barrier()
+    elif kind == "ring":  # each rank sends to the next and receives from the one before
+        with minincl.group():
+            comm.send(x, (comm.rank + 1) % n)
+            comm.recv(np.empty_like(x), (comm.rank - 1) % n)
+    elif kind == "send":
+        comm.send(x, (comm.rank + 1) % n)
+    else:  # recv
+        comm.recv(x, (comm.rank - 1) % n)
+
+
+def logged_alike(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Whether two ranks' calls (fuzz_call's arguments) are the same call as the call log
+    compares them: the root only where there is one, the op only where values are reduced."""
+    if a[0] != b[0]:
+        return False
+    if a[0] in ("barrier", "ring"):  # (a ring's sends and receives pair by count and type)
+        return a[0] == "barrier" or a[1:3] == b[1:3]
+    rooted, reduced = a[0] in ("broadcast", "reduce"), a[0] in ("allreduce", "reduce", "reduce_scatter")
+    return a[1:3] == b[1:3] and (not rooted or a[3] == b[3]) and (not reduced or a[4] == b[4])
+
+
+def random_mismatched_calls(_launched: minincl.Communicator, nranks: int, cases: int, seed: int) -> list[str]:
+    """`cases` random collective calls on `nranks` ranks as threads of this process, one
+    rank's call differing in one field (or not, where the draw repeats it), then an
+    allreduce on every rank. A line per case where something went wrong: a rank that did not
+    end within 30 s (a hang), calls that differ but that no rank ever raised on, or calls
+    alike where a rank raised. (A crash ends this process.) Slots of the default 128 KiB,
+    where the tests' 16 KiB are below a pointer step's size."""
+    os.environ["MININCL_SIMPLE_SLOT_BYTES"] = "128K"
+    rng = random.Random(seed)
+    problems: list[str] = []
+    comms = minincl.Communicator.init_all(nranks)
+
+    def run(plan: list[tuple[Any, ...]]) -> list[str]:
+        def body(c: minincl.Communicator) -> str:
+            try:
+                fuzz_call(c, *plan[c.rank])
+                c.allreduce(np.ones(3, np.float32))
+            except minincl.Error as e:
+                return f"{type(e).__name__}: {e}"
+            return "ok"
+
+        return run_ranks(comms, body, timeout=30)
+
+    for _ in range(cases):
+        base = (
+            rng.choice(FUZZ_CALLS),
+            rng.choice(FUZZ_COUNTS),
+            rng.choice(["float32", "int32", "float16"]),
+            rng.randrange(nranks),
+            rng.choice(["sum", "max"]),
+        )
+        odd, field = rng.randrange(nranks), rng.randrange(5)
+        other = (
+            rng.choice((*FUZZ_CALLS, "send", "recv")),
+            rng.choice(FUZZ_COUNTS),
+            "int8",
+            rng.randrange(nranks),
+            "min",
+        )
+        changed = tuple(other[i] if i == field else base[i] for i in range(5))
+        plan = [changed if r == odd else base for r in range(nranks)]
+        alike = logged_alike(base, changed)
+        try:
+            results = run(plan)
+            if not alike and all(r == "ok" for r in results):
+                # Calls that move nothing (count 0) end before the monitors compare them:
+                # the next call fails instead.
+                time.sleep(0.05)
+                results = run([("barrier", 0, "float32", 0, "sum")] * nranks)
+        except TimeoutError:
+            return [*problems, f"hang: {plan}"]  # (its threads still run: nothing can be destroyed)
+        if alike != all(r == "ok" for r in results):
+            problems.append(f"{'alike' if alike else 'different'} calls {plan}: {results}")
+        if any(r != "ok" for r in results):
+            for c in comms:
+                c.destroy()
+            comms = minincl.Communicator.init_all(nranks)
+    for c in comms:
+        c.destroy()
+    return problems
+
+
 def collectives_with_stats(comm: minincl.Communicator, counts: list[int]) -> tuple[int, dict[str, int]]:
     return all_collectives(comm, counts), comm.stats()
 
@@ -337,6 +437,23 @@ def p2p_ring(comm: minincl.Communicator, case: str) -> str:
     except minincl.Error as e:
         return f"{type(e).__name__}: {e}"
     np.testing.assert_array_equal(got, np.full(count, (r - 1) % n + 1, np.float32))
+    return "ok"
+
+
+def exchange_against_barrier(comm: minincl.Communicator) -> str:
+    """Ranks 0 and 1 send 4 MiB to the next rank and receive from the one before, in one
+    group; rank 2 calls barrier instead. Rank 0 waits for rank 2 to send, rank 1 for it to
+    receive, and rank 2 for both to make the barrier: the error each raised ("ok" if none)."""
+    n, r = comm.nranks, comm.rank
+    try:
+        if r == 2:
+            comm.barrier()
+        else:
+            with minincl.group():
+                comm.send(np.ones(1 << 20, np.float32), (r + 1) % n)
+                comm.recv(np.empty(1 << 20, np.float32), (r - 1) % n)
+    except minincl.Error as e:
+        return f"{type(e).__name__}: {e}"
     return "ok"
 
 

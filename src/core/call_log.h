@@ -63,6 +63,8 @@ struct CallLog {
 //    the way hold: see Comm::countP2p).
 // Sends and receives pair up in order, so the counts say it; an op of an earlier, finished
 // call was paired, so whatever is unpaired belongs to the call the rank is inside now.
+// And, while every rank is inside a call (none can post anything new), a rank inside
+// collective call s waits on a peer inside sends or receives that has not made call s.
 struct PeerP2p {
   uint64_t sends = 0, recvs = 0;  // posted to and from the peer so far
   uint64_t lastLongSend = 0;      // the number (from 1, among `sends`) of the newest long send

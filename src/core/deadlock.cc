@@ -76,17 +76,31 @@ std::optional<uint64_t> Monitor::blockedBehind(int r, uint64_t s) const {
 }
 
 // Why rank r cannot end its call before peer p posts more (see PeerP2p), if it cannot.
-std::optional<Monitor::Wait> Monitor::waitOn(int r, int p) const {
-  PeerP2p mine = peerP2p(comm_.peerRegions_[r]->ctrl()->calls, p);
-  PeerP2p theirs = peerP2p(comm_.peerRegions_[p]->ctrl()->calls, r);
+// Also, while every rank is inside a call (none can post anything new): r is inside
+// collective call s, which p has not made, p being inside sends or receives.
+std::optional<Monitor::Wait> Monitor::waitOn(int r, int p, bool everyRankInside) const {
+  const CallLog& rLog = comm_.peerRegions_[r]->ctrl()->calls;
+  const CallLog& pLog = comm_.peerRegions_[p]->ctrl()->calls;
+  PeerP2p mine = peerP2p(rLog, p);
+  PeerP2p theirs = peerP2p(pLog, r);
   if (mine.recvs > theirs.sends) return Wait{r, p, false, mine.recvs, theirs.sends};
   if (mine.lastLongSend > theirs.recvs) return Wait{r, p, true, mine.lastLongSend, theirs.recvs};
+  if (!everyRankInside) return std::nullopt;
+  std::optional<CallActivity> a = callActivity(rLog), b = callActivity(pLog);
+  uint64_t s = dev::loadAcquire(&rLog.made), made = dev::loadAcquire(&pLog.made);
+  if (a && b && a->inside == Inside::collectives && b->inside == Inside::sendsAndReceives && made < s) {
+    return Wait{r, p, false, s, made, true};
+  }
   return std::nullopt;
 }
 
 // "rank 0 waits for rank 1 to send (its receive 2 from rank 1; rank 1 posted 1 send(s) to it)"
 std::string Monitor::describe(const Wait& w) {
   std::string r = "rank " + std::to_string(w.rank), p = "rank " + std::to_string(w.peer);
+  if (w.collective) {
+    return r + " waits for " + p + " to make collective call " + std::to_string(w.number) + " (" + p + " made " +
+           std::to_string(w.peerPosted) + " and is inside sends or receives)";
+  }
   if (w.longSend) {
     return r + " waits for " + p + " to receive (its send " + std::to_string(w.number) + " to " + p +
            " does not fit in their connections; " + p + " posted " + std::to_string(w.peerPosted) +
@@ -102,14 +116,18 @@ std::vector<Monitor::Wait> Monitor::waitCycle() const {
   int n = comm_.nranks(), me = comm_.rank();
   if (!insideOneCall(callActivity(comm_.region_->ctrl()->calls))) return {};
   std::vector<bool> inside(n);
-  for (int r = 0; r < n; ++r) inside[r] = insideOneCall(callActivity(comm_.peerRegions_[r]->ctrl()->calls));
+  bool everyRankInside = true;
+  for (int r = 0; r < n; ++r) {
+    inside[r] = insideOneCall(callActivity(comm_.peerRegions_[r]->ctrl()->calls));
+    everyRankInside = everyRankInside && inside[r];
+  }
   std::vector<std::optional<Wait>> reachedBy(n);  // the wait through which the search got to a rank
   std::vector<int> frontier{me};
   for (size_t i = 0; i < frontier.size(); ++i) {
     int r = frontier[i];
     for (int p = 0; p < n; ++p) {
       if (p == r || !inside[p] || (p != me && reachedBy[p])) continue;
-      std::optional<Wait> w = waitOn(r, p);
+      std::optional<Wait> w = waitOn(r, p, everyRankInside);
       if (!w) continue;
       if (p != me) {
         reachedBy[p] = w;
@@ -149,11 +167,17 @@ void Monitor::checkWaitCycle(double now) {
   }
   if (now - cycleSince_ < kDeadlockSeconds) return;
   std::string waits;
-  for (const Wait& w : cycle) waits += (waits.empty() ? "" : ", ") + describe(w);
+  bool collective = false;
+  for (const Wait& w : cycle) {
+    waits += (waits.empty() ? "" : ", ") + describe(w);
+    collective = collective || w.collective;
+  }
+  std::string advice = collective ? "every rank must make the same collective calls in the same order (sends and "
+                                    "receives that wait for a rank inside a collective call come after it on every rank)"
+                                  : "order them so that each receive's send comes first on the other rank, or post "
+                                    "both halves of an exchange together (sendrecv, or one minincl.group())";
   comm_.fail(mnclInvalidUsage, "deadlock in sends and receives: " + waits +
-                                   "; each is inside its call, so none posts what the next one waits for. "
-                                   "Order them so that each receive's send comes first on the other rank, "
-                                   "or post both halves of an exchange together (sendrecv, or one minincl.group())");
+                                   "; each is inside its call, so none posts what the next one waits for: " + advice);
 }
 
 }  // namespace mncl

@@ -50,14 +50,18 @@ class Monitor {
   // Rank `rank` cannot end its call before `peer` posts more: its receive `number` from the
   // peer, which posted `peerPosted` sends to it; or its long send `number`, against the
   // peer's `peerPosted` receives.
+  // Rank waits for peer: to send (its receive `number`; the peer posted `peerPosted` sends
+  // to it), to receive (longSend: its send `number`), or to make collective call `number`
+  // (collective: the peer made `peerPosted`).
   struct Wait {
     int rank, peer;
     bool longSend;
     uint64_t number, peerPosted;
+    bool collective = false;
   };
   void checkWaitCycle(double now);
   std::vector<Wait> waitCycle() const;
-  std::optional<Wait> waitOn(int r, int p) const;
+  std::optional<Wait> waitOn(int r, int p, bool everyRankInside) const;
   static std::string describe(const Wait& w);
 
   Comm& comm_;
