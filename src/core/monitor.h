@@ -48,11 +48,9 @@ class Monitor {
   void checkDeadlock(double now);
   std::optional<uint64_t> blockedBehind(int r, uint64_t collective) const;
   // Rank `rank` cannot end its call before `peer` posts more: its receive `number` from the
-  // peer, which posted `peerPosted` sends to it; or its long send `number`, against the
-  // peer's `peerPosted` receives.
-  // Rank waits for peer: to send (its receive `number`; the peer posted `peerPosted` sends
-  // to it), to receive (longSend: its send `number`), or to make collective call `number`
-  // (collective: the peer made `peerPosted`).
+  // peer, which posted `peerPosted` sends to it; its long send `number`, against the peer's
+  // `peerPosted` receives; or (collective) its collective call `number`, which the peer has
+  // not made (it made `peerPosted`).
   struct Wait {
     int rank, peer;
     bool longSend;
