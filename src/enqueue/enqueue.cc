@@ -347,8 +347,8 @@ void runRecorded(std::vector<Recorded>& calls) {
     for (Recorded& r : calls) plan(plans[index[r.comm]], r);
     launch(plans.data(), plans.size(), &ran);
   } catch (...) {
-    for (CommPlan& p : plans) {
-      if (ran) p.comm->awaitPeersOutOfCalls();  // (see record)
+    if (ran) {
+      for (CommPlan& p : plans) p.comm->awaitPeersOutOfCalls();  // (see record)
     }
     throw;
   }
