@@ -167,9 +167,8 @@ class Communicator(_core.Communicator):
         self.destroy()
 
     def __repr__(self) -> str:
-        if self.destroyed:
-            return "<minincl.Communicator destroyed>"
-        return f"<minincl.Communicator rank {self.rank} of {self.nranks} on {self.device}>"
+        state = ", destroyed" if self.destroyed else ""
+        return f"<minincl.Communicator rank {self.rank} of {self.nranks} on {self.device}{state}>"
 
 
 class group(contextlib.ContextDecorator):  # noqa: N801 - used as a function: `with minincl.group():`

@@ -2,6 +2,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <shared_mutex>
 #include <thread>
 #include <vector>
 
@@ -27,6 +28,10 @@ struct mnclComm {
   std::unique_ptr<Comm> impl;
   std::mutex opsMutex;
   std::vector<PreMulSumOp> preMulSums;  // op mnclNumOps + i
+  // Held shared by each call while it runs, and by a thread whose open group recorded calls
+  // on this communicator until the group ends; mnclCommDestroy / mnclCommAbort take it
+  // exclusively before freeing anything (abort stops the calls first).
+  std::shared_mutex inUse;
 };
 
 namespace {
@@ -51,6 +56,39 @@ mnclResult_t guarded(F&& f) {
 Comm& use(mnclComm_t comm) {
   MNCL_CHECK(comm && comm->impl, mnclInvalidArgument, "the communicator is null (or was destroyed)");
   return *comm->impl;
+}
+
+// The communicators this thread's open group recorded calls on, each held (inUse) until the
+// group ends.
+thread_local std::vector<std::pair<mnclComm_t, std::shared_lock<std::shared_mutex>>> tlsGroupHeld;
+
+// Holds `comm` for one call: for the call itself, or, inside a group, until the group ends.
+class CallHold {
+ public:
+  explicit CallHold(mnclComm_t comm) : comm_(use(comm)) {
+    if (groupDepth() == 0) {
+      lock_ = std::shared_lock<std::shared_mutex>(comm->inUse);
+      return;
+    }
+    for (auto& held : tlsGroupHeld) {
+      if (held.first == comm) return;
+    }
+    tlsGroupHeld.emplace_back(comm, std::shared_lock<std::shared_mutex>(comm->inUse));
+  }
+  Comm& comm() { return comm_; }
+
+ private:
+  Comm& comm_;
+  std::shared_lock<std::shared_mutex> lock_;
+};
+
+// Frees `comm` once no call runs on it and no open group holds it (on this thread, its
+// recorded calls are dropped: mnclGroupEnd would run them on freed memory).
+void release(mnclComm_t comm) {
+  std::erase_if(tlsGroupHeld, [comm](const auto& held) { return held.first == comm; });
+  groupForget(comm->impl.get());
+  { std::unique_lock<std::shared_mutex> exclusive(comm->inUse); }
+  delete comm;
 }
 
 void checkStream(const Comm& comm, void* stream) {
@@ -166,7 +204,8 @@ mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newc
     MNCL_CHECK(newcomm != nullptr, mnclInvalidArgument, "newcomm is null");
     MNCL_CHECK(config == nullptr, mnclInvalidArgument, "config is reserved: pass NULL");
     *newcomm = nullptr;
-    Comm& parent = use(comm);
+    CallHold hold(comm);
+    Comm& parent = hold.comm();
     int n = 0, r = 0;
     UniqueIdData id{};
     if (!parent.splitInfo(color, key, &n, &r, &id)) return;
@@ -178,16 +217,15 @@ mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newc
 
 mnclResult_t mnclCommDestroy(mnclComm_t comm) {
   return guarded([&] {
-    if (!comm) return;
-    delete comm;
+    if (comm) release(comm);
   });
 }
 
 mnclResult_t mnclCommAbort(mnclComm_t comm) {
   return guarded([&] {
     if (!comm) return;
-    if (comm->impl) comm->impl->abort();
-    delete comm;
+    if (comm->impl) comm->impl->abort();  // calls in flight raise, and let go
+    release(comm);
   });
 }
 
@@ -258,7 +296,8 @@ static void resolveOp(mnclComm_t comm, mnclRedOp_t op, CollCall& call) {
 static mnclResult_t coll(Coll c, const void* send, void* recv, size_t count, mnclDataType_t dt, mnclRedOp_t op,
                          int root, mnclComm_t comm, void* stream) {
   return guarded([&] {
-    Comm& cm = use(comm);
+    CallHold hold(comm);
+    Comm& cm = hold.comm();
     checkStream(cm, stream);
     CollCall call{c, send, recv, count, (DataType)dt, RedOp::sum, root, stream};
     if (c != Coll::broadcast && c != Coll::allgather) resolveOp(comm, op, call);
@@ -322,7 +361,8 @@ mnclResult_t mnclReduceScatter(const void* s, void* r, size_t n, mnclDataType_t 
 
 mnclResult_t mnclAlltoAll(const void* s, void* r, size_t n, mnclDataType_t t, mnclComm_t c, void* st) {
   return guarded([&] {
-    Comm& cm = use(c);
+    CallHold hold(c);
+    Comm& cm = hold.comm();
     checkStream(cm, st);
     enqueueAlltoAll(cm, s, r, n, (DataType)t, st);
   });
@@ -330,7 +370,8 @@ mnclResult_t mnclAlltoAll(const void* s, void* r, size_t n, mnclDataType_t t, mn
 
 mnclResult_t mnclSend(const void* buf, size_t n, mnclDataType_t t, int peer, mnclComm_t c, void* st) {
   return guarded([&] {
-    Comm& cm = use(c);
+    CallHold hold(c);
+    Comm& cm = hold.comm();
     checkStream(cm, st);
     enqueueP2p(cm, {true, const_cast<void*>(buf), n, (DataType)t, peer, st});
   });
@@ -338,7 +379,8 @@ mnclResult_t mnclSend(const void* buf, size_t n, mnclDataType_t t, int peer, mnc
 
 mnclResult_t mnclRecv(void* buf, size_t n, mnclDataType_t t, int peer, mnclComm_t c, void* st) {
   return guarded([&] {
-    Comm& cm = use(c);
+    CallHold hold(c);
+    Comm& cm = hold.comm();
     checkStream(cm, st);
     enqueueP2p(cm, {false, buf, n, (DataType)t, peer, st});
   });
@@ -348,7 +390,16 @@ mnclResult_t mnclGroupStart(void) {
   return guarded([] { groupStart(); });
 }
 mnclResult_t mnclGroupEnd(void) {
-  return guarded([] { groupEnd(); });
+  return guarded([] {
+    bool outermost = groupDepth() == 1;
+    struct LetGo {  // (also when the group's calls fail)
+      bool outermost;
+      ~LetGo() {
+        if (outermost) tlsGroupHeld.clear();
+      }
+    } letGo{outermost};
+    groupEnd();
+  });
 }
 
 }  // extern "C"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import random
@@ -742,6 +743,88 @@ def stop_mid_run(
     except minincl.Error as e:
         return f"{type(e).__name__} after {time.monotonic() - t0:.2f}s: {e}"
     return "no error"
+
+
+def abort_mid_calls(_launched: minincl.Communicator, kind: str, reps: int, seed: int) -> dict[str, int]:
+    """`reps` times: 2 ranks as threads loop `kind` calls (barrier, allreduce, or a grouped
+    send and recv), and this thread aborts rank 0 at a random moment. How the ranks' loops
+    ended, counted ("Aborted/RemoteError": rank 0 raised Aborted, rank 1 RemoteError); "hang"
+    if a loop did not end within 30 s. (A crash ends this process.)"""
+    rng = random.Random(seed)
+    outcomes: dict[str, int] = {}
+    for _ in range(reps):
+        comms = minincl.Communicator.init_all(2)
+        ended = ["hang", "hang"]
+
+        def loop(c: minincl.Communicator) -> None:
+            x, y = np.ones(64, np.float32), np.empty(64, np.float32)
+            try:
+                while True:
+                    if kind == "barrier":
+                        c.barrier()
+                    elif kind == "allreduce":
+                        c.allreduce(x)
+                    else:
+                        with minincl.group():
+                            c.send(x, 1 - c.rank)
+                            c.recv(y, 1 - c.rank)
+            except minincl.Error as e:
+                ended[c.rank] = type(e).__name__
+
+        threads = [threading.Thread(target=loop, args=(c,), daemon=True) for c in comms]
+        for t in threads:
+            t.start()
+        time.sleep(rng.uniform(0.0005, 0.01))
+        comms[0].abort()
+        for t in threads:
+            t.join(30)
+        key = "/".join(ended)
+        outcomes[key] = outcomes.get(key, 0) + 1
+        if "hang" in key:
+            break  # (its threads still run: nothing can be destroyed)
+        comms[1].destroy()
+    return outcomes
+
+
+def c_api_abort_mid_call(_launched: minincl.Communicator, grouped: bool, reps: int, seed: int) -> list[int]:
+    """The C API through ctypes (which lets go of the GIL): `reps` times, a thread calls an
+    allreduce (or a group of a send and a receive) on rank 0 of 2 that rank 1 never joins,
+    and this thread, a watchdog, calls mnclCommAbort at a random moment. What each call
+    returned. (A crash ends this process.)"""
+    lib = ctypes.CDLL(minincl._core.__file__)
+    rng = random.Random(seed)
+    float32, n = 7, 1 << 16
+    results: list[int] = []
+    for _ in range(reps):
+        arr = (ctypes.c_void_p * 2)()
+        assert lib.mnclCommInitAll(arr, 2, None) == 0
+        comm = ctypes.c_void_p(arr[0])
+        x, y = np.ones(n, np.float32), np.empty(n, np.float32)
+        xp, yp = x.ctypes.data_as(ctypes.c_void_p), y.ctypes.data_as(ctypes.c_void_p)
+        entering = threading.Event()
+        got: list[int] = []
+
+        def call() -> None:
+            entering.set()
+            if not grouped:
+                got.append(lib.mnclAllReduce(xp, xp, ctypes.c_size_t(n), float32, 0, comm, None))
+                return
+            lib.mnclGroupStart()
+            lib.mnclSend(xp, ctypes.c_size_t(n), float32, 1, comm, None)
+            lib.mnclRecv(yp, ctypes.c_size_t(n), float32, 1, comm, None)
+            got.append(lib.mnclGroupEnd())
+
+        t = threading.Thread(target=call, daemon=True)
+        t.start()
+        entering.wait()
+        time.sleep(rng.uniform(0.0001, 0.003))
+        lib.mnclCommAbort(comm)
+        t.join(30)
+        results.append(got[0] if got else -1)  # -1: still inside its call
+        if t.is_alive():
+            break
+        lib.mnclCommDestroy(ctypes.c_void_p(arr[1]))
+    return results
 
 
 # ---- random call sequences (test_call_sequences.py) ----

@@ -470,6 +470,10 @@ void groupEnd() {
   if (!calls.empty()) runRecorded(calls);
 }
 
+void groupForget(const Comm* comm) {
+  std::erase_if(tlsRecorded, [comm](const Recorded& r) { return r.comm == comm; });
+}
+
 int groupDepth() { return tlsGroupDepth; }
 
 }  // namespace mncl

@@ -50,6 +50,9 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
 
 void groupStart();
 void groupEnd();  // runs everything recorded since the outermost groupStart
+// Drops this thread's recorded calls of `comm` (destroyed before its group ended; the
+// address only identifies them).
+void groupForget(const Comm* comm);
 int groupDepth();
 
 // What a channel's error record (a mismatched peer, a failed read of a peer's memory, or a

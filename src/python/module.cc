@@ -157,12 +157,34 @@ class AsyncQueue {
   std::thread thread_;
 };
 
-// Arrays of calls recorded inside a group stay alive until the group ends.
-thread_local std::vector<py::object>* tlsGroupKeep = nullptr;
+class PyComm;
+
+// What this thread's open group holds until it ends: its calls' arrays (and the
+// communicators' Python objects), alive until the calls ran, and the communicators the calls
+// were recorded on, held open while the group runs.
+struct PyGroup {
+  std::vector<py::object> keep;
+  std::vector<PyComm*> comms;
+};
+thread_local PyGroup* tlsGroup = nullptr;
 
 // ---- the communicator ----
 
 class PyComm {
+  // f(the communicator), held open meanwhile: a close() on another thread (abort, destroy)
+  // waits until f returns, and f never sees one that was closed. (Defined first: the
+  // methods below need its return type.)
+  template <typename F>
+  auto withLive(F f) {
+    std::shared_lock<std::shared_mutex> lock(callMutex_);
+    if (destroyed_) throwClosed();
+    return f(*comm_);
+  }
+
+  [[noreturn]] static void throwClosed() {
+    throwError(mnclInvalidUsage, "the communicator was destroyed (or aborted); create a new one");
+  }
+
  public:
   PyComm(int nranks, py::bytes uid, int rank, int device) {
     std::string id = uid;
@@ -172,14 +194,22 @@ class PyComm {
     }
     UniqueIdData data;
     std::memcpy(&data, id.data(), sizeof(data));
-    py::gil_scoped_release nogil;
-    comm_ = std::make_unique<Comm>(data, rank, nranks, device);
+    {
+      py::gil_scoped_release nogil;
+      comm_ = std::make_unique<Comm>(data, rank, nranks, device);
+    }
+    rank_ = comm_->rank();
+    nranks_ = comm_->nranks();
+    device_ = comm_->device();
+    commAddress_ = comm_.get();
   }
   ~PyComm() { destroy(); }
 
-  int rank() { return live().rank(); }
-  int nranks() { return live().nranks(); }
-  int device() { return live().device(); }
+  // Who this communicator is stays readable once it is destroyed or aborted (for the error
+  // handlers that log it).
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  int device() const { return device_; }
   bool destroyed() const { return destroyed_.load(); }
 
   py::object allreduce(py::object send, py::object recv, py::handle op, bool asyncOp, py::object stream) {
@@ -224,7 +254,7 @@ class PyComm {
     ArrayView r = py_arrays::view(recv, true, "recv");
     checkDevice(s, "send");
     checkDevice(r, "recv");
-    checkCounts("allgather", s, r, s.count * (size_t)live().nranks());
+    checkCounts("allgather", s, r, s.count * (size_t)nranks_);
     return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
                [c = callArgs(Coll::allgather, s, r, s.count, RedOp::sum, 0)](Comm& cm, void* st) mutable {
                  c.stream = st;
@@ -235,7 +265,7 @@ class PyComm {
   py::object reduceScatter(py::object send, py::object recv, py::handle op, bool asyncOp, py::object stream) {
     py_ops::OpArg rop = py_ops::parse(op);
     ArrayView s = py_arrays::view(send, false, "send");
-    size_t n = (size_t)live().nranks();
+    size_t n = (size_t)nranks_;
     if (recv.is_none()) {
       if (s.count % n != 0) {
         throwError(mnclInvalidArgument, "reduce_scatter: send has " + std::to_string(s.count) +
@@ -263,7 +293,7 @@ class PyComm {
     checkDevice(s, "send");
     checkDevice(r, "recv");
     checkCounts("alltoall", s, r, s.count);
-    size_t n = (size_t)live().nranks();
+    size_t n = (size_t)nranks_;
     if (s.count % n != 0) {
       throwError(mnclInvalidArgument, "alltoall: send has " + std::to_string(s.count) + " elements, not a multiple of " +
                                           std::to_string(n) + " ranks");
@@ -317,7 +347,7 @@ class PyComm {
   // A NumPy array in this rank's window (see Communicator.empty). The array keeps the window
   // mapped, whatever happens to the communicator, and gives its space back when collected.
   py::array windowEmpty(const std::vector<int64_t>& shape, const py::dtype& dtype) {
-    std::shared_ptr<Window> window = live().window();
+    std::shared_ptr<Window> window = withLive([](Comm& cm) { return cm.window(); });
     if (!window) {
       throwError(mnclInvalidUsage, "this communicator has no window: set MININCL_WINDOW_BYTES (e.g. 1G) before it is "
                                    "created (a window is made only when some peer is another process of this host, reached through shared memory)");
@@ -338,30 +368,30 @@ class PyComm {
   }
 
   py::dict stats() {
-    Comm& cm = live();
-    Comm::Stats s = cm.stats();
+    int channels = 0, network = 0;
+    Comm::Stats s = withLive([&](Comm& cm) {
+      channels = cm.nChannels();
+      for (int r = 0; r < cm.nranks(); ++r) network += cm.overNetwork(r);
+      return cm.stats();
+    });
     py::dict d;
-    d["channels"] = cm.nChannels();
+    d["channels"] = channels;
     d["pointer_steps"] = s.pointerSteps;
     d["direct_writes"] = s.directWrites;
     d["network_steps_landed"] = s.landedSteps;
     d["steps_read_ahead"] = s.stepsReadAhead;
     d["readable_peers"] = s.readablePeers;
-    int network = 0;
-    for (int r = 0; r < cm.nranks(); ++r) network += cm.overNetwork(r);
     d["network_peers"] = network;
     return d;
   }
 
   py::object splitInfo(int color, int key) {
-    Comm& cm = live();
     int n = 0, r = 0;
     UniqueIdData id{};
     bool joined;
     {
       py::gil_scoped_release nogil;
-      std::shared_lock<std::shared_mutex> lock(callMutex_);
-      joined = cm.splitInfo(color, key, &n, &r, &id);
+      joined = withLive([&](Comm& cm) { return cm.splitInfo(color, key, &n, &r, &id); });
     }
     if (!joined) return py::none();
     char bytes[MNCL_UNIQUE_ID_BYTES] = {};
@@ -371,39 +401,38 @@ class PyComm {
 
   // How init ordered the rings (see Communicator.topology()).
   py::dict topology() {
-    Comm& cm = live();
-    const topo::CommPlan& p = cm.topoPlan();
-    std::vector<std::vector<int>> rings, trees;
-    std::vector<std::vector<std::string>> hops;
-    for (int c = 0; c < cm.nChannels(); ++c) {
-      rings.push_back(cm.channel(c).ring);
-      trees.push_back(cm.treeParents(c));
-      if (!p.ringHops.empty()) hops.push_back(p.ringHops[c % p.ringHops.size()]);
-    }
-    py::dict d;
-    d["nchannels"] = cm.nChannels();
-    d["rings"] = rings;
-    d["ring_hops"] = hops;
-    d["searched"] = p.searched;
-    d["on_gpus"] = p.onGpus;
-    d["search_channels"] = p.searchChannels;
-    d["path_bandwidth_gbs"] = p.bwGBs;
-    d["bandwidth_scale"] = cm.tuner().bandwidthScale();
-    d["devices"] = p.devices;
-    d["hosts"] = p.hosts;
-    d["trees"] = trees;
-    d["source"] = p.source;
-    d["reason"] = p.why;
-    d["warnings"] = p.warnings;
-    return d;
+    return withLive([&](Comm& cm) {
+      const topo::CommPlan& p = cm.topoPlan();
+      std::vector<std::vector<int>> rings, trees;
+      std::vector<std::vector<std::string>> hops;
+      for (int c = 0; c < cm.nChannels(); ++c) {
+        rings.push_back(cm.channel(c).ring);
+        trees.push_back(cm.treeParents(c));
+        if (!p.ringHops.empty()) hops.push_back(p.ringHops[c % p.ringHops.size()]);
+      }
+      py::dict d;
+      d["nchannels"] = cm.nChannels();
+      d["rings"] = rings;
+      d["ring_hops"] = hops;
+      d["searched"] = p.searched;
+      d["on_gpus"] = p.onGpus;
+      d["search_channels"] = p.searchChannels;
+      d["path_bandwidth_gbs"] = p.bwGBs;
+      d["bandwidth_scale"] = cm.tuner().bandwidthScale();
+      d["devices"] = p.devices;
+      d["hosts"] = p.hosts;
+      d["trees"] = trees;
+      d["source"] = p.source;
+      d["reason"] = p.why;
+      d["warnings"] = p.warnings;
+      return d;
+    });
   }
 
   void barrier() {
-    if (live().onGpu()) {  // a host-side barrier: the ranks' threads, not their streams, meet
+    if (device_ >= 0) {  // a host-side barrier: the ranks' threads, not their streams, meet
       py::gil_scoped_release nogil;
-      std::shared_lock<std::shared_mutex> lock(callMutex_);
-      if (destroyed_) throwError(mnclInvalidUsage, "the communicator was destroyed (or aborted); create a new one");
-      comm_->bootstrap().barrier();
+      withLive([](Comm& cm) { cm.bootstrap().barrier(); });
       return;
     }
     run(false, py::none(), py::none(), {}, [this](Comm& cm, void*) { enqueueBarrier(cm, &barrierWord_); });
@@ -426,6 +455,27 @@ class PyComm {
     close();
   }
 
+  // Ends this thread's outermost group (without the GIL), with every communicator its calls
+  // were recorded on held open: an abort() on another thread stops the calls and then waits
+  // for them, instead of freeing what they run on. Calls of a communicator closed before the
+  // group ended are dropped (nothing is left for them to run on); the rest run.
+  static void endGroup(std::vector<PyComm*> comms) {
+    std::sort(comms.begin(), comms.end());  // one locking order for every thread
+    std::vector<std::shared_lock<std::shared_mutex>> held;
+    std::string closed;
+    for (PyComm* c : comms) {
+      held.emplace_back(c->callMutex_);
+      if (!c->destroyed_) continue;
+      groupForget(c->commAddress_);
+      closed += (closed.empty() ? "" : ", ") + std::to_string(c->rank_);
+    }
+    groupEnd();
+    if (!closed.empty()) {
+      throwError(mnclInvalidUsage, "the group's calls on the communicator of rank(s) " + closed +
+                                       " did not run: it was destroyed or aborted before the group ended");
+    }
+  }
+
  private:
   void close() {
     async_.drain();
@@ -434,14 +484,10 @@ class PyComm {
     destroyed_ = true;
   }
 
-  Comm& live() {
-    if (destroyed_) throwError(mnclInvalidUsage, "the communicator was destroyed (or aborted); create a new one");
-    return *comm_;
-  }
 
   void checkDevice(const ArrayView& v, const char* role) {
     bool hostMemory = v.deviceType == 1 || v.deviceType == 3;
-    int device = live().device();
+    int device = device_;
     if (device < 0 && !hostMemory) {
       throwError(mnclInvalidArgument, std::string(role) + " is on a GPU (DLPack device " + std::to_string(v.deviceType) + ":" +
                                           std::to_string(v.deviceId) + ") but this communicator is on the CPU");
@@ -540,7 +586,7 @@ class PyComm {
   }
 
   std::vector<int64_t> gatheredShape(const std::vector<int64_t>& s) {
-    int64_t n = live().nranks();
+    int64_t n = nranks_;
     if (s.empty()) return {n};
     std::vector<int64_t> out = s;
     out[0] *= n;
@@ -573,23 +619,26 @@ class PyComm {
   template <typename Op>
   py::object run(bool asyncOp, py::object stream, py::object result, std::initializer_list<py::object> keep, Op op,
                  py::handle like = py::none()) {
-    Comm& cm = live();
-    if (!stream.is_none() && cm.device() < 0) throwError(mnclInvalidArgument, "a CPU communicator takes no stream");
+    if (destroyed_) throwClosed();
+    if (!stream.is_none() && device_ < 0) throwError(mnclInvalidArgument, "a CPU communicator takes no stream");
     void* st = nullptr;
-    if (cm.device() >= 0) {
+    if (device_ >= 0) {
       if (asyncOp) {
         throwError(mnclInvalidUsage, "async_op=True on a CUDA communicator: its calls are already asynchronous, ordered on "
                                      "the stream; synchronize the stream (or record an event) to wait for them");
       }
-      st = callStream(stream, like.is_none() ? py::handle(result) : like, cm.device());
+      st = callStream(stream, like.is_none() ? py::handle(result) : like, device_);
     }
     if (groupDepth() > 0) {
       if (asyncOp) throwError(mnclInvalidUsage, "async_op=True inside minincl.group(): the group itself is the unit of completion");
-      if (tlsGroupKeep) {
-        for (const py::object& k : keep) tlsGroupKeep->push_back(k);
+      withLive([&](Comm& cm) { op(cm, st); });  // records only
+      if (tlsGroup) {
+        for (const py::object& k : keep) tlsGroup->keep.push_back(k);
+        if (std::find(tlsGroup->comms.begin(), tlsGroup->comms.end(), this) == tlsGroup->comms.end()) {
+          tlsGroup->comms.push_back(this);
+          tlsGroup->keep.push_back(py::cast(this));  // (the existing Python object)
+        }
       }
-      std::shared_lock<std::shared_mutex> lock(callMutex_);
-      op(cm, st);  // records only
       return result;
     }
     if (asyncOp) {
@@ -605,14 +654,14 @@ class PyComm {
     {
       py::gil_scoped_release nogil;
       if (!async_.idle()) async_.drain();  // keep program order with earlier async calls
-      std::shared_lock<std::shared_mutex> lock(callMutex_);
-      if (destroyed_) throwError(mnclInvalidUsage, "the communicator was destroyed (or aborted); create a new one");
-      op(*comm_, st);
+      withLive([&](Comm& cm) { op(cm, st); });
     }
     return result;
   }
 
   std::unique_ptr<Comm> comm_;
+  int rank_ = 0, nranks_ = 0, device_ = 0;
+  const Comm* commAddress_ = nullptr;  // comm_'s, kept to find its calls in a group once it is gone
   std::shared_mutex callMutex_;
   std::mutex lifeMutex_;
   std::atomic<bool> destroyed_{false};
@@ -753,16 +802,17 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("group_start", [] {
     groupStart();
-    if (groupDepth() == 1) tlsGroupKeep = new std::vector<py::object>();
+    if (groupDepth() == 1) tlsGroup = new PyGroup();
   });
   m.def("group_end", [] {
-    std::unique_ptr<std::vector<py::object>> keep;
+    std::unique_ptr<PyGroup> group;
     if (groupDepth() == 1) {
-      keep.reset(tlsGroupKeep);
-      tlsGroupKeep = nullptr;
+      group.reset(tlsGroup);
+      tlsGroup = nullptr;
     }
     py::gil_scoped_release nogil;
-    groupEnd();
+    if (group) PyComm::endGroup(group->comms);
+    else groupEnd();
   });
 
   py_ops::bind(m);
