@@ -1,4 +1,5 @@
 // The C API: thin wrappers that turn exceptions into mnclResult_t and keep the message.
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -10,6 +11,7 @@
 #include "core/comm.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "core/monitor.h"
 #include "enqueue/enqueue.h"
 #include "gpu/cuda_api.h"
 #include "minincl.h"
@@ -31,7 +33,7 @@ struct mnclComm {
   // Held shared by each call while it runs, and by a thread whose open group recorded calls
   // on this communicator until the group ends; mnclCommDestroy / mnclCommAbort take it
   // exclusively before freeing anything (abort stops the calls first).
-  std::shared_mutex inUse;
+  std::shared_timed_mutex inUse;
 };
 
 namespace {
@@ -60,34 +62,43 @@ Comm& use(mnclComm_t comm) {
 
 // The communicators this thread's open group recorded calls on, each held (inUse) until the
 // group ends.
-thread_local std::vector<std::pair<mnclComm_t, std::shared_lock<std::shared_mutex>>> tlsGroupHeld;
+thread_local std::vector<std::pair<mnclComm_t, std::shared_lock<std::shared_timed_mutex>>> tlsGroupHeld;
 
 // Holds `comm` for one call: for the call itself, or, inside a group, until the group ends.
 class CallHold {
  public:
   explicit CallHold(mnclComm_t comm) : comm_(use(comm)) {
     if (groupDepth() == 0) {
-      lock_ = std::shared_lock<std::shared_mutex>(comm->inUse);
+      lock_ = std::shared_lock<std::shared_timed_mutex>(comm->inUse);
       return;
     }
     for (auto& held : tlsGroupHeld) {
       if (held.first == comm) return;
     }
-    tlsGroupHeld.emplace_back(comm, std::shared_lock<std::shared_mutex>(comm->inUse));
+    tlsGroupHeld.emplace_back(comm, std::shared_lock<std::shared_timed_mutex>(comm->inUse));
   }
   Comm& comm() { return comm_; }
 
  private:
   Comm& comm_;
-  std::shared_lock<std::shared_mutex> lock_;
+  std::shared_lock<std::shared_timed_mutex> lock_;
 };
 
 // Frees `comm` once no call runs on it and no open group holds it (on this thread, its
 // recorded calls are dropped: mnclGroupEnd would run them on freed memory).
+// A call still waiting for its peers after MININCL_TIMEOUT is stopped (it returns
+// mnclAborted): its peers may never come, and a destroy must not hang.
 void release(mnclComm_t comm) {
   std::erase_if(tlsGroupHeld, [comm](const auto& held) { return held.first == comm; });
   groupForget(comm->impl.get());
-  { std::unique_lock<std::shared_mutex> exclusive(comm->inUse); }
+  {
+    auto until = Monitor::timeoutFromNow();
+    std::unique_lock<std::shared_timed_mutex> exclusive(comm->inUse, std::defer_lock);
+    if (!exclusive.try_lock_until(until)) {
+      if (comm->impl) comm->impl->fail(mnclAborted, Comm::kStoppedByDestroy);
+      exclusive.lock();
+    }
+  }
   delete comm;
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from typing import Any, Callable
@@ -148,6 +149,51 @@ def test_a_communicator_destroyed_inside_a_group_drops_only_its_calls() -> None:
 MNCL_ABORTED = 9  # mnclAborted
 
 
+def test_destroy_stops_a_call_on_another_thread_whose_peers_never_come(monkeypatch: pytest.MonkeyPatch) -> None:
+    """destroy() waits for calls on other threads, but not for ever: one still waiting for
+    its peers after MININCL_TIMEOUT raises Aborted (it hung destroy() before). Also through
+    the C API's mnclCommDestroy."""
+    monkeypatch.setenv("MININCL_TIMEOUT", "1")
+    comms = minincl.Communicator.init_all(2)
+    raised: list[str] = []
+
+    def blocked() -> None:  # rank 1 never makes this call
+        try:
+            comms[0].allreduce(np.ones(10, np.float32))
+        except minincl.Error as e:
+            raised.append(f"{type(e).__name__}: {e}")
+
+    t = threading.Thread(target=blocked, daemon=True)
+    t.start()
+    time.sleep(0.2)
+    destroyer = threading.Thread(target=comms[0].destroy, daemon=True)
+    destroyer.start()
+    destroyer.join(30)
+    t.join(30)
+    assert not destroyer.is_alive() and not t.is_alive()
+    assert raised and raised[0].startswith("Aborted: the communicator was destroyed while this call still waited"), (
+        raised
+    )
+    comms[1].destroy()
+
+    lib = ctypes.CDLL(minincl._core.__file__)
+    arr = (ctypes.c_void_p * 2)()
+    assert lib.mnclCommInitAll(arr, 2, None) == 0
+    x = np.ones(10, np.float32)
+    xp = x.ctypes.data_as(ctypes.c_void_p)
+    got: list[int] = []
+    t = threading.Thread(
+        target=lambda: got.append(lib.mnclAllReduce(xp, xp, ctypes.c_size_t(10), 7, 0, ctypes.c_void_p(arr[0]), None)),
+        daemon=True,
+    )
+    t.start()
+    time.sleep(0.2)
+    assert lib.mnclCommDestroy(ctypes.c_void_p(arr[0])) == 0
+    t.join(30)
+    assert got == [MNCL_ABORTED]
+    lib.mnclCommDestroy(ctypes.c_void_p(arr[1]))
+
+
 @pytest.mark.parametrize("grouped", [False, True])
 def test_c_api_abort_from_a_watchdog_thread_stops_the_call_then_frees(grouped: bool) -> None:
     """mnclCommAbort while another thread is inside a call on the communicator (or inside
@@ -161,8 +207,8 @@ def test_c_api_abort_from_a_watchdog_thread_stops_the_call_then_frees(grouped: b
 def test_abort_from_another_thread_at_any_moment_never_crashes(kind: str) -> None:
     """abort() on one thread while another is anywhere in a call (entering it, inside, in a
     group's recording or its end): the call raises Aborted, or InvalidUsage when it begins
-    after the abort; the peer RemoteError or Aborted. Every build before this test crashed
-    within 200 rounds. In a process of its own, so that a crash shows."""
+    after the abort; the peer RemoteError or Aborted. The previous build crashed within
+    these rounds, in each kind. In a process of its own, so that a crash shows."""
     (outcomes,) = minincl.launch(workers.abort_mid_calls, 1, kind, 150, 7, timeout=300)
     assert sum(outcomes.values()) == 150, outcomes
     for key in outcomes:

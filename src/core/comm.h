@@ -101,6 +101,11 @@ class Comm {
 
   // Stops everything; returns once no call is running inside the communicator.
   void abort();
+  // The reason a destroy gives a call on another thread that still waits for its peers
+  // after MININCL_TIMEOUT (destroy stops it rather than wait for ever).
+  static constexpr const char* kStoppedByDestroy =
+      "the communicator was destroyed while this call still waited for its peers (a destroy stops such calls "
+      "after MININCL_TIMEOUT; abort() stops them at once)";
 
   // Logs a collective call this rank starts, where its peers' monitors compare it with
   // theirs (see call_log.h).

@@ -32,6 +32,11 @@ double nowSeconds() {
 
 double Monitor::timeoutSeconds() { return env::seconds("MININCL_TIMEOUT", 5.0); }
 
+std::chrono::steady_clock::time_point Monitor::timeoutFromNow() {
+  using Clock = std::chrono::steady_clock;
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeoutSeconds()));
+}
+
 Monitor::Monitor(Comm& comm) : comm_(comm), timeout_(timeoutSeconds()), watch_(comm.nranks()) {
   double now = nowSeconds();
   for (auto& w : watch_) w.lastChange = now;

@@ -18,6 +18,7 @@
 // fail() sets the abort word, so every spin loop of this rank stops within microseconds.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -39,6 +40,7 @@ class Monitor {
   explicit Monitor(Comm& comm);
   ~Monitor();
   static double timeoutSeconds();  // MININCL_TIMEOUT, default 5 s
+  static std::chrono::steady_clock::time_point timeoutFromNow();  // now + MININCL_TIMEOUT
 
  private:
   void loop();

@@ -106,8 +106,9 @@ mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist);
  * config is reserved and must be NULL. The new communicator is on comm's device. */
 #define MNCL_SPLIT_NOCOLOR (-1)
 mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newcomm, void* config);
-/* Destroy waits for calls running on comm in other threads to end; abort first stops them
- * (they return mnclAborted), so a watchdog thread may abort a communicator whose calls hang.
+/* Destroy waits for calls running on comm in other threads to end (stopping one still
+ * waiting for its peers after MININCL_TIMEOUT); abort first stops them (they return
+ * mnclAborted), so a watchdog thread may abort a communicator whose calls hang.
  * Both wait until no thread's open group holds calls on comm (a group of this thread drops
  * them). comm must not be used afterwards. */
 mnclResult_t mnclCommDestroy(mnclComm_t comm);

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -17,6 +18,7 @@
 #include "../bootstrap/bootstrap.h"
 #include "../core/comm.h"
 #include "../core/error.h"
+#include "../core/monitor.h"
 #include "../core/vector_isa.h"
 #include "../enqueue/enqueue.h"
 #include "../gpu/cuda_api.h"
@@ -114,6 +116,11 @@ class AsyncQueue {
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait(lock, [&] { return pending_ == 0; });
   }
+  // drain(), giving up at `until`; whether the queue is empty.
+  bool drainUntil(std::chrono::steady_clock::time_point until) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return cv_.wait_until(lock, until, [&] { return pending_ == 0; });
+  }
   // Without the lock: every synchronous call asks.
   bool idle() const { return pending_.load(std::memory_order_acquire) == 0; }
 
@@ -176,7 +183,7 @@ class PyComm {
   // methods below need its return type.)
   template <typename F>
   auto withLive(F f) {
-    std::shared_lock<std::shared_mutex> lock(callMutex_);
+    std::shared_lock<std::shared_timed_mutex> lock(callMutex_);
     if (destroyed_) throwClosed();
     return f(*comm_);
   }
@@ -461,7 +468,7 @@ class PyComm {
   // group ended are dropped (nothing is left for them to run on); the rest run.
   static void endGroup(std::vector<PyComm*> comms) {
     std::sort(comms.begin(), comms.end());  // one locking order for every thread
-    std::vector<std::shared_lock<std::shared_mutex>> held;
+    std::vector<std::shared_lock<std::shared_timed_mutex>> held;
     std::string closed;
     for (PyComm* c : comms) {
       held.emplace_back(c->callMutex_);
@@ -477,9 +484,17 @@ class PyComm {
   }
 
  private:
+  // Frees the communicator once no call uses it: calls on other threads, and queued
+  // async_op ones, end first. One still waiting for its peers after MININCL_TIMEOUT is
+  // stopped (it raises Aborted): its peers may never come, and destroy() must not hang.
   void close() {
-    async_.drain();
-    std::unique_lock<std::shared_mutex> lock(callMutex_);  // waits for calls on other threads
+    auto until = Monitor::timeoutFromNow();
+    std::unique_lock<std::shared_timed_mutex> lock(callMutex_, std::defer_lock);
+    if (!async_.drainUntil(until) || !lock.try_lock_until(until)) {
+      comm_->fail(mnclAborted, Comm::kStoppedByDestroy);
+      async_.drain();
+      lock.lock();
+    }
     comm_.reset();
     destroyed_ = true;
   }
@@ -645,7 +660,7 @@ class PyComm {
       py::list k;
       for (const py::object& o : keep) k.append(o);
       auto st = async_.submit([this, op]() mutable {
-        std::shared_lock<std::shared_mutex> lock(callMutex_);
+        std::shared_lock<std::shared_timed_mutex> lock(callMutex_);
         if (destroyed_) throwError(mnclInvalidUsage, "the communicator was destroyed before this operation ran");
         op(*comm_, nullptr);
       });
@@ -662,7 +677,7 @@ class PyComm {
   std::unique_ptr<Comm> comm_;
   int rank_ = 0, nranks_ = 0, device_ = 0;
   const Comm* commAddress_ = nullptr;  // comm_'s, kept to find its calls in a group once it is gone
-  std::shared_mutex callMutex_;
+  std::shared_timed_mutex callMutex_;
   std::mutex lifeMutex_;
   std::atomic<bool> destroyed_{false};
   AsyncQueue async_;
