@@ -789,8 +789,11 @@ def abort_mid_calls(_launched: minincl.Communicator, kind: str, reps: int, seed:
 def c_api_abort_mid_call(_launched: minincl.Communicator, grouped: bool, reps: int, seed: int) -> list[int]:
     """The C API through ctypes (which lets go of the GIL): `reps` times, a thread calls an
     allreduce (or a group of a send and a receive) on rank 0 of 2 that rank 1 never joins,
-    and this thread, a watchdog, calls mnclCommAbort at a random moment. What each call
-    returned. (A crash ends this process.)"""
+    and this thread, a watchdog, calls mnclCommAbort at a random moment once the call has
+    begun (the group: once its calls are recorded, which holds the communicator). What each
+    call returned. (A crash ends this process.) Unlike a Python communicator, a C handle is
+    gone once aborted: a thread that had not yet entered its call would use freed memory,
+    hence the wait for the call to begin."""
     lib = ctypes.CDLL(minincl._core.__file__)
     rng = random.Random(seed)
     float32, n = 7, 1 << 16
@@ -805,19 +808,20 @@ def c_api_abort_mid_call(_launched: minincl.Communicator, grouped: bool, reps: i
         got: list[int] = []
 
         def call() -> None:
-            entering.set()
             if not grouped:
+                entering.set()  # (this thread keeps the GIL until ctypes enters the call)
                 got.append(lib.mnclAllReduce(xp, xp, ctypes.c_size_t(n), float32, 0, comm, None))
                 return
             lib.mnclGroupStart()
             lib.mnclSend(xp, ctypes.c_size_t(n), float32, 1, comm, None)
             lib.mnclRecv(yp, ctypes.c_size_t(n), float32, 1, comm, None)
+            entering.set()
             got.append(lib.mnclGroupEnd())
 
         t = threading.Thread(target=call, daemon=True)
         t.start()
         entering.wait()
-        time.sleep(rng.uniform(0.0001, 0.003))
+        time.sleep(rng.uniform(0.002, 0.01) if not grouped else rng.uniform(0.0, 0.003))
         lib.mnclCommAbort(comm)
         t.join(30)
         results.append(got[0] if got else -1)  # -1: still inside its call

@@ -317,38 +317,70 @@ size_t addToChannels(std::vector<size_t>& perChannel, P2pSplit split, size_t byt
   return *std::max_element(perChannel.begin(), perChannel.end());
 }
 
-void runRecorded(std::vector<Recorded>& calls) {
-  // A group's sends and receives count only now, when it ends: the collective calls it holds
-  // were logged in the order the ranks made them, and the ranks may order sends and
-  // collectives differently within a group. Its sends to one peer share the connections (each
-  // starts on channel 0), so a send counts with the group's sends to that peer so far.
-  std::map<std::pair<Comm*, int>, std::vector<size_t>> sentInGroup;  // [channel]
+// What a group's sends to one peer of one communicator put on each channel so far.
+struct SentToPeer {
+  const Comm* comm;
+  int peer;
+  std::vector<size_t> perChannel;
+};
+
+// A group's sends and receives count only now, when it ends: the collective calls it holds
+// were logged in the order the ranks made them, and the ranks may order sends and
+// collectives differently within a group. Its sends to one peer share the connections (each
+// starts on channel 0), so a send counts with the group's sends to that peer so far.
+void countGroupP2p(const std::vector<Recorded>& calls) {
+  thread_local std::vector<SentToPeer> sent;  // entries [0, used) are this group's; the rest kept for reuse
+  size_t used = 0;
   for (const Recorded& r : calls) {
     if (!r.isP2p) continue;
     size_t bytes = r.p2p.count * dataTypeSize(r.p2p.dtype);
-    if (r.p2p.isSend) bytes = addToChannels(sentInGroup[{r.comm, r.p2p.peer}], p2pSplit(*r.comm, bytes), bytes);
+    if (r.p2p.isSend) {
+      size_t i = 0;
+      while (i < used && (sent[i].comm != r.comm || sent[i].peer != r.p2p.peer)) ++i;
+      if (i == used) {
+        if (used == sent.size()) sent.emplace_back();
+        sent[used].comm = r.comm;
+        sent[used].peer = r.p2p.peer;
+        sent[used++].perChannel.clear();
+      }
+      bytes = addToChannels(sent[i].perChannel, p2pSplit(*r.comm, bytes), bytes);
+    }
     r.comm->countP2p(r.p2p.isSend, r.p2p.peer, bytes);
   }
+}
+
+void runRecorded(std::vector<Recorded>& calls) {
+  countGroupP2p(calls);
   if (!calls.empty() && calls[0].comm->onGpu()) return runRecordedOnGpu(calls);
-  std::vector<CommPlan> plans;
-  std::map<Comm*, size_t> index;
+  // A plan per communicator, in the order of their first calls; reused from group to group
+  // (as a single call's), so that a small group allocates nothing.
+  thread_local std::vector<CommPlan> plans;
+  size_t nplans = 0;
+  auto planOf = [&](Comm* comm) -> CommPlan& {
+    for (size_t i = 0; i < nplans; ++i) {
+      if (plans[i].comm == comm) return plans[i];
+    }
+    if (nplans == plans.size()) plans.emplace_back();
+    plans[nplans].reset(comm);
+    return plans[nplans++];
+  };
   for (Recorded& r : calls) {
     MNCL_CHECK(!r.comm->onGpu(), mnclInvalidUsage,
           "a group mixes CPU and CUDA communicators: run each kind in a group of its own");
-    if (index.emplace(r.comm, plans.size()).second) plans.emplace_back().reset(r.comm);
+    planOf(r.comm);
   }
   bool ran = false;
   try {
     std::vector<std::unique_ptr<Comm::CallScope>> scopes;
-    for (CommPlan& p : plans) {
-      auto [inside, peers] = insideOf(calls, p.comm);
-      scopes.push_back(std::make_unique<Comm::CallScope>(*p.comm, inside, peers));
+    for (size_t i = 0; i < nplans; ++i) {
+      auto [inside, peers] = insideOf(calls, plans[i].comm);
+      scopes.push_back(std::make_unique<Comm::CallScope>(*plans[i].comm, inside, peers));
     }
-    for (Recorded& r : calls) plan(plans[index[r.comm]], r);
-    launch(plans.data(), plans.size(), &ran);
+    for (Recorded& r : calls) plan(planOf(r.comm), r);
+    launch(plans.data(), nplans, &ran);
   } catch (...) {
     if (ran) {
-      for (CommPlan& p : plans) p.comm->awaitPeersOutOfCalls();  // (see record)
+      for (size_t i = 0; i < nplans; ++i) plans[i].comm->awaitPeersOutOfCalls();  // (see record)
     }
     throw;
   }
@@ -465,7 +497,8 @@ void groupStart() { ++tlsGroupDepth; }
 void groupEnd() {
   MNCL_CHECK(tlsGroupDepth > 0, mnclInvalidUsage, "mnclGroupEnd without a matching mnclGroupStart");
   if (--tlsGroupDepth > 0) return;
-  std::vector<Recorded> calls;
+  thread_local std::vector<Recorded> calls;  // (swapped with tlsRecorded: both keep their memory)
+  calls.clear();
   calls.swap(tlsRecorded);
   if (!calls.empty()) runRecorded(calls);
 }
