@@ -85,9 +85,8 @@ class CallHold {
 };
 
 // Frees `comm` once no call runs on it and no open group holds it (on this thread, its
-// recorded calls are dropped: mnclGroupEnd would run them on freed memory).
-// A call still waiting for its peers after MININCL_TIMEOUT is stopped (it returns
-// mnclAborted): its peers may never come, and a destroy must not hang.
+// recorded calls are dropped: mnclGroupEnd would run them on freed memory). A call still
+// waiting for its peers after MININCL_TIMEOUT is stopped (mnclAborted): a destroy must not hang.
 void release(mnclComm_t comm) {
   std::erase_if(tlsGroupHeld, [comm](const auto& held) { return held.first == comm; });
   groupForget(comm->impl.get());
@@ -95,7 +94,7 @@ void release(mnclComm_t comm) {
     auto until = Monitor::timeoutFromNow();
     std::unique_lock<std::shared_timed_mutex> exclusive(comm->inUse, std::defer_lock);
     if (!exclusive.try_lock_until(until)) {
-      if (comm->impl) comm->impl->fail(mnclAborted, Comm::kStoppedByDestroy);
+      if (comm->impl) comm->impl->stopCallsForDestroy();
       exclusive.lock();
     }
   }

@@ -820,7 +820,7 @@ def c_api_abort_mid_call(_launched: minincl.Communicator, grouped: bool, reps: i
 
         t = threading.Thread(target=call, daemon=True)
         t.start()
-        entering.wait()
+        entering.wait(30)
         time.sleep(rng.uniform(0.002, 0.01) if not grouped else rng.uniform(0.0, 0.003))
         lib.mnclCommAbort(comm)
         t.join(30)

@@ -721,6 +721,11 @@ void Comm::awaitPeersOutOfCalls() const {
   }
 }
 
+void Comm::stopCallsForDestroy() {
+  fail(mnclAborted, "the communicator was destroyed while this call still waited for its peers (a destroy stops "
+                    "such calls after MININCL_TIMEOUT; abort() stops them at once)");
+}
+
 void Comm::abort() {
   fail(mnclAborted, "the communicator was aborted (mnclCommAbort / comm.abort())");
   uint32_t spins = 0;

@@ -101,11 +101,9 @@ class Comm {
 
   // Stops everything; returns once no call is running inside the communicator.
   void abort();
-  // The reason a destroy gives a call on another thread that still waits for its peers
-  // after MININCL_TIMEOUT (destroy stops it rather than wait for ever).
-  static constexpr const char* kStoppedByDestroy =
-      "the communicator was destroyed while this call still waited for its peers (a destroy stops such calls "
-      "after MININCL_TIMEOUT; abort() stops them at once)";
+  // For a destroy that waited MININCL_TIMEOUT for calls on other threads: fails the
+  // communicator, so that those still waiting for their peers stop (rather than wait for ever).
+  void stopCallsForDestroy();
 
   // Logs a collective call this rank starts, where its peers' monitors compare it with
   // theirs (see call_log.h).

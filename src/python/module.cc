@@ -491,7 +491,7 @@ class PyComm {
     auto until = Monitor::timeoutFromNow();
     std::unique_lock<std::shared_timed_mutex> lock(callMutex_, std::defer_lock);
     if (!async_.drainUntil(until) || !lock.try_lock_until(until)) {
-      comm_->fail(mnclAborted, Comm::kStoppedByDestroy);
+      comm_->stopCallsForDestroy();
       async_.drain();
       lock.lock();
     }
