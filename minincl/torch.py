@@ -68,6 +68,8 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
         super().__init__(rank, size)
         self._store = store
         self._timeout = timeout
+        self._group_name = ""  # (see getGroupName)
+        self._group_desc = ""
         self._lock = threading.Lock()
         self._pending: list[_Op] = []  # deferred p2p ops, or everything while coalescing
         self._coalescing = False
@@ -101,6 +103,23 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
+
+    # torch names each group after making it (_set_group_name). A ProcessGroup keeps the name
+    # on its registered backends, and a Python subclass has none, so `group.group_name` would
+    # raise "ProcessGroup name not set": DeviceMesh, DTensor, FSDP2 and the functional
+    # collectives all look groups up by that name. The group keeps them itself.
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
 
     def __repr__(self) -> str:
         return f"<ProcessGroupMinincl rank {self.rank()} of {self.size()} on {sorted(self._comms)}>"

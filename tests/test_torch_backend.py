@@ -229,6 +229,31 @@ def _subgroups(rank: int) -> Result:
     return [t, s]
 
 
+def _functional(rank: int) -> Result:
+    """The functional collectives (DTensor's): they find the group by the name torch gave it."""
+    import torch.distributed._functional_collectives as funcol
+
+    world = dist.group.WORLD
+    out = [
+        funcol.all_reduce(values(rank), "sum", world),
+        funcol.all_gather_tensor(values(rank), 0, world),
+        funcol.reduce_scatter_tensor(values(rank, 2 * WORLD), "max", 0, world),
+    ]
+    return [funcol.wait_tensor(t) for t in out]
+
+
+def _group_names(rank: int) -> Result:
+    """Each group answers to the name torch registered it under, and torch resolves it back."""
+    from torch.distributed.distributed_c10d import _resolve_process_group, _world
+
+    sub = dist.new_group([0, 1], group_desc="pair")
+    checks = []
+    for pg in (dist.group.WORLD, sub):
+        checks += [pg.group_name == _world.pg_names[pg], _resolve_process_group(pg.group_name) is pg]
+    checks += [dist.group.WORLD.group_name != sub.group_name, sub.group_desc == "pair"]
+    return torch.tensor(checks)
+
+
 def _premul_sum(rank: int) -> Result:
     """PREMUL_SUM, each rank its own factor: a number; a tensor of another type (read as a
     number); a tensor of the data's type (read where it lies)."""
@@ -334,6 +359,15 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
         ],
     ),
     "new_group": (_subgroups, lambda r: [_want_sum(r), values(r) * 3]),
+    "functional_collectives": (
+        _functional,
+        lambda r: [
+            _want_sum(r),
+            torch.cat([values(q) for q in range(WORLD)]),
+            all_values(2 * WORLD).max(0).values.float().chunk(WORLD)[r],
+        ],
+    ),
+    "group_names": (_group_names, lambda r: torch.ones(6, dtype=torch.bool)),
 }
 
 
