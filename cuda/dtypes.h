@@ -15,7 +15,10 @@ namespace mncl {
 
 // Numbering matches mnclDataType_t / mnclRedOp_t in minincl.h.
 enum class DataType : uint8_t { i8, u8, i32, u32, i64, u64, f16, f32, f64, bf16, f8e4m3, f8e5m2, count };
-enum class RedOp : uint8_t { sum, prod, max, min, avg, premulsum, count };
+// (band, bor, bxor: not in mnclRedOp_t; they act on bytes, whatever the integer type.)
+enum class RedOp : uint8_t { sum, prod, max, min, avg, premulsum, band, bor, bxor, count };
+
+MNCL_HOSTDEV bool isBitwise(RedOp op) { return op == RedOp::band || op == RedOp::bor || op == RedOp::bxor; }
 enum class Coll : uint8_t { allreduce, broadcast, reduce, allgather, reducescatter, sendrecv, count };
 enum class Algo : uint8_t { ring, tree, direct, count };
 enum class Proto : uint8_t { simple, ll, ll128, count };
@@ -27,6 +30,11 @@ MNCL_HOSTDEV size_t dataTypeSize(DataType t) {
     case DataType::i32: case DataType::u32: case DataType::f32: return 4;
     default: return 8;
   }
+}
+
+MNCL_HOSTDEV bool isFloat(DataType t) {
+  return t == DataType::f16 || t == DataType::bf16 || t == DataType::f32 || t == DataType::f64 ||
+         t == DataType::f8e4m3 || t == DataType::f8e5m2;
 }
 
 #if defined(__CUDACC__)

@@ -1,4 +1,5 @@
-// Reduction operators: sum, prod, max, min, avg, premulsum over the twelve element types.
+// Reduction operators: sum, prod, max, min, avg, premulsum over the twelve element types;
+// band, bor, bxor over the integer types (as bytes).
 //
 // Integer sums and products wrap around in the type's width (done in unsigned arithmetic, so
 // signed types wrap as two's complement without undefined behaviour). Max and min propagate
@@ -152,6 +153,29 @@ struct FuncPreMulSum {
   MNCL_HOSTDEV T pre(T x) const { return Arith<T>::mul(x, scalar); }
   MNCL_HOSTDEV T preWith(T x, T rankScalar) const { return Arith<T>::mul(x, rankScalar); }  // (a peer's input)
   MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::add(a, b); }
+  MNCL_HOSTDEV T post(T x) const { return x; }
+};
+// Bitwise ops: the host runs them on bytes (see asBytes), whatever the integer type, since
+// each byte of the result depends only on that byte of the inputs.
+template <typename T>
+struct FuncBitAnd {
+  static constexpr bool kHasPre = false;
+  static constexpr bool kHasPost = false;
+  MNCL_HOSTDEV T operator()(T a, T b) const { return (T)(a & b); }
+  MNCL_HOSTDEV T post(T x) const { return x; }
+};
+template <typename T>
+struct FuncBitOr {
+  static constexpr bool kHasPre = false;
+  static constexpr bool kHasPost = false;
+  MNCL_HOSTDEV T operator()(T a, T b) const { return (T)(a | b); }
+  MNCL_HOSTDEV T post(T x) const { return x; }
+};
+template <typename T>
+struct FuncBitXor {
+  static constexpr bool kHasPre = false;
+  static constexpr bool kHasPost = false;
+  MNCL_HOSTDEV T operator()(T a, T b) const { return (T)(a ^ b); }
   MNCL_HOSTDEV T post(T x) const { return x; }
 };
 // Copy-only collectives move bytes; they never combine two values.

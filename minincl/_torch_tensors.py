@@ -35,9 +35,14 @@ _OPS = [
     (ReduceOp.MAX, "max"),
     (ReduceOp.MIN, "min"),
     (ReduceOp.AVG, "avg"),
+    (ReduceOp.BAND, "band"),
+    (ReduceOp.BOR, "bor"),
+    (ReduceOp.BXOR, "bxor"),
 ]
-# On booleans, as NCCL does: "any" and "all" through the byte values 0 and 1.
-_BOOL_OPS = {"sum": "max", "prod": "min", "max": "max", "min": "min"}
+_BITWISE = ("band", "bor", "bxor")
+# On booleans, as NCCL does: "any" and "all" through the byte values 0 and 1 (on which the
+# bitwise ops are the logical ones).
+_BOOL_OPS = {"sum": "max", "prod": "min", "max": "max", "min": "min", "band": "band", "bor": "bor", "bxor": "bxor"}
 
 
 Op = str | PreMulSum  # what minincl's reducing calls take as op
@@ -55,7 +60,7 @@ def op_name(op: object, call: str) -> Op:
     label = str(getattr(op, "op", op)).split(".")[-1]
     raise NotImplementedError(
         f"minincl backend: {call} with ReduceOp.{label} is not supported; "
-        "use SUM, PRODUCT, MAX, MIN, AVG or PREMUL_SUM (dist._make_nccl_premul_sum)"
+        "use SUM, PRODUCT, MAX, MIN, AVG, BAND, BOR, BXOR or PREMUL_SUM (dist._make_nccl_premul_sum)"
     )
 
 
@@ -65,6 +70,10 @@ def reducible(t: torch.Tensor, op: Op, call: str) -> tuple[torch.Tensor, Op]:
         if not isinstance(op, str) or op not in _BOOL_OPS:
             raise NotImplementedError(f"minincl backend: {call} with op {op} on bool tensors")
         return t.view(torch.uint8), _BOOL_OPS[op]
+    if op in _BITWISE and (t.dtype.is_floating_point or t.dtype.is_complex):
+        raise TypeError(
+            f"minincl backend: {call} with ReduceOp.{str(op).upper()} needs integer or bool tensors, not {t.dtype}"
+        )
     if t.dtype not in REDUCIBLE_DTYPES:
         raise TypeError(
             f"minincl backend: {call} cannot reduce {t.dtype} tensors; supported: int8, uint8, "

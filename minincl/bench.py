@@ -27,7 +27,8 @@ DTYPES = {
 }
 # Floats NumPy lacks, as ml_dtypes' NumPy types (what JAX uses; pip install ml_dtypes).
 NARROW_FLOATS = ["bfloat16", "float8_e4m3fn", "float8_e5m2"]
-OPS = ["sum", "prod", "max", "min", "avg", "premulsum"]  # premulsum: rank r scales by r % 2 + 1
+OPS = ["sum", "prod", "max", "min", "avg", "premulsum", "band", "bor", "bxor"]  # premulsum: rank r scales by r % 2 + 1
+BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}  # integer types only
 
 
 def numpy_dtype(name: str) -> Any:
@@ -98,6 +99,9 @@ def _expected(cfg: Config, comm: Communicator, count: int, dtype: Any) -> np.nda
     n, r = comm.nranks, comm.rank
     if cfg.coll in ("allreduce", "reduce", "reduce_scatter"):
         total = count * n if cfg.coll == "reduce_scatter" else count
+        if cfg.op in BITWISE:
+            red = BITWISE[cfg.op].reduce(np.stack([_pattern(q, total, dtype) for q in range(n)]), axis=0)
+            return red[r * count : (r + 1) * count] if cfg.coll == "reduce_scatter" else red
         inputs = np.stack([_pattern(q, total, np.float64) for q in range(n)])
         red = {
             "sum": inputs.sum(0),
@@ -365,6 +369,8 @@ def run(args: argparse.Namespace) -> int:
         args.check,
         args.window,
     )
+    if args.op in BITWISE and not np.issubdtype(DTYPES.get(args.dtype, np.float32), np.integer):
+        raise SystemExit(f"--op {args.op} combines integers bit by bit; --dtype {args.dtype} is not an integer type")
     if args.device == "cuda" and args.dtype in NARROW_FLOATS:
         raise SystemExit(f"--dtype {args.dtype} on the GPU: CuPy has no such type; use minincl-perf -D cuda -d ...")
     if args.device == "cuda":

@@ -38,13 +38,15 @@ ALGOS = {
     "direct": ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"],
 }
 PROTOS = ["simple", "ll", "ll128"]
+INTEGER_TYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64"]
+BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}  # integers only
 # All ten types, each with an op that exercises it.
 TYPES_OPS = [
     ("int8", "sum"),
     ("uint8", "prod"),
     ("int32", "avg"),
     ("uint32", "min"),
-    ("int64", "prod"),
+    ("int64", "bxor"),
     ("uint64", "max"),
     ("float16", "max"),
     ("bfloat16", "sum"),
@@ -159,8 +161,10 @@ def ref_dtype(dtype: str) -> Any:
 
 def rank_values(rank: int, count: int, dtype: str, op: str, seed: int = 0) -> np.ndarray:
     """Inputs whose reductions are exact in every type: small integers; for prod, powers of
-    two and signs only."""
+    two and signs only; for bitwise ops, random bits in every byte (of the type itself)."""
     rng = np.random.default_rng(1000 * seed + rank)
+    if op in BITWISE:
+        return rng.integers(0, 256, size=count * np.dtype(dtype).itemsize, dtype=np.uint8).view(dtype)
     unsigned = dtype.startswith("uint")
     if op == "prod":
         choices = np.array([1, 2, 1] if unsigned else [1, 2, -1])
@@ -174,6 +178,8 @@ def reduce_ref(inputs: list[np.ndarray], op: str, dtype: str) -> np.ndarray:
     n = len(inputs)
     rd = ref_dtype(dtype)
     stack = np.stack([x.astype(rd) for x in inputs])
+    if op in BITWISE:
+        return BITWISE[op].reduce(stack, axis=0)
     if op == "sum":
         return np.add.reduce(stack, axis=0, dtype=rd)
     if op == "prod":

@@ -229,6 +229,53 @@ def _subgroups(rank: int) -> Result:
     return [t, s]
 
 
+BITWISE = {"band": dist.ReduceOp.BAND, "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}
+FOLD = {"band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}
+INTEGERS = (torch.int8, torch.uint8, torch.int32, torch.int64)
+
+
+def bits(rank: int, dtype: torch.dtype, n: int = 10) -> torch.Tensor:
+    """Random bits in every byte, differing by rank (the same on every call)."""
+    g = torch.Generator().manual_seed(rank)
+    return torch.randint(0, 256, (n * dtype.itemsize,), dtype=torch.uint8, generator=g).view(dtype)
+
+
+def flags(rank: int) -> torch.Tensor:
+    return torch.tensor([True, False, rank == 0, rank == 1])
+
+
+def folded(name: str, per_rank: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    acc = per_rank(0)
+    for r in range(1, WORLD):
+        acc = FOLD[name](acc, per_rank(r))
+    return acc
+
+
+def _bitwise(rank: int) -> Result:
+    """Each bitwise op on four integer types and on bools (logical and / or / xor) with
+    all_reduce; BOR with reduce_scatter_tensor; BXOR with reduce (to rank 1)."""
+    out = []
+    for op in BITWISE.values():
+        for t in [bits(rank, dtype) for dtype in INTEGERS] + [flags(rank)]:
+            dist.all_reduce(t, op=op)
+            out.append(t)
+    rs = torch.empty(10 // WORLD, dtype=torch.int32)
+    reduce_scatter_single(rs, bits(rank, torch.int32), op=dist.ReduceOp.BOR)
+    red = bits(rank, torch.int64)
+    dist.reduce(red, dst=1, op=dist.ReduceOp.BXOR)
+    return out + [rs] + ([red] if rank == 1 else [])
+
+
+def _want_bitwise(rank: int) -> Result:
+    want = []
+    for name in BITWISE:
+        for dtype in INTEGERS:
+            want.append(folded(name, lambda r, dtype=dtype: bits(r, dtype)))
+        want.append(folded(name, flags))
+    want.append(folded("bor", lambda r: bits(r, torch.int32)).chunk(WORLD)[rank])
+    return want + ([folded("bxor", lambda r: bits(r, torch.int64))] if rank == 1 else [])
+
+
 def _functional(rank: int) -> Result:
     """The functional collectives (DTensor's): they find the group by the name torch gave it."""
     import torch.distributed._functional_collectives as funcol
@@ -359,6 +406,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
         ],
     ),
     "new_group": (_subgroups, lambda r: [_want_sum(r), values(r) * 3]),
+    "bitwise": (_bitwise, _want_bitwise),
     "functional_collectives": (
         _functional,
         lambda r: [
@@ -433,20 +481,17 @@ def test_single_rank_premul_sum_scales(single_rank: Any) -> None:
 @pytest.mark.parametrize(
     "call, pattern",
     [
-        (
-            lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND),
-            "ReduceOp.BAND",
-        ),
-        (
-            lambda: dist.reduce(torch.ones(2), dst=0, op=dist.ReduceOp.BXOR),
-            "reduce with ReduceOp.BXOR",
-        ),
         (lambda: dist.recv(torch.ones(2)), "recv from any source"),
     ],
 )
 def test_unsupported_raises_not_implemented(single_rank: Any, call: Callable[[], Any], pattern: str) -> None:
     with pytest.raises(NotImplementedError, match=pattern):
         call()
+
+
+def test_bitwise_ops_on_floats_are_refused(single_rank: Any) -> None:
+    with pytest.raises(TypeError, match="reduce with ReduceOp.BXOR needs integer or bool tensors, not torch.float32"):
+        dist.reduce(torch.ones(2), dst=0, op=dist.ReduceOp.BXOR)
 
 
 def test_unsupported_dtype_and_device_are_clear(single_rank: Any) -> None:
@@ -602,3 +647,34 @@ def test_ddp_matches_gloo_gpu() -> None:
     if not minincl.build_info()["cuda"]:
         pytest.skip("this build of minincl has no CUDA communicators")
     _check_same_training("cuda")
+
+
+# ---- torch.distributed.pipelining: a GPipe schedule over two stages ----
+
+
+def gpipe_grads(backend: str) -> torch.Tensor:
+    """Stage r holds layer r; 4 micro-batches forward then backward; returns its weight's grad."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    layer = [torch.nn.Linear(8, 8) for _ in range(world)][rank]
+    stage = PipelineStage(layer, rank, world, torch.device("cpu"))
+    schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=lambda out, target: ((out - target) ** 2).mean())
+    x = torch.randn(8, 8, generator=torch.Generator().manual_seed(1))
+    if rank == 0:
+        schedule.step(x)
+    else:
+        schedule.step(target=torch.zeros(8, 8))
+    dist.destroy_process_group()
+    assert layer.weight.grad is not None
+    return layer.weight.grad
+
+
+def test_pipelining_schedule_matches_gloo() -> None:
+    ours = run_local(gpipe_grads, WORLD, "minincl", timeout=120)
+    gloo = run_local(gpipe_grads, WORLD, "gloo", timeout=120)
+    for rank in range(WORLD):
+        assert ours[rank].abs().sum() > 0
+        assert_close(ours[rank], gloo[rank], f"rank {rank}'s gradient, minincl vs gloo", tol=0.0)

@@ -78,6 +78,31 @@ def all_collectives(comm: minincl.Communicator, counts: list[int]) -> int:
     return checks + 1
 
 
+def bitwise_collectives(comm: minincl.Communicator, counts: list[int]) -> int:
+    """band, bor and bxor on random bits, allreduce / reduce / reduce_scatter, against NumPy."""
+    n, r = comm.nranks, comm.rank
+    checks = 0
+    for count in counts:
+        for (op, fold), dtype in zip(
+            (("band", np.bitwise_and), ("bor", np.bitwise_or), ("bxor", np.bitwise_xor)), (np.int8, np.uint32, np.int64)
+        ):
+            size = count * n * np.dtype(dtype).itemsize
+            inputs = [
+                np.random.default_rng(q + 10 * count).integers(0, 256, size, np.uint8).view(dtype) for q in range(n)
+            ]
+            want = fold.reduce(np.stack(inputs), axis=0)
+            x = inputs[r].copy()
+            comm.allreduce(x, op=op)
+            np.testing.assert_array_equal(x, want)
+            red = comm.reduce(inputs[r], np.zeros_like(x), op=op, root=n - 1)
+            if r == n - 1:
+                np.testing.assert_array_equal(red, want)
+            rs = comm.reduce_scatter(inputs[r], op=op)
+            np.testing.assert_array_equal(rs, want.reshape(n, -1)[r])
+            checks += 3
+    return checks
+
+
 def unaligned_outputs_and_avg(comm: minincl.Communicator, counts: list[int]) -> int:
     """Out-of-place results into arrays 16-byte aligned and not (a view one element in), and
     avg (whose division runs on the reduced value), checked against NumPy."""

@@ -38,10 +38,21 @@ bool runForType(DevChannel& ch, const DevWork& w, DevError* err) {
   }
 }
 
+// Bitwise ops combine bytes: one instance each, for every integer type.
+bool runBitwise(DevChannel& ch, const DevWork& w, DevError* err) {
+  switch (w.op) {
+    case RedOp::band: return runTyped<uint8_t>(ch, asBytes(w), FuncBitAnd<uint8_t>{}, err);
+    case RedOp::bor: return runTyped<uint8_t>(ch, asBytes(w), FuncBitOr<uint8_t>{}, err);
+    case RedOp::bxor: return runTyped<uint8_t>(ch, asBytes(w), FuncBitXor<uint8_t>{}, err);
+    default: return false;
+  }
+}
+
 }  // namespace
 
 bool runCollective(DevChannel& ch, const DevWork& w, DevError* err) {
   if (isCopyOnly(w.coll)) return runTyped<uint8_t>(ch, asBytes(w), FuncCopy<uint8_t>{}, err);
+  if (isBitwise(w.op)) return runBitwise(ch, w, err);
   switch (w.op) {
     case RedOp::sum: return runForType<FuncSum, true>(ch, w, err);
     case RedOp::prod: return runForType<FuncProd, true>(ch, w, err);

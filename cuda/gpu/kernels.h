@@ -75,7 +75,8 @@ cudaError_t preloadKernels();
 
 // The (reduction, type) kernel instances: each is a translation unit of its own (see
 // CMakeLists.txt), so a build spreads them over every core. Signed sums, products and
-// premulsums run as their unsigned twins; MININCL_CUDA_QUICK leaves out every float but float32.
+// premulsums run as their unsigned twins, bitwise ops on bytes; MININCL_CUDA_QUICK leaves out
+// every float but float32.
 #define MNCL_KERNEL_NAME_(op, type) launch_##op##_##type
 #define MNCL_KERNEL_NAME(op, type) MNCL_KERNEL_NAME_(op, type)
 #define MNCL_KERNEL_PRELOAD_(op, type) preload_##op##_##type
@@ -102,6 +103,9 @@ cudaError_t preloadKernels();
 #define MNCL_KERNEL_FUNC_min FuncMin
 #define MNCL_KERNEL_FUNC_avg FuncAvg
 #define MNCL_KERNEL_FUNC_premulsum FuncPreMulSum
+#define MNCL_KERNEL_FUNC_band FuncBitAnd
+#define MNCL_KERNEL_FUNC_bor FuncBitOr
+#define MNCL_KERNEL_FUNC_bxor FuncBitXor
 #define MNCL_KERNEL_FUNC_(op) MNCL_KERNEL_FUNC_##op
 #define MNCL_KERNEL_FUNC(op) MNCL_KERNEL_FUNC_(op)
 
@@ -114,6 +118,6 @@ cudaError_t preloadKernels();
 #define MNCL_KERNEL_ALL(X, op) X(op, i8) X(op, i32) X(op, i64) MNCL_KERNEL_UNSIGNED(X, op)
 #define MNCL_KERNEL_INSTANCES(X) \
   MNCL_KERNEL_UNSIGNED(X, sum) MNCL_KERNEL_UNSIGNED(X, prod) MNCL_KERNEL_ALL(X, max) MNCL_KERNEL_ALL(X, min) \
-  MNCL_KERNEL_ALL(X, avg) MNCL_KERNEL_UNSIGNED(X, premulsum)
+  MNCL_KERNEL_ALL(X, avg) MNCL_KERNEL_UNSIGNED(X, premulsum) X(band, u8) X(bor, u8) X(bxor, u8)
 
 }  // namespace mncl::dev

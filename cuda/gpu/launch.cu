@@ -19,7 +19,8 @@ namespace {
 using Launcher = cudaError_t (*)(const GpuLaunch&);
 
 // [op][type]; null where no instance exists (signed sums, products and premulsums run as
-// unsigned: same bits, one instance fewer; a quick build has float32 alone of the floats).
+// unsigned: same bits, one instance fewer; bitwise ops as bytes; a quick build has float32
+// alone of the floats).
 struct LauncherTable {
   Launcher at[(int)RedOp::count][(int)DataType::count] = {};
   cudaError_t (*preload[(int)RedOp::count][(int)DataType::count])() = {};
@@ -52,10 +53,11 @@ DataType asInstantiated(RedOp op, DataType t) {
 }  // namespace
 
 cudaError_t launchCollective(const GpuLaunch& l, Coll coll, DataType dtype, RedOp op) {
-  if (isCopyOnly(coll)) {
+  if (isCopyOnly(coll) || isBitwise(op)) {
     GpuLaunch bytes = l;
     for (int b = 0; b < l.nBlocks; ++b) bytes.blocks.work[b] = asBytes(l.blocks.work[b]);
-    return launchCopy(bytes);
+    if (isCopyOnly(coll)) return launchCopy(bytes);
+    return table().at[(int)op][(int)DataType::u8](bytes);
   }
   if ((unsigned)op >= (unsigned)RedOp::count || (unsigned)dtype >= (unsigned)DataType::count) return cudaErrorInvalidValue;
   Launcher f = table().at[(int)op][(int)asInstantiated(op, dtype)];

@@ -72,7 +72,10 @@ void checkUsable(Comm& comm) {
 void checkTypeOp(DataType t, RedOp op, bool reduces) {
   MNCL_CHECK((unsigned)t < (unsigned)DataType::count, mnclInvalidArgument,
         "unknown data type " + std::to_string((int)t));
-  if (reduces) MNCL_CHECK((unsigned)op < (unsigned)RedOp::count, mnclInvalidArgument, "unknown reduction op " + std::to_string((int)op));
+  if (!reduces) return;
+  MNCL_CHECK((unsigned)op < (unsigned)RedOp::count, mnclInvalidArgument, "unknown reduction op " + std::to_string((int)op));
+  MNCL_CHECK(!isBitwise(op) || !isFloat(t), mnclInvalidArgument,
+             std::string(redOpName(op)) + " combines integers bit by bit; the data is " + dataTypeName(t));
 }
 
 void validate(Comm& comm, const CollCall& c) {

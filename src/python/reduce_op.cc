@@ -72,23 +72,22 @@ uint64_t floatBits(py::handle scalar, DataType t) {
   return out;
 }
 
-bool isFloat(DataType t) {
-  return t == DataType::f16 || t == DataType::bf16 || t == DataType::f32 || t == DataType::f64 ||
-         t == DataType::f8e4m3 || t == DataType::f8e5m2;
-}
-
 }  // namespace
 
 OpArg parse(py::handle op) {
   if (op.is_none()) return {};  // (not given: the default, sum)
   if (py::isinstance<py::str>(op)) {
     std::string name = op.cast<std::string>();
-    static const char* names[] = {"sum", "prod", "max", "min", "avg"};
-    for (int i = 0; i < 5; ++i) {
-      if (name == names[i]) return {(RedOp)i, py::object()};
+    static const std::pair<const char*, RedOp> names[] = {{"sum", RedOp::sum}, {"prod", RedOp::prod},
+                                                          {"max", RedOp::max}, {"min", RedOp::min},
+                                                          {"avg", RedOp::avg}, {"band", RedOp::band},
+                                                          {"bor", RedOp::bor}, {"bxor", RedOp::bxor}};
+    for (const auto& [n, redOp] : names) {
+      if (name == n) return {redOp, py::object()};
     }
-    throwError(mnclInvalidArgument,
-               "unknown reduction op \"" + name + "\"; use one of sum, prod, max, min, avg, or minincl.PreMulSum(scalar)");
+    throwError(mnclInvalidArgument, "unknown reduction op \"" + name +
+                                        "\"; use one of sum, prod, max, min, avg, band, bor, bxor, or "
+                                        "minincl.PreMulSum(scalar)");
   }
   if (py::isinstance<PreMulSum>(op)) return {RedOp::premulsum, op.cast<const PreMulSum&>().scalar};
   // (A wrong type is a TypeError, as Python's own argument checks raise: see call_args.h.)

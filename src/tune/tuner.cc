@@ -67,7 +67,7 @@ const char* algoName(Algo a) { return kAlgoNames[(int)a]; }
 const char* protoName(Proto p) { return kProtoNames[(int)p]; }
 const char* collName(Coll c) { return kCollNames[(int)c]; }
 const char* redOpName(RedOp op) {
-  static const char* names[] = {"sum", "prod", "max", "min", "avg", "premulsum"};
+  static const char* names[] = {"sum", "prod", "max", "min", "avg", "premulsum", "band", "bor", "bxor"};
   static_assert(std::size(names) == (size_t)RedOp::count);
   return (unsigned)op < (unsigned)RedOp::count ? names[(int)op] : "?";
 }
