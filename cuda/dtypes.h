@@ -13,15 +13,15 @@
 
 namespace mncl {
 
-// Numbering matches mnclDataType_t / mnclRedOp_t in minincl.h.
+// Numbering matches mnclDataType_t / mnclRedOp_t in minincl.h (up to avg: premulsum is what
+// C's created ops run as; band, bor and bxor, Python's only, act on bytes of any integer type).
 enum class DataType : uint8_t { i8, u8, i32, u32, i64, u64, f16, f32, f64, bf16, f8e4m3, f8e5m2, count };
-// (band, bor, bxor: not in mnclRedOp_t; they act on bytes, whatever the integer type.)
 enum class RedOp : uint8_t { sum, prod, max, min, avg, premulsum, band, bor, bxor, count };
-
-MNCL_HOSTDEV bool isBitwise(RedOp op) { return op == RedOp::band || op == RedOp::bor || op == RedOp::bxor; }
 enum class Coll : uint8_t { allreduce, broadcast, reduce, allgather, reducescatter, sendrecv, count };
 enum class Algo : uint8_t { ring, tree, direct, count };
 enum class Proto : uint8_t { simple, ll, ll128, count };
+
+MNCL_HOSTDEV bool isBitwise(RedOp op) { return op == RedOp::band || op == RedOp::bor || op == RedOp::bxor; }
 
 MNCL_HOSTDEV size_t dataTypeSize(DataType t) {
   switch (t) {

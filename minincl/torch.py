@@ -20,6 +20,7 @@ sending first would deadlock; batched, they progress together, as NCCL's grouped
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -526,7 +527,35 @@ def _exchange(sends: list[torch.Tensor], recvs: list[torch.Tensor]) -> Body:
 
 
 def _create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ProcessGroupMinincl:
+    others = _other_backends_of_this_group()
+    if others:
+        mixed = ",".join(f"{device}:{backend}" for device, backend in others.items())
+        raise ValueError(
+            f"minincl backend: this group would also use {mixed}, but torch cannot combine a process group "
+            "written in Python (minincl's) with other backends in one group: minincl's would silently take "
+            "every device's calls. "
+            "Use init_process_group('minincl') (CPU and CUDA tensors), or keep the other backend for the "
+            "default group and make a minincl group for CPU tensors: dist.new_group(backend='minincl')"
+        )
     return ProcessGroupMinincl(store, rank, size, timeout)
+
+
+def _other_backends_of_this_group() -> dict[str, str]:
+    """The devices that the group torch is making maps to other backends ("cpu:minincl,cuda:nccl").
+
+    torch gives a backend's creator no such thing, so this reads torch's backend_config from the
+    frame that calls the creator; {} where no such frame is found (a torch that works otherwise).
+    """
+    frame = sys._getframe(1)
+    for _ in range(4):
+        frame = frame.f_back
+        if frame is None:
+            return {}
+        config = frame.f_locals.get("backend_config")
+        if config is not None and hasattr(config, "get_device_backend_map"):
+            mapping = config.get_device_backend_map()
+            return {device: str(b) for device, b in mapping.items() if str(b) != BACKEND_NAME}
+    return {}
 
 
 dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])

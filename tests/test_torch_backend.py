@@ -489,6 +489,24 @@ def test_unsupported_raises_not_implemented(single_rank: Any, call: Callable[[],
         call()
 
 
+def init_mixed(spec: str) -> str:
+    try:
+        dist.init_process_group(spec)
+    except ValueError as e:
+        return str(e)
+    dist.destroy_process_group()
+    return "no error"
+
+
+@pytest.mark.parametrize("spec", ["cpu:minincl,cuda:gloo", "cpu:gloo,cuda:minincl"])
+def test_a_group_mixing_minincl_with_another_backend_is_refused(spec: str) -> None:
+    """torch would keep minincl's group alone and drop the other backend without a word."""
+    other = "cuda:gloo" if spec.startswith("cpu:minincl") else "cpu:gloo"
+    for message in run_local(init_mixed, WORLD, spec, timeout=60):
+        assert f"this group would also use {other}" in message
+        assert "dist.new_group(backend='minincl')" in message
+
+
 def test_bitwise_ops_on_floats_are_refused(single_rank: Any) -> None:
     with pytest.raises(TypeError, match="reduce with ReduceOp.BXOR needs integer or bool tensors, not torch.float32"):
         dist.reduce(torch.ones(2), dst=0, op=dist.ReduceOp.BXOR)
