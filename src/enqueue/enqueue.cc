@@ -27,8 +27,8 @@ std::string describe(const dev::StepInfo& s, bool ours) {
     return std::string(ours ? "recv" : "send") + " of " + std::to_string(s.count) + " bytes (" +
            dataTypeName((DataType)s.dtype) + ")";
   }
-  // (Copy-only collectives run, and so check their steps, in bytes.)
-  bool inBytes = s.coll == (uint8_t)Coll::broadcast || s.coll == (uint8_t)Coll::allgather;
+  // (Copy-only collectives and bitwise ops run, and so check their steps, in bytes.)
+  bool inBytes = s.coll == (uint8_t)Coll::broadcast || s.coll == (uint8_t)Coll::allgather || isBitwise((RedOp)s.op);
   uint64_t count = inBytes ? s.count / dataTypeSize((DataType)s.dtype) : s.count;
   return describeCall({s.coll, s.dtype, s.op, s.root, count}, algoName((Algo)s.algo));
 }
