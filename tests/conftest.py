@@ -109,8 +109,20 @@ def pool() -> Any:
     p.close()
 
 
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Notes on the test item whether its body failed (comms_of reads it)."""
+    report = yield
+    if report.when == "call":
+        item.stash[_CALL_FAILED] = report.failed
+    return report
+
+
 @pytest.fixture
-def comms_of(pool: CommPool) -> Any:
+def comms_of(pool: CommPool, request: pytest.FixtureRequest) -> Any:
     """comms_of(n) -> n thread-rank communicators; discarded if the test fails."""
     used: list[int] = []
 
@@ -119,10 +131,12 @@ def comms_of(pool: CommPool) -> Any:
         return pool.get(n)
 
     yield get
-    # A failing test may leave a broken group behind: rebuild it next time.
+    # A failed test may leave its group failed (a peer's error stored) or destroyed: the next
+    # test gets a new one.
+    failed = request.node.stash.get(_CALL_FAILED, True)
     for n in used:
         group = pool._groups.get(n)
-        if group is not None and any(c.destroyed for c in group):
+        if group is not None and (failed or any(c.destroyed for c in group)):
             pool.discard(n)
 
 
