@@ -29,16 +29,16 @@ REDUCIBLE_DTYPES = frozenset(
     }
 )  # plus uint32/uint64, which torch cannot do arithmetic on anyway
 
-_OPS = [
-    (ReduceOp.SUM, "sum"),
-    (ReduceOp.PRODUCT, "prod"),
-    (ReduceOp.MAX, "max"),
-    (ReduceOp.MIN, "min"),
-    (ReduceOp.AVG, "avg"),
-    (ReduceOp.BAND, "band"),
-    (ReduceOp.BOR, "bor"),
-    (ReduceOp.BXOR, "bxor"),
-]
+_OPS = {  # (by ReduceOp.RedOpType: a dict lookup, where comparing ReduceOps one by one took ~3 us)
+    ReduceOp.SUM: "sum",
+    ReduceOp.PRODUCT: "prod",
+    ReduceOp.MAX: "max",
+    ReduceOp.MIN: "min",
+    ReduceOp.AVG: "avg",
+    ReduceOp.BAND: "band",
+    ReduceOp.BOR: "bor",
+    ReduceOp.BXOR: "bxor",
+}
 _BITWISE = ("band", "bor", "bxor")
 # On booleans, as NCCL does: "any" and "all" through the byte values 0 and 1 (on which the
 # bitwise ops are the logical ones).
@@ -50,14 +50,15 @@ Op = str | PreMulSum  # what minincl's reducing calls take as op
 
 def op_name(op: object, call: str) -> Op:
     """torch's ReduceOp -> minincl's op; a clear NotImplementedError for the rest."""
-    for torch_op, name in _OPS:
-        if op == torch_op:
-            return name
-    if getattr(op, "op", op) == ReduceOp.PREMUL_SUM:  # dist._make_nccl_premul_sum(factor)
+    kind = getattr(op, "op", op)  # (a ReduceOp holds its RedOpType)
+    name = _OPS.get(kind) if isinstance(kind, ReduceOp.RedOpType) else None
+    if name is not None:
+        return name
+    if kind == ReduceOp.PREMUL_SUM:  # dist._make_nccl_premul_sum(factor)
         factor = getattr(op, "factor", None)
         if isinstance(factor, (int, float, torch.Tensor)):
             return PreMulSum(factor)  # (a tensor: see reducible)
-    label = str(getattr(op, "op", op)).split(".")[-1]
+    label = str(kind).split(".")[-1]
     raise NotImplementedError(
         f"minincl backend: {call} with ReduceOp.{label} is not supported; "
         "use SUM, PRODUCT, MAX, MIN, AVG, BAND, BOR, BXOR or PREMUL_SUM (dist._make_nccl_premul_sum)"

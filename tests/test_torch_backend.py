@@ -205,6 +205,19 @@ def _async_future(rank: int) -> Result:
     return [t, doubled]
 
 
+def _sync_behind_async(rank: int) -> Result:
+    """A call without async_op while async ones are queued runs after them (program order is
+    wire order); a future asked for after its work finished holds the outputs."""
+    big = [values(rank, 50_000) for _ in range(3)]
+    works = [dist.all_reduce(b, async_op=True) for b in big]
+    small = values(rank)
+    dist.all_reduce(small)
+    for w in works:
+        w.wait()
+    late = works[0].get_future().wait()[0]
+    return [*big, small, late]
+
+
 def _coalesced(rank: int) -> Result:
     a, b = values(rank), values(rank, 3, torch.float64)
     with dist._coalescing_manager(async_ops=True) as cm:  # allreduce_coalesced
@@ -397,6 +410,10 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
     ),
     "non_contiguous": (_non_contiguous, _want_non_contiguous),
     "async_future": (_async_future, lambda r: [_want_sum(r), _want_sum(r) * 2]),
+    "sync_behind_async": (
+        _sync_behind_async,
+        lambda r: [_want_sum(r, 50_000)] * 3 + [_want_sum(r), _want_sum(r, 50_000)],
+    ),
     "coalesced": (
         _coalesced,
         lambda r: [
@@ -468,6 +485,18 @@ def test_single_rank_file_init(single_rank: Any) -> None:
     t = torch.arange(5.0)
     dist.all_reduce(t, op=dist.ReduceOp.AVG)
     torch.testing.assert_close(t, torch.arange(5.0))
+
+
+def test_calls_without_async_op_run_on_the_callers_thread(single_rank: Any) -> None:
+    """They wait at once, so the lane's thread (which async calls need) is never started."""
+    t = torch.arange(4.0)
+    dist.all_reduce(t)
+    dist.broadcast(t, src=0)
+    dist.barrier()
+    assert single_rank._comms["cpu"].lane._thread is None
+    dist.all_reduce(t, async_op=True).wait()
+    assert single_rank._comms["cpu"].lane._thread is not None
+    torch.testing.assert_close(t, torch.arange(4.0))
 
 
 def test_single_rank_premul_sum_scales(single_rank: Any) -> None:
