@@ -4,7 +4,9 @@ A *lane* runs one communicator's operations in the order they were issued, which
 every rank must use. On the CPU a lane is a worker thread, so ``async_op=True`` really
 overlaps with the caller (minincl releases the GIL while it moves data). On a GPU, minincl
 already queues work on the caller's current CUDA stream and returns at once, so the lane
-runs the job inline, in the caller's thread (the stream is thread-local in PyTorch).
+runs the job inline, in the caller's thread (the stream is thread-local in PyTorch). A CPU
+call made without ``async_op`` also runs in the caller's thread when nothing is queued before
+it: torch waits on it at once, and the hand-off to the worker and back cost ~40 us.
 """
 
 from __future__ import annotations
