@@ -48,6 +48,17 @@ def test_bench_narrow_floats_through_ml_dtypes(dtype: str, op: str) -> None:
     assert len(rows) == 5 and all(r[2] == dtype and r[-1] == "0" for r in rows), out.stdout
 
 
+def test_bench_checks_bitwise_ops_and_refuses_them_on_floats() -> None:
+    args = ("bench", "reduce_scatter", "--ranks", "3", "-b", "8", "-e", "64K", "-f", "32", "--check", "--iters", "3")
+    out = run_cli(*args, "--dtype", "int64", "--op", "bxor")
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if line.strip() and not line.startswith("#")]
+    assert len(rows) == 3 and all(r[3] == "bxor" and r[-1] == "0" for r in rows), out.stdout
+    refused = run_cli(*args, "--dtype", "float32", "--op", "band")
+    assert refused.returncode != 0
+    assert "--op band combines integers bit by bit" in refused.stdout + refused.stderr
+
+
 def test_bench_rejects_an_unknown_algorithm() -> None:
     out = run_cli("bench", "allreduce", "--ranks", "2", "-b", "8", "-e", "8", "--algo", "butterfly")
     assert out.returncode != 0
