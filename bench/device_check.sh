@@ -228,6 +228,15 @@ if ((BUILD_OK)); then
       "$PERF" sendrecv -t 2 -b 8 -e 16M -f 8 -n 20 -w 5 -D cuda -c 1
     awk '/^ +[0-9]+ /{s = s sprintf(" %s:%sus", $1, $6); w += $9} END {printf "%-26s%s  #wrong %d\n", "perf_sendrecv_2", s, w}' \
       "$OUT/perf_sendrecv_2.log"
+    # Alltoall on 8 ranks up to 128 MiB, checked: blocks big enough to take many channels each
+    # (a launch holds 56 channel ops; before the twenty-sixth session these were refused), and
+    # A/B: every exchange starting on channel 0 (MININCL_P2P_SPREAD=0, the CPU's default).
+    for spread in 1 0; do
+      step "perf_alltoall_8_spread$spread" "$(limit 25 100)" "$OUT/perf_alltoall_8_spread$spread.log" \
+        env MININCL_P2P_SPREAD=$spread "$PERF" alltoall -t 8 -g -b 256K -e 128M -f 8 -n 10 -w 2 -D cuda -c 1
+      awk -v f="perf_alltoall_8_spread$spread" '/^ +[0-9]+ /{s = s sprintf(" %s:%sus", $1, $6); w += $9}
+        END {printf "%-26s%s  #wrong %d\n", f, s, w}' "$OUT/perf_alltoall_8_spread$spread.log"
+    done
     # 8- and 16-bit floats, 8 ranks driven by one thread, the tuner's choice, checked.
     for d in f8e4m3 f8e5m2 bfloat16; do
       step "perf_type_8_$d" "$(limit 25 100)" "$OUT/perf_type_8_$d.log" \

@@ -29,6 +29,10 @@
 
 namespace mncl::dev {
 
+// The most channel ops one GPU launch of a group's sends and receives holds: they travel as
+// its kernel argument (GpuP2pWorks, 4 KiB).
+constexpr int kMaxGpuP2pOps = 56;
+
 struct P2pOp {
   bool isSend;
   bool pointerSteps;    // a send may go as pointer steps and direct writes (see planP2pOps)

@@ -327,8 +327,13 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     }
     T* to = landing ? landing : inSlot;
     size_t bytes = landing ? readAheadBytes(p, step, at, landing, n) : n * sizeof(T);
-    int err = 0;
-    if (tid() == 0) err = readPeerMemory(f.peerPid, to, reinterpret_cast<const void*>(at), bytes);
+#if defined(__CUDA_ARCH__)
+    // (A GPU reads no other process's memory: every thread fails alike, none alone stops
+    // short of a barrier the others wait at. Not reached: a GPU's pointer steps all map here.)
+    int err = readPeerMemory(f.peerPid, to, reinterpret_cast<const void*>(at), bytes);
+#else
+    int err = tid() == 0 ? readPeerMemory(f.peerPid, to, reinterpret_cast<const void*>(at), bytes) : 0;
+#endif
     if (err != 0) failPeerCopy(cx_.error, cx_.waiter, p, err, false);
     if (tid() == 0 && err == 0 && bytes > n * sizeof(T)) {
       ConnFifo& from = cx_.ch.recvFrom[p];

@@ -19,7 +19,9 @@ REDUCIBLE_DTYPES = frozenset(
         torch.int8,
         torch.uint8,
         torch.int32,
+        torch.uint32,  # (torch itself barely computes on these two; minincl reduces them)
         torch.int64,
+        torch.uint64,
         torch.float16,
         torch.bfloat16,
         torch.float32,
@@ -27,7 +29,7 @@ REDUCIBLE_DTYPES = frozenset(
         torch.float8_e4m3fn,  # 8-bit floats reduce as NCCL's do: in float, rounded and saturated
         torch.float8_e5m2,
     }
-)  # plus uint32/uint64, which torch cannot do arithmetic on anyway
+)
 
 _OPS = {  # (by ReduceOp.RedOpType: a dict lookup, where comparing ReduceOps one by one took ~3 us)
     ReduceOp.SUM: "sum",
@@ -78,7 +80,7 @@ def reducible(t: torch.Tensor, op: Op, call: str) -> tuple[torch.Tensor, Op]:
     if t.dtype not in REDUCIBLE_DTYPES:
         raise TypeError(
             f"minincl backend: {call} cannot reduce {t.dtype} tensors; supported: int8, uint8, "
-            "int32, int64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2, bool"
+            "int32, uint32, int64, uint64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2, bool"
         )
     if isinstance(op, PreMulSum) and isinstance(op.scalar, torch.Tensor):
         # A factor tensor of the data's type and device is read where it lies when the

@@ -442,6 +442,52 @@ def test_sends_and_receives_that_wait_longer_than_a_second_are_no_deadlock(case:
     assert case_on_ranks(workers.p2p_ring, 3, case, processes) == ["ok"] * 3
 
 
+@pytest.mark.parametrize("case", ["collective", "recv"])
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_a_call_past_its_timeout_fails_naming_where_every_rank_is(case: str, processes: bool) -> None:
+    """Rank 1 lives on but stays out of the call for 3 s (its heartbeat goes on, so only the
+    call timeout can tell): the ranks waiting for it raise Timeout within the timeout,
+    naming their call and where rank 1 is; rank 1's next call raises the failure."""
+    args = (case, 0.5, 3.0)
+    fn = workers.late_rank
+    results = (
+        minincl.launch(fn, 3, *args, timeout=60) if processes else workers.run_on_threads(3, lambda c: fn(c, *args))
+    )
+    rank0 = {
+        "collective": "rank 0: inside collective call 2 (allreduce(count=1000, float32, sum))",
+        "recv": "rank 0: inside sends / receives with rank(s) 1 (after 1 collective call(s))",
+    }[case]
+    fired = [r for r in results if r.startswith("Timeout: call timeout: rank ")]
+    assert fired and " for more than 0.5 s " in fired[0], results
+    assert all(r.startswith(("Timeout", "RemoteError")) and "call timeout: rank " in r for r in results), results
+    assert all(rank0 in r and "rank 1: in no call (1 collective call(s) made)" in r for r in results), results
+
+
+def test_a_call_within_its_timeout_ends_normally() -> None:
+    """Rank 1 comes 0.3 s late to calls with a 3 s timeout: no error, the right values."""
+    assert workers.run_on_threads(3, lambda c: workers.late_rank(c, "collective", 3.0, 0.3)) == ["ok"] * 3
+
+
+def test_call_timeout_setting(pair: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert pair[0].call_timeout == 0.0  # (no limit by default)
+    pair[0].call_timeout = 2.5
+    assert pair[0].call_timeout == 2.5
+    pair[0].call_timeout = None
+    assert pair[0].call_timeout == 0.0
+    with pytest.raises(minincl.InvalidArgument, match="a call timeout must be 0"):
+        pair[0].call_timeout = -1
+    monkeypatch.setenv("MININCL_CALL_TIMEOUT", "1500ms")
+    comms = minincl.Communicator.init_all(2)
+    try:
+        assert [c.call_timeout for c in comms] == [1.5, 1.5]
+    finally:
+        for c in comms:
+            c.destroy()
+    pair[1].destroy()
+    with pytest.raises(minincl.InvalidUsage, match="destroyed"):
+        pair[1].call_timeout = 1
+
+
 def test_wrong_unique_id() -> None:
     with pytest.raises(minincl.InvalidArgument, match="unique id"):
         minincl.Communicator(2, b"\x00" * 128, 0)

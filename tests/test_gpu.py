@@ -912,3 +912,25 @@ def test_abort_stops_a_spinning_kernel(cp: Any) -> None:
     finally:
         for c in comms:
             c.destroy()
+
+
+@pytest.mark.parametrize(("nranks", "count"), [(2, BIG), (8, 300_007)])
+def test_alltoall_on_every_channel(monkeypatch: pytest.MonkeyPatch, cp: Any, nranks: int, count: int) -> None:
+    """Without MININCL_NCHANNELS a rank gets up to 32 channels and a message one per 4 slots
+    of it, while one launch holds 56 channel ops: a message takes no more channels than let
+    an alltoall's send and receive with every peer fit (these were refused before)."""
+    monkeypatch.delenv("MININCL_NCHANNELS", raising=False)
+    comms = minincl.Communicator.init_all(nranks, device=DEVICE)
+    try:
+        inputs = [np.arange(count * nranks, dtype=np.int32) * 10 + r for r in range(nranks)]
+        sends = [cp.asarray(x) for x in inputs]
+        recvs = [cp.full(count * nranks, -1, cp.int32) for _ in range(nranks)]
+        with minincl.group():
+            for c in comms:
+                c.alltoall(sends[c.rank], recvs[c.rank])
+        for r in range(nranks):
+            want = np.concatenate([inputs[q][r * count : (r + 1) * count] for q in range(nranks)])
+            np.testing.assert_array_equal(cp.asnumpy(recvs[r]), want, err_msg=f"rank {r}")
+    finally:
+        for c in comms:
+            c.destroy()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Union
@@ -80,6 +81,21 @@ def _bool_allreduce(rank: int) -> Result:
     dist.all_reduce(any_, op=dist.ReduceOp.SUM)
     dist.all_reduce(all_, op=dist.ReduceOp.PRODUCT)
     return [any_, all_]
+
+
+def _unsigned_allreduce(rank: int) -> Result:
+    """uint32 and uint64 reduce as unsigned (torch itself computes little on them)."""
+    u32 = torch.tensor([2**31 + rank, 5 * (rank + 1)], dtype=torch.uint32)
+    u64 = torch.tensor([2**62 + rank, 3 + rank], dtype=torch.uint64)
+    dist.all_reduce(u32, op=dist.ReduceOp.MAX)
+    dist.all_reduce(u64, op=dist.ReduceOp.SUM)  # 2^63 and more: wrong if added as signed
+    return [u32.to(torch.int64), u64.view(torch.int64)]
+
+
+def _want_unsigned(rank: int) -> Result:
+    u64 = [sum(2**62 + r for r in range(WORLD)) % 2**64, sum(3 + r for r in range(WORLD))]
+    as_signed = [v - 2**64 if v >= 2**63 else v for v in u64]
+    return [torch.tensor([2**31 + WORLD - 1, 5 * WORLD]), torch.tensor(as_signed)]
 
 
 def _broadcast(rank: int) -> Result:
@@ -356,6 +372,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
         if op != "avg" or dt.is_floating_point
     },
     "allreduce-premul_sum": (_premul_sum, _want_premul_sum),
+    "allreduce-unsigned": (_unsigned_allreduce, _want_unsigned),
     "allreduce-bool": (
         _bool_allreduce,
         lambda r: [
@@ -610,6 +627,31 @@ def test_receives_waiting_on_each_other_raise_instead_of_hanging() -> None:
         "deadlock in sends and receives: " in o["message"] and "waits for rank 1 to send" in o["message"]
         for o in outcomes
     ), outcomes
+
+
+def late_rank_1() -> dict[str, Any]:
+    """Rank 1 stays out of an all_reduce for 4 s, alive, under a 1 s process-group timeout."""
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("minincl", timeout=timedelta(seconds=1))
+    try:
+        if rank == 1:
+            time.sleep(4)
+        dist.all_reduce(torch.ones(10))
+        outcome = {"type": "none", "message": "the all_reduce returned"}
+    except Exception as e:  # noqa: BLE001 - written for the test to inspect
+        outcome = {"type": type(e).__name__, "message": str(e)}
+    dist.destroy_process_group()
+    return outcome
+
+
+def test_the_process_group_timeout_limits_a_call() -> None:
+    """As with gloo, a call waiting longer than the group's timeout raises (by default torch
+    gives 30 minutes); minincl's error says where each rank is."""
+    waiting, late = run_local(late_rank_1, WORLD, timeout=90)
+    assert waiting["type"] == "Timeout", waiting  # (before rank 1 came: it would have succeeded)
+    assert "for more than 1 s" in waiting["message"], waiting
+    assert "rank 1: in no call" in waiting["message"], waiting
+    assert late["type"] == "RemoteError" and "call timeout" in late["message"], late
 
 
 # ---- DDP: minincl and gloo train the same model to the same parameters ----

@@ -400,6 +400,28 @@ def rank0_sleeps(comm: minincl.Communicator, seconds: float) -> int:
     return comm.rank
 
 
+def late_rank(comm: minincl.Communicator, case: str, timeout: float, late: float) -> str:
+    """Every rank sets a call timeout; rank 1 spends `late` seconds outside any call while
+    the others start the next one: an allreduce ("collective") or, for rank 0, a receive
+    from rank 1 ("recv"). The error each rank raised, or "ok" after checking the values."""
+    comm.call_timeout = timeout
+    x = np.full(1000, comm.rank + 1, np.float32)
+    try:
+        comm.allreduce(x)
+        if comm.rank == 1:
+            time.sleep(late)
+        if case == "recv" and comm.rank in (0, 1):
+            got = np.zeros(10, np.float32)
+            comm.send(got + 1, 1 - comm.rank)
+            comm.recv(got, 1 - comm.rank)
+        comm.allreduce(x)
+        comm.barrier()
+    except minincl.Error as e:
+        return f"{type(e).__name__}: {e}"
+    np.testing.assert_array_equal(x, np.full(1000, comm.nranks * (comm.nranks + 1) / 2 * comm.nranks, np.float32))
+    return "ok"
+
+
 def different_calls(comm: minincl.Communicator, case: str) -> str:
     """Rank 0 (rank 1 for "send" and "recv") makes another call than the others, one whose
     steps never meet theirs in a FIFO (it takes another protocol or algorithm, or sends and
@@ -504,6 +526,31 @@ def allreduce_with_stats(comm: minincl.Communicator, count: int, in_place: bool)
 
 def p2p_patterns(n: int, count: int, dtype: Any) -> list[np.ndarray]:
     return [((np.arange(count) * (q + 5) + 3 * q) % 241).astype(dtype) for q in range(n)]
+
+
+def p2p_patterns_checked(comm: minincl.Communicator, counts: list[int]) -> int:
+    """For each count (float32): an alltoall, then a ring in one group (two sends to the next
+    rank, two receives from the one before, in that order) and a send to self; each result
+    checked against the patterns. Returns how many counts were checked."""
+    n, r = comm.nranks, comm.rank
+    for count in counts:
+        blocks = [p2p_patterns(n * n, count, np.float32)[r * n + q] for q in range(n)]
+        got = comm.alltoall(np.concatenate(blocks))
+        want = np.concatenate([p2p_patterns(n * n, count, np.float32)[q * n + r] for q in range(n)])
+        np.testing.assert_array_equal(got, want, err_msg=f"alltoall, count {count}")
+        mine = p2p_patterns(n, count, np.float32)
+        first, second, own = (np.full(count, -1, np.float32) for _ in range(3))
+        with minincl.group():
+            comm.send(mine[r], (r + 1) % n)
+            comm.send(mine[r] * 2, (r + 1) % n)
+            comm.recv(first, (r - 1) % n)
+            comm.recv(second, (r - 1) % n)
+            comm.send(mine[r], r)
+            comm.recv(own, r)
+        np.testing.assert_array_equal(first, mine[(r - 1) % n], err_msg=f"ring, count {count}")
+        np.testing.assert_array_equal(second, mine[(r - 1) % n] * 2, err_msg=f"ring, count {count}")
+        np.testing.assert_array_equal(own, mine[r], err_msg=f"self, count {count}")
+    return len(counts)
 
 
 def exchanges_with_stats(

@@ -136,15 +136,23 @@ __global__ void __launch_bounds__(kGpuThreads) preMulSumAloneKernel(const __grid
   }
 }
 
-template <typename T, typename Fn>
-cudaError_t preload() {
+// Loads a kernel and raises *mostLocal to its per-thread local memory (stack) if larger.
+template <typename Kernel>
+cudaError_t load(Kernel kernel, size_t* mostLocal) {
   cudaFuncAttributes a;
-  cudaError_t e = cudaFuncGetAttributes(&a, collectiveKernel<T, Fn, OneProtocol<Proto::simple>>);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, collectiveKernel<T, Fn, OneProtocol<Proto::ll>>);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, collectiveKernel<T, Fn, OneProtocol<Proto::ll128>>);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, collectiveKernel<T, Fn, DirectLLOnly>);
+  cudaError_t e = cudaFuncGetAttributes(&a, kernel);
+  if (e == cudaSuccess && a.localSizeBytes > *mostLocal) *mostLocal = a.localSizeBytes;
+  return e;
+}
+
+template <typename T, typename Fn>
+cudaError_t preload(size_t* mostLocal) {
+  cudaError_t e = load(collectiveKernel<T, Fn, OneProtocol<Proto::simple>>, mostLocal);
+  if (e == cudaSuccess) e = load(collectiveKernel<T, Fn, OneProtocol<Proto::ll>>, mostLocal);
+  if (e == cudaSuccess) e = load(collectiveKernel<T, Fn, OneProtocol<Proto::ll128>>, mostLocal);
+  if (e == cudaSuccess) e = load(collectiveKernel<T, Fn, DirectLLOnly>, mostLocal);
   if constexpr (Fn::kHasPre) {
-    if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, preMulSumAloneKernel<T>);
+    if (e == cudaSuccess) e = load(preMulSumAloneKernel<T>, mostLocal);
   }
   return e;
 }
@@ -187,10 +195,9 @@ cudaError_t launchP2p(const GpuP2pLaunch& l) {
   return cudaGetLastError();
 }
 
-cudaError_t preloadCopy() {
-  cudaFuncAttributes a;
-  cudaError_t e = preload<uint8_t, FuncCopy<uint8_t>>();
-  return e != cudaSuccess ? e : cudaFuncGetAttributes(&a, p2pKernel);
+cudaError_t preloadCopy(size_t* mostLocal) {
+  cudaError_t e = preload<uint8_t, FuncCopy<uint8_t>>(mostLocal);
+  return e != cudaSuccess ? e : load(p2pKernel, mostLocal);
 }
 #elif defined(MININCL_KERNEL_OP)
 cudaError_t MNCL_KERNEL_NAME(MININCL_KERNEL_OP, MININCL_KERNEL_TYPE)(const GpuLaunch& l) {
@@ -200,9 +207,9 @@ cudaError_t MNCL_KERNEL_NAME(MININCL_KERNEL_OP, MININCL_KERNEL_TYPE)(const GpuLa
   return launch<T>(l, fn);
 }
 
-cudaError_t MNCL_KERNEL_PRELOAD(MININCL_KERNEL_OP, MININCL_KERNEL_TYPE)() {
+cudaError_t MNCL_KERNEL_PRELOAD(MININCL_KERNEL_OP, MININCL_KERNEL_TYPE)(size_t* mostLocal) {
   using T = MNCL_KERNEL_CTYPE(MININCL_KERNEL_TYPE);
-  return preload<T, MNCL_KERNEL_FUNC(MININCL_KERNEL_OP)<T>>();
+  return preload<T, MNCL_KERNEL_FUNC(MININCL_KERNEL_OP)<T>>(mostLocal);
 }
 
 cudaError_t MNCL_KERNEL_ALONE(MININCL_KERNEL_OP, MININCL_KERNEL_TYPE)(const DevWork& w, cudaStream_t stream) {

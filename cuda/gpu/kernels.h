@@ -53,7 +53,7 @@ cudaError_t launchCollective(const GpuLaunch& l, Coll coll, DataType dtype, RedO
 cudaError_t launchPreMulSumAlone(const DevWork& w, cudaStream_t stream);
 
 // A group's sends and receives on one communicator: channel c runs ops[first[c], first[c+1]).
-constexpr int kMaxGpuP2pOps = 56;
+// (At most kMaxGpuP2pOps, see p2p.h.)
 struct GpuP2pWorks {
   int16_t first[kMaxGpuChannels + 1];
   P2pOp ops[kMaxGpuP2pOps];

@@ -6,10 +6,10 @@
 namespace mncl::dev {
 
 cudaError_t launchCopy(const GpuLaunch& l);
-cudaError_t preloadCopy();
+cudaError_t preloadCopy(size_t* mostLocal);
 #define MNCL_DECLARE(op, type)                                                        \
   cudaError_t MNCL_KERNEL_NAME(op, type)(const GpuLaunch& l);                        \
-  cudaError_t MNCL_KERNEL_PRELOAD(op, type)();                                       \
+  cudaError_t MNCL_KERNEL_PRELOAD(op, type)(size_t* mostLocal);                      \
   cudaError_t MNCL_KERNEL_ALONE(op, type)(const DevWork& w, cudaStream_t stream);
 MNCL_KERNEL_INSTANCES(MNCL_DECLARE)
 #undef MNCL_DECLARE
@@ -23,7 +23,7 @@ using Launcher = cudaError_t (*)(const GpuLaunch&);
 // alone of the floats).
 struct LauncherTable {
   Launcher at[(int)RedOp::count][(int)DataType::count] = {};
-  cudaError_t (*preload[(int)RedOp::count][(int)DataType::count])() = {};
+  cudaError_t (*preload[(int)RedOp::count][(int)DataType::count])(size_t*) = {};
   cudaError_t (*alone[(int)RedOp::count][(int)DataType::count])(const DevWork&, cudaStream_t) = {};
   LauncherTable() {
 #define MNCL_REGISTER(op, type)                                                    \
@@ -72,12 +72,20 @@ cudaError_t launchPreMulSumAlone(const DevWork& w, cudaStream_t stream) {
 }
 
 cudaError_t preloadKernels() {
-  cudaError_t e = preloadCopy();
+  size_t mostLocal = 0;
+  cudaError_t e = preloadCopy(&mostLocal);
   for (int op = 0; op < (int)RedOp::count && e == cudaSuccess; ++op) {
     for (int t = 0; t < (int)DataType::count && e == cudaSuccess; ++t) {
-      if (table().preload[op][t]) e = table().preload[op][t]();
+      if (table().preload[op][t]) e = table().preload[op][t](&mostLocal);
     }
   }
+  // A kernel needing more stack than the device's limit makes its launch grow the limit,
+  // which waits for the device to go idle: never, while ranks' kernels spin on each other.
+  // So the first communicator on a device grows it, before any of our kernels runs there
+  // (they take just under 1 KiB, CUDA's default).
+  size_t limit = 0;
+  if (e == cudaSuccess) e = cudaDeviceGetLimit(&limit, cudaLimitStackSize);
+  if (e == cudaSuccess && mostLocal > limit) e = cudaDeviceSetLimit(cudaLimitStackSize, mostLocal);
   return e;
 }
 

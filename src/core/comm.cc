@@ -86,6 +86,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   MNCL_CHECK(device < 0, mnclInvalidUsage,
         "device cuda:" + std::to_string(device) + ": this build of minincl has no CUDA backend (built without nvcc); use device=\"cpu\"");
 #endif
+  if (!onGpu()) setCallTimeout(env::seconds("MININCL_CALL_TIMEOUT", 0));
   bootstrap_ = std::make_unique<Bootstrap>(id, rank, nranks);
 
   PeerInfo mine{};
@@ -102,6 +103,10 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   MNCL_CHECK(transport.empty() || transport == "auto" || transport == "net", mnclInvalidArgument,
         "MININCL_TRANSPORT must be net or auto (or unset: auto, the network only between hosts)");
   mine.netForced = transport == "net";
+  int64_t spread = env::integer("MININCL_P2P_SPREAD", onGpu() ? 1 : 0);
+  MNCL_CHECK(spread == 0 || spread == 1, mnclInvalidArgument, "MININCL_P2P_SPREAD must be 0 or 1");
+  mine.p2pSpread = (int32_t)spread;
+  p2pSpread_ = spread != 0;
   mine.cpu = sched_getcpu();
   if (sched_getaffinity(0, sizeof(mine.affinity), &mine.affinity) != 0) CPU_ZERO(&mine.affinity);
   peers_.assign(nranks, PeerInfo{});
@@ -112,6 +117,9 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   bool otherProcess = false, sharedProcess = false, anyNet = false;
   netPeer_.assign(nranks, 0);
   for (const PeerInfo& p : peers_) {
+    MNCL_CHECK(p.p2pSpread == mine.p2pSpread, mnclInvalidUsage,
+          "rank " + std::to_string(p.rank) + " sets MININCL_P2P_SPREAD differently from rank " + std::to_string(rank) +
+              "; set it the same on every rank");
     MNCL_CHECK(p.netForced == mine.netForced, mnclInvalidUsage,
           "rank " + std::to_string(p.rank) + " sets MININCL_TRANSPORT differently from rank " + std::to_string(rank) +
               "; set it the same on every rank");
@@ -730,6 +738,15 @@ void Comm::abort() {
   fail(mnclAborted, "the communicator was aborted (mnclCommAbort / comm.abort())");
   uint32_t spins = 0;
   while (callsInside_.load(std::memory_order_acquire) > 0) dev::cpuBackoff(spins++);
+}
+
+void Comm::setCallTimeout(double seconds) {
+  MNCL_CHECK(seconds >= 0 && seconds < 1e9, mnclInvalidArgument,
+             "a call timeout must be 0 (none) or a positive number of seconds, not " + std::to_string(seconds));
+  MNCL_CHECK(!onGpu() || seconds == 0, mnclInvalidUsage,
+             "a call timeout is for CPU communicators (a GPU call returns at once; a kernel waiting on a peer that "
+             "stopped fails after MININCL_TIMEOUT)");
+  callTimeout_.store(seconds, std::memory_order_relaxed);
 }
 
 Comm::CallScope::CallScope(Comm& c, Inside inside, uint64_t peers) : comm(c) {

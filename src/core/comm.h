@@ -56,6 +56,7 @@ struct PeerInfo {
   char windowName[96];    // CPU: this rank's window (MININCL_WINDOW_BYTES), if it has one
   uint64_t windowBytes, windowAt;  // its size and where it lies in this rank's process
   int32_t netForced;      // MININCL_TRANSPORT=net: every peer over the network (must agree)
+  int32_t p2pSpread;      // MININCL_P2P_SPREAD (must agree: see Comm::p2pSpread)
   WireAddr netAddr;       // this rank's network-transport listener (when some peer needs it)
 };
 
@@ -98,6 +99,13 @@ class Comm {
   mnclResult_t asyncError() const;
   std::string errorMessage() const;
   [[noreturn]] void throwStoredError() const;
+
+  // How long one call may stay inside this communicator before its monitor fails it with
+  // mnclTimeout, saying where each rank is (CPU communicators; seconds, 0: no limit; default
+  // MININCL_CALL_TIMEOUT). MININCL_TIMEOUT catches a peer that stops; this, a live peer that
+  // never makes the call (as torch's process-group timeout does).
+  double callTimeout() const { return callTimeout_.load(std::memory_order_relaxed); }
+  void setCallTimeout(double seconds);
 
   // Stops everything; returns once no call is running inside the communicator.
   void abort();
@@ -157,6 +165,13 @@ class Comm {
   // MININCL_TIMEOUT). Returns at once if the communicator has not failed.
   void awaitPeersOutOfCalls() const;
 
+  // Whether a send or receive with a peer starts on channel (rank + peer) % nChannels rather
+  // than on channel 0, so that a group's exchanges with several peers (an alltoall) run on
+  // several channels even when each is small. On for GPUs, where every channel is a block
+  // of the same kernel; off for CPUs, where channel 0 runs on the caller's thread and the
+  // others cost a hand-off (MININCL_P2P_SPREAD=0|1 sets it; every rank must agree).
+  bool p2pSpread() const { return p2pSpread_; }
+
   // Whether peer r is reached over the network (another host, or MININCL_TRANSPORT=net).
   bool overNetwork(int r) const { return netPeer_[r] != 0; }
 
@@ -185,9 +200,11 @@ class Comm {
   mnclResult_t error_ = mnclSuccess;
   std::string errorMessage_;
   std::atomic<int> callsInside_{0};
+  std::atomic<double> callTimeout_{0};  // see callTimeout()
   int splits_ = 0;  // tags bootstrap messages of successive splits apart
   int gpuReadablePeers_ = 0;  // GPU: peers whose kernels read this rank's buffers
   bool oversubscribed_ = false;  // CPU: this host's ranks have more channels than it has cores
+  bool p2pSpread_ = false;       // see p2pSpread()
 
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<PeerInfo> peers_;

@@ -14,7 +14,9 @@
 //    receives none of whose peers can post theirs (see call_log.h) for a second
 //                                                    -> InvalidUsage naming the deadlock;
 //  - sends and receives wait on each other in a cycle through this rank (see call_log.h)
-//    for a second                                    -> InvalidUsage naming each wait.
+//    for a second                                    -> InvalidUsage naming each wait;
+//  - this rank's call has lasted longer than the communicator's call timeout (CPU, off by
+//    default: see Comm::callTimeout)                 -> Timeout saying where each rank is.
 // fail() sets the abort word, so every spin loop of this rank stops within microseconds.
 #pragma once
 
@@ -60,6 +62,8 @@ class Monitor {
     bool collective = false;
   };
   void checkWaitCycle(double now);
+  void checkCallTimeout(double now);
+  std::string whereRanksAre() const;
   std::vector<Wait> waitCycle() const;
   std::optional<Wait> waitOn(int r, int p, bool everyRankInside) const;
   static std::string describe(const Wait& w);
@@ -77,6 +81,8 @@ class Monitor {
   double cycleSince_ = 0;
   uint64_t myCall_ = 0;  // this rank's call (CallActivity::entered), and since when
   double myCallSince_ = 0;
+  uint64_t timedCall_ = 0;  // this rank's call the call timeout runs for, and since when
+  double timedCallSince_ = 0;
   uint64_t balancedUpTo_ = 0;  // the newest collective call whose sends and receives paired up
   std::mutex mutex_;
   std::condition_variable cv_;

@@ -312,8 +312,8 @@ std::pair<Inside, uint64_t> insideOf(const std::vector<Recorded>& calls, const C
   return {all, peers};
 }
 
-// Adds a send's bytes to what its group's earlier sends to the same peer put on each channel;
-// returns the most on one channel.
+// Adds a send's bytes to what its group's earlier sends to the same peer put on each channel
+// (counted from the first channel of their split, which they share); returns the most on one.
 size_t addToChannels(std::vector<size_t>& perChannel, P2pSplit split, size_t bytes) {
   if (perChannel.size() < (size_t)split.channels) perChannel.resize(split.channels);
   for (int ch = 0; ch < split.channels; ++ch) perChannel[ch] += split.bytesOn(ch, bytes);
@@ -330,7 +330,7 @@ struct SentToPeer {
 // A group's sends and receives count only now, when it ends: the collective calls it holds
 // were logged in the order the ranks made them, and the ranks may order sends and
 // collectives differently within a group. Its sends to one peer share the connections (each
-// starts on channel 0), so a send counts with the group's sends to that peer so far.
+// starts on the same channel), so a send counts with the group's sends to that peer so far.
 void countGroupP2p(const std::vector<Recorded>& calls) {
   thread_local std::vector<SentToPeer> sent;  // entries [0, used) are this group's; the rest kept for reuse
   size_t used = 0;
@@ -346,7 +346,7 @@ void countGroupP2p(const std::vector<Recorded>& calls) {
         sent[used].peer = r.p2p.peer;
         sent[used++].perChannel.clear();
       }
-      bytes = addToChannels(sent[i].perChannel, p2pSplit(*r.comm, bytes), bytes);
+      bytes = addToChannels(sent[i].perChannel, p2pSplit(*r.comm, bytes, r.p2p.peer), bytes);
     }
     r.comm->countP2p(r.p2p.isSend, r.p2p.peer, bytes);
   }
@@ -396,7 +396,7 @@ void record(const Recorded& r) {
   }
   if (r.isP2p) {
     size_t bytes = r.p2p.count * dataTypeSize(r.p2p.dtype);
-    r.comm->countP2p(r.p2p.isSend, r.p2p.peer, p2pSplit(*r.comm, bytes).bytesOn(0, bytes));
+    r.comm->countP2p(r.p2p.isSend, r.p2p.peer, p2pSplit(*r.comm, bytes, r.p2p.peer).bytesOn(0, bytes));
   }
   auto [inside, peers] = insideOf(r);
   if (r.comm->onGpu()) {

@@ -157,7 +157,7 @@ Launch planP2p(Comm& comm, const std::vector<const P2pCall*>& calls, cudaStream_
   MNCL_CHECK(total <= dev::kMaxGpuP2pOps, mnclInvalidUsage,
         "a group of " + std::to_string(calls.size()) + " sends/recvs on a CUDA communicator needs " + std::to_string(total) +
             " channel ops, more than one launch holds (" + std::to_string(dev::kMaxGpuP2pOps) +
-            "): split it into smaller groups, or lower MININCL_NCHANNELS");
+            "; a send and a receive with every peer always fit): split it into smaller groups");
   gpu::GpuComm& g = *comm.gpu();
   dev::GpuP2pLaunch& l = L.p2pLaunch;
   l.channels = g.channels();

@@ -91,18 +91,27 @@ bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
 
 }  // namespace
 
-P2pSplit p2pSplit(const Comm& comm, size_t bytes) {
+P2pSplit p2pSplit(const Comm& comm, size_t bytes, int peer) {
   if (comm.nChannels() == 0) return {1, bytes};
   // (a channel each for every 4 slots of the message: fewer, smaller steps cost more than
   // they spread)
   size_t perChannelBytes = 4 * (size_t)comm.channel(0).dev.sizes.simpleSlotBytes;
   int nch = (int)std::clamp<size_t>(bytes / perChannelBytes, 1, (size_t)comm.nChannels());
-  return {nch, alignedShare(bytes, nch, 1)};
+  if (comm.onGpu()) {
+    // A GPU group's channel ops travel in one kernel argument (dev::kMaxGpuP2pOps): a message
+    // takes at most as many channels as let a send and a receive with every peer (an
+    // alltoall) fit. (Sender and receiver must split a message alike: the cap depends on the
+    // rank count alone.)
+    int cap = std::max(1, dev::kMaxGpuP2pOps / (2 * std::max(1, comm.nranks() - 1)));
+    nch = std::min(nch, cap);
+  }
+  int first = comm.p2pSpread() ? (comm.rank() + peer) % comm.nChannels() : 0;  // (the same sum on both ends)
+  return {nch, alignedShare(bytes, nch, 1), first};
 }
 
 void planP2pOps(Comm& comm, const P2pCall& c, std::vector<std::vector<dev::P2pOp>>& perChannel) {
   size_t bytes = c.count * dataTypeSize(c.dtype);
-  P2pSplit split = p2pSplit(comm, bytes);
+  P2pSplit split = p2pSplit(comm, bytes, c.peer);
   for (int ch = 0; ch < split.channels; ++ch) {
     dev::P2pOp op{};
     op.isSend = c.isSend;
@@ -112,7 +121,7 @@ void planP2pOps(Comm& comm, const P2pCall& c, std::vector<std::vector<dev::P2pOp
     op.totalBytes = bytes;
     op.dtype = c.dtype;
     op.pointerSteps = !comm.onGpu();  // (never measured on a GPU)
-    perChannel[ch].push_back(op);
+    perChannel[(split.first + ch) % comm.nChannels()].push_back(op);
   }
 }
 

@@ -26,19 +26,21 @@ inline size_t alignedShare(size_t count, int parts, size_t elemSize) {
 // single rank: see copyWithoutPeers). Returns how many it appended.
 int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out);
 
-// How a send or recv of `bytes` spreads over channels: the first `channels` of them carry
-// `share` bytes each, the last of them what remains.
+// How a send or recv of `bytes` with `peer` spreads over channels: `channels` of them from
+// channel `first` on (wrapping around) carry `share` bytes each, the last what remains.
+// Part ch lies on channel (first + ch) % nChannels; sender and receiver agree on all three.
 struct P2pSplit {
   int channels;
   size_t share;
+  int first = 0;
   size_t bytesOn(int ch, size_t bytes) const { return std::min(share, bytes - std::min(bytes, (size_t)ch * share)); }
 };
-P2pSplit p2pSplit(const Comm& comm, size_t bytes);
+P2pSplit p2pSplit(const Comm& comm, size_t bytes, int peer);
 
 // Appends a send or recv to another rank to the channels' op lists (perChannel[c], sized
-// to the communicator's channels): big transfers spread over channels, and channel 0 always
-// carries a step, so a receiver compares sizes with its sender even when they would
-// disagree on the channel count.
+// to the communicator's channels): big transfers spread over channels, and the first channel
+// (p2pSplit) always carries a step, so a receiver compares sizes with its sender even when
+// they would disagree on the channel count.
 void planP2pOps(Comm& comm, const P2pCall& c, std::vector<std::vector<dev::P2pOp>>& perChannel);
 
 // Sends to self pair with recvs from self in order; throws InvalidUsage unless they match.

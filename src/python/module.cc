@@ -374,6 +374,14 @@ class PyComm {
     return py::array(dtype, shape, p, keeper);
   }
 
+  double callTimeout() {
+    return withLive([](Comm& cm) { return cm.callTimeout(); });
+  }
+  void setCallTimeout(py::object seconds) {
+    double s = seconds.is_none() ? 0.0 : seconds.cast<double>();
+    withLive([s](Comm& cm) { cm.setCallTimeout(s); });
+  }
+
   py::dict stats() {
     int channels = 0, network = 0;
     Comm::Stats s = withLive([&](Comm& cm) {
@@ -851,6 +859,10 @@ PYBIND11_MODULE(_core, m) {
            "Counters: channels; pointer_steps, steps whose data a receiver read straight from this rank's buffers; "
            "steps_read_ahead, steps whose data this rank had already read from the sender's input (CPU processes); "
            "readable_peers, peers whose buffers this rank reads directly; network_peers, peers reached over TCP.")
+      .def_property("call_timeout", &PyComm::callTimeout, &PyComm::setCallTimeout,
+                    "Seconds one call may wait inside this CPU communicator before it fails with minincl.Timeout "
+                    "saying where each rank is (0 or None: no limit; default MININCL_CALL_TIMEOUT, else 0). "
+                    "Once it fired the communicator is failed, as after any error.")
       .def("_window_empty", &PyComm::windowEmpty, py::arg("shape"), py::arg("dtype"))
       .def("_topology", &PyComm::topology)
       .def("abort", &PyComm::abort)

@@ -1,0 +1,84 @@
+// The call timeout (Comm::callTimeout): a call that stays inside a CPU communicator longer
+// than that fails it with mnclTimeout. A peer that stops is caught by its heartbeat
+// (MININCL_TIMEOUT); a peer that lives on but never makes the call (stuck in its own code, or
+// a call skipped where nothing pairs up to show it) only by a limit on the call itself, as
+// torch's process-group timeout and NCCL's watchdog do. The error says where every rank is,
+// from the call logs (call_log.h): the ranks that have not reached this call stand out.
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "../../cuda/arch.h"
+#include "comm.h"
+#include "monitor.h"
+
+namespace mncl {
+
+namespace {
+
+std::string formatSeconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g s", s);
+  return buf;
+}
+
+std::string rankList(uint64_t mask) {
+  std::string list;
+  for (int p = 0; p < 64; ++p) {
+    if (mask >> p & 1) list += (list.empty() ? "" : ", ") + std::to_string(p);
+  }
+  return list;
+}
+
+// "inside collective call 42 (allreduce(count=10, float32, sum))", "in no call", ...
+std::string activityOf(const CallLog& log) {
+  uint64_t made = dev::loadAcquire(&log.made);
+  std::optional<CallActivity> a = callActivity(log);
+  if (!a) return "entering a call";
+  switch (a->inside) {
+    case Inside::nothing:
+      return "in no call (" + std::to_string(made) + " collective call(s) made)";
+    case Inside::collectives: {
+      std::optional<LoggedCall> call = loggedCall(log, made);
+      return "inside collective call " + std::to_string(made) + (call ? " (" + describeCall(*call) + ")" : std::string());
+    }
+    case Inside::sendsAndReceives:
+      return "inside sends / receives with rank(s) " + rankList(a->peers) + " (after " + std::to_string(made) +
+             " collective call(s))";
+    default:
+      return "inside calls from several threads (" + std::to_string(made) + " collective call(s) made)";
+  }
+}
+
+}  // namespace
+
+void Monitor::checkCallTimeout(double now) {
+  double limit = comm_.callTimeout();
+  std::optional<CallActivity> me = callActivity(comm_.region_->ctrl()->calls);
+  if (!me) return;  // (entering a call: the next tick sees it)
+  bool inside = me->inside != Inside::nothing;
+  if (!inside || limit <= 0 || me->entered != timedCall_) {
+    timedCall_ = inside ? me->entered : 0;
+    timedCallSince_ = now;
+    return;
+  }
+  if (now - timedCallSince_ < limit) return;
+  comm_.fail(mnclTimeout, "call timeout: rank " + std::to_string(comm_.rank()) + " has been " +
+                              activityOf(comm_.region_->ctrl()->calls) + " for more than " + formatSeconds(limit) +
+                              " (the communicator's call timeout: Communicator.call_timeout, MININCL_CALL_TIMEOUT, or "
+                              "torch's process-group timeout); " + whereRanksAre() +
+                              ". A rank behind the others has not reached this call");
+}
+
+// "rank 0: inside collective call 3 (...); rank 1: in no call (2 collective call(s) made)".
+std::string Monitor::whereRanksAre() const {
+  std::string where;
+  constexpr int kListed = 16;
+  for (int r = 0; r < comm_.nranks() && r < kListed; ++r) {
+    where += (r ? "; rank " : "rank ") + std::to_string(r) + ": " + activityOf(comm_.peerRegions_[r]->ctrl()->calls);
+  }
+  if (comm_.nranks() > kListed) where += "; ...";
+  return where;
+}
+
+}  // namespace mncl
