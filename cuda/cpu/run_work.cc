@@ -1,42 +1,13 @@
 // CPU entry point of the device code: one call runs one channel's share of one operation on
-// the calling thread (a channel thread, or the caller itself for channel 0).
+// the calling thread (a channel thread, or the caller itself for channel 0). Copies and
+// bitwise ops run here; the other reductions in a unit each (run_reductions.h).
 #include "run_work.h"
 
 #include "../dispatch.h"
+#include "run_reductions.h"
 
 namespace mncl::dev {
 namespace {
-
-template <template <class> class F, typename T>
-bool runOp(DevChannel& ch, const DevWork& w, DevError* err, uint32_t nranks) {
-  if constexpr (std::is_same_v<F<T>, FuncAvg<T>>) {
-    FuncAvg<T> fn;
-    fn.nranks = nranks;
-    return runTyped<T>(ch, w, fn, err);
-  } else {
-    return runTyped<T>(ch, w, F<T>{}, err);
-  }
-}
-
-template <template <class> class F, bool kUnsignedWrap>
-bool runForType(DevChannel& ch, const DevWork& w, DevError* err) {
-  uint32_t n = (uint32_t)ch.nranks;
-  switch (w.dtype) {
-    case DataType::i8: return kUnsignedWrap ? runOp<F, uint8_t>(ch, w, err, n) : runOp<F, int8_t>(ch, w, err, n);
-    case DataType::u8: return runOp<F, uint8_t>(ch, w, err, n);
-    case DataType::i32: return kUnsignedWrap ? runOp<F, uint32_t>(ch, w, err, n) : runOp<F, int32_t>(ch, w, err, n);
-    case DataType::u32: return runOp<F, uint32_t>(ch, w, err, n);
-    case DataType::i64: return kUnsignedWrap ? runOp<F, uint64_t>(ch, w, err, n) : runOp<F, int64_t>(ch, w, err, n);
-    case DataType::u64: return runOp<F, uint64_t>(ch, w, err, n);
-    case DataType::f16: return runOp<F, half_t>(ch, w, err, n);
-    case DataType::bf16: return runOp<F, bfloat16_t>(ch, w, err, n);
-    case DataType::f8e4m3: return runOp<F, fp8e4m3_t>(ch, w, err, n);
-    case DataType::f8e5m2: return runOp<F, fp8e5m2_t>(ch, w, err, n);
-    case DataType::f32: return runOp<F, float>(ch, w, err, n);
-    case DataType::f64: return runOp<F, double>(ch, w, err, n);
-    default: return false;
-  }
-}
 
 // Bitwise ops combine bytes: one instance each, for every integer type.
 bool runBitwise(DevChannel& ch, const DevWork& w, DevError* err) {
@@ -54,12 +25,12 @@ bool runCollective(DevChannel& ch, const DevWork& w, DevError* err) {
   if (isCopyOnly(w.coll)) return runTyped<uint8_t>(ch, asBytes(w), FuncCopy<uint8_t>{}, err);
   if (isBitwise(w.op)) return runBitwise(ch, w, err);
   switch (w.op) {
-    case RedOp::sum: return runForType<FuncSum, true>(ch, w, err);
-    case RedOp::prod: return runForType<FuncProd, true>(ch, w, err);
-    case RedOp::max: return runForType<FuncMax, false>(ch, w, err);
-    case RedOp::min: return runForType<FuncMin, false>(ch, w, err);
-    case RedOp::avg: return runForType<FuncAvg, false>(ch, w, err);
-    case RedOp::premulsum: return runForType<FuncPreMulSum, true>(ch, w, err);
+    case RedOp::sum: return runReduction<RedOp::sum>(ch, w, err);
+    case RedOp::prod: return runReduction<RedOp::prod>(ch, w, err);
+    case RedOp::max: return runReduction<RedOp::max>(ch, w, err);
+    case RedOp::min: return runReduction<RedOp::min>(ch, w, err);
+    case RedOp::avg: return runReduction<RedOp::avg>(ch, w, err);
+    case RedOp::premulsum: return runReduction<RedOp::premulsum>(ch, w, err);
     default: return false;
   }
 }
