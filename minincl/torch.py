@@ -98,8 +98,8 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
         else:
             uid = bytes(self._store.get(store_key))
         comm = Communicator(self.size(), uid, self.rank(), device=device)
-        if key == "cpu":  # a call waiting longer fails, as gloo's do (a GPU call returns at once)
-            comm.call_timeout = self._timeout.total_seconds()
+        if key == "cpu" and isinstance(self._timeout, timedelta):
+            comm.call_timeout = self._timeout.total_seconds()  # a call waiting longer fails, as gloo's do
         return _DeviceComm(comm, Lane(f"minincl-{key}-rank{self.rank()}", inline=key == "cuda"))
 
     @staticmethod
