@@ -54,6 +54,7 @@ class MinincclWork(dist._Work):  # type: ignore[misc, name-defined]
         self._error: BaseException | None = None
         self._event: threading.Event | None = None  # made by a wait() that comes before the end
         self._future: torch.futures.Future[Any] | None = None  # made by get_future()
+        self._source: list[int] = []  # a receive from any source: the rank it received from
 
     def _ensure_started(self) -> None:
         start, self._start = self._start, None
@@ -113,6 +114,13 @@ class MinincclWork(dist._Work):  # type: ignore[misc, name-defined]
         if made and done:  # (else _finish completes it)
             self._complete(future)
         return future
+
+    def _source_rank(self) -> int:
+        """The rank a receive from any source received from (torch's dist.recv(src=None))."""
+        self.wait()
+        if not self._source:
+            raise RuntimeError("minincl backend: _source_rank() is for a receive from any source")
+        return self._source[0]
 
     def result(self) -> list[torch.Tensor]:
         self.wait()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable
@@ -36,7 +37,7 @@ from ._core import build_info
 from ._torch_launch import LocalRunError, free_port, run_local
 from ._torch_tensors import Staged, as_bytes, op_name, reducible, stage
 from ._torch_work import Lane, MinincclWork
-from .errors import InvalidUsage
+from .errors import InvalidUsage, Timeout
 
 BACKEND_NAME = "minincl"
 
@@ -445,12 +446,27 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
         self._flush()
         return _AllOf(works)
 
-    # ---- what minincl does not do ----
-
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> MinincclWork:
-        raise NotImplementedError(
-            "minincl backend: recv from any source (dist.recv with src=None); name the source rank"
-        )
+        """A receive from whichever rank sends to this one (the lowest if several do): it
+        starts in program order, after the deferred ops before it, and waits for a send that
+        no receive of this rank has taken yet (``wait_for_sender``); ``_source_rank()`` then says
+        who sent."""
+        staged = [stage(t) for t in tensors]
+        bufs = [as_bytes(s.buf) for s in staged]
+        limit = self._timeout.total_seconds() if isinstance(self._timeout, timedelta) else 0.0
+        source: list[int] = []
+
+        def body(comm: Communicator) -> None:
+            src = wait_for_sender(comm, limit)
+            source.append(src)
+            for b in bufs:
+                comm.recv(b, src)
+
+        work = self._new_op("recv", tensors, tensors, body, _outputs_after(staged))
+        work._source = source
+        return work
+
+    # ---- what minincl does not do ----
 
     def monitored_barrier(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError("minincl backend: monitored_barrier; use barrier()")
@@ -540,6 +556,25 @@ def _exchange(sends: list[torch.Tensor], recvs: list[torch.Tensor]) -> Body:
                 comm.recv(r, peer)
 
     return body
+
+
+def wait_for_sender(comm: Communicator, limit: float) -> int:
+    """The rank whose send to this rank waits for a receive (the lowest if several), once
+    there is one; raises minincl.Timeout after `limit` seconds (0: none), or the
+    communicator's error if it fails meanwhile. (Senders are seen through the call logs of
+    the first 64 ranks.)"""
+    if comm.nranks > 64:
+        raise NotImplementedError("minincl backend: recv from any source needs a group of at most 64 ranks")
+    start, pause = time.monotonic(), 20e-6
+    while (src := comm._pending_sender()) < 0:
+        if limit and time.monotonic() - start > limit:
+            raise Timeout(
+                f"minincl backend: recv from any source: no rank sent to rank {comm.rank} within the group's "
+                f"timeout ({limit:g} s)"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
+    return src
 
 
 def _create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ProcessGroupMinincl:

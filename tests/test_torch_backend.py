@@ -524,15 +524,48 @@ def test_single_rank_premul_sum_scales(single_rank: Any) -> None:
         dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist._make_nccl_premul_sum(0.5))
 
 
-@pytest.mark.parametrize(
-    "call, pattern",
-    [
-        (lambda: dist.recv(torch.ones(2)), "recv from any source"),
-    ],
-)
-def test_unsupported_raises_not_implemented(single_rank: Any, call: Callable[[], Any], pattern: str) -> None:
-    with pytest.raises(NotImplementedError, match=pattern):
-        call()
+def receives_from_any_source() -> dict[str, Any]:
+    """Rank 0 receives from any source: once from each other rank (blocking), then once
+    more (async, from the last rank), then in a group of its own where nobody sends."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("minincl", timeout=timedelta(seconds=10))
+    alone = dist.new_group([0], timeout=timedelta(seconds=1))
+    out: dict[str, Any] = {}
+    if rank == 0:
+        got = {}
+        for _ in range(world - 1):
+            t = torch.zeros(3)
+            src = dist.recv(t)
+            got[src] = t.tolist()
+        out["got"] = got
+    else:
+        dist.send(torch.full((3,), float(rank)), 0)
+    dist.barrier()
+    if rank == 0:
+        t = torch.zeros(3)
+        work = dist.irecv(t)
+        work.wait()
+        out["async"] = [work._source_rank(), t.tolist()]
+        try:
+            dist.recv(torch.zeros(3), group=alone)
+            out["nobody"] = "returned"
+        except Exception as e:  # noqa: BLE001 - for the test to inspect
+            out["nobody"] = f"{type(e).__name__}: {e}"
+    elif rank == world - 1:
+        dist.send(torch.full((3,), 10.0 * rank), 0)
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+def test_recv_from_any_source() -> None:
+    """dist.recv / irecv without src take the send that waits (as gloo's do); dist.recv
+    returns its rank, and a receive nobody sends to ends at the group's timeout."""
+    world = 3
+    out = run_local(receives_from_any_source, world, timeout=120)[0]
+    assert out["got"] == {r: [float(r)] * 3 for r in range(1, world)}, out
+    assert out["async"] == [world - 1, [10.0 * (world - 1)] * 3], out
+    assert out["nobody"].startswith("Timeout: minincl backend: recv from any source: no rank sent to rank 0"), out
 
 
 def init_mixed(spec: str) -> str:

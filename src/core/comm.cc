@@ -637,6 +637,16 @@ void Comm::countP2p(bool isSend, int peer, size_t channelBytes) {
   mncl::countP2p(region_->ctrl()->calls, isSend, peer == rank_ ? -1 : peer, longSend);
 }
 
+int Comm::pendingSender() const {
+  if (!region_ || rank_ >= kP2pPeers) return -1;
+  const CallLog& mine = region_->ctrl()->calls;
+  for (int p = 0; p < nranks_ && p < kP2pPeers; ++p) {
+    if (p == rank_ || !peerRegions_[p]) continue;
+    if (peerP2p(peerRegions_[p]->ctrl()->calls, rank_).sends > peerP2p(mine, p).recvs) return p;
+  }
+  return -1;
+}
+
 mnclResult_t Comm::asyncError() const {
   std::lock_guard<std::mutex> lock(errorMutex_);
   return error_;

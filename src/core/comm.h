@@ -172,6 +172,11 @@ class Comm {
   // others cost a hand-off (MININCL_P2P_SPREAD=0|1 sets it; every rank must agree).
   bool p2pSpread() const { return p2pSpread_; }
 
+  // A rank that has posted more sends to this rank than this rank has posted receives from
+  // it (its send waits for a receive), the lowest if several; -1 if none (or this rank or
+  // theirs is past the call logs' kP2pPeers). What a receive from any source waits for.
+  int pendingSender() const;
+
   // Whether peer r is reached over the network (another host, or MININCL_TRANSPORT=net).
   bool overNetwork(int r) const { return netPeer_[r] != 0; }
 

@@ -374,6 +374,13 @@ class PyComm {
     return py::array(dtype, shape, p, keeper);
   }
 
+  int pendingSender() {
+    return withLive([](Comm& cm) {
+      if (cm.failed()) cm.throwStoredError();
+      return cm.pendingSender();
+    });
+  }
+
   double callTimeout() {
     return withLive([](Comm& cm) { return cm.callTimeout(); });
   }
@@ -859,6 +866,9 @@ PYBIND11_MODULE(_core, m) {
            "Counters: channels; pointer_steps, steps whose data a receiver read straight from this rank's buffers; "
            "steps_read_ahead, steps whose data this rank had already read from the sender's input (CPU processes); "
            "readable_peers, peers whose buffers this rank reads directly; network_peers, peers reached over TCP.")
+      .def("_pending_sender", &PyComm::pendingSender,
+           "A rank whose send to this rank waits for its receive (the lowest), or -1; raises the "
+           "communicator's error if it failed. (For a receive from any source.)")
       .def_property("call_timeout", &PyComm::callTimeout, &PyComm::setCallTimeout,
                     "Seconds one call may wait inside this CPU communicator before it fails with minincl.Timeout "
                     "saying where each rank is (0 or None: no limit; default MININCL_CALL_TIMEOUT, else 0). "
