@@ -449,7 +449,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> MinincclWork:
         """A receive from whichever rank sends to this one (the lowest if several do): it
         starts in program order, after the deferred ops before it, and waits for a send that
-        no receive of this rank has taken yet (``wait_for_sender``); ``_source_rank()`` then says
+        no receive of this rank has taken yet (``_wait_for_sender``); ``_source_rank()`` then says
         who sent."""
         staged = [stage(t) for t in tensors]
         bufs = [as_bytes(s.buf) for s in staged]
@@ -457,7 +457,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
         source: list[int] = []
 
         def body(comm: Communicator) -> None:
-            src = wait_for_sender(comm, limit)
+            src = _wait_for_sender(comm, limit)
             source.append(src)
             for b in bufs:
                 comm.recv(b, src)
@@ -558,7 +558,7 @@ def _exchange(sends: list[torch.Tensor], recvs: list[torch.Tensor]) -> Body:
     return body
 
 
-def wait_for_sender(comm: Communicator, limit: float) -> int:
+def _wait_for_sender(comm: Communicator, limit: float) -> int:
     """The rank whose send to this rank waits for a receive (the lowest if several), once
     there is one; raises minincl.Timeout after `limit` seconds (0: none), or the
     communicator's error if it fails meanwhile. (Senders are seen through the call logs of
