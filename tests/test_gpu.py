@@ -394,19 +394,25 @@ def test_send_recv_ring_exchange(gpus: GpuPool, cp: Any, nranks: int) -> None:
             np.testing.assert_array_equal(cp.asnumpy(selfs[r]), inputs[r], err_msg=where)
 
 
+def check_alltoall(comms: list[Any], cp: Any, count: int) -> None:
+    """An int32 alltoall of `count` elements a block on every rank, in one group, against NumPy."""
+    n = len(comms)
+    inputs = [np.arange(count * n, dtype=np.int32) * 10 + r for r in range(n)]
+    sends = [cp.asarray(x) for x in inputs]
+    recvs = [cp.full(count * n, -1, cp.int32) for _ in range(n)]
+    with minincl.group():
+        for c in comms:
+            c.alltoall(sends[c.rank], recvs[c.rank])
+    for r in range(n):
+        want = np.concatenate([inputs[q][r * count : (r + 1) * count] for q in range(n)])
+        np.testing.assert_array_equal(cp.asnumpy(recvs[r]), want, err_msg=f"count {count} rank {r}")
+
+
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_alltoall(gpus: GpuPool, cp: Any, nranks: int) -> None:
     comms = gpus.get(nranks)
     for count in (1, 1009, 300_007):
-        inputs = [np.arange(count * nranks, dtype=np.int32) * 10 + r for r in range(nranks)]
-        sends = [cp.asarray(x) for x in inputs]
-        recvs = [cp.full(count * nranks, -1, cp.int32) for _ in range(nranks)]
-        with minincl.group():
-            for c in comms:
-                c.alltoall(sends[c.rank], recvs[c.rank])
-        for r in range(nranks):
-            want = np.concatenate([inputs[q][r * count : (r + 1) * count] for q in range(nranks)])
-            np.testing.assert_array_equal(cp.asnumpy(recvs[r]), want, err_msg=f"count {count} rank {r}")
+        check_alltoall(comms, cp, count)
     x = cp.ones(2 * nranks, cp.float32)
     with pytest.raises(minincl.InvalidUsage, match="in-place alltoall"):
         comms[0].alltoall(x, x)
@@ -922,15 +928,7 @@ def test_alltoall_on_every_channel(monkeypatch: pytest.MonkeyPatch, cp: Any, nra
     monkeypatch.delenv("MININCL_NCHANNELS", raising=False)
     comms = minincl.Communicator.init_all(nranks, device=DEVICE)
     try:
-        inputs = [np.arange(count * nranks, dtype=np.int32) * 10 + r for r in range(nranks)]
-        sends = [cp.asarray(x) for x in inputs]
-        recvs = [cp.full(count * nranks, -1, cp.int32) for _ in range(nranks)]
-        with minincl.group():
-            for c in comms:
-                c.alltoall(sends[c.rank], recvs[c.rank])
-        for r in range(nranks):
-            want = np.concatenate([inputs[q][r * count : (r + 1) * count] for q in range(nranks)])
-            np.testing.assert_array_equal(cp.asnumpy(recvs[r]), want, err_msg=f"rank {r}")
+        check_alltoall(comms, cp, count)
     finally:
         for c in comms:
             c.destroy()

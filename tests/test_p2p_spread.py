@@ -7,12 +7,10 @@ here it runs on CPU ranks with 4 channels each, against NumPy, as threads and as
 
 from __future__ import annotations
 
-import multiprocessing as mp
-from typing import Any
-
 import pytest
 import workers
 from conftest import run_ranks
+from test_net import launch_as_hosts
 
 import minincl
 
@@ -57,20 +55,6 @@ def test_a_bad_spread_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_ranks_must_agree_on_the_spread() -> None:
-    ctx = mp.get_context("spawn")
-    uid = minincl.get_unique_id()
-    results: Any = ctx.Queue()
-    procs = [
-        ctx.Process(
-            target=workers.rank_with_env,
-            args=(workers.network_peers, 2, r, uid, {"MININCL_P2P_SPREAD": str(r)}, (), results),
-            daemon=True,
-        )
-        for r in range(2)
-    ]
-    for p in procs:
-        p.start()
-    got = [results.get(timeout=60) for _ in procs]
-    for p in procs:
-        p.join(timeout=30)
-    assert all(not ok and "sets MININCL_P2P_SPREAD differently" in str(why) for _, ok, why in got), got
+    got = launch_as_hosts(workers.network_peers, 2, env_of=lambda r: {"MININCL_P2P_SPREAD": str(r)}, timeout=60)
+    assert sorted(got) == [0, 1], got
+    assert all(not ok and "sets MININCL_P2P_SPREAD differently" in str(why) for ok, why in got.values()), got
