@@ -117,6 +117,15 @@ bool blockAny(bool p);
 void warpSync();
 bool warpAll(bool p);
 bool warpAny(bool p);
+// The calling thread's block's storage of `bytes` for `key` (zeroed at first use, then the
+// same memory for every thread of the block): what a block's __shared__ variable is.
+void* blockStorage(const void* key, size_t bytes);
+template <typename T>
+inline char kSharedKey = 0;
+template <typename T>
+inline T& blockShared() {
+  return *static_cast<T*>(blockStorage(&kSharedKey<T>, sizeof(T)));
+}
 }  // namespace simt
 inline int tid() { return simt::threadIndex(); }
 inline int nthreads() { return simt::blockThreads(); }
@@ -247,12 +256,15 @@ int readPeerMemory(int pid, void* dst, const void* remote, size_t bytes);  // cp
 int writePeerMemory(int pid, void* remote, const void* src, size_t bytes);
 #endif
 
-// A variable every thread of a channel sees: the block's shared memory on a GPU (it must have
-// no constructor there), an ordinary local on the CPU's one thread.
+// A variable every thread of a channel sees: the block's shared memory on a GPU (its type must
+// have no constructor there), the emulated block's on CPU threads, an ordinary local on the
+// CPU's one thread. MNCL_CHANNEL_SHARED(Type, name) declares it.
 #if defined(__CUDACC__)
-#define MNCL_CHANNEL_SHARED __shared__
+#define MNCL_CHANNEL_SHARED(Type, name) __shared__ Type name
+#elif defined(MNCL_SIMT_EMULATION)
+#define MNCL_CHANNEL_SHARED(Type, name) Type& name = simt::blockShared<Type>()
 #else
-#define MNCL_CHANNEL_SHARED
+#define MNCL_CHANNEL_SHARED(Type, name) Type name
 #endif
 
 }  // namespace mncl::dev

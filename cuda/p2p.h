@@ -257,7 +257,7 @@ struct P2pEngine {
   // The address to post for a send's next `len` bytes, or 0 to copy them into the slot:
   // pointers only for big steps, which the receiver can read where they are.
   MNCL_DEV uint64_t pointerFor(const P2pOp& op, size_t len) const {
-#if defined(__CUDACC__)
+#if MNCL_SIMT
     return 0;  // CPU only: settlePointerSteps copies with one thread
 #endif
     if (!op.pointerSteps || len == 0 || len < ch.pointerStepMinBytes) return 0;

@@ -39,7 +39,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     // Thread 0 waits, then decides where this step's data goes; on a GPU every thread takes
     // that one decision from shared memory (the peers' control words it reads may change
     // while the block's threads look at them, and the data must go to one place).
-    MNCL_CHANNEL_SHARED SendPlan plan;
+    MNCL_CHANNEL_SHARED(SendPlan, plan);
     if (tid() == 0) {
       if (kind.recv) waitRecv();
       if (kind.send) waitSend();
@@ -267,7 +267,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   // the moment, the steps go as they can and the receiver finds the mismatch.
   // (CPU only: on a GPU, where it was never measured, such steps go as pointer steps as before.)
   MNCL_DEV void awaitPublishedOutput(int p) {
-#if defined(__CUDACC__)
+#if MNCL_SIMT
     (void)p;
 #else
     const ConnFifo& f = cx_.ch.sendTo[p];
@@ -327,7 +327,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     }
     T* to = landing ? landing : inSlot;
     size_t bytes = landing ? readAheadBytes(p, step, at, landing, n) : n * sizeof(T);
-#if defined(__CUDA_ARCH__)
+#if MNCL_SIMT
     // (A GPU reads no other process's memory: every thread fails alike, none alone stops
     // short of a barrier the others wait at. Not reached: a GPU's pointer steps all map here.)
     int err = readPeerMemory(f.peerPid, to, reinterpret_cast<const void*>(at), bytes);

@@ -62,11 +62,28 @@ MNCL_DEV T loadFresh(const T* p) {
   return v;
 }
 
+using Bits16 = uint4;
+
+#elif MNCL_SIMT
+// The tests' emulation of a block on CPU threads: plain loads (the step flags' acquire loads
+// order them after the peer's writes).
+template <typename T>
+MNCL_DEV T loadFresh(const T* p) {
+  T v;
+  memcpy(&v, p, sizeof(T));
+  return v;
+}
+struct Bits16 {
+  uint32_t x, y, z, w;
+};
+#endif
+
+#if MNCL_SIMT
 // 16 bytes as elements: the unit of the vectorised loop.
 template <typename T>
 union Vec16 {
   static constexpr int kElems = 16 / (int)sizeof(T);
-  uint4 u;
+  Bits16 u;
   T e[kElems];
   MNCL_DEV Vec16() {}
 };
@@ -74,16 +91,17 @@ union Vec16 {
 template <typename T>
 MNCL_DEV Vec16<T> loadFresh16(const T* p) {
   Vec16<T> v;
+#if defined(__CUDACC__)
   asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(v.u.x), "=r"(v.u.y), "=r"(v.u.z), "=r"(v.u.w)
                : "l"(p)
                : "memory");
+#else
+  memcpy(&v.u, p, 16);
+#endif
   return v;
 }
 
-#endif
-
-#if defined(__CUDACC__)
 template <typename T, typename Fn, int N>
 MNCL_DEV void preVectors(const Fn& fn, Vec16<T> (&v)[N], T rankScalar) {
 #pragma unroll
@@ -135,7 +153,7 @@ MNCL_DEV void reduceCopyVectors(const Fn& fn, int nsrc, const T* const* srcs, in
       if (post) {
         for (int j = 0; j < kVec; ++j) acc[u].e[j] = fn.post(acc[u].e[j]);
       }
-      for (int d = 0; d < ndst; ++d) *reinterpret_cast<uint4*>(dsts[d] + i * kVec) = acc[u].u;
+      for (int d = 0; d < ndst; ++d) *reinterpret_cast<Bits16*>(dsts[d] + i * kVec) = acc[u].u;
     }
   }
 }
@@ -144,7 +162,7 @@ MNCL_DEV void reduceCopyVectors(const Fn& fn, int nsrc, const T* const* srcs, in
 template <typename T>
 MNCL_DEV void copyElems(T* dst, const T* src, size_t n) {
   if (dst == src || n == 0) return;
-#if defined(__CUDACC__)
+#if MNCL_SIMT
   // 16 bytes at a time when both ends allow it; loads fresh from L2 (src may be a FIFO slot).
   constexpr int kVec = Vec16<T>::kElems;
   bool aligned = (((uintptr_t)dst | (uintptr_t)src) & 15) == 0;
@@ -156,7 +174,7 @@ MNCL_DEV void copyElems(T* dst, const T* src, size_t n) {
 #endif
 }
 
-#if defined(__CUDACC__)
+#if MNCL_SIMT
 
 template <typename T, typename Fn>
 MNCL_DEV void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,

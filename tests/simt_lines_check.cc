@@ -7,127 +7,13 @@
 //
 //   c++ -std=c++20 -O1 -pthread -DMNCL_SIMT_EMULATION -Icuda tests/simt_lines_check.cc
 //   ./a.out [threads-per-block]
-#include <atomic>
-#include <barrier>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <memory>
-#include <thread>
-#include <vector>
-
 #include "direct.h"
 #include "prims_lines.h"
 #include "ring.h"
+#include "simt_block.h"
 #include "tree.h"
 
 namespace mncl::dev {
-
-// ---- the emulated block: threads, a barrier for the block and one per warp, vote slots ----
-
-struct Block {
-  explicit Block(int n) : size(n), all(n), blockVotes(n), warpVotes(n) {
-    for (int w = 0; w < n / 32; ++w) warps.push_back(std::make_unique<std::barrier<>>(32));
-  }
-  int size;
-  std::barrier<> all;
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
-  std::vector<char> blockVotes, warpVotes;
-};
-
-thread_local int gThread = 0;
-thread_local Block* gBlock = nullptr;
-
-namespace simt {
-int threadIndex() { return gThread; }
-int blockThreads() { return gBlock->size; }
-void blockSync() { gBlock->all.arrive_and_wait(); }
-bool blockAny(bool p) {
-  gBlock->blockVotes[gThread] = p;
-  blockSync();
-  bool any = false;
-  for (char v : gBlock->blockVotes) any |= v != 0;
-  blockSync();  // nobody votes again before everyone has counted
-  return any;
-}
-void warpSync() { gBlock->warps[gThread / 32]->arrive_and_wait(); }
-static bool warpVote(bool p, bool all) {
-  gBlock->warpVotes[gThread] = p;
-  warpSync();
-  int first = gThread / 32 * 32;
-  bool r = all;
-  for (int i = first; i < first + 32; ++i) r = all ? (r && gBlock->warpVotes[i]) : (r || gBlock->warpVotes[i]);
-  warpSync();
-  return r;
-}
-bool warpAll(bool p) { return warpVote(p, true); }
-bool warpAny(bool p) { return warpVote(p, false); }
-}  // namespace simt
-
-void pause() { std::this_thread::yield(); }
-void cpuBackoff(uint32_t, uint32_t) { std::this_thread::yield(); }  // hundreds of threads on a few cores
-int readPeerMemory(int, void*, const void*, size_t) { return -1; }
-
-// ---- ranks in one process, every connection's FIFOs in plain memory ----
-
-struct Ranks {
-  Ranks(int n, ProtoSizes sizes) : n(n) {
-    ctrls.resize(n * n);
-    ll.resize(n * n);
-    ll128.resize(n * n);
-    fifos.assign(n * n, ConnFifo{});
-    for (int s = 0; s < n; ++s) {
-      for (int r = 0; r < n; ++r) {
-        if (s == r) continue;
-        int c = s * n + r;  // s sends to r
-        ctrls[c] = std::make_unique<ConnCtrl>();
-        ll[c] = std::make_unique<LLLine[]>((size_t)kSteps * sizes.llSlotLines);
-        ll128[c] = std::make_unique<LL128Line[]>((size_t)kSteps * sizes.ll128SlotLines);
-        fifos[c].ctrl = ctrls[c].get();
-        fifos[c].ll = ll[c].get();
-        fifos[c].ll128 = ll128[c].get();
-      }
-    }
-    sendTo.resize(n * n);
-    recvFrom.resize(n * n);
-    steps.assign(5 * n * n, 0);
-    ring.resize(n);
-    for (int r = 0; r < n; ++r) ring[r] = r;
-    channels.resize(n);
-    for (int me = 0; me < n; ++me) {
-      for (int p = 0; p < n; ++p) {
-        if (p == me) continue;
-        sendTo[me * n + p] = fifos[me * n + p];
-        recvFrom[me * n + p] = fifos[p * n + me];
-      }
-      DevChannel& ch = channels[me];
-      ch.rank = me;
-      ch.nranks = n;
-      ch.sendTo = &sendTo[me * n];
-      ch.recvFrom = &recvFrom[me * n];
-      ch.sendStep = &steps[(0 * n + me) * n];
-      ch.recvStep = &steps[(1 * n + me) * n];
-      ch.opFirstSendStep = &steps[(2 * n + me) * n];
-      ch.opFirstRecvStep = &steps[(3 * n + me) * n];
-      ch.peerHeads = &steps[(4 * n + me) * n];
-      ch.ring = ring.data();
-      ch.ringPos = me;
-      ch.sizes = sizes;
-      ch.abortFlag = &abortFlag;
-      ch.systemScope = false;
-      ch.spinBudget = 0;
-    }
-  }
-  int n;
-  uint32_t abortFlag = 0;
-  std::vector<std::unique_ptr<ConnCtrl>> ctrls;
-  std::vector<std::unique_ptr<LLLine[]>> ll;
-  std::vector<std::unique_ptr<LL128Line[]>> ll128;
-  std::vector<ConnFifo> fifos, sendTo, recvFrom;
-  std::vector<uint64_t> steps;
-  std::vector<int> ring;
-  std::vector<DevChannel> channels;
-};
 
 template <template <class, class> class Prims, typename T, typename Fn>
 void runOne(PrimsContext<Fn> cx) {
@@ -141,57 +27,29 @@ void runOne(PrimsContext<Fn> cx) {
 
 // Runs one operation on ranks [0, present) (default: all), a block of `threads` threads
 // each; false if any channel stopped early.
-// A host monitor's part as well (src/core/monitor.cc): a channel's error record (a peer
-// running another call) sets the abort word, which stops the warps still waiting.
 template <typename T, typename Fn>
 bool runOp(Ranks& ranks, std::vector<DevWork>& works, int threads, int present = -1, int* mismatches = nullptr) {
-  if (present < 0) present = ranks.n;
-  std::vector<std::unique_ptr<Block>> blocks;
-  std::vector<DevError> errors(ranks.n);
-  std::atomic<bool> done{false};
-  std::thread monitor([&] {
-    while (!done.load()) {
-      for (DevError& e : errors) {
-        if (loadRelaxed(&e.peer) >= 0) storeRelease(&ranks.abortFlag, 1u);
+  std::vector<DevError> errors;
+  bool ok = runBlocks({&ranks}, threads, [&](int r, int) {
+    DevChannel& ch = ranks.channels[r];
+    Waiter waiter{ch.abortFlag, ch.spinBudget};
+    PrimsContext<Fn> cx{ch, works[r], Fn{}, waiter, &errors[r]};
+    if (tid() == 0) {
+      for (int p = 0; p < ch.nranks; ++p) {
+        ch.opFirstSendStep[p] = ch.sendStep[p];
+        ch.opFirstRecvStep[p] = ch.recvStep[p];
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-  });
-  std::vector<char> ok(ranks.n, 1);
-  std::vector<std::thread> pool;
-  for (int r = 0; r < ranks.n; ++r) blocks.push_back(std::make_unique<Block>(threads));
-  for (int r = 0; r < present; ++r) {
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, r, t] {
-        gThread = t;
-        gBlock = blocks[r].get();
-        DevChannel& ch = ranks.channels[r];
-        Waiter waiter{ch.abortFlag, ch.spinBudget};
-        PrimsContext<Fn> cx{ch, works[r], Fn{}, waiter, &errors[r]};
-        if (t == 0) {
-          for (int p = 0; p < ch.nranks; ++p) {
-            ch.opFirstSendStep[p] = ch.sendStep[p];
-            ch.opFirstRecvStep[p] = ch.recvStep[p];
-          }
-        }
-        barrier();
-        if (works[r].proto == Proto::ll) runOne<PrimsLL, T, Fn>(cx);
-        else runOne<PrimsLL128, T, Fn>(cx);
-        if (barrierAny(waiter.aborted) && t == 0) ok[r] = 0;
-      });
-    }
-  }
-  for (std::thread& th : pool) th.join();
-  done = true;
-  monitor.join();
+    barrier();
+    if (works[r].proto == Proto::ll) runOne<PrimsLL, T, Fn>(cx);
+    else runOne<PrimsLL128, T, Fn>(cx);
+    return !waiter.aborted;
+  }, errors, present);
   if (mismatches) {
     *mismatches = 0;
     for (DevError& e : errors) *mismatches += e.peer >= 0;
   }
-  for (char o : ok) {
-    if (!o) return false;
-  }
-  return true;
+  return ok;
 }
 
 // One rank's whole operation on one channel: a sum (or, for broadcast, a copy) from root 0.
@@ -309,12 +167,7 @@ int main(int argc, char** argv) {
   using namespace mncl;
   using namespace mncl::dev;
   int threads = argc > 1 ? std::atoi(argv[1]) : 64;
-  std::thread([] {  // a hang is a failure too
-    std::this_thread::sleep_for(std::chrono::seconds(120));
-    std::printf("FAIL: still running after 120 s (a hang)\n");
-    std::fflush(stdout);
-    std::_Exit(3);
-  }).detach();
+  failAfter(120);
   // Steps of a pass and a quarter (LL: 64 threads x 4 lines = 256 per pass) and one and a half
   // (LL128: 8 lines per 64 threads x 4 = 32 per pass), so steps end inside a pass; pieces of
   // 64 bytes, so the pipelines cut.

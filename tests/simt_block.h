@@ -1,0 +1,210 @@
+// A CUDA block emulated on CPU threads, for the checkers that run the device code's GPU lane
+// logic on any machine (MNCL_SIMT_EMULATION in cuda/arch.h): the block- and warp-wide syncs,
+// votes and shared memory the device code asks for, ranks of one process whose connections
+// live in plain memory, and a runner that starts a block of threads per rank and channel.
+// Include it from exactly one translation unit (it defines the emulation's functions).
+#pragma once
+
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "channel.h"
+
+namespace mncl::dev {
+
+// ---- the emulated block: threads, a barrier for the block and one per warp, vote slots ----
+
+struct Block {
+  explicit Block(int n) : size(n), all(n), blockVotes(n), warpVotes(n) {
+    for (int w = 0; w < n / 32; ++w) warps.push_back(std::make_unique<std::barrier<>>(32));
+  }
+  int size;
+  std::barrier<> all;
+  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  std::vector<char> blockVotes, warpVotes;
+  std::mutex sharedLock;  // (only while a variable is first made)
+  std::map<const void*, std::unique_ptr<uint64_t[]>> shared;
+};
+
+thread_local int gThread = 0;
+thread_local Block* gBlock = nullptr;
+
+namespace simt {
+int threadIndex() { return gThread; }
+int blockThreads() { return gBlock->size; }
+void blockSync() { gBlock->all.arrive_and_wait(); }
+bool blockAny(bool p) {
+  gBlock->blockVotes[gThread] = p;
+  blockSync();
+  bool any = false;
+  for (char v : gBlock->blockVotes) any |= v != 0;
+  blockSync();  // nobody votes again before everyone has counted
+  return any;
+}
+void warpSync() { gBlock->warps[gThread / 32]->arrive_and_wait(); }
+static bool warpVote(bool p, bool all) {
+  gBlock->warpVotes[gThread] = p;
+  warpSync();
+  int first = gThread / 32 * 32;
+  bool r = all;
+  for (int i = first; i < first + 32; ++i) r = all ? (r && gBlock->warpVotes[i]) : (r || gBlock->warpVotes[i]);
+  warpSync();
+  return r;
+}
+bool warpAll(bool p) { return warpVote(p, true); }
+bool warpAny(bool p) { return warpVote(p, false); }
+void* blockStorage(const void* key, size_t bytes) {
+  std::lock_guard<std::mutex> hold(gBlock->sharedLock);
+  auto& words = gBlock->shared[key];
+  if (!words) words = std::make_unique<uint64_t[]>((bytes + 7) / 8);  // (zeroed)
+  return words.get();
+}
+}  // namespace simt
+
+void pause() { std::this_thread::yield(); }
+void cpuBackoff(uint32_t, uint32_t) { std::this_thread::yield(); }  // hundreds of threads on a few cores
+// Every peer is in this process: no kernel copies.
+int readPeerMemory(int, void*, const void*, size_t) { return -1; }
+int writePeerMemory(int, void*, const void*, size_t) { return -1; }
+
+// ---- ranks in one process, one channel each, every connection's FIFOs in plain memory ----
+
+// `directAccess`: as GPU ranks of one process on one GPU are set up (Comm::enableGpuPointerSteps):
+// big Simple steps may be pointer steps and direct writes. Otherwise every step goes through
+// the FIFOs, as between GPU processes (CUDA IPC maps the FIFOs only).
+struct Ranks {
+  struct alignas(64) Line64 {
+    char bytes[64];
+  };
+
+  Ranks(int n, ProtoSizes sizes, bool directAccess = false) : n(n) {
+    ctrls.resize(n * n);
+    simple.resize(n * n);
+    ll.resize(n * n);
+    ll128.resize(n * n);
+    fifos.assign(n * n, ConnFifo{});
+    for (int s = 0; s < n; ++s) {
+      for (int r = 0; r < n; ++r) {
+        if (s == r) continue;
+        int c = s * n + r;  // s sends to r
+        ctrls[c] = std::make_unique<ConnCtrl>();
+        ctrls[c]->readsSenderMemory = directAccess ? 1u : 0u;
+        simple[c] = std::make_unique<Line64[]>((size_t)kSteps * sizes.simpleSlotBytes / 64);
+        ll[c] = std::make_unique<LLLine[]>((size_t)kSteps * sizes.llSlotLines);
+        ll128[c] = std::make_unique<LL128Line[]>((size_t)kSteps * sizes.ll128SlotLines);
+        fifos[c].ctrl = ctrls[c].get();
+        fifos[c].simple = simple[c][0].bytes;
+        fifos[c].ll = ll[c].get();
+        fifos[c].ll128 = ll128[c].get();
+      }
+    }
+    sendTo.resize(n * n);
+    recvFrom.resize(n * n);
+    steps.assign(5 * n * n, 0);
+    ring.resize(n);
+    for (int r = 0; r < n; ++r) ring[r] = r;
+    channels.resize(n);
+    for (int me = 0; me < n; ++me) {
+      for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        sendTo[me * n + p] = fifos[me * n + p];
+        sendTo[me * n + p].directWrites = directAccess;
+        recvFrom[me * n + p] = fifos[p * n + me];
+      }
+      DevChannel& ch = channels[me];
+      ch.rank = me;
+      ch.nranks = n;
+      ch.sendTo = &sendTo[me * n];
+      ch.recvFrom = &recvFrom[me * n];
+      ch.sendStep = &steps[(0 * n + me) * n];
+      ch.recvStep = &steps[(1 * n + me) * n];
+      ch.opFirstSendStep = &steps[(2 * n + me) * n];
+      ch.opFirstRecvStep = &steps[(3 * n + me) * n];
+      ch.peerHeads = &steps[(4 * n + me) * n];
+      ch.ring = ring.data();
+      ch.ringPos = me;
+      ch.sizes = sizes;
+      ch.abortFlag = &abortFlag;
+      ch.systemScope = false;
+      ch.spinBudget = 0;
+      if (directAccess) ch.pointerStepMinBytes = 0;  // (a GPU's default)
+    }
+  }
+  int n;
+  uint32_t abortFlag = 0;
+  std::vector<std::unique_ptr<ConnCtrl>> ctrls;
+  std::vector<std::unique_ptr<Line64[]>> simple;
+  std::vector<std::unique_ptr<LLLine[]>> ll;
+  std::vector<std::unique_ptr<LL128Line[]>> ll128;
+  std::vector<ConnFifo> fifos, sendTo, recvFrom;
+  std::vector<uint64_t> steps;
+  std::vector<int> ring;
+  std::vector<DevChannel> channels;
+};
+
+// Runs body(rank, channel) on a block of `threads` threads for each channel of ranks
+// [0, present) (default: all), every block at once; channels[c] holds channel c of every
+// rank. Plays the host monitor's part too (src/core/monitor.cc): a channel's error record
+// (a peer running another call) sets the abort word, which stops the blocks still waiting.
+// Returns false if any block's body returned false. errors[c * n + r]: channel c of rank r.
+inline bool runBlocks(std::vector<Ranks*> channels, int threads, const std::function<bool(int, int)>& body,
+                      std::vector<DevError>& errors, int present = -1) {
+  int n = channels[0]->n, nch = (int)channels.size();
+  if (present < 0) present = n;
+  errors.assign((size_t)n * nch, DevError{});
+  std::atomic<bool> done{false};
+  std::thread monitor([&] {
+    while (!done.load()) {
+      bool failed = false;  // (a communicator's channels share its abort word)
+      for (DevError& e : errors) failed |= loadRelaxed(&e.peer) >= 0;
+      for (Ranks* ch : channels) {
+        if (failed) storeRelease(&ch->abortFlag, 1u);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  std::vector<std::unique_ptr<Block>> blocks;
+  std::vector<char> ok((size_t)n * nch, 1);
+  std::vector<std::thread> pool;
+  for (int b = 0; b < n * nch; ++b) blocks.push_back(std::make_unique<Block>(threads));
+  for (int c = 0; c < nch; ++c) {
+    for (int r = 0; r < present; ++r) {
+      for (int t = 0; t < threads; ++t) {
+        pool.emplace_back([&, c, r, t] {
+          gThread = t;
+          gBlock = blocks[c * n + r].get();
+          bool fine = body(r, c);
+          if (barrierAny(!fine) && t == 0) ok[c * n + r] = 0;
+        });
+      }
+    }
+  }
+  for (std::thread& th : pool) th.join();
+  done = true;
+  monitor.join();
+  for (char o : ok) {
+    if (!o) return false;
+  }
+  return true;
+}
+
+// A hang is a failure too: the checker ends itself after `seconds`.
+inline void failAfter(int seconds) {
+  std::thread([seconds] {
+    std::this_thread::sleep_for(std::chrono::seconds(seconds));
+    std::printf("FAIL: still running after %d s (a hang)\n", seconds);
+    std::fflush(stdout);
+    std::_Exit(3);
+  }).detach();
+}
+
+}  // namespace mncl::dev

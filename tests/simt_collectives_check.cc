@@ -1,0 +1,277 @@
+// Every collective x algorithm x protocol as the GPU kernels run them (runTyped over one
+// protocol, cuda/dispatch.h), on blocks of CPU threads that emulate CUDA blocks
+// (MNCL_SIMT_EMULATION, tests/simt_block.h): the Simple protocol's block-wide steps (thread 0
+// waits and plans, a barrier shares the plan, every thread copies with the 16-byte vector
+// loop, thread 0 posts), its pointer steps and direct writes between ranks of one process
+// (as on one GPU), channels that each take a slice of the buffer, and the line protocols'
+// other collectives. Results are checked against sums computed here; a rank missing until an
+// abort, and ranks calling with different counts, must stop every block. Exits 0 when every
+// check passes.
+//
+//   c++ -std=c++20 -O1 -pthread -DMNCL_SIMT_EMULATION -Icuda tests/simt_collectives_check.cc
+//   ./a.out [threads-per-block [most-ranks]]
+#include <cstring>
+#include <string>
+
+#include "dispatch.h"
+#include "simt_block.h"
+
+namespace mncl::dev {
+
+constexpr const char* kCollNames[] = {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"};
+constexpr const char* kAlgoNames[] = {"ring", "tree", "direct"};
+constexpr const char* kProtoNames[] = {"simple", "ll", "ll128"};
+constexpr int kChannels = 2;
+
+// A buffer's elements cut into `parts` slices of a 64-byte multiple, as the host does
+// (src/enqueue/work_plan.h).
+size_t sliceOf(size_t count, int parts, size_t elemSize) {
+  size_t align = elemSize >= 64 ? 1 : 64 / elemSize;
+  size_t per = (count + parts - 1) / parts;
+  return (per + align - 1) / align * align;
+}
+
+// One kernel's block: what runTyped does for a protocol's kernel (copy-only collectives on
+// bytes, as launch.cu sends them; avg knows the rank count, as kernels.cu's setRanks sees to).
+template <typename T, typename Fn>
+bool runKernelBlock(DevChannel& ch, const DevWork& w, DevError* err) {
+  Fn fn{};
+  if constexpr (requires { fn.nranks; }) fn.nranks = (uint32_t)ch.nranks;
+  switch (w.proto) {
+    case Proto::simple: return runTyped<T, Fn, OneProtocol<Proto::simple>>(ch, w, fn, err);
+    case Proto::ll: return runTyped<T, Fn, OneProtocol<Proto::ll>>(ch, w, fn, err);
+    default: return runTyped<T, Fn, OneProtocol<Proto::ll128>>(ch, w, fn, err);
+  }
+}
+
+template <typename T>
+bool runKernelBlockFor(DevChannel& ch, const DevWork& w, DevError* err) {
+  if (isCopyOnly(w.coll)) return runKernelBlock<uint8_t, FuncCopy<uint8_t>>(ch, asBytes(w), err);
+  if (w.op == RedOp::avg) return runKernelBlock<T, FuncAvg<T>>(ch, w, err);
+  if (w.op == RedOp::premulsum) return runKernelBlock<T, FuncPreMulSum<T>>(ch, w, err);
+  return runKernelBlock<T, FuncSum<T>>(ch, w, err);
+}
+
+// premulsum: rank r's scalar.
+template <typename T>
+T scalarOf(int r) {
+  return (T)(r + 2);
+}
+
+int failures = 0, checks = 0;
+
+struct Case {
+  Coll coll;
+  Algo algo;
+  Proto proto;
+  int variant;
+  size_t count;  // elements per rank block (allgather: sent; reduce_scatter: received)
+  RedOp op = RedOp::sum;
+};
+
+std::string describe(const Case& c, int n, int threads, size_t elemSize) {
+  char s[200];
+  const char* op = c.op == RedOp::avg ? " avg" : c.op == RedOp::premulsum ? " premulsum" : "";
+  std::snprintf(s, sizeof s, "%s%s %s%s/%s, %d ranks, %d threads, %zu x %zu-byte elements", kCollNames[(int)c.coll], op,
+                kAlgoNames[(int)c.algo], c.algo == Algo::direct && c.coll == Coll::allreduce ? (c.variant ? " two-shot" : " one-shot") : "",
+                kProtoNames[(int)c.proto], n, threads, c.count, elemSize);
+  return s;
+}
+
+// Runs the case on every rank (each rank's channels are blocks at once) and checks every
+// rank's output against values computed here.
+template <typename T>
+void check(std::vector<Ranks*> channels, int threads, const Case& c, DataType dt) {
+  int n = channels[0]->n, root = (int)(c.count % n);
+  bool gathers = c.coll == Coll::allgather, scatters = c.coll == Coll::reducescatter;
+  size_t sendCount = c.count * (scatters ? n : 1), recvCount = c.count * (gathers ? n : 1);
+  std::vector<std::vector<T>> send(n), recv(n);
+  for (int r = 0; r < n; ++r) {
+    send[r].resize(sendCount);
+    for (size_t i = 0; i < sendCount; ++i) send[r][i] = (T)((i * (r + 3) + r) % 7);
+    recv[r].assign(recvCount, (T)99);
+  }
+  // Channel ch of every rank takes the same slice of each rank block.
+  size_t share = sliceOf(c.count, (int)channels.size(), sizeof(T));
+  std::vector<DevWork> works(n * channels.size());
+  for (size_t ch = 0; ch < channels.size(); ++ch) {
+    for (int r = 0; r < n; ++r) {
+      DevWork& w = works[ch * n + r];
+      w = DevWork{};
+      w.coll = c.coll;
+      w.algo = c.algo;
+      w.proto = c.proto;
+      w.dtype = dt;
+      w.op = c.op;
+      w.root = root;
+      T scalar = scalarOf<T>(r);
+      std::memcpy(&w.scalarBits, &scalar, sizeof(T));
+      w.send = send[r].data();
+      w.recv = recv[r].data();
+      w.count = c.count;
+      w.chanOffset = std::min(c.count, ch * share);
+      w.chanCount = std::min(share, c.count - w.chanOffset);
+      w.treeIndex = (int)ch % 2;
+      w.algoVariant = c.variant;
+      w.sendIsReadOnly = true;
+    }
+  }
+  std::vector<DevError> errors;
+  bool ran = runBlocks(channels, threads, [&](int r, int ch) {
+    const DevWork& w = works[ch * n + r];
+    // (A channel without a share runs nothing, as the host launches no block for it.)
+    if (w.chanCount == 0) return true;
+    return runKernelBlockFor<T>(channels[ch]->channels[r], w, &errors[ch * n + r]);
+  }, errors);
+  size_t wrong = 0;
+  for (int r = 0; r < n; ++r) {
+    if (c.coll == Coll::reduce && r != root) continue;  // (only the root's output is defined)
+    for (size_t i = 0; i < recvCount; ++i) {
+      T want = 0;
+      if (c.coll == Coll::broadcast) want = send[root][i];
+      else if (gathers) want = send[i / c.count][i % c.count];
+      else {
+        for (int q = 0; q < n; ++q) {
+          T x = send[q][scatters ? r * c.count + i : i];
+          want = (T)(want + (c.op == RedOp::premulsum ? (T)(x * scalarOf<T>(q)) : x));
+        }
+        if (c.op == RedOp::avg) want = (T)(want / (T)n);  // (small integer sums: exact until divided)
+      }
+      wrong += recv[r][i] != want;
+    }
+  }
+  ++checks;
+  if (!ran || wrong) {
+    ++failures;
+    std::printf("FAIL %s: %s, %zu wrong\n", describe(c, n, threads, sizeof(T)).c_str(), ran ? "ran" : "stopped early",
+                wrong);
+  }
+}
+
+bool available(Coll coll, Algo algo) {
+  return algo != Algo::tree || coll == Coll::allreduce || coll == Coll::broadcast || coll == Coll::reduce;
+}
+
+void checkAll(std::vector<Ranks*> channels, int threads, std::vector<Proto> protos, std::vector<size_t> counts) {
+  for (int coll = 0; coll < 5; ++coll) {
+    for (Proto proto : protos) {
+      for (Algo algo : {Algo::ring, Algo::tree, Algo::direct}) {
+        if (!available((Coll)coll, algo)) continue;
+        int variants = algo == Algo::direct && (Coll)coll == Coll::allreduce ? 2 : 1;
+        for (int v = 0; v < variants; ++v) {
+          for (size_t count : counts) check<float>(channels, threads, {(Coll)coll, algo, proto, v, count}, DataType::f32);
+          // Other element sizes change the vector loop's elements and the slices' alignment
+          // (copies move bytes whatever the type); avg divides after the sum; premulsum
+          // scales each rank's input (its own, and its peers' where pointer steps read them).
+          if (coll != (int)Coll::broadcast && coll != (int)Coll::allgather) {
+            check<uint8_t>(channels, threads, {(Coll)coll, algo, proto, v, 4099}, DataType::u8);
+            check<double>(channels, threads, {(Coll)coll, algo, proto, v, 1009}, DataType::f64);
+            check<float>(channels, threads, {(Coll)coll, algo, proto, v, 4099, RedOp::avg}, DataType::f32);
+            check<float>(channels, threads, {(Coll)coll, algo, proto, v, 4099, RedOp::premulsum}, DataType::f32);
+          }
+        }
+      }
+    }
+  }
+}
+
+// A rank that never joins: the others wait until the abort word is set, then every block
+// must leave its waits and the operation stop early.
+void checkAbortWithMissingPeer(ProtoSizes sizes, int threads, Algo algo) {
+  Ranks ranks(3, sizes, true);
+  size_t count = 40099;
+  std::vector<std::vector<float>> send(3, std::vector<float>(count, 1.0f)), recv(3, std::vector<float>(count));
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    storeRelease(&ranks.abortFlag, 1u);
+  });
+  std::vector<DevError> errors;
+  bool ran = runBlocks({&ranks}, threads, [&](int r, int) {
+    DevWork w{};
+    w.coll = Coll::allreduce;
+    w.algo = algo;
+    w.proto = Proto::simple;
+    w.dtype = DataType::f32;
+    w.op = RedOp::sum;
+    w.send = send[r].data();
+    w.recv = recv[r].data();
+    w.count = w.chanCount = count;
+    w.sendIsReadOnly = true;
+    return runKernelBlockFor<float>(ranks.channels[r], w, &errors[r]);
+  }, errors, 2);
+  aborter.join();
+  ++checks;
+  if (ran) {
+    ++failures;
+    std::printf("FAIL abort: simple %s with a rank missing completed instead of stopping\n", kAlgoNames[(int)algo]);
+  }
+}
+
+// Two ranks calling allreduce with different counts: the first step's check must catch it,
+// record the peer, and stop both ranks (with the monitor's abort) instead of hanging.
+void checkMismatch(ProtoSizes sizes, int threads, Algo algo, bool directAccess) {
+  Ranks ranks(2, sizes, directAccess);
+  size_t counts[2] = {10009, 30001};
+  std::vector<std::vector<float>> send(2), recv(2);
+  for (int r = 0; r < 2; ++r) {
+    send[r].assign(counts[r], 1.0f);
+    recv[r].assign(counts[r], 0.0f);
+  }
+  std::vector<DevError> errors;
+  bool ran = runBlocks({&ranks}, threads, [&](int r, int) {
+    DevWork w{};
+    w.coll = Coll::allreduce;
+    w.algo = algo;
+    w.proto = Proto::simple;
+    w.dtype = DataType::f32;
+    w.op = RedOp::sum;
+    w.send = send[r].data();
+    w.recv = recv[r].data();
+    w.count = w.chanCount = counts[r];
+    w.sendIsReadOnly = true;
+    return runKernelBlockFor<float>(ranks.channels[r], w, &errors[r]);
+  }, errors);
+  int mismatches = 0;
+  for (DevError& e : errors) mismatches += e.peer >= 0;
+  ++checks;
+  if (ran || mismatches == 0) {
+    ++failures;
+    std::printf("FAIL mismatch: simple %s%s with counts 10009 and 30001: %s, %d rank(s) reported it\n",
+                kAlgoNames[(int)algo], directAccess ? " (direct access)" : "", ran ? "completed" : "stopped", mismatches);
+  }
+}
+
+}  // namespace mncl::dev
+
+int main(int argc, char** argv) {
+  using namespace mncl;
+  using namespace mncl::dev;
+  int threads = argc > 1 ? std::atoi(argv[1]) : 64;
+  int mostRanks = argc > 2 ? std::atoi(argv[2]) : 4;  // (every rank's blocks run at once)
+  failAfter(150);
+  // Simple slots of 4 KiB: a block of 64 threads moves 4 KiB a pass of its vector loop (16
+  // bytes x 4 in flight per thread), so steps end inside passes at other block sizes; LL and
+  // LL128 as in simt_lines_check.cc; pipeline pieces of 64 bytes, so that pipelines cut.
+  ProtoSizes sizes{4096, 320, 48, 64};
+  std::vector<size_t> counts = {1, 7, 1009, 4099, 20011};
+  for (int n = 2; n <= mostRanks; ++n) {
+    for (bool directAccess : {false, true}) {
+      std::vector<std::unique_ptr<Ranks>> owned;
+      std::vector<Ranks*> channels;
+      for (int c = 0; c < kChannels; ++c) {
+        owned.push_back(std::make_unique<Ranks>(n, sizes, directAccess));
+        channels.push_back(owned.back().get());
+      }
+      // The line protocols never take pointer steps: once is enough for them.
+      std::vector<Proto> protos = {Proto::simple};
+      if (!directAccess) protos = {Proto::simple, Proto::ll, Proto::ll128};
+      checkAll(channels, threads, protos, counts);
+    }
+  }
+  for (Algo algo : {Algo::ring, Algo::tree, Algo::direct}) {
+    checkAbortWithMissingPeer(sizes, threads, algo);
+    for (bool directAccess : {false, true}) checkMismatch(sizes, threads, algo, directAccess);
+  }
+  std::printf("%d checks, %d failed\n", checks, failures);
+  return failures == 0 ? 0 : 1;
+}
