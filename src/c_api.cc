@@ -255,6 +255,15 @@ mnclResult_t mnclCommUserRank(const mnclComm_t comm, int* rank) {
 mnclResult_t mnclCommDevice(const mnclComm_t comm, int* device) {
   return guarded([&] { *device = use(comm).device(); });
 }
+mnclResult_t mnclCommSetCallTimeout(mnclComm_t comm, double seconds) {
+  return guarded([&] { use(comm).setCallTimeout(seconds); });
+}
+mnclResult_t mnclCommGetCallTimeout(const mnclComm_t comm, double* seconds) {
+  return guarded([&] {
+    MNCL_CHECK(seconds != nullptr, mnclInvalidArgument, "seconds is null");
+    *seconds = use(comm).callTimeout();
+  });
+}
 
 const char* mnclGetErrorString(mnclResult_t r) {
   switch (r) {

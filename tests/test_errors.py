@@ -488,6 +488,37 @@ def test_call_timeout_setting(pair: Any, monkeypatch: pytest.MonkeyPatch) -> Non
         pair[1].call_timeout = 1
 
 
+MNCL_INVALID_ARGUMENT, MNCL_TIMEOUT = 4, 8  # mnclInvalidArgument, mnclTimeout
+
+
+def test_c_api_call_timeout() -> None:
+    """mnclCommSetCallTimeout / mnclCommGetCallTimeout: an allreduce that rank 1 never joins
+    returns mnclTimeout after the timeout, and mnclGetLastError says where every rank is."""
+    lib = ctypes.CDLL(minincl._core.__file__)
+    lib.mnclGetLastError.restype = ctypes.c_char_p
+    arr = (ctypes.c_void_p * 2)()
+    assert lib.mnclCommInitAll(arr, 2, None) == 0
+    comm = ctypes.c_void_p(arr[0])
+    seconds = ctypes.c_double(-1)
+    assert lib.mnclCommGetCallTimeout(comm, ctypes.byref(seconds)) == 0 and seconds.value == 0.0
+    assert lib.mnclCommSetCallTimeout(comm, ctypes.c_double(-2.0)) == MNCL_INVALID_ARGUMENT
+    assert b"a call timeout must be 0" in lib.mnclGetLastError(comm)
+    assert lib.mnclCommSetCallTimeout(comm, ctypes.c_double(0.5)) == 0
+    assert lib.mnclCommGetCallTimeout(comm, ctypes.byref(seconds)) == 0 and seconds.value == 0.5
+    x = np.ones(10, np.float32)
+    start = time.monotonic()
+    got = lib.mnclAllReduce(
+        x.ctypes.data_as(ctypes.c_void_p), x.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(10), 7, 0, comm, None
+    )
+    waited = time.monotonic() - start
+    message = lib.mnclGetLastError(comm).decode()
+    assert got == MNCL_TIMEOUT, message
+    assert 0.5 <= waited < 30, waited
+    assert "for more than 0.5 s" in message and "rank 1: in no call" in message, message
+    for c in arr:
+        lib.mnclCommDestroy(ctypes.c_void_p(c))
+
+
 def test_wrong_unique_id() -> None:
     with pytest.raises(minincl.InvalidArgument, match="unique id"):
         minincl.Communicator(2, b"\x00" * 128, 0)

@@ -117,6 +117,11 @@ mnclResult_t mnclCommGetAsyncError(mnclComm_t comm, mnclResult_t* asyncError);
 mnclResult_t mnclCommCount(const mnclComm_t comm, int* count);
 mnclResult_t mnclCommUserRank(const mnclComm_t comm, int* rank);
 mnclResult_t mnclCommDevice(const mnclComm_t comm, int* device);
+/* Seconds one call may wait inside this CPU communicator (for peers that never make it)
+ * before it fails with mnclTimeout, mnclGetLastError naming where every rank is. 0: no limit
+ * (the default, unless MININCL_CALL_TIMEOUT is set). A GPU communicator takes only 0. */
+mnclResult_t mnclCommSetCallTimeout(mnclComm_t comm, double seconds);
+mnclResult_t mnclCommGetCallTimeout(const mnclComm_t comm, double* seconds);
 
 const char* mnclGetErrorString(mnclResult_t result);
 /* A sentence about the last error on this thread (or on comm), saying what to do. */
