@@ -175,6 +175,21 @@ void checkAll(std::vector<Ranks*> channels, int threads, std::vector<Proto> prot
   }
 }
 
+// A float32 sum of `send` into `recv` (the same count) on one channel, under Simple.
+DevWork simpleAllreduce(Algo algo, std::vector<float>& send, std::vector<float>& recv) {
+  DevWork w{};
+  w.coll = Coll::allreduce;
+  w.algo = algo;
+  w.proto = Proto::simple;
+  w.dtype = DataType::f32;
+  w.op = RedOp::sum;
+  w.send = send.data();
+  w.recv = recv.data();
+  w.count = w.chanCount = send.size();
+  w.sendIsReadOnly = true;
+  return w;
+}
+
 // A rank that never joins: the others wait until the abort word is set, then every block
 // must leave its waits and the operation stop early.
 void checkAbortWithMissingPeer(ProtoSizes sizes, int threads, Algo algo) {
@@ -187,17 +202,7 @@ void checkAbortWithMissingPeer(ProtoSizes sizes, int threads, Algo algo) {
   });
   std::vector<DevError> errors;
   bool ran = runBlocks({&ranks}, threads, [&](int r, int) {
-    DevWork w{};
-    w.coll = Coll::allreduce;
-    w.algo = algo;
-    w.proto = Proto::simple;
-    w.dtype = DataType::f32;
-    w.op = RedOp::sum;
-    w.send = send[r].data();
-    w.recv = recv[r].data();
-    w.count = w.chanCount = count;
-    w.sendIsReadOnly = true;
-    return runKernelBlockFor<float>(ranks.channels[r], w, &errors[r]);
+    return runKernelBlockFor<float>(ranks.channels[r], simpleAllreduce(algo, send[r], recv[r]), &errors[r]);
   }, errors, 2);
   aborter.join();
   ++checks;
@@ -219,17 +224,7 @@ void checkMismatch(ProtoSizes sizes, int threads, Algo algo, bool directAccess) 
   }
   std::vector<DevError> errors;
   bool ran = runBlocks({&ranks}, threads, [&](int r, int) {
-    DevWork w{};
-    w.coll = Coll::allreduce;
-    w.algo = algo;
-    w.proto = Proto::simple;
-    w.dtype = DataType::f32;
-    w.op = RedOp::sum;
-    w.send = send[r].data();
-    w.recv = recv[r].data();
-    w.count = w.chanCount = counts[r];
-    w.sendIsReadOnly = true;
-    return runKernelBlockFor<float>(ranks.channels[r], w, &errors[r]);
+    return runKernelBlockFor<float>(ranks.channels[r], simpleAllreduce(algo, send[r], recv[r]), &errors[r]);
   }, errors);
   int mismatches = 0;
   for (DevError& e : errors) mismatches += e.peer >= 0;
