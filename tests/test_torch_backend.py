@@ -606,6 +606,15 @@ def test_unsupported_dtype_and_device_are_clear(single_rank: Any) -> None:
 # ---- a rank that dies ----
 
 
+def outcome_of(call: Callable[[], str]) -> dict[str, Any]:
+    """What `call` raised ({"type": "none", "message": what it returned} if nothing), for a
+    test to inspect."""
+    try:
+        return {"type": "none", "message": call()}
+    except Exception as e:  # noqa: BLE001 - written for the test to inspect
+        return {"type": type(e).__name__, "message": str(e)}
+
+
 def die_or_notice(out: str) -> None:
     rank = int(os.environ["RANK"])
     dist.init_process_group("minincl")
@@ -618,12 +627,13 @@ def die_or_notice(out: str) -> None:
         os._exit(3)  # gone without a word: no destroy, no error message
     ready.touch()
     start = time.monotonic()
-    try:
+
+    def allreduces() -> str:
         for _ in range(1000):
             dist.all_reduce(torch.ones(1 << 16), async_op=True).wait()
-        outcome = {"type": "none", "message": "every allreduce succeeded"}
-    except Exception as e:  # noqa: BLE001 - written for the test to inspect
-        outcome = {"type": type(e).__name__, "message": str(e)}
+        return "every allreduce succeeded"
+
+    outcome: dict[str, Any] = outcome_of(allreduces)
     outcome["seconds"] = time.monotonic() - start
     Path(out).write_text(json.dumps(outcome))
     os._exit(0)  # the store and the communicator point at a dead peer: no orderly teardown
@@ -638,15 +648,16 @@ def test_dead_peer_raises_through_work_wait(tmp_path: Path) -> None:
     assert outcome["seconds"] < 60, outcome
 
 
-def recv_first() -> dict[str, str]:
+def recv_first() -> dict[str, Any]:
     """Both ranks receive before they send: what each raised."""
     rank = int(os.environ["RANK"])
     dist.init_process_group("minincl")
-    try:
+
+    def recv() -> str:
         dist.recv(torch.zeros(10), 1 - rank)
-        outcome = {"type": "none", "message": "the recv returned"}
-    except Exception as e:  # noqa: BLE001 - written for the test to inspect
-        outcome = {"type": type(e).__name__, "message": str(e)}
+        return "the recv returned"
+
+    outcome = outcome_of(recv)
     dist.destroy_process_group()
     return outcome
 
@@ -666,13 +677,14 @@ def late_rank_1() -> dict[str, Any]:
     """Rank 1 stays out of an all_reduce for 4 s, alive, under a 1 s process-group timeout."""
     rank = int(os.environ["RANK"])
     dist.init_process_group("minincl", timeout=timedelta(seconds=1))
-    try:
-        if rank == 1:
-            time.sleep(4)
+    if rank == 1:
+        time.sleep(4)
+
+    def all_reduce() -> str:
         dist.all_reduce(torch.ones(10))
-        outcome = {"type": "none", "message": "the all_reduce returned"}
-    except Exception as e:  # noqa: BLE001 - written for the test to inspect
-        outcome = {"type": type(e).__name__, "message": str(e)}
+        return "the all_reduce returned"
+
+    outcome = outcome_of(all_reduce)
     dist.destroy_process_group()
     return outcome
 
