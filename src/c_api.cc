@@ -297,6 +297,10 @@ static void resolveOp(mnclComm_t comm, mnclRedOp_t op, CollCall& call) {
     call.op = (RedOp)op;
     return;
   }
+  if (op >= mnclBand && op <= mnclBxor) {
+    call.op = op == mnclBand ? RedOp::band : op == mnclBor ? RedOp::bor : RedOp::bxor;
+    return;
+  }
   std::lock_guard<std::mutex> lock(comm->opsMutex);
   size_t i = (size_t)op - mnclNumOps;
   MNCL_CHECK(i < comm->preMulSums.size() && comm->preMulSums[i].live, mnclInvalidArgument,
@@ -343,7 +347,7 @@ mnclResult_t mnclRedOpCreatePreMulSum(mnclRedOp_t* op, void* scalar, mnclDataTyp
     auto& ops = comm->preMulSums;
     size_t i = 0;
     while (i < ops.size() && ops[i].live) ++i;  // reuse a destroyed op's number
-    MNCL_CHECK(i < (size_t)(mnclMaxRedOp - mnclNumOps), mnclInvalidUsage, "too many reduction ops on this communicator");
+    MNCL_CHECK(i < (size_t)(mnclBand - mnclNumOps), mnclInvalidUsage, "too many reduction ops on this communicator");
     if (i == ops.size()) ops.push_back(pre);
     else ops[i] = pre;
     *op = (mnclRedOp_t)(mnclNumOps + (int)i);

@@ -126,3 +126,30 @@ def test_ranks_calling_different_bitwise_ops_is_a_clear_error() -> None:
     assert any("allreduce(count=64, int32, band" in m and "allreduce(count=64, int32, bor" in m for m in messages), (
         messages
     )
+
+
+C_OPS = {"band": 0x7FFFFFF0, "bor": 0x7FFFFFF1, "bxor": 0x7FFFFFF2}  # mnclBand, mnclBor, mnclBxor
+C_TYPES = {"int8": 0, "uint32": 3, "int64": 4}  # mnclInt8, mnclUint32, mnclInt64
+
+
+@pytest.mark.parametrize("op", list(BITWISE))
+def test_c_api_ops(op: str) -> None:
+    """mnclBand / mnclBor / mnclBxor through the C API (3 ranks, 1001 elements); a float type
+    is refused."""
+    from test_premul_sum import CApi
+
+    api = CApi()
+    comms = api.comms(3)
+    try:
+        for dtype, code in C_TYPES.items():
+            inputs = [rank_values(r, 1001, dtype, op, seed=5) for r in range(3)]
+            outs = [np.zeros(1001, dtype) for _ in range(3)]
+            run_ranks([0, 1, 2], lambda r: api.check(api.allreduce(comms[r], inputs[r], outs[r], code, C_OPS[op])))
+            want = reduce_ref(inputs, op, dtype)
+            for o in outs:
+                assert_same(o, want, dtype, op)
+        x = np.ones(4, np.float32)
+        assert f"{op} combines integers bit by bit" in api.error(api.allreduce(comms[0], x, x.copy(), 7, C_OPS[op]))
+    finally:
+        for c in comms:
+            api.lib.mnclCommDestroy(c)

@@ -8,7 +8,8 @@
  * count; on integer types the division truncates toward zero as C's `/` does, after the sum
  * has wrapped around in the type's own width (signed sums wrap as two's complement). And
  * pre-multiplied sums (mnclRedOpCreatePreMulSum): each rank's input times that rank's scalar,
- * rounded to the type, then summed.
+ * rounded to the type, then summed. And bitwise and / or / xor (mnclBand, mnclBor, mnclBxor)
+ * on the integer types.
  */
 #ifndef MININCL_H_
 #define MININCL_H_
@@ -70,7 +71,12 @@ typedef enum {
   mnclMin = 3,
   mnclAvg = 4,
   mnclNumOps = 5,
-  /* Ops from mnclRedOpCreatePreMulSum take values from mnclNumOps up. */
+  /* Ops from mnclRedOpCreatePreMulSum take values from mnclNumOps up, below mnclBand. Bitwise
+   * and, or, exclusive or of integer types (minincl's own; NCCL has none) sit at the top of the
+   * range, clear of NCCL's numbering and of pre-multiplied sums. */
+  mnclBand = 0x7ffffff0,
+  mnclBor = 0x7ffffff1,
+  mnclBxor = 0x7ffffff2,
   mnclMaxRedOp = 0x7fffffff
 } mnclRedOp_t;
 
