@@ -38,6 +38,9 @@ T reference(mnclRedOp_t op, int nranks, size_t i) {
         case mnclProd: acc = static_cast<U>(acc * v); break;
         case mnclMax: acc = static_cast<T>(v) > static_cast<T>(acc) ? v : acc; break;
         case mnclMin: acc = static_cast<T>(v) < static_cast<T>(acc) ? v : acc; break;
+        case mnclBand: acc = static_cast<U>(acc & v); break;
+        case mnclBor: acc = static_cast<U>(acc | v); break;
+        case mnclBxor: acc = static_cast<U>(acc ^ v); break;
         default: acc = static_cast<U>(acc + v); break;  // sum, avg, premulsum
       }
     }

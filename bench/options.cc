@@ -14,7 +14,14 @@ namespace {
 
 constexpr const char* kCollNames[] = {"allreduce", "broadcast",    "reduce",  "allgather",
                                       "reduce_scatter", "alltoall", "sendrecv"};
-constexpr const char* kOpNames[] = {"sum", "prod", "max", "min", "avg", "premulsum"};  // [kPreMulSum]
+// -o's names and the ops they stand for.
+struct OpName {
+  const char* name;
+  mnclRedOp_t op;
+};
+constexpr OpName kOps[] = {{"sum", mnclSum},         {"prod", mnclProd}, {"max", mnclMax},
+                           {"min", mnclMin},         {"avg", mnclAvg},   {"premulsum", kPreMulSum},
+                           {"band", mnclBand},       {"bor", mnclBor},   {"bxor", mnclBxor}};
 
 [[noreturn]] void usage(const char* prog, int code) {
   std::fprintf(code ? stderr : stdout,
@@ -33,7 +40,8 @@ constexpr const char* kOpNames[] = {"sum", "prod", "max", "min", "avg", "premuls
                "  -n N         timed iterations per size (default 20)\n"
                "  -w N         warm-up iterations per size (default 5)\n"
                "  -c 0|1       check results against a host reference (default 0)\n"
-               "  -o OP        sum | prod | max | min | avg | premulsum (default sum)\n"
+               "  -o OP        sum | prod | max | min | avg | premulsum | band | bor | bxor\n"
+               "               (default sum; the bitwise ones on integer types)\n"
                "  -d TYPE      int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2\n"
                "  -r ROOT      root for broadcast and reduce (default 0)\n"
                "  -a 0|1|2|3   time reported: rank 0 | mean | min | max over ranks (default 1)\n"
@@ -56,7 +64,12 @@ Coll parseColl(const char* name, const char* prog) {
 }  // namespace
 
 const char* collName(Coll c) { return kCollNames[static_cast<int>(c)]; }
-const char* opName(mnclRedOp_t op) { return kOpNames[static_cast<int>(op)]; }
+const char* opName(mnclRedOp_t op) {
+  for (const OpName& o : kOps) {
+    if (o.op == op) return o.name;
+  }
+  return "?";
+}
 
 size_t parseSize(const std::string& text) {
   std::string t = text;
@@ -110,8 +123,8 @@ Options parseOptions(int argc, char** argv) {
         case 'D': o.device = arg; break;
         case 'o': {
           bool found = false;
-          for (int i = 0; i <= static_cast<int>(kPreMulSum); ++i) {
-            if (arg == kOpNames[i]) { o.op = static_cast<mnclRedOp_t>(i); found = true; }
+          for (const OpName& op : kOps) {
+            if (arg == op.name) { o.op = op.op; found = true; }
           }
           if (!found) { std::fprintf(stderr, "%s: unknown op '%s'\n", prog, optarg); usage(prog, 2); }
           break;
