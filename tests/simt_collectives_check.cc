@@ -4,12 +4,12 @@
 // waits and plans, a barrier shares the plan, every thread copies with the 16-byte vector
 // loop, thread 0 posts), its pointer steps and direct writes between ranks of one process
 // (as on one GPU), channels that each take a slice of the buffer, and the line protocols'
-// other collectives. Results are checked against sums computed here; a rank missing until an
-// abort, and ranks calling with different counts, must stop every block. Exits 0 when every
-// check passes.
+// other collectives; on request also allreduces of 9 ranks (direct's most). Results are
+// checked against sums computed here; a rank missing until an abort, and ranks calling with
+// different counts, must stop every block. Exits 0 when every check passes.
 //
 //   c++ -std=c++20 -O1 -pthread -DMNCL_SIMT_EMULATION -Icuda tests/simt_collectives_check.cc
-//   ./a.out [threads-per-block [most-ranks]]
+//   ./a.out [threads-per-block [most-ranks [9-ranks-too]]]
 #include <cstring>
 #include <string>
 
@@ -243,6 +243,7 @@ int main(int argc, char** argv) {
   using namespace mncl::dev;
   int threads = argc > 1 ? std::atoi(argv[1]) : 64;
   int mostRanks = argc > 2 ? std::atoi(argv[2]) : 4;  // (every rank's blocks run at once)
+  bool manyRanks = argc > 3 && std::atoi(argv[3]) != 0;  // also the 9-rank allreduces
   failAfter(150);
   // Simple slots of 4 KiB: a block of 64 threads moves 4 KiB a pass of its vector loop (16
   // bytes x 4 in flight per thread), so steps end inside passes at other block sizes; LL and
@@ -261,6 +262,21 @@ int main(int argc, char** argv) {
       std::vector<Proto> protos = {Proto::simple};
       if (!directAccess) protos = {Proto::simple, Proto::ll, Proto::ll128};
       checkAll(channels, threads, protos, counts);
+    }
+  }
+  // Direct's most ranks (kMaxPeers peers each), one channel: every algorithm x protocol's
+  // allreduce, Simple with direct access too.
+  if (manyRanks) {
+    int n = kMaxPeers + 1;
+    for (bool directAccess : {false, true}) {
+      Ranks ranks(n, sizes, directAccess);
+      for (Proto proto : directAccess ? std::vector<Proto>{Proto::simple} : std::vector<Proto>{Proto::simple, Proto::ll, Proto::ll128}) {
+        for (Algo algo : {Algo::ring, Algo::tree, Algo::direct}) {
+          for (int v = 0; v < (algo == Algo::direct ? 2 : 1); ++v) {
+            check<float>({&ranks}, threads, {Coll::allreduce, algo, proto, v, 20011}, DataType::f32);
+          }
+        }
+      }
     }
   }
   for (Algo algo : {Algo::ring, Algo::tree, Algo::direct}) {

@@ -9,7 +9,8 @@ checker fails itself after a while).
   flight per thread, warp votes and syncs), every algorithm's allreduce and broadcast.
 - simt_collectives_check.cc: every collective x algorithm x protocol through the kernels'
   dispatch (runTyped), two channels: Simple's block-wide steps and 16-byte vector loop, with
-  and without pointer steps and direct writes between ranks of one process.
+  and without pointer steps and direct writes between ranks of one process; and allreduces of
+  9 ranks.
 - simt_p2p_check.cc: groups of sends and receives as the p2p kernel runs them, split over
   three channels as the host splits them.
 
@@ -74,6 +75,11 @@ def test_every_collective_as_the_kernels_run_it(collectives_checker: Path, threa
     """2 to `most_ranks` ranks, 2 channels each; counts 1 to 20011 (every rank's blocks run at
     once: 96-thread blocks on 2 ranks only, to keep the threads a few hundred)."""
     run_checker(collectives_checker, threads, most_ranks)
+
+
+def test_allreduce_of_nine_ranks_as_the_kernels_run_it(collectives_checker: Path) -> None:
+    """9 ranks (8 peers each: the most direct serves), every algorithm x protocol, 32 threads."""
+    run_checker(collectives_checker, 32, 1, 1)
 
 
 @pytest.mark.parametrize("threads", [32, 96])
