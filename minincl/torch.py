@@ -99,8 +99,10 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
         else:
             uid = bytes(self._store.get(store_key))
         comm = Communicator(self.size(), uid, self.rank(), device=device)
-        if key == "cpu" and isinstance(self._timeout, timedelta):
-            comm.call_timeout = self._timeout.total_seconds()  # a call waiting longer fails, as gloo's do
+        if isinstance(self._timeout, timedelta):
+            # A call waiting longer fails, as gloo's do; on a GPU, a kernel that long unfinished
+            # (NCCL's watchdog).
+            comm.call_timeout = self._timeout.total_seconds()
         return _DeviceComm(comm, Lane(f"minincl-{key}-rank{self.rank()}", inline=key == "cuda"))
 
     @staticmethod

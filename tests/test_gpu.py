@@ -920,6 +920,77 @@ def test_abort_stops_a_spinning_kernel(cp: Any) -> None:
             c.destroy()
 
 
+def test_call_timeout_fails_a_kernel_a_peer_never_joins(cp: Any) -> None:
+    """Rank 0 queues an allreduce that rank 1 never makes, with a 0.5 s call timeout: its
+    monitor fails the communicator once the kernel has waited that long after it was queued
+    (the abort word stops the kernel, so the stream drains), and the next call raises Timeout
+    naming the kernel's call and how far each rank got."""
+    comms = minincl.Communicator.init_all(2, device=DEVICE)
+    c0 = comms[0]
+    try:
+        assert c0.call_timeout == 0.0  # (no limit by default)
+        c0.call_timeout = 0.5
+        s = cp.cuda.Stream(non_blocking=True)
+        with s:
+            x = cp.ones(1000, cp.float32)
+        queued = time.monotonic()
+        c0.allreduce(x, stream=s)  # returns at once; the kernel waits for rank 1
+        s.synchronize()  # ends when the timeout stopped the kernel
+        waited = time.monotonic() - queued
+        assert 0.45 <= waited < 30, waited
+        with pytest.raises(minincl.Timeout) as info:
+            c0.allreduce(cp.ones(4, cp.float32), stream=s)
+        message = str(info.value)
+        assert (
+            "call timeout: rank 0's kernel for collective call 1 (allreduce(count=1000, float32, sum)) "
+            "has not finished 0.5 s after it was queued" in message
+        ), message
+        assert "rank 0: 1 collective call(s) made" in message and "rank 1: 0 collective call(s) made" in message, message
+    finally:
+        for c in comms:
+            c.destroy()
+
+
+def test_call_timeout_lets_finished_kernels_and_graphs_be(cp: Any) -> None:
+    """With a call timeout set, hundreds of launches that finish in time (their events reused)
+    and a captured graph's replays (not watched) run to the right values, with no error."""
+    comms = minincl.Communicator.init_all(2, device=DEVICE)
+    try:
+        for c in comms:
+            c.call_timeout = 30
+        s = cp.cuda.Stream(non_blocking=True)
+        with s:
+            xs = [cp.zeros(257, cp.float32) for _ in comms]
+            for i in range(300):  # more than the watch holds at once (256)
+                with minincl.group():
+                    for c in comms:
+                        xs[c.rank].fill(c.rank + i)
+                        c.allreduce(xs[c.rank])
+            s.synchronize()
+            for x in xs:
+                np.testing.assert_array_equal(cp.asnumpy(x), np.full(257, 2 * 299 + 1, np.float32))
+            s.begin_capture()
+            try:
+                with minincl.group():
+                    for c in comms:
+                        c.allreduce(xs[c.rank])
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    s.end_capture()
+                raise
+            graph = s.end_capture()
+            for _ in range(3):
+                graph.launch(stream=s)
+            s.synchronize()
+        for x in xs:  # each replay doubles the sum
+            np.testing.assert_array_equal(cp.asnumpy(x), np.full(257, (2 * 299 + 1) * 8, np.float32))
+        time.sleep(0.05)
+        comms[0].allreduce(cp.zeros(0, cp.float32))  # launches nothing; raises if the comm failed
+    finally:
+        for c in comms:
+            c.destroy()
+
+
 @pytest.mark.parametrize(("nranks", "count"), [(2, BIG), (8, 300_007)])
 def test_alltoall_on_every_channel(monkeypatch: pytest.MonkeyPatch, cp: Any, nranks: int, count: int) -> None:
     """Without MININCL_NCHANNELS a rank gets up to 32 channels and a message one per 4 slots

@@ -1,14 +1,16 @@
 // The call timeout (Comm::callTimeout): a call that stays inside a CPU communicator longer
-// than that fails it with mnclTimeout. A peer that stops is caught by its heartbeat
-// (MININCL_TIMEOUT); a peer that lives on but never makes the call (stuck in its own code, or
-// a call skipped where nothing pairs up to show it) only by a limit on the call itself, as
-// torch's process-group timeout and NCCL's watchdog do. The error says where every rank is,
-// from the call logs (call_log.h): the ranks that have not reached this call stand out.
+// than that, or a GPU communicator's launch that has not finished that long after it was
+// queued (gpu::LaunchWatch), fails it with mnclTimeout. A peer that stops is caught by its
+// heartbeat (MININCL_TIMEOUT); a peer that lives on but never makes the call (stuck in its own
+// code, or a call skipped where nothing pairs up to show it) only by a limit on the call
+// itself, as torch's process-group timeout and NCCL's watchdog do. The error says where every
+// rank is, from the call logs (call_log.h): the ranks that have not reached this call stand out.
 #include <cstdio>
 #include <optional>
 #include <string>
 
 #include "../../cuda/arch.h"
+#include "../gpu/gpu_comm.h"
 #include "comm.h"
 #include "monitor.h"
 
@@ -50,6 +52,18 @@ std::string activityOf(const CallLog& log) {
   }
 }
 
+// A GPU rank's calls return at once, so its log says only how far it got:
+// "3 collective call(s) made, 2 send(s) and 2 receive(s) posted".
+std::string progressOf(const CallLog& log) {
+  return std::to_string(dev::loadAcquire(&log.made)) + " collective call(s) made, " +
+         std::to_string(dev::loadAcquire(&log.sendsPosted)) + " send(s) and " +
+         std::to_string(dev::loadAcquire(&log.recvsPosted)) + " receive(s) posted";
+}
+
+const char* const kWhereTheLimitIsSet =
+    "the communicator's call timeout: Communicator.call_timeout, MININCL_CALL_TIMEOUT, or torch's process-group "
+    "timeout";
+
 }  // namespace
 
 void Monitor::checkCallTimeout(double now) {
@@ -65,17 +79,39 @@ void Monitor::checkCallTimeout(double now) {
   if (now - timedCallSince_ < limit) return;
   comm_.fail(mnclTimeout, "call timeout: rank " + std::to_string(comm_.rank()) + " has been " +
                               activityOf(comm_.region_->ctrl()->calls) + " for more than " + formatSeconds(limit) +
-                              " (the communicator's call timeout: Communicator.call_timeout, MININCL_CALL_TIMEOUT, or "
-                              "torch's process-group timeout); " + whereRanksAre() +
+                              " (" + kWhereTheLimitIsSet + "); " + whereRanksAre() +
                               ". A rank behind the others has not reached this call");
 }
 
-// "rank 0: inside collective call 3 (...); rank 1: in no call (2 collective call(s) made)".
+void Monitor::checkGpuCallTimeout(double now) {
+#if defined(MININCL_HAVE_CUDA)
+  double limit = comm_.callTimeout();
+  if (limit <= 0) return;
+  std::optional<gpu::LaunchWatch::Launched> late = comm_.gpu()->launchWatch().oldestUnfinished();
+  if (!late || now - late->enqueuedAt < limit) return;
+  std::string what = "sends / receives posted after collective call " + std::to_string(late->call);
+  if (!late->p2p) {
+    std::optional<LoggedCall> call = loggedCall(comm_.region_->ctrl()->calls, late->call);
+    what = "collective call " + std::to_string(late->call) + (call ? " (" + describeCall(*call) + ")" : std::string());
+  }
+  comm_.fail(mnclTimeout, "call timeout: rank " + std::to_string(comm_.rank()) + "'s kernel for " + what +
+                              " has not finished " + formatSeconds(limit) + " after it was queued (" +
+                              kWhereTheLimitIsSet + "); " + whereRanksAre() +
+                              ". A rank behind the others has not made this call (or work queued before it on its "
+                              "stream took that long)");
+#else
+  (void)now;
+#endif
+}
+
+// "rank 0: inside collective call 3 (...); rank 1: in no call (2 collective call(s) made)";
+// on a GPU "rank 0: 3 collective call(s) made, ...; rank 1: 2 collective call(s) made, ...".
 std::string Monitor::whereRanksAre() const {
   std::string where;
   constexpr int kListed = 16;
   for (int r = 0; r < comm_.nranks() && r < kListed; ++r) {
-    where += (r ? "; rank " : "rank ") + std::to_string(r) + ": " + activityOf(comm_.peerRegions_[r]->ctrl()->calls);
+    const CallLog& log = comm_.peerRegions_[r]->ctrl()->calls;
+    where += (r ? "; rank " : "rank ") + std::to_string(r) + ": " + (comm_.onGpu() ? progressOf(log) : activityOf(log));
   }
   if (comm_.nranks() > kListed) where += "; ...";
   return where;

@@ -86,7 +86,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
   MNCL_CHECK(device < 0, mnclInvalidUsage,
         "device cuda:" + std::to_string(device) + ": this build of minincl has no CUDA backend (built without nvcc); use device=\"cpu\"");
 #endif
-  if (!onGpu()) setCallTimeout(env::seconds("MININCL_CALL_TIMEOUT", 0));
+  setCallTimeout(env::seconds("MININCL_CALL_TIMEOUT", 0));
   bootstrap_ = std::make_unique<Bootstrap>(id, rank, nranks);
 
   PeerInfo mine{};
@@ -624,6 +624,8 @@ void Comm::logCall(const LoggedCall& call) {
   if (region_) mncl::logCall(region_->ctrl()->calls, call);
 }
 
+uint64_t Comm::collectiveCallsMade() const { return region_ ? dev::loadAcquire(&region_->ctrl()->calls.made) : 0; }
+
 void Comm::countP2p(bool isSend, int peer, size_t channelBytes) {
   if (!region_) return;
   // (A send that puts more on a channel than its way to the peer holds cannot end before its
@@ -753,9 +755,6 @@ void Comm::abort() {
 void Comm::setCallTimeout(double seconds) {
   MNCL_CHECK(seconds >= 0 && seconds < 1e9, mnclInvalidArgument,
              "a call timeout must be 0 (none) or a positive number of seconds, not " + std::to_string(seconds));
-  MNCL_CHECK(!onGpu() || seconds == 0, mnclInvalidUsage,
-             "a call timeout is for CPU communicators (a GPU call returns at once; a kernel waiting on a peer that "
-             "stopped fails after MININCL_TIMEOUT)");
   callTimeout_.store(seconds, std::memory_order_relaxed);
 }
 

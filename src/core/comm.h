@@ -101,9 +101,10 @@ class Comm {
   [[noreturn]] void throwStoredError() const;
 
   // How long one call may stay inside this communicator before its monitor fails it with
-  // mnclTimeout, saying where each rank is (CPU communicators; seconds, 0: no limit; default
-  // MININCL_CALL_TIMEOUT). MININCL_TIMEOUT catches a peer that stops; this, a live peer that
-  // never makes the call (as torch's process-group timeout does).
+  // mnclTimeout, saying where each rank is (seconds, 0: no limit; default
+  // MININCL_CALL_TIMEOUT). On a GPU, how long a launch may go unfinished after it was queued
+  // (a call returns at once there; see gpu::LaunchWatch). MININCL_TIMEOUT catches a peer that
+  // stops; this, a live peer that never makes the call (as torch's process-group timeout does).
   double callTimeout() const { return callTimeout_.load(std::memory_order_relaxed); }
   void setCallTimeout(double seconds);
 
@@ -116,6 +117,7 @@ class Comm {
   // Logs a collective call this rank starts, where its peers' monitors compare it with
   // theirs (see call_log.h).
   void logCall(const LoggedCall& call);
+  uint64_t collectiveCallsMade() const;  // logged so far
   // Counts a send or receive this rank posts, for the same log. `channelBytes`: of a send,
   // the most that one of its channels carries to the peer, with the group's earlier sends to
   // it (see p2pSplit).

@@ -66,7 +66,7 @@ void Monitor::loop() {
     if (!comm_.failed()) checkP2pBalance();
     if (!comm_.onGpu() && !comm_.failed()) checkDeadlock(now);
     if (!comm_.onGpu() && !comm_.failed()) checkWaitCycle(now);
-    if (!comm_.onGpu() && !comm_.failed()) checkCallTimeout(now);
+    if (!comm_.failed()) comm_.onGpu() ? checkGpuCallTimeout(now) : checkCallTimeout(now);
   }
 }
 

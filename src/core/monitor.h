@@ -15,8 +15,9 @@
 //                                                    -> InvalidUsage naming the deadlock;
 //  - sends and receives wait on each other in a cycle through this rank (see call_log.h)
 //    for a second                                    -> InvalidUsage naming each wait;
-//  - this rank's call has lasted longer than the communicator's call timeout (CPU, off by
-//    default: see Comm::callTimeout)                 -> Timeout saying where each rank is.
+//  - this rank's call has lasted longer than the communicator's call timeout (on a GPU: a
+//    launch has not finished that long after it was queued; off by default: see
+//    Comm::callTimeout)                              -> Timeout saying where each rank is.
 // fail() sets the abort word, so every spin loop of this rank stops within microseconds.
 #pragma once
 
@@ -63,6 +64,7 @@ class Monitor {
   };
   void checkWaitCycle(double now);
   void checkCallTimeout(double now);
+  void checkGpuCallTimeout(double now);
   std::string whereRanksAre() const;
   std::vector<Wait> waitCycle() const;
   std::optional<Wait> waitOn(int r, int p, bool everyRankInside) const;

@@ -68,6 +68,13 @@ class Lanes {
   throwError(mnclUnhandledCudaError, msg);
 }
 
+// Records a launch of `comm` just queued on `stream` as its last one; with a call timeout set,
+// also where the monitor watches it until it ends (see gpu::LaunchWatch).
+void recordLaunch(Comm& comm, cudaStream_t stream, bool p2p) {
+  bool outsideCapture = comm.gpu()->recordLaunch(stream);
+  if (outsideCapture && comm.callTimeout() > 0) comm.gpu()->launchWatch().record(stream, comm.collectiveCallsMade(), p2p);
+}
+
 // One launch of a communicator, planned in full before anything of the group is launched.
 struct Launch {
   Comm* comm;
@@ -198,7 +205,7 @@ void launch(const Launch& L) {
                             : dev::launchCollective(L.collLaunch, L.coll.coll, L.coll.dtype, L.coll.op);
     if (e != cudaSuccess) failLaunch({&comm}, L.what, e);
   }
-  g.recordLaunch(L.stream);
+  recordLaunch(comm, L.stream, L.isP2p);
 }
 
 // Whether a group may run its ranks of one GPU in one kernel (MININCL_GPU_FUSE=0: never).
@@ -259,7 +266,7 @@ bool launchFused(const std::vector<GpuCall>& calls) {
     for (const GpuCall& gc : calls) comms.push_back(gc.comm);
     failLaunch(comms, fused.what, e);
   }
-  for (const GpuCall& gc : calls) gc.comm->gpu()->recordLaunch(stream);
+  for (const GpuCall& gc : calls) recordLaunch(*gc.comm, stream, false);
   return true;
 }
 

@@ -132,10 +132,11 @@ void GpuComm::orderAfterPrevious(cudaStream_t stream) {
   if (!capturing(stream)) MNCL_CUDA_CHECK(cudaStreamWaitEvent(stream, last_, 0));
 }
 
-void GpuComm::recordLaunch(cudaStream_t stream) {
+bool GpuComm::recordLaunch(cudaStream_t stream) {
   haveLast_ = !capturing(stream);
   lastStream_ = stream;
   if (haveLast_) MNCL_CUDA_CHECK(cudaEventRecord(last_, stream));
+  return haveLast_;
 }
 
 bool GpuComm::mayBeRunning() const {

@@ -14,6 +14,7 @@
 #include "../../cuda/channel.h"
 #include "../transport/region.h"
 #include "cuda_api.h"
+#include "launch_watch.h"
 
 namespace mncl {
 
@@ -98,9 +99,12 @@ class GpuComm {
   // the other even when the caller alternates streams (NCCL orders them the same way): a
   // launch on another stream than the last one first waits for the last one.
   void orderAfterPrevious(cudaStream_t stream);
-  void recordLaunch(cudaStream_t stream);
+  // Returns false inside a capture (nothing recorded: a graph's replays are not tracked).
+  bool recordLaunch(cudaStream_t stream);
   // Whether the last launch may not have finished (false when unknown, e.g. after a capture).
   bool mayBeRunning() const;
+  // The launches the call timeout watches (Comm::callTimeout).
+  LaunchWatch& launchWatch() { return watch_; }
 
  private:
   int device_;
@@ -116,6 +120,7 @@ class GpuComm {
   cudaEvent_t last_ = nullptr;
   cudaStream_t lastStream_ = nullptr;
   bool haveLast_ = false;  // last_ holds the previous launch (not recorded inside a capture)
+  LaunchWatch watch_;
 };
 
 // Loads every kernel now. With lazy loading (CUDA's default since 12.2) the first launch of a

@@ -125,7 +125,9 @@ mnclResult_t mnclCommUserRank(const mnclComm_t comm, int* rank);
 mnclResult_t mnclCommDevice(const mnclComm_t comm, int* device);
 /* Seconds one call may wait inside this CPU communicator (for peers that never make it)
  * before it fails with mnclTimeout, mnclGetLastError naming where every rank is. 0: no limit
- * (the default, unless MININCL_CALL_TIMEOUT is set). A GPU communicator takes only 0. */
+ * (the default, unless MININCL_CALL_TIMEOUT is set). On a GPU communicator, whose calls return
+ * once queued: seconds a queued kernel may go unfinished before the communicator fails with
+ * mnclTimeout (mnclCommGetAsyncError; kernels in CUDA graphs are not watched). */
 mnclResult_t mnclCommSetCallTimeout(mnclComm_t comm, double seconds);
 mnclResult_t mnclCommGetCallTimeout(const mnclComm_t comm, double* seconds);
 

@@ -871,8 +871,9 @@ PYBIND11_MODULE(_core, m) {
            "communicator's error if it failed. (For a receive from any source.)")
       .def_property("call_timeout", &PyComm::callTimeout, &PyComm::setCallTimeout,
                     "Seconds one call may wait inside this CPU communicator before it fails with minincl.Timeout "
-                    "saying where each rank is (0 or None: no limit; default MININCL_CALL_TIMEOUT, else 0). "
-                    "Once it fired the communicator is failed, as after any error.")
+                    "saying where each rank is; on a GPU, seconds a queued kernel may go unfinished (0 or None: "
+                    "no limit; default MININCL_CALL_TIMEOUT, else 0). Once it fired the communicator is failed, "
+                    "as after any error.")
       .def("_window_empty", &PyComm::windowEmpty, py::arg("shape"), py::arg("dtype"))
       .def("_topology", &PyComm::topology)
       .def("abort", &PyComm::abort)
