@@ -945,7 +945,9 @@ def test_call_timeout_fails_a_kernel_a_peer_never_joins(cp: Any) -> None:
             "call timeout: rank 0's kernel for collective call 1 (allreduce(count=1000, float32, sum)) "
             "has not finished 0.5 s after it was queued" in message
         ), message
-        assert "rank 0: 1 collective call(s) made" in message and "rank 1: 0 collective call(s) made" in message, message
+        assert "rank 0: 1 collective call(s) made" in message and "rank 1: 0 collective call(s) made" in message, (
+            message
+        )
     finally:
         for c in comms:
             c.destroy()

@@ -267,6 +267,7 @@ struct Recorded {
   CollCall coll;
   P2pCall p2p;
   bool ofAlltoall = false;  // a send or receive of an alltoall: part of a collective call
+  uint64_t callNumber = 0;  // a collective's number in its communicator's call log (GPU: see GpuCall)
 };
 
 thread_local int tlsGroupDepth = 0;
@@ -285,7 +286,7 @@ void runRecordedOnGpu(std::vector<Recorded>& calls) {
   for (Recorded& r : calls) {
     MNCL_CHECK(r.comm->onGpu(), mnclInvalidUsage,
           "a group mixes CPU and CUDA communicators: run each kind in a group of its own");
-    gpuCalls.push_back({r.comm, r.isP2p, r.coll, r.p2p});
+    gpuCalls.push_back({r.comm, r.isP2p, r.coll, r.p2p, r.callNumber});
   }
   for (Recorded& r : calls) scopes.push_back(std::make_unique<Comm::CallScope>(*r.comm));
   launchGpuCalls(gpuCalls);
@@ -401,7 +402,7 @@ void record(const Recorded& r) {
   auto [inside, peers] = insideOf(r);
   if (r.comm->onGpu()) {
     Comm::CallScope scope(*r.comm, inside, peers);
-    launchGpuCalls({{r.comm, r.isP2p, r.coll, r.p2p}});
+    launchGpuCalls({{r.comm, r.isP2p, r.coll, r.p2p, r.callNumber}});
     return;
   }
   bool ran = false;
@@ -431,14 +432,14 @@ LoggedCall loggedCallOf(const CollCall& c) {
 void enqueueColl(Comm& comm, const CollCall& call) {
   validate(comm, call);
   comm.logCall(loggedCallOf(call));
-  record({&comm, false, call, {}});
+  record({&comm, false, call, {}, false, comm.collectiveCallsMade()});
 }
 
 void enqueueBarrier(Comm& comm, int32_t* word) {
   CollCall call{Coll::allreduce, word, word, 1, DataType::i32, RedOp::sum, 0};
   validate(comm, call);
   comm.logCall({kBarrierCall, (uint8_t)DataType::i32, 0, 0, 0});
-  record({&comm, false, call, {}});
+  record({&comm, false, call, {}, false, comm.collectiveCallsMade()});
 }
 
 void enqueueP2p(Comm& comm, const P2pCall& call) {

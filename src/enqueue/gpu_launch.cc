@@ -69,10 +69,11 @@ class Lanes {
 }
 
 // Records a launch of `comm` just queued on `stream` as its last one; with a call timeout set,
-// also where the monitor watches it until it ends (see gpu::LaunchWatch).
-void recordLaunch(Comm& comm, cudaStream_t stream, bool p2p) {
+// also where the monitor watches it until it ends (see gpu::LaunchWatch). `callNumber`: the
+// collective's (for sends and receives, the collective calls made before them).
+void recordLaunch(Comm& comm, cudaStream_t stream, bool p2p, uint64_t callNumber) {
   bool outsideCapture = comm.gpu()->recordLaunch(stream);
-  if (outsideCapture && comm.callTimeout() > 0) comm.gpu()->launchWatch().record(stream, comm.collectiveCallsMade(), p2p);
+  if (outsideCapture && comm.callTimeout() > 0) comm.gpu()->launchWatch().record(stream, callNumber, p2p);
 }
 
 // One launch of a communicator, planned in full before anything of the group is launched.
@@ -80,6 +81,7 @@ struct Launch {
   Comm* comm;
   cudaStream_t stream;
   const char* what;
+  uint64_t callNumber = 0;  // see recordLaunch
   std::vector<std::pair<const P2pCall*, const P2pCall*>> selfCopies;  // (send, recv) to self
   bool kernel = false, isP2p = false;
   CollCall coll{};
@@ -205,7 +207,7 @@ void launch(const Launch& L) {
                             : dev::launchCollective(L.collLaunch, L.coll.coll, L.coll.dtype, L.coll.op);
     if (e != cudaSuccess) failLaunch({&comm}, L.what, e);
   }
-  recordLaunch(comm, L.stream, L.isP2p);
+  recordLaunch(comm, L.stream, L.isP2p, L.isP2p ? comm.collectiveCallsMade() : L.callNumber);
 }
 
 // Whether a group may run its ranks of one GPU in one kernel (MININCL_GPU_FUSE=0: never).
@@ -266,7 +268,7 @@ bool launchFused(const std::vector<GpuCall>& calls) {
     for (const GpuCall& gc : calls) comms.push_back(gc.comm);
     failLaunch(comms, fused.what, e);
   }
-  for (const GpuCall& gc : calls) recordLaunch(*gc.comm, stream, false);
+  for (const GpuCall& gc : calls) recordLaunch(*gc.comm, stream, false, gc.callNumber);
   return true;
 }
 
@@ -299,6 +301,7 @@ void launchGpuCalls(const std::vector<GpuCall>& calls) {
       }
       cudaStream_t run = lanes.runStreamFor(*gc.comm, static_cast<cudaStream_t>(gc.coll.stream));
       queueOf(gc.comm).push_back(planColl(*gc.comm, gc.coll, run));
+      queueOf(gc.comm).back().callNumber = gc.callNumber;
     }
     for (auto& [comm, ops] : p2p) {
       cudaStream_t run = lanes.runStreamFor(*comm, static_cast<cudaStream_t>(ops.front()->stream));

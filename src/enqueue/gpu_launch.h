@@ -13,6 +13,7 @@ struct GpuCall {
   bool isP2p;
   CollCall coll;
   P2pCall p2p;
+  uint64_t callNumber = 0;  // a collective's number in the call log, for the call timeout's error
 };
 
 // Launches `calls` in order, one kernel per collective; each communicator's sends and
