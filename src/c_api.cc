@@ -1,5 +1,7 @@
 // The C API: thin wrappers that turn exceptions into mnclResult_t and keep the message.
+#include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -34,6 +36,7 @@ struct mnclComm {
   // on this communicator until the group ends; mnclCommDestroy / mnclCommAbort take it
   // exclusively before freeing anything (abort stops the calls first).
   std::shared_timed_mutex inUse;
+  std::atomic<bool> finalized{false};  // mnclCommFinalize: no more operations
 };
 
 namespace {
@@ -68,6 +71,8 @@ thread_local std::vector<std::pair<mnclComm_t, std::shared_lock<std::shared_time
 class CallHold {
  public:
   explicit CallHold(mnclComm_t comm) : comm_(use(comm)) {
+    MNCL_CHECK(!comm->finalized.load(std::memory_order_acquire), mnclInvalidUsage,
+               "the communicator was finalized (mnclCommFinalize): it takes no more operations; destroy it");
     if (groupDepth() == 0) {
       lock_ = std::shared_lock<std::shared_timed_mutex>(comm->inUse);
       return;
@@ -104,6 +109,50 @@ void release(mnclComm_t comm) {
 void checkStream(const Comm& comm, void* stream) {
   MNCL_CHECK(comm.device() >= 0 || stream == nullptr, mnclInvalidArgument,
         "a CPU communicator takes a null stream");
+}
+
+// The options a config asks for (fields left undefined: the defaults).
+CommOptions optionsFrom(const mnclConfig_t* config) {
+  CommOptions options;
+  if (!config) return options;
+  MNCL_CHECK(config->magic == MNCL_CONFIG_MAGIC && config->size >= offsetof(mnclConfig_t, maxCTAs) + sizeof(int),
+             mnclInvalidArgument, "the config was not set up from MNCL_CONFIG_INITIALIZER (wrong magic or size)");
+  MNCL_CHECK(config->blocking == MNCL_CONFIG_UNDEF_INT || config->blocking == 1, mnclInvalidArgument,
+             "config.blocking = " + std::to_string(config->blocking) +
+                 ": only blocking communicators (1) are supported; nonblocking init (0) is not");
+  auto take = [](int value, int& into, const char* name) {
+    if (value == MNCL_CONFIG_UNDEF_INT) return;
+    MNCL_CHECK(value >= 0, mnclInvalidArgument,
+               std::string("config.") + name + " = " + std::to_string(value) + ": a channel bound is >= 0");
+    into = value;
+  };
+  take(config->minCTAs, options.minChannels, "minCTAs");
+  take(config->maxCTAs, options.maxChannels, "maxCTAs");
+  MNCL_CHECK(options.maxChannels == 0 || options.minChannels <= options.maxChannels, mnclInvalidArgument,
+             "config.minCTAs = " + std::to_string(options.minChannels) + " is above maxCTAs = " +
+                 std::to_string(options.maxChannels));
+  return options;
+}
+
+void initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank, int device,
+              const CommOptions& options) {
+  MNCL_CHECK(comm != nullptr, mnclInvalidArgument, "comm is null");
+  *comm = nullptr;
+  UniqueIdData id;
+  std::memcpy(&id, commId.internal, sizeof(id));
+  if (device == MNCL_DEVICE_AUTO) device = gpu::usableDeviceCount() > 0 ? gpu::currentDevice() : MNCL_DEVICE_CPU;
+  auto c = std::make_unique<mnclComm>();
+  c->impl = std::make_unique<Comm>(id, rank, nranks, device, options);
+  *comm = c.release();
+}
+
+// A query's answer: `out` must not be null.
+template <typename T, typename F>
+mnclResult_t answer(T* out, const char* name, F&& get) {
+  return guarded([&] {
+    MNCL_CHECK(out != nullptr, mnclInvalidArgument, std::string(name) + " is null");
+    *out = get();
+  });
 }
 
 uint64_t randomNonce() {
@@ -165,20 +214,18 @@ mnclResult_t mnclGetUniqueIdForAddress(mnclUniqueId* id, const char* host, int p
 }
 
 mnclResult_t mnclCommInitRankDevice(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank, int device) {
-  return guarded([&] {
-    MNCL_CHECK(comm != nullptr, mnclInvalidArgument, "comm is null");
-    *comm = nullptr;
-    UniqueIdData id;
-    std::memcpy(&id, commId.internal, sizeof(id));
-    if (device == MNCL_DEVICE_AUTO) device = gpu::usableDeviceCount() > 0 ? gpu::currentDevice() : MNCL_DEVICE_CPU;
-    auto c = std::make_unique<mnclComm>();
-    c->impl = std::make_unique<Comm>(id, rank, nranks, device);
-    *comm = c.release();
-  });
+  return guarded([&] { initRank(comm, nranks, commId, rank, device, {}); });
 }
 
 mnclResult_t mnclCommInitRank(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank) {
   return mnclCommInitRankDevice(comm, nranks, commId, rank, MNCL_DEVICE_AUTO);
+}
+
+mnclResult_t mnclCommInitRankConfig(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank, mnclConfig_t* config) {
+  return guarded([&] {
+    if (comm) *comm = nullptr;
+    initRank(comm, nranks, commId, rank, MNCL_DEVICE_AUTO, optionsFrom(config));
+  });
 }
 
 mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist) {
@@ -212,15 +259,16 @@ mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist) {
 mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newcomm, void* config) {
   return guarded([&] {
     MNCL_CHECK(newcomm != nullptr, mnclInvalidArgument, "newcomm is null");
-    MNCL_CHECK(config == nullptr, mnclInvalidArgument, "config is reserved: pass NULL");
     *newcomm = nullptr;
     CallHold hold(comm);
     Comm& parent = hold.comm();
+    // (Checked before the rendezvous: a rank that failed here would leave the others waiting.)
+    CommOptions options = config ? optionsFrom(static_cast<const mnclConfig_t*>(config)) : parent.options();
     int n = 0, r = 0;
     UniqueIdData id{};
     if (!parent.splitInfo(color, key, &n, &r, &id)) return;
     auto c = std::make_unique<mnclComm>();
-    c->impl = std::make_unique<Comm>(id, r, n, parent.device());
+    c->impl = std::make_unique<Comm>(id, r, n, parent.device(), options);
     *newcomm = c.release();
   });
 }
@@ -239,6 +287,16 @@ mnclResult_t mnclCommAbort(mnclComm_t comm) {
   });
 }
 
+mnclResult_t mnclCommFinalize(mnclComm_t comm) {
+  return guarded([&] {
+    Comm& cm = use(comm);
+    std::shared_lock<std::shared_timed_mutex> hold(comm->inUse);
+    comm->finalized.store(true, std::memory_order_release);
+    cm.awaitQueuedWork();
+    if (cm.asyncError() != mnclSuccess) cm.throwStoredError();
+  });
+}
+
 mnclResult_t mnclCommGetAsyncError(mnclComm_t comm, mnclResult_t* asyncError) {
   return guarded([&] {
     MNCL_CHECK(asyncError != nullptr, mnclInvalidArgument, "asyncError is null");
@@ -247,14 +305,15 @@ mnclResult_t mnclCommGetAsyncError(mnclComm_t comm, mnclResult_t* asyncError) {
 }
 
 mnclResult_t mnclCommCount(const mnclComm_t comm, int* count) {
-  return guarded([&] { *count = use(comm).nranks(); });
+  return answer(count, "count", [&] { return use(comm).nranks(); });
 }
 mnclResult_t mnclCommUserRank(const mnclComm_t comm, int* rank) {
-  return guarded([&] { *rank = use(comm).rank(); });
+  return answer(rank, "rank", [&] { return use(comm).rank(); });
 }
 mnclResult_t mnclCommDevice(const mnclComm_t comm, int* device) {
-  return guarded([&] { *device = use(comm).device(); });
+  return answer(device, "device", [&] { return use(comm).device(); });
 }
+mnclResult_t mnclCommCuDevice(const mnclComm_t comm, int* device) { return mnclCommDevice(comm, device); }
 mnclResult_t mnclCommSetCallTimeout(mnclComm_t comm, double seconds) {
   return guarded([&] { use(comm).setCallTimeout(seconds); });
 }
@@ -371,6 +430,9 @@ mnclResult_t mnclAllReduce(const void* s, void* r, size_t n, mnclDataType_t t, m
 }
 mnclResult_t mnclBroadcast(const void* s, void* r, size_t n, mnclDataType_t t, int root, mnclComm_t c, void* st) {
   return coll(Coll::broadcast, s, r, n, t, mnclSum, root, c, st);
+}
+mnclResult_t mnclBcast(void* b, size_t n, mnclDataType_t t, int root, mnclComm_t c, void* st) {
+  return coll(Coll::broadcast, b, b, n, t, mnclSum, root, c, st);
 }
 mnclResult_t mnclReduce(const void* s, void* r, size_t n, mnclDataType_t t, mnclRedOp_t op, int root, mnclComm_t c, void* st) {
   return coll(Coll::reduce, s, r, n, t, op, root, c, st);

@@ -74,8 +74,8 @@ dev::ProtoSizes protoSizesFromEnv(bool onGpu) {
 
 }  // namespace
 
-Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device)
-    : rank_(rank), nranks_(nranks), device_(device) {
+Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommOptions& options)
+    : rank_(rank), nranks_(nranks), device_(device), options_(options) {
 #if defined(MININCL_HAVE_CUDA)
   if (onGpu()) {
     gpu::useDevice(device);
@@ -416,10 +416,12 @@ int Comm::gpuChannelsWanted(int ranksOnDevice) const {
   int want = (int)env::integer("MININCL_NCHANNELS", fallback);
   MNCL_CHECK(want >= 1 && want <= dev::kMaxGpuChannels, mnclInvalidArgument,
         "MININCL_NCHANNELS must be between 1 and " + std::to_string(dev::kMaxGpuChannels) + " on a GPU");
+  want = withinChannelBounds(want, dev::kMaxGpuChannels);
   MNCL_CHECK(want * ranksOnDevice <= sms, mnclInvalidArgument,
         std::to_string(ranksOnDevice) + " ranks x " + std::to_string(want) + " channels on cuda:" + std::to_string(device_) +
             " need more blocks than its " + std::to_string(sms) +
-            " SMs can hold at once, and the ranks' blocks wait on each other: lower MININCL_NCHANNELS");
+            " SMs can hold at once, and the ranks' blocks wait on each other: lower MININCL_NCHANNELS (or the "
+            "config's minCTAs)");
   return want;
 }
 
@@ -750,6 +752,11 @@ void Comm::abort() {
   fail(mnclAborted, "the communicator was aborted (mnclCommAbort / comm.abort())");
   uint32_t spins = 0;
   while (callsInside_.load(std::memory_order_acquire) > 0) dev::cpuBackoff(spins++);
+}
+
+void Comm::awaitQueuedWork() const {
+  uint32_t spins = 0;
+  while (gpuWorkPending() && !failed()) dev::cpuBackoff(spins++);
 }
 
 void Comm::setCallTimeout(double seconds) {

@@ -60,14 +60,22 @@ struct PeerInfo {
   WireAddr netAddr;       // this rank's network-transport listener (when some peer needs it)
 };
 
+// What a communicator's creator may ask for beyond the environment (the C API's mnclConfig_t).
+struct CommOptions {
+  // Bounds on the channel count: MININCL_NCHANNELS, or the default, is clamped into them
+  // (0: no bound). Every rank takes the smallest count of all, as always.
+  int minChannels = 0, maxChannels = 0;
+};
+
 class Comm {
  public:
-  Comm(const UniqueIdData& id, int rank, int nranks, int device);
+  Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommOptions& options = {});
   ~Comm();
 
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
   int device() const { return device_; }  // CUDA ordinal, or MNCL_DEVICE_CPU
+  const CommOptions& options() const { return options_; }
   bool onGpu() const { return device_ >= 0; }
   // The device side of a GPU communicator (null on the CPU).
   gpu::GpuComm* gpu() const { return gpu_.get(); }
@@ -139,6 +147,9 @@ class Comm {
 
   // GPU: whether this communicator's last kernel may still be running.
   bool gpuWorkPending() const;
+  // Returns once this communicator's last kernel has finished (a CPU call finishes before it
+  // returns), or the communicator failed (which stops its kernels).
+  void awaitQueuedWork() const;
 
   // Steps this rank's senders handed over as pointers and wrote straight into receivers'
   // outputs since init, steps from network peers its proxy received straight into this
@@ -187,6 +198,7 @@ class Comm {
   void agreeOnPlan();
   int channelsWanted(int coresPerRank) const;
   int gpuChannelsWanted(int ranksOnDevice) const;
+  int withinChannelBounds(int want, int most) const;  // options_' bounds, checked against `most`
   void logPlan() const;
   void setupChannels(const dev::ProtoSizes& sizes);
   void connect(const RegionLayout& layout);
@@ -200,6 +212,7 @@ class Comm {
   void leave();
 
   int rank_, nranks_, device_;
+  CommOptions options_;
   uint32_t abortLocal_ = 0;
   std::unique_ptr<gpu::HostMapped> abortPinned_;  // GPU: the abort word, where kernels see it
   uint32_t* abort_ = &abortLocal_;

@@ -87,7 +87,16 @@ int Comm::channelsWanted(int coresPerRank) const {
   if (plan_.onGpus && plan_.searchChannels > 0) fallback = std::min(fallback, plan_.searchChannels);
   int want = (int)env::integer("MININCL_NCHANNELS", fallback);
   MNCL_CHECK(want >= 1 && want <= 64, mnclInvalidArgument, "MININCL_NCHANNELS must be between 1 and 64");
-  return want;
+  return withinChannelBounds(want, 64);
+}
+
+int Comm::withinChannelBounds(int want, int most) const {
+  auto [low, high] = options_;
+  MNCL_CHECK(low >= 0 && low <= most && high >= 0 && high <= most && (high == 0 || low <= high), mnclInvalidArgument,
+             "channel bounds minCTAs = " + std::to_string(low) + ", maxCTAs = " + std::to_string(high) +
+                 ": each must be 0 (no bound) or at most " + std::to_string(most) + " on this device, and min <= max");
+  if (high > 0) want = std::min(want, high);
+  return std::max(want, low);
 }
 
 // (Work items alternate the two trees by channel: see planCollWorks.)

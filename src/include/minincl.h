@@ -104,12 +104,37 @@ mnclResult_t mnclGetUniqueIdForAddress(mnclUniqueId* uniqueId, const char* host,
 mnclResult_t mnclCommInitRank(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank);
 mnclResult_t mnclCommInitRankDevice(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank,
                                     int device);
+
+/* What a new communicator may be asked for beyond the environment (ncclConfig_t's shape; only
+ * these fields). Start from MNCL_CONFIG_INITIALIZER and set what you need:
+ *  - blocking: 1 (the default): init and every call return when done (CPU) or queued (GPU).
+ *    0 (NCCL's nonblocking init) is not supported: mnclInvalidArgument.
+ *  - minCTAs / maxCTAs: bounds on the communicator's channels (blocks per GPU operation, threads
+ *    per CPU operation); MININCL_NCHANNELS, or the default, is clamped into them. Every rank
+ *    takes the smallest count of all. */
+#define MNCL_CONFIG_UNDEF_INT INT32_MIN
+typedef struct {
+  size_t size;          /* sizeof(mnclConfig_t), set by the initializer */
+  unsigned int magic;   /* set by the initializer */
+  unsigned int version; /* MNCL_VERSION_CODE, set by the initializer */
+  int blocking;
+  int minCTAs;
+  int maxCTAs;
+} mnclConfig_t;
+#define MNCL_CONFIG_MAGIC 0x6d6e636cu /* "mncl" */
+#define MNCL_CONFIG_INITIALIZER                                                            \
+  {sizeof(mnclConfig_t), MNCL_CONFIG_MAGIC, MNCL_VERSION_CODE, MNCL_CONFIG_UNDEF_INT,   \
+   MNCL_CONFIG_UNDEF_INT, MNCL_CONFIG_UNDEF_INT}
+/* mnclCommInitRank with a config (NULL: the defaults). */
+mnclResult_t mnclCommInitRankConfig(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank,
+                                    mnclConfig_t* config);
 /* All ranks in this process. devlist NULL puts every rank on the CPU; otherwise devlist[i] is
  * a CUDA device or MNCL_DEVICE_CPU. */
 mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist);
 /* The ranks of comm that pass the same color form a new communicator, ranked by (key, old
  * rank). Collective over comm. color MNCL_SPLIT_NOCOLOR: this rank joins none and gets NULL.
- * config is reserved and must be NULL. The new communicator is on comm's device. */
+ * config (an mnclConfig_t*) NULL: the new communicator takes comm's config; otherwise that
+ * config (its undefined fields: the defaults). It is on comm's device. */
 #define MNCL_SPLIT_NOCOLOR (-1)
 mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newcomm, void* config);
 /* Destroy waits for calls running on comm in other threads to end (stopping one still
@@ -119,10 +144,17 @@ mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newc
  * them). comm must not be used afterwards. */
 mnclResult_t mnclCommDestroy(mnclComm_t comm);
 mnclResult_t mnclCommAbort(mnclComm_t comm);
+/* Waits until every operation queued on comm has finished (GPU: its last kernel; a CPU
+ * communicator's calls finish before they return) and returns the communicator's error, if it
+ * failed meanwhile. Afterwards comm takes no more operations (mnclInvalidUsage); the queries
+ * and mnclCommDestroy still work. */
+mnclResult_t mnclCommFinalize(mnclComm_t comm);
 mnclResult_t mnclCommGetAsyncError(mnclComm_t comm, mnclResult_t* asyncError);
 mnclResult_t mnclCommCount(const mnclComm_t comm, int* count);
 mnclResult_t mnclCommUserRank(const mnclComm_t comm, int* rank);
 mnclResult_t mnclCommDevice(const mnclComm_t comm, int* device);
+/* NCCL's name for mnclCommDevice (MNCL_DEVICE_CPU for a CPU communicator). */
+mnclResult_t mnclCommCuDevice(const mnclComm_t comm, int* device);
 /* Seconds one call may wait inside this CPU communicator (for peers that never make it)
  * before it fails with mnclTimeout, mnclGetLastError naming where every rank is. 0: no limit
  * (the default, unless MININCL_CALL_TIMEOUT is set). On a GPU communicator, whose calls return
@@ -140,6 +172,9 @@ mnclResult_t mnclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            void* stream);
 mnclResult_t mnclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            mnclDataType_t datatype, int root, mnclComm_t comm, void* stream);
+/* In-place broadcast (NCCL's legacy ncclBcast): mnclBroadcast(buff, buff, ...). */
+mnclResult_t mnclBcast(void* buff, size_t count, mnclDataType_t datatype, int root, mnclComm_t comm,
+                       void* stream);
 mnclResult_t mnclReduce(const void* sendbuff, void* recvbuff, size_t count,
                         mnclDataType_t datatype, mnclRedOp_t op, int root, mnclComm_t comm,
                         void* stream);

@@ -1,0 +1,234 @@
+"""The C API's NCCL-shaped extras, called through ctypes on CPU communicators: mnclBcast,
+mnclCommInitRankConfig and configs in mnclCommSplit (channel bounds, refused settings),
+mnclCommFinalize, mnclCommCuDevice and the queries' null checks. Results are checked against
+NumPy; channel counts against what init logs (MININCL_DEBUG=INFO)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import minincl
+
+MNCL_INVALID_ARGUMENT, MNCL_INVALID_USAGE = 4, 5
+FLOAT32, SUM = 7, 0
+UNDEF = -(2**31)  # MNCL_CONFIG_UNDEF_INT
+CONFIG_MAGIC = 0x6D6E636C
+
+
+class Config(ctypes.Structure):
+    """mnclConfig_t."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("magic", ctypes.c_uint),
+        ("version", ctypes.c_uint),
+        ("blocking", ctypes.c_int),
+        ("minCTAs", ctypes.c_int),
+        ("maxCTAs", ctypes.c_int),
+    ]
+
+
+def config(**fields: int) -> Config:
+    """MNCL_CONFIG_INITIALIZER, then `fields`."""
+    c = Config(ctypes.sizeof(Config), CONFIG_MAGIC, 100, UNDEF, UNDEF, UNDEF)
+    for name, value in fields.items():
+        setattr(c, name, value)
+    return c
+
+
+class UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+
+
+def open_lib() -> Any:
+    lib = ctypes.CDLL(minincl._core.__file__)
+    lib.mnclGetLastError.restype = ctypes.c_char_p
+    lib.mnclCommInitRankConfig.argtypes = [
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_int,
+        UniqueId,
+        ctypes.c_int,
+        ctypes.POINTER(Config),
+    ]
+    return lib
+
+
+@pytest.fixture(scope="module")
+def lib() -> Any:
+    return open_lib()
+
+
+def init_with_config(lib: Any, nranks: int, cfg: Config | None) -> list[Any]:
+    """Every rank on a thread of its own, as separate processes would init."""
+    uid = UniqueId()
+    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == 0
+    comms = [ctypes.c_void_p() for _ in range(nranks)]
+    results = [-1] * nranks
+
+    def init(r: int) -> None:
+        results[r] = lib.mnclCommInitRankConfig(ctypes.byref(comms[r]), nranks, uid, r, cfg)
+
+    threads = [threading.Thread(target=init, args=(r,)) for r in range(nranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == [0] * nranks, lib.mnclGetLastError(None)
+    return comms
+
+
+def allreduce_all(lib: Any, comms: list[Any], count: int) -> None:
+    """One grouped float32 sum over `comms` (ranks in order), checked against NumPy."""
+    xs = [np.arange(count, dtype=np.float32) * (r + 1) for r in range(len(comms))]
+    want = np.sum(xs, axis=0, dtype=np.float32)
+    assert lib.mnclGroupStart() == 0
+    for x, c in zip(xs, comms):
+        p = x.ctypes.data_as(ctypes.c_void_p)
+        assert lib.mnclAllReduce(p, p, ctypes.c_size_t(count), FLOAT32, SUM, c, None) == 0
+    assert lib.mnclGroupEnd() == 0, lib.mnclGetLastError(None)
+    for x in xs:
+        np.testing.assert_array_equal(x, want)
+
+
+def destroy(lib: Any, comms: list[Any]) -> None:
+    for c in comms:
+        if c:
+            lib.mnclCommDestroy(c)
+
+
+@pytest.mark.parametrize("count", [0, 1, 1009, 300_007])
+def test_bcast_is_an_in_place_broadcast(lib: Any, count: int) -> None:
+    arr = (ctypes.c_void_p * 3)()
+    assert lib.mnclCommInitAll(arr, 3, None) == 0
+    comms = [ctypes.c_void_p(arr[r]) for r in range(3)]
+    try:
+        bufs = [np.full(count, -1.0, np.float32) for _ in range(3)]
+        bufs[1][:] = np.arange(count, dtype=np.float32)
+        assert lib.mnclGroupStart() == 0
+        for b, c in zip(bufs, comms):
+            assert lib.mnclBcast(b.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(count), FLOAT32, 1, c, None) == 0
+        assert lib.mnclGroupEnd() == 0, lib.mnclGetLastError(None)
+        for b in bufs:
+            np.testing.assert_array_equal(b, np.arange(count, dtype=np.float32))
+    finally:
+        destroy(lib, comms)
+
+
+def config_then_splits(lib: Any) -> None:
+    """2 ranks with minCTAs = maxCTAs = 3, then a split without a config and one with
+    maxCTAs = 1, an allreduce on each; a line on stderr before each step says which (init logs
+    each communicator's channels after it)."""
+
+    def stage(name: str) -> None:
+        print(f"STAGE {name}", file=sys.stderr, flush=True)
+
+    stage("config")
+    comms = init_with_config(lib, 2, config(minCTAs=3, maxCTAs=3))
+    split: list[Any] = []
+    try:
+        allreduce_all(lib, comms, 100_003)
+        for name, cfg in (("split-inherits", None), ("split-max-1", config(maxCTAs=1))):
+            stage(name)
+            new = [ctypes.c_void_p() for _ in comms]
+            results: list[Any] = [None, None]
+
+            def do_split(r: int, cfg: Config | None = cfg, new: list[Any] = new, results: list[Any] = results) -> None:
+                ptr = ctypes.byref(cfg) if cfg is not None else None
+                rc = lib.mnclCommSplit(comms[r], 0, r, ctypes.byref(new[r]), ptr)
+                results[r] = 0 if rc == 0 else (rc, lib.mnclGetLastError(None))
+
+            threads = [threading.Thread(target=do_split, args=(r,)) for r in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            split.extend(new)
+            assert results == [0, 0], results
+            allreduce_all(lib, new, 5003)
+        stage("end")
+    finally:
+        destroy(lib, split + comms)
+
+
+def test_config_bounds_the_channels_and_splits_inherit_it(tmp_path: Path) -> None:
+    """minCTAs = maxCTAs = 3 over MININCL_NCHANNELS=2: 3 channels, and right results on them;
+    a split without a config keeps 3, one with maxCTAs = 1 takes 1. (In a process of its own:
+    the log level is read once per process.)"""
+    env = dict(os.environ, MININCL_NCHANNELS="2", MININCL_DEBUG="INFO", MININCL_DEBUG_SUBSYS="INIT")
+    script = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_c_api as t; "
+        "t.config_then_splits(t.open_lib())"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    stages = dict(part.split("\n", 1) for part in run.stderr.split("STAGE ")[1:])
+    assert list(stages) == ["config", "split-inherits", "split-max-1", "end"], run.stderr[-3000:]
+    for name, channels in (("config", 3), ("split-inherits", 3), ("split-max-1", 1)):
+        logged = re.findall(r"rank (\d)/2: (\d+) channel\(s\)", stages[name])
+        assert sorted(logged) == [("0", str(channels)), ("1", str(channels))], (name, stages[name])
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"blocking": 0}, "only blocking communicators (1) are supported"),
+        ({"magic": 0}, "not set up from MNCL_CONFIG_INITIALIZER"),
+        ({"minCTAs": -1}, "config.minCTAs = -1: a channel bound is >= 0"),
+        ({"minCTAs": 4, "maxCTAs": 2}, "config.minCTAs = 4 is above maxCTAs = 2"),
+        ({"maxCTAs": 65}, "at most 64 on this device"),
+    ],
+)
+def test_config_refused_with_a_reason(lib: Any, fields: dict[str, int], message: str) -> None:
+    uid = UniqueId()
+    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == 0
+    comm = ctypes.c_void_p()
+    cfg = config(**fields)
+    assert lib.mnclCommInitRankConfig(ctypes.byref(comm), 1, uid, 0, ctypes.byref(cfg)) == MNCL_INVALID_ARGUMENT
+    assert message in lib.mnclGetLastError(None).decode()
+    assert not comm
+
+
+def test_finalize_then_no_more_operations(lib: Any) -> None:
+    arr = (ctypes.c_void_p * 2)()
+    assert lib.mnclCommInitAll(arr, 2, None) == 0
+    comms = [ctypes.c_void_p(arr[r]) for r in range(2)]
+    try:
+        allreduce_all(lib, comms, 4099)
+        for c in comms:
+            assert lib.mnclCommFinalize(c) == 0
+            assert lib.mnclCommFinalize(c) == 0  # (again: nothing more to wait for)
+        x = np.ones(4, np.float32)
+        p = x.ctypes.data_as(ctypes.c_void_p)
+        assert lib.mnclAllReduce(p, p, ctypes.c_size_t(4), FLOAT32, SUM, comms[0], None) == MNCL_INVALID_USAGE
+        assert "finalized" in lib.mnclGetLastError(None).decode()
+        assert lib.mnclSend(p, ctypes.c_size_t(4), FLOAT32, 1, comms[0], None) == MNCL_INVALID_USAGE
+        count = ctypes.c_int(0)
+        assert lib.mnclCommCount(comms[1], ctypes.byref(count)) == 0 and count.value == 2  # queries still answer
+    finally:
+        destroy(lib, comms)
+
+
+def test_device_queries(lib: Any) -> None:
+    arr = (ctypes.c_void_p * 1)()
+    assert lib.mnclCommInitAll(arr, 1, None) == 0
+    comm = ctypes.c_void_p(arr[0])
+    try:
+        device = ctypes.c_int(7)
+        assert lib.mnclCommCuDevice(comm, ctypes.byref(device)) == 0 and device.value == -1  # MNCL_DEVICE_CPU
+        for query in ("mnclCommCuDevice", "mnclCommDevice", "mnclCommCount", "mnclCommUserRank"):
+            assert getattr(lib, query)(comm, None) == MNCL_INVALID_ARGUMENT, query
+            assert "is null" in lib.mnclGetLastError(None).decode()
+    finally:
+        lib.mnclCommDestroy(comm)
