@@ -28,8 +28,16 @@ struct PreMulSumOp {
   const void* scalarAt = nullptr;  // mnclScalarDevice: where to read it when an operation runs
 };
 
+// Where a communicator's init stands: done in the call (blocking), or on a thread of its own
+// (nonblocking init, or a mnclCommInitRank* inside a group, run together at the group's end).
+enum class Init { ready, running, failed };
+
 struct mnclComm {
   std::unique_ptr<Comm> impl;
+  std::atomic<Init> init{Init::ready};
+  std::thread initThread;  // (joined before the communicator is freed)
+  mnclResult_t initError = mnclSuccess;  // Init::failed: why (written before `init`)
+  std::string initMessage;
   std::mutex opsMutex;
   std::vector<PreMulSumOp> preMulSums;  // op mnclNumOps + i
   // Held shared by each call while it runs, and by a thread whose open group recorded calls
@@ -59,9 +67,20 @@ mnclResult_t guarded(F&& f) {
 }
 
 Comm& use(mnclComm_t comm) {
-  MNCL_CHECK(comm && comm->impl, mnclInvalidArgument, "the communicator is null (or was destroyed)");
+  MNCL_CHECK(comm, mnclInvalidArgument, "the communicator is null");
+  switch (comm->init.load(std::memory_order_acquire)) {
+    case Init::running:
+      throwError(mnclInProgress, "the communicator is still initializing (nonblocking init): call "
+                                 "mnclCommGetAsyncError until it returns mnclSuccess");
+    case Init::failed: throwError(comm->initError, "the communicator's init failed: " + comm->initMessage);
+    case Init::ready: break;
+  }
+  MNCL_CHECK(comm->impl, mnclInvalidArgument, "the communicator was destroyed");
   return *comm->impl;
 }
+
+// Communicators whose init this thread's open group started; its end waits for them.
+thread_local std::vector<mnclComm_t> tlsGroupInits;
 
 // The communicators this thread's open group recorded calls on, each held (inUse) until the
 // group ends.
@@ -93,6 +112,8 @@ class CallHold {
 // recorded calls are dropped: mnclGroupEnd would run them on freed memory). A call still
 // waiting for its peers after MININCL_TIMEOUT is stopped (mnclAborted): a destroy must not hang.
 void release(mnclComm_t comm) {
+  if (comm->initThread.joinable()) comm->initThread.join();  // (bounded by MININCL_BOOTSTRAP_TIMEOUT)
+  std::erase(tlsGroupInits, comm);
   std::erase_if(tlsGroupHeld, [comm](const auto& held) { return held.first == comm; });
   groupForget(comm->impl.get());
   {
@@ -117,9 +138,8 @@ CommOptions optionsFrom(const mnclConfig_t* config) {
   if (!config) return options;
   MNCL_CHECK(config->magic == MNCL_CONFIG_MAGIC && config->size >= offsetof(mnclConfig_t, maxCTAs) + sizeof(int),
              mnclInvalidArgument, "the config was not set up from MNCL_CONFIG_INITIALIZER (wrong magic or size)");
-  MNCL_CHECK(config->blocking == MNCL_CONFIG_UNDEF_INT || config->blocking == 1, mnclInvalidArgument,
-             "config.blocking = " + std::to_string(config->blocking) +
-                 ": only blocking communicators (1) are supported; nonblocking init (0) is not");
+  MNCL_CHECK(config->blocking == MNCL_CONFIG_UNDEF_INT || config->blocking == 0 || config->blocking == 1,
+             mnclInvalidArgument, "config.blocking = " + std::to_string(config->blocking) + ": 1 (blocking) or 0");
   auto take = [](int value, int& into, const char* name) {
     if (value == MNCL_CONFIG_UNDEF_INT) return;
     MNCL_CHECK(value >= 0, mnclInvalidArgument,
@@ -134,16 +154,49 @@ CommOptions optionsFrom(const mnclConfig_t* config) {
   return options;
 }
 
-void initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank, int device,
-              const CommOptions& options) {
+// Makes the communicator in this call, or (`background`) on a thread of its own: *comm is then
+// a handle whose init runs on (see Init). Returns whether init still runs.
+bool initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank, int device,
+              const CommOptions& options, bool background) {
   MNCL_CHECK(comm != nullptr, mnclInvalidArgument, "comm is null");
   *comm = nullptr;
   UniqueIdData id;
   std::memcpy(&id, commId.internal, sizeof(id));
   if (device == MNCL_DEVICE_AUTO) device = gpu::usableDeviceCount() > 0 ? gpu::currentDevice() : MNCL_DEVICE_CPU;
   auto c = std::make_unique<mnclComm>();
-  c->impl = std::make_unique<Comm>(id, rank, nranks, device, options);
+  if (!background) {
+    c->impl = std::make_unique<Comm>(id, rank, nranks, device, options);
+    *comm = c.release();
+    return false;
+  }
+  mnclComm* handle = c.get();
+  handle->init.store(Init::running, std::memory_order_relaxed);
+  handle->initThread = std::thread([handle, id, rank, nranks, device, options] {
+    mnclResult_t code = guarded([&] { handle->impl = std::make_unique<Comm>(id, rank, nranks, device, options); });
+    if (code != mnclSuccess) {
+      handle->initError = code;
+      handle->initMessage = threadLastError();
+    }
+    handle->init.store(code == mnclSuccess ? Init::ready : Init::failed, std::memory_order_release);
+  });
   *comm = c.release();
+  if (groupDepth() > 0) tlsGroupInits.push_back(*comm);
+  return true;
+}
+
+// The end of the outermost group: waits for the inits it started; the first that failed (in
+// the order they were called) is the group's error.
+mnclResult_t awaitGroupInits() {
+  std::vector<mnclComm_t> inits;
+  inits.swap(tlsGroupInits);
+  for (mnclComm_t c : inits) c->initThread.join();
+  for (mnclComm_t c : inits) {
+    if (c->init.load(std::memory_order_acquire) == Init::failed) {
+      setThreadLastError("a communicator's init in this group failed: " + c->initMessage);
+      return c->initError;
+    }
+  }
+  return mnclSuccess;
 }
 
 // A query's answer: `out` must not be null.
@@ -214,7 +267,7 @@ mnclResult_t mnclGetUniqueIdForAddress(mnclUniqueId* id, const char* host, int p
 }
 
 mnclResult_t mnclCommInitRankDevice(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank, int device) {
-  return guarded([&] { initRank(comm, nranks, commId, rank, device, {}); });
+  return guarded([&] { initRank(comm, nranks, commId, rank, device, {}, groupDepth() > 0); });
 }
 
 mnclResult_t mnclCommInitRank(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank) {
@@ -222,10 +275,15 @@ mnclResult_t mnclCommInitRank(mnclComm_t* comm, int nranks, mnclUniqueId commId,
 }
 
 mnclResult_t mnclCommInitRankConfig(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank, mnclConfig_t* config) {
-  return guarded([&] {
+  bool running = false;
+  mnclResult_t rc = guarded([&] {
     if (comm) *comm = nullptr;
-    initRank(comm, nranks, commId, rank, MNCL_DEVICE_AUTO, optionsFrom(config));
+    bool nonblocking = config && config->blocking == 0;
+    CommOptions options = optionsFrom(config);
+    running = initRank(comm, nranks, commId, rank, MNCL_DEVICE_AUTO, options, nonblocking || groupDepth() > 0);
+    running &= nonblocking && groupDepth() == 0;  // (a group's end waits for it)
   });
+  return rc == mnclSuccess && running ? mnclInProgress : rc;
 }
 
 mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist) {
@@ -282,7 +340,8 @@ mnclResult_t mnclCommDestroy(mnclComm_t comm) {
 mnclResult_t mnclCommAbort(mnclComm_t comm) {
   return guarded([&] {
     if (!comm) return;
-    if (comm->impl) comm->impl->abort();  // calls in flight raise, and let go
+    // (Calls in flight raise, and let go. An init still running has none: release waits for it.)
+    if (comm->init.load(std::memory_order_acquire) == Init::ready && comm->impl) comm->impl->abort();
     release(comm);
   });
 }
@@ -300,7 +359,11 @@ mnclResult_t mnclCommFinalize(mnclComm_t comm) {
 mnclResult_t mnclCommGetAsyncError(mnclComm_t comm, mnclResult_t* asyncError) {
   return guarded([&] {
     MNCL_CHECK(asyncError != nullptr, mnclInvalidArgument, "asyncError is null");
-    *asyncError = use(comm).asyncError();
+    MNCL_CHECK(comm != nullptr, mnclInvalidArgument, "the communicator is null");
+    Init init = comm->init.load(std::memory_order_acquire);
+    if (init == Init::running) *asyncError = mnclInProgress;
+    else if (init == Init::failed) *asyncError = comm->initError;
+    else *asyncError = use(comm).asyncError();
   });
 }
 
@@ -341,7 +404,9 @@ const char* mnclGetErrorString(mnclResult_t r) {
 }
 
 const char* mnclGetLastError(mnclComm_t comm) {
-  if (comm && comm->impl && comm->impl->asyncError() != mnclSuccess) {
+  if (comm && comm->init.load(std::memory_order_acquire) == Init::failed) return comm->initMessage.c_str();
+  if (comm && comm->init.load(std::memory_order_acquire) == Init::ready && comm->impl &&
+      comm->impl->asyncError() != mnclSuccess) {
     thread_local std::string msg;
     msg = comm->impl->errorMessage();
     return msg.c_str();
@@ -483,6 +548,14 @@ mnclResult_t mnclGroupEnd(void) {
         if (outermost) tlsGroupHeld.clear();
       }
     } letGo{outermost};
+    if (outermost) {
+      mnclResult_t inits = awaitGroupInits();
+      if (inits != mnclSuccess) {
+        std::string why = threadLastError();
+        groupEnd();  // (the group's calls still run, on the communicators that exist)
+        throwError(inits, why);
+      }
+    }
     groupEnd();
   });
 }

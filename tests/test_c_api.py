@@ -1,6 +1,7 @@
 """The C API's NCCL-shaped extras, called through ctypes on CPU communicators: mnclBcast,
-mnclCommInitRankConfig and configs in mnclCommSplit (channel bounds, refused settings),
-mnclCommFinalize, mnclCommCuDevice and the queries' null checks. Results are checked against
+mnclCommInitRankConfig and configs in mnclCommSplit (channel bounds, nonblocking init, refused
+settings), inits inside a group, mnclCommFinalize, mnclCommCuDevice and the queries' null
+checks. Results are checked against
 NumPy; channel counts against what init logs (MININCL_DEBUG=INFO)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,8 @@ import pytest
 
 import minincl
 
-MNCL_INVALID_ARGUMENT, MNCL_INVALID_USAGE = 4, 5
+MNCL_INVALID_ARGUMENT, MNCL_INVALID_USAGE, MNCL_IN_PROGRESS = 4, 5, 7
+MISSING_RANK = "only 1 of 2 ranks joined before the bootstrap timeout; missing ranks: 1"
 FLOAT32, SUM = 7, 0
 UNDEF = -(2**31)  # MNCL_CONFIG_UNDEF_INT
 CONFIG_MAGIC = 0x6D6E636C
@@ -183,7 +186,7 @@ def test_config_bounds_the_channels_and_splits_inherit_it(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"blocking": 0}, "only blocking communicators (1) are supported"),
+        ({"blocking": 2}, "config.blocking = 2: 1 (blocking) or 0"),
         ({"magic": 0}, "not set up from MNCL_CONFIG_INITIALIZER"),
         ({"minCTAs": -1}, "config.minCTAs = -1: a channel bound is >= 0"),
         ({"minCTAs": 4, "maxCTAs": 2}, "config.minCTAs = 4 is above maxCTAs = 2"),
@@ -198,6 +201,88 @@ def test_config_refused_with_a_reason(lib: Any, fields: dict[str, int], message:
     assert lib.mnclCommInitRankConfig(ctypes.byref(comm), 1, uid, 0, ctypes.byref(cfg)) == MNCL_INVALID_ARGUMENT
     assert message in lib.mnclGetLastError(None).decode()
     assert not comm
+
+
+def test_group_inits_the_ranks_from_one_thread(lib: Any) -> None:
+    """mnclCommInitRank of every rank inside one group, on one thread (NCCL's way to make a
+    rank per GPU from one thread): the group's end makes them all; they compute right."""
+    uid = UniqueId()
+    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == 0
+    comms = [ctypes.c_void_p() for _ in range(3)]
+    try:
+        assert lib.mnclGroupStart() == 0
+        for r, c in enumerate(comms):
+            assert lib.mnclCommInitRank(ctypes.byref(c), 3, uid, r) == 0
+        assert lib.mnclGroupEnd() == 0, lib.mnclGetLastError(None)
+        allreduce_all(lib, comms, 65_537)
+    finally:
+        destroy(lib, comms)
+
+
+def poll_until_made(lib: Any, comms: list[Any], seconds: float = 60) -> list[int]:
+    """mnclCommGetAsyncError on each until none says mnclInProgress; their last answers."""
+    deadline = time.monotonic() + seconds
+    while True:
+        states = []
+        for c in comms:
+            state = ctypes.c_int(-1)
+            assert lib.mnclCommGetAsyncError(c, ctypes.byref(state)) == 0
+            states.append(state.value)
+        if MNCL_IN_PROGRESS not in states or time.monotonic() > deadline:
+            return states
+        time.sleep(0.01)
+
+
+def test_nonblocking_init(lib: Any) -> None:
+    """config.blocking = 0: init returns mnclInProgress at once, so one thread starts both
+    ranks; until rank 1 has started, rank 0 is in progress and refuses calls; then both are
+    made and compute right."""
+    uid = UniqueId()
+    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == 0
+    cfg = config(blocking=0)
+    comms = [ctypes.c_void_p() for _ in range(2)]
+    try:
+        assert lib.mnclCommInitRankConfig(ctypes.byref(comms[0]), 2, uid, 0, ctypes.byref(cfg)) == MNCL_IN_PROGRESS
+        assert poll_until_made(lib, comms[:1], seconds=0) == [MNCL_IN_PROGRESS]  # (rank 1 has not started)
+        x = np.ones(4, np.float32)
+        p = x.ctypes.data_as(ctypes.c_void_p)
+        assert lib.mnclAllReduce(p, p, ctypes.c_size_t(4), FLOAT32, SUM, comms[0], None) == MNCL_IN_PROGRESS
+        assert "still initializing" in lib.mnclGetLastError(None).decode()
+        assert lib.mnclCommInitRankConfig(ctypes.byref(comms[1]), 2, uid, 1, ctypes.byref(cfg)) == MNCL_IN_PROGRESS
+        assert poll_until_made(lib, comms) == [0, 0]
+        allreduce_all(lib, comms, 1009)
+    finally:
+        destroy(lib, comms)
+
+
+@pytest.mark.parametrize("how", ["nonblocking", "group"])
+def test_init_that_fails_in_the_background_says_why(lib: Any, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """Rank 1 of 2 never comes: a nonblocking init's state turns from in progress into the
+    bootstrap's error (the root names the missing rank), which mnclGetLastError(comm)
+    explains; a group's end returns it. Either way the handle is then destroyed at once."""
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "1")
+    uid = UniqueId()
+    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == 0
+    comm = ctypes.c_void_p()
+    try:
+        if how == "nonblocking":
+            cfg = config(blocking=0)
+            assert lib.mnclCommInitRankConfig(ctypes.byref(comm), 2, uid, 0, ctypes.byref(cfg)) == MNCL_IN_PROGRESS
+            assert poll_until_made(lib, [comm]) == [MNCL_INVALID_USAGE]
+            assert MISSING_RANK in lib.mnclGetLastError(comm).decode()
+        else:
+            assert lib.mnclGroupStart() == 0
+            assert lib.mnclCommInitRank(ctypes.byref(comm), 2, uid, 0) == 0
+            assert lib.mnclGroupEnd() == MNCL_INVALID_USAGE
+            message = lib.mnclGetLastError(None).decode()
+            assert "a communicator's init in this group failed" in message and MISSING_RANK in message, message
+        count = ctypes.c_int(0)
+        assert lib.mnclCommCount(comm, ctypes.byref(count)) == MNCL_INVALID_USAGE  # (its init's error)
+        assert MISSING_RANK in lib.mnclGetLastError(None).decode()
+    finally:
+        start = time.monotonic()
+        assert lib.mnclCommDestroy(comm) == 0
+        assert time.monotonic() - start < 5
 
 
 def test_finalize_then_no_more_operations(lib: Any) -> None:

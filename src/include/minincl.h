@@ -105,10 +105,20 @@ mnclResult_t mnclCommInitRank(mnclComm_t* comm, int nranks, mnclUniqueId commId,
 mnclResult_t mnclCommInitRankDevice(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank,
                                     int device);
 
-/* What a new communicator may be asked for beyond the environment (ncclConfig_t's shape; only
+/* Init inside mnclGroupStart / mnclGroupEnd (mnclCommInitRank, ...InitRankDevice,
+ * ...InitRankConfig): each returns a handle at once and the inits run together, so one thread
+ * may make several ranks of one communicator (one per GPU); mnclGroupEnd returns when all are
+ * made, or the first one's error (destroy the handles then).
+ *
+ * What a new communicator may be asked for beyond the environment (ncclConfig_t's shape; only
  * these fields). Start from MNCL_CONFIG_INITIALIZER and set what you need:
- *  - blocking: 1 (the default): init and every call return when done (CPU) or queued (GPU).
- *    0 (NCCL's nonblocking init) is not supported: mnclInvalidArgument.
+ *  - blocking: 1 (the default): init returns when the communicator is made. 0 (nonblocking
+ *    init): mnclCommInitRankConfig returns mnclInProgress at once and init runs on a thread of
+ *    minincl's; mnclCommGetAsyncError gives mnclInProgress until it is made (then mnclSuccess,
+ *    or init's error, which mnclGetLastError(comm) explains); other calls on it until then
+ *    return mnclInProgress, and destroy or abort waits for init to end (at most
+ *    MININCL_BOOTSTRAP_TIMEOUT). Calls on a made communicator block as usual. (MININCL_CPU_BIND
+ *    binds the thread that runs init: there, minincl's.)
  *  - minCTAs / maxCTAs: bounds on the communicator's channels (blocks per GPU operation, threads
  *    per CPU operation); MININCL_NCHANNELS, or the default, is clamped into them. Every rank
  *    takes the smallest count of all. */
