@@ -14,6 +14,7 @@ that ``import minincl`` finds the installed package. Rank processes started by
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import threading
 import time
@@ -991,6 +992,40 @@ def test_call_timeout_lets_finished_kernels_and_graphs_be(cp: Any) -> None:
     finally:
         for c in comms:
             c.destroy()
+
+
+def test_c_api_group_init_of_ranks_on_one_gpu(cp: Any) -> None:
+    """mnclCommInitRankDevice of both ranks inside one group, from one thread (the group's end
+    makes them together); a grouped allreduce on a CuPy stream gives the sum; finalize waits
+    for it."""
+    from test_c_api import UniqueId, open_lib
+
+    lib = open_lib()
+    uid = UniqueId()
+    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == 0
+    comms = [ctypes.c_void_p() for _ in range(2)]
+    try:
+        assert lib.mnclGroupStart() == 0
+        for r, c in enumerate(comms):
+            assert lib.mnclCommInitRankDevice(ctypes.byref(c), 2, uid, r, int(DEVICE[5:])) == 0
+        assert lib.mnclGroupEnd() == 0, lib.mnclGetLastError(None)
+        s = cp.cuda.Stream(non_blocking=True)
+        with s:
+            xs = [cp.full(1000, r + 1, cp.float32) for r in range(2)]
+        assert lib.mnclGroupStart() == 0
+        for x, c in zip(xs, comms):
+            p = ctypes.c_void_p(x.data.ptr)
+            assert lib.mnclAllReduce(p, p, ctypes.c_size_t(1000), 7, 0, c, ctypes.c_void_p(s.ptr)) == 0
+        assert lib.mnclGroupEnd() == 0, lib.mnclGetLastError(None)
+        for c in comms:
+            assert lib.mnclCommFinalize(c) == 0, lib.mnclGetLastError(c)
+        s.synchronize()
+        for x in xs:
+            np.testing.assert_array_equal(cp.asnumpy(x), np.full(1000, 3, np.float32))
+    finally:
+        for c in comms:
+            if c:
+                lib.mnclCommDestroy(c)
 
 
 @pytest.mark.parametrize(("nranks", "count"), [(2, BIG), (8, 300_007)])
