@@ -70,8 +70,9 @@ Comm& use(mnclComm_t comm) {
   MNCL_CHECK(comm, mnclInvalidArgument, "the communicator is null");
   switch (comm->init.load(std::memory_order_acquire)) {
     case Init::running:
-      throwError(mnclInProgress, "the communicator is still initializing (nonblocking init): call "
-                                 "mnclCommGetAsyncError until it returns mnclSuccess");
+      throwError(mnclInProgress, "the communicator is still initializing (a nonblocking init: call "
+                                 "mnclCommGetAsyncError until it returns mnclSuccess; an init inside a group: "
+                                 "use the communicator after mnclGroupEnd)");
     case Init::failed: throwError(comm->initError, "the communicator's init failed: " + comm->initMessage);
     case Init::ready: break;
   }
