@@ -89,7 +89,7 @@ void Monitor::checkGpuCallTimeout(double now) {
   if (limit <= 0) return;
   std::optional<gpu::LaunchWatch::Launched> late = comm_.gpu()->launchWatch().oldestUnfinished();
   if (!late || now - late->enqueuedAt < limit) return;
-  std::string what = "sends / receives posted after collective call " + std::to_string(late->call);
+  std::string what = "sends / receives (after " + std::to_string(late->call) + " collective call(s))";
   if (!late->p2p) {
     std::optional<LoggedCall> call = loggedCall(comm_.region_->ctrl()->calls, late->call);
     what = "collective call " + std::to_string(late->call) + (call ? " (" + describeCall(*call) + ")" : std::string());

@@ -21,7 +21,7 @@ namespace mncl::gpu {
 class LaunchWatch {
  public:
   // What a watched launch ran: collective call `call` of its communicator (its number in
-  // the call log), or the sends and receives posted after collective call `call`.
+  // the call log), or sends and receives (`call`: the collective calls made before them).
   struct Launched {
     uint64_t call = 0;
     bool p2p = false;
