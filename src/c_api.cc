@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bootstrap/bootstrap.h"
+#include "bootstrap/socket.h"
 #include "core/comm.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -36,6 +37,7 @@ struct mnclComm {
   std::unique_ptr<Comm> impl;
   std::atomic<Init> init{Init::ready};
   std::thread initThread;  // (joined before the communicator is freed)
+  std::atomic<bool> cancelInit{false};  // set by destroy / abort: stops init's socket waits
   mnclResult_t initError = mnclSuccess;  // Init::failed: why (written before `init`)
   std::string initMessage;
   std::mutex opsMutex;
@@ -113,7 +115,10 @@ class CallHold {
 // recorded calls are dropped: mnclGroupEnd would run them on freed memory). A call still
 // waiting for its peers after MININCL_TIMEOUT is stopped (mnclAborted): a destroy must not hang.
 void release(mnclComm_t comm) {
-  if (comm->initThread.joinable()) comm->initThread.join();  // (bounded by MININCL_BOOTSTRAP_TIMEOUT)
+  if (comm->initThread.joinable()) {
+    comm->cancelInit.store(true, std::memory_order_release);  // (an init waiting for peers stops)
+    comm->initThread.join();
+  }
   std::erase(tlsGroupInits, comm);
   std::erase_if(tlsGroupHeld, [comm](const auto& held) { return held.first == comm; });
   groupForget(comm->impl.get());
@@ -173,6 +178,7 @@ bool initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank
   mnclComm* handle = c.get();
   handle->init.store(Init::running, std::memory_order_relaxed);
   handle->initThread = std::thread([handle, id, rank, nranks, device, options] {
+    WaitCancel cancel(&handle->cancelInit);
     mnclResult_t code = guarded([&] { handle->impl = std::make_unique<Comm>(id, rank, nranks, device, options); });
     if (code != mnclSuccess) {
       handle->initError = code;

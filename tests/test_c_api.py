@@ -289,6 +289,25 @@ def test_init_that_fails_in_the_background_says_why(lib: Any, monkeypatch: pytes
         assert time.monotonic() - start < 5
 
 
+@pytest.mark.parametrize("stop", ["mnclCommDestroy", "mnclCommAbort"])
+def test_destroy_or_abort_stops_a_nonblocking_init_waiting_for_its_peers(
+    lib: Any, monkeypatch: pytest.MonkeyPatch, stop: str
+) -> None:
+    """Rank 1 never comes and the bootstrap would wait 60 s: destroying (or aborting) rank
+    0's handle while its init waits stops that wait within a fraction of a second."""
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "60")
+    uid = UniqueId()
+    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == 0
+    comm = ctypes.c_void_p()
+    cfg = config(blocking=0)
+    assert lib.mnclCommInitRankConfig(ctypes.byref(comm), 2, uid, 0, ctypes.byref(cfg)) == MNCL_IN_PROGRESS
+    time.sleep(0.3)
+    assert poll_until_made(lib, [comm], seconds=0) == [MNCL_IN_PROGRESS]
+    start = time.monotonic()
+    assert getattr(lib, stop)(comm) == 0
+    assert time.monotonic() - start < 5
+
+
 def test_finalize_then_no_more_operations(lib: Any) -> None:
     arr = (ctypes.c_void_p * 2)()
     assert lib.mnclCommInitAll(arr, 2, None) == 0

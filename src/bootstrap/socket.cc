@@ -87,16 +87,29 @@ int newSocket(int family) {
 double secondsLeft(Deadline d) {
   return std::chrono::duration<double>(d - Clock::now()).count();
 }
+
+thread_local const std::atomic<bool>* tlsCancel = nullptr;  // see WaitCancel
+
+// Throws mnclAborted if this thread's waits were cancelled.
+void checkCancel(const std::string& what) {
+  if (tlsCancel && tlsCancel->load(std::memory_order_acquire)) {
+    throwError(mnclAborted, what + ": stopped, the communicator was aborted or destroyed during its init");
+  }
+}
 }  // namespace
+
+WaitCancel::WaitCancel(const std::atomic<bool>* flag) : previous_(tlsCancel) { tlsCancel = flag; }
+WaitCancel::~WaitCancel() { tlsCancel = previous_; }
 
 void Socket::waitFor(short events, Deadline deadline, const std::string& what) {
   for (;;) {
+    checkCancel(what);
     double left = secondsLeft(deadline);
     if (left <= 0) {
       throwError(mnclTimeout, what + " timed out (raise MININCL_BOOTSTRAP_TIMEOUT if ranks start slowly)");
     }
     pollfd p{fd_, events, 0};
-    int rc = ::poll(&p, 1, (int)std::min(left * 1000 + 1, 1000.0));
+    int rc = ::poll(&p, 1, (int)std::min(left * 1000 + 1, tlsCancel ? 100.0 : 1000.0));
     if (rc > 0) return;
     if (rc < 0 && errno != EINTR) throwSystemError(what + ": poll()");
   }
@@ -127,6 +140,7 @@ Socket Socket::connect(const SockAddr& addr, Deadline deadline, const std::strin
     if (errno != ECONNREFUSED && errno != ECONNRESET && errno != ETIMEDOUT && errno != EHOSTUNREACH) {
       throwSystemError(what + ": connect(" + addr.str() + ")");
     }
+    checkCancel(what);
     if (Clock::now() >= deadline) {
       throwError(mnclTimeout, what + ": nobody accepted a connection at " + addr.str() +
                                   " before the timeout (is the root running, and is the address reachable? "

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <string>
@@ -29,6 +30,21 @@ struct SockAddr {
   void setPort(int port);
   std::string str() const;
   const sockaddr* sa() const { return reinterpret_cast<const sockaddr*>(&storage); }
+};
+
+// Lets another thread stop this thread's socket waits (connect, accept, send, recv): while a
+// WaitCancel is alive on a thread, its waits look at `flag` every 100 ms and throw mnclAborted
+// once it is set. How mnclCommAbort / mnclCommDestroy stop a nonblocking init still waiting
+// for its peers.
+class WaitCancel {
+ public:
+  explicit WaitCancel(const std::atomic<bool>* flag);
+  ~WaitCancel();
+  WaitCancel(const WaitCancel&) = delete;
+  WaitCancel& operator=(const WaitCancel&) = delete;
+
+ private:
+  const std::atomic<bool>* previous_;
 };
 
 class Socket {

@@ -116,8 +116,8 @@ mnclResult_t mnclCommInitRankDevice(mnclComm_t* comm, int nranks, mnclUniqueId c
  *    init): mnclCommInitRankConfig returns mnclInProgress at once and init runs on a thread of
  *    minincl's; mnclCommGetAsyncError gives mnclInProgress until it is made (then mnclSuccess,
  *    or init's error, which mnclGetLastError(comm) explains); other calls on it until then
- *    return mnclInProgress, and destroy or abort waits for init to end (at most
- *    MININCL_BOOTSTRAP_TIMEOUT). Calls on a made communicator block as usual. (MININCL_CPU_BIND
+ *    return mnclInProgress; destroy or abort stops an init still waiting for its peers
+ *    (within 100 ms). Calls on a made communicator block as usual. (MININCL_CPU_BIND
  *    binds the thread that runs init: there, minincl's.)
  *  - minCTAs / maxCTAs: bounds on the communicator's channels (blocks per GPU operation, threads
  *    per CPU operation); MININCL_NCHANNELS, or the default, is clamped into them. Every rank
