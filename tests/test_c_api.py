@@ -328,6 +328,42 @@ def test_finalize_then_no_more_operations(lib: Any) -> None:
         destroy(lib, comms)
 
 
+def test_finalize_waits_for_a_call_on_another_thread(lib: Any) -> None:
+    """Rank 0's allreduce runs on a thread of its own and waits for rank 1, which comes 0.5 s
+    later: finalize on rank 0, called meanwhile, returns only after that allreduce ended."""
+    arr = (ctypes.c_void_p * 2)()
+    assert lib.mnclCommInitAll(arr, 2, None) == 0
+    comms = [ctypes.c_void_p(arr[r]) for r in range(2)]
+    xs = [np.full(1000, r + 1, np.float32) for r in range(2)]
+    ended: dict[str, float] = {}
+
+    def allreduce(r: int, name: str) -> None:
+        p = xs[r].ctypes.data_as(ctypes.c_void_p)
+        assert lib.mnclAllReduce(p, p, ctypes.c_size_t(1000), FLOAT32, SUM, comms[r], None) == 0
+        ended[name] = time.monotonic()
+
+    def finalize() -> None:
+        assert lib.mnclCommFinalize(comms[0]) == 0
+        ended["finalize"] = time.monotonic()
+
+    try:
+        rank0 = threading.Thread(target=allreduce, args=(0, "rank 0"))
+        rank0.start()
+        time.sleep(0.1)
+        finalizer = threading.Thread(target=finalize)
+        finalizer.start()
+        time.sleep(0.5)
+        assert "finalize" not in ended and "rank 0" not in ended
+        allreduce(1, "rank 1")
+        rank0.join(30)
+        finalizer.join(30)
+        assert ended["finalize"] >= ended["rank 0"], ended
+        for x in xs:
+            np.testing.assert_array_equal(x, np.full(1000, 3, np.float32))
+    finally:
+        destroy(lib, comms)
+
+
 def test_device_queries(lib: Any) -> None:
     arr = (ctypes.c_void_p * 1)()
     assert lib.mnclCommInitAll(arr, 1, None) == 0

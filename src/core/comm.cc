@@ -756,7 +756,7 @@ void Comm::abort() {
 
 void Comm::awaitQueuedWork() const {
   uint32_t spins = 0;
-  while (gpuWorkPending() && !failed()) dev::cpuBackoff(spins++);
+  while ((callsInside_.load(std::memory_order_acquire) > 0 || gpuWorkPending()) && !failed()) dev::cpuBackoff(spins++);
 }
 
 void Comm::setCallTimeout(double seconds) {

@@ -147,8 +147,8 @@ class Comm {
 
   // GPU: whether this communicator's last kernel may still be running.
   bool gpuWorkPending() const;
-  // Returns once this communicator's last kernel has finished (a CPU call finishes before it
-  // returns), or the communicator failed (which stops its kernels).
+  // Returns once no other thread is inside a call on this communicator and its last kernel
+  // has finished, or once it failed (which stops its calls and kernels).
   void awaitQueuedWork() const;
 
   // Steps this rank's senders handed over as pointers and wrote straight into receivers'

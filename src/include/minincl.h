@@ -154,9 +154,8 @@ mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newc
  * them). comm must not be used afterwards. */
 mnclResult_t mnclCommDestroy(mnclComm_t comm);
 mnclResult_t mnclCommAbort(mnclComm_t comm);
-/* Waits until every operation queued on comm has finished (GPU: its last kernel; a CPU
- * communicator's calls finish before they return) and returns the communicator's error, if it
- * failed meanwhile. Afterwards comm takes no more operations (mnclInvalidUsage); the queries
+/* Waits until every operation on comm has finished (calls other threads are inside; on a GPU
+ * also its last kernel) and returns the communicator's error, if it failed meanwhile. Afterwards comm takes no more operations (mnclInvalidUsage); the queries
  * and mnclCommDestroy still work. */
 mnclResult_t mnclCommFinalize(mnclComm_t comm);
 mnclResult_t mnclCommGetAsyncError(mnclComm_t comm, mnclResult_t* asyncError);
