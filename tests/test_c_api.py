@@ -1,8 +1,8 @@
 """The C API's NCCL-shaped extras, called through ctypes on CPU communicators: mnclBcast,
 mnclCommInitRankConfig and configs in mnclCommSplit (channel bounds, nonblocking init, refused
 settings), inits inside a group, mnclCommFinalize, mnclCommCuDevice and the queries' null
-checks. Results are checked against
-NumPy; channel counts against what init logs (MININCL_DEBUG=INFO)."""
+checks. Results are checked against NumPy; channel counts against what init logs
+(MININCL_DEBUG=INFO)."""
 
 from __future__ import annotations
 
