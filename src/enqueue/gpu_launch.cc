@@ -207,7 +207,7 @@ void launch(const Launch& L) {
                             : dev::launchCollective(L.collLaunch, L.coll.coll, L.coll.dtype, L.coll.op);
     if (e != cudaSuccess) failLaunch({&comm}, L.what, e);
   }
-  recordLaunch(comm, L.stream, L.isP2p, L.isP2p ? comm.collectiveCallsMade() : L.callNumber);
+  recordLaunch(comm, L.stream, L.isP2p, L.callNumber);
 }
 
 // Whether a group may run its ranks of one GPU in one kernel (MININCL_GPU_FUSE=0: never).
@@ -306,6 +306,7 @@ void launchGpuCalls(const std::vector<GpuCall>& calls) {
     for (auto& [comm, ops] : p2p) {
       cudaStream_t run = lanes.runStreamFor(*comm, static_cast<cudaStream_t>(ops.front()->stream));
       queueOf(comm).push_back(planP2p(*comm, ops, run));
+      queueOf(comm).back().callNumber = comm->collectiveCallsMade();
     }
     for (size_t k = 0;; ++k) {
       bool any = false;
