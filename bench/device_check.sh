@@ -9,8 +9,8 @@
 #     machine without a GPU and carried along) if it imports here; else pip install . (no build
 #     isolation, no deps, no index) with every core: build.log, timed; stops here if both fail
 # (b2) bench/gpu_smoke.py: every algorithm x protocol, each in a process of its own: smoke.log/json
-# (c) minincl-perf built in pip's own build tree (the CUDA kernels are already compiled there;
-#     a separate cmake+ninja tree only if that fails): perf_build.log
+# (c) minincl-perf: the package's own (minincl/bin); built in pip's build tree (the CUDA
+#     kernels are already compiled there) only if the package has none: perf_build.log
 # (e) minincl-perf on -D cuda: allreduce 8 B at 2 ranks (LL), 256 MiB at 8 ranks per algorithm;
 #     plus device-to-device copy bandwidth (gpu_bench.py d2d) for the memory-bound limit;
 #     8-byte latency with one thread driving every rank (-g: one fused kernel), A/B without
@@ -141,7 +141,7 @@ if [ -d "$PREBUILT/minincl" ] && [ -z "${MININCL_CHECK_NO_PREBUILT:-}" ]; then
   export PYTHONPATH=$PREBUILT${PYTHONPATH:+:$PYTHONPATH}
   if probe && grep -q '"cuda": true' "$OUT/installed.json"; then
     BUILD_OK=1
-    [ -x "$PREBUILT/minincl-perf" ] && PERF=$PREBUILT/minincl-perf
+    [ -x "$PREBUILT/minincl/bin/minincl-perf" ] && PERF=$PREBUILT/minincl/bin/minincl-perf
     printf 'prebuilt\t0\t0\t-\n' >>"$STEPS"
     echo "[$(elapsed)s] prebuilt package imports: $(cat "$OUT/installed.json")"
   else
@@ -161,11 +161,14 @@ if ((!BUILD_OK)); then
   echo "[$(elapsed)s] installed: $(cat "$OUT/installed.json" 2>/dev/null || echo none) $(tail -1 "$OUT/installed.err" 2>/dev/null)"
 fi
 
+SKB=$(ls -td build/cp*/ 2>/dev/null | head -1)
+# Per-object compile times of the package build (the slowest kernels bound the build time).
+[ -n "$SKB" ] && cp "$SKB/.ninja_log" "$OUT/ninja_log.txt" 2>/dev/null
 if ((BUILD_OK)) && [ -z "$PERF" ]; then
-  # ---- (c) minincl-perf, in pip's build tree (kernels already built there) ----
-  SKB=$(ls -td build/cp*/ 2>/dev/null | head -1)
-  # Per-object compile times of the package build (the slowest kernels bound the build time).
-  [ -n "$SKB" ] && cp "$SKB/.ninja_log" "$OUT/ninja_log.txt" 2>/dev/null
+  # ---- (c) minincl-perf: the installed package's; else built in pip's build tree ----
+  PERF=$(cd "$OUT" && timeout 60 "$PY" -c 'import minincl._c_library as c; print(c.perf_program() or "")' 2>/dev/null)
+fi
+if ((BUILD_OK)) && [ -z "$PERF" ]; then
   if [ -n "$SKB" ] && [ -f "$SKB/build.ninja" ] &&
     step perf_build "$(limit 90 60)" "$OUT/perf_build.log" cmake --build "$SKB" --target minincl-perf -j "$NPROC"; then
     PERF=$ROOT/${SKB%/}/bench/minincl-perf
@@ -290,10 +293,11 @@ if ((BUILD_OK)); then
     "$PY" bench/gpu_bench.py threads --json "$OUT/gpu_bench_threads.json"
   # Inside the kernel: time points of an 8-byte allreduce, with its direct-LL kernel and with
   # the LL one (a trace build, when device_prebuild.sh made one; printed at comm destroy).
-  TRACE_PERF=$PREBUILT/minincl-perf-trace
+  TRACE_PERF=$PREBUILT/trace/bin/minincl-perf
   if [ -x "$TRACE_PERF" ] && (($(left) > 120)); then
     for pk in 1 0; do
       step "perf_trace_paths$pk" "$(limit 30 90)" "$OUT/perf_trace_paths$pk.log" env MININCL_GPU_PATH_KERNELS=$pk \
+        LD_LIBRARY_PATH="$PREBUILT/trace/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
         "$TRACE_PERF" allreduce -t 2 -g -b 8 -e 8 -n 2000 -w 200 -A direct -P ll -D cuda -c 1
       grep -E "^ +[0-9]+ " "$OUT/perf_trace_paths$pk.log" | awk -v k=$pk '{printf "trace, path kernels %s: %s us\n", k, $6}'
     done

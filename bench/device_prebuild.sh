@@ -18,20 +18,25 @@ PY=${1:-python3.12}
 BD=${2:-/tmp/minincl-prebuild}
 cmake -S . -B "$BD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMININCL_CUDA=ON -DPython_EXECUTABLE="$(command -v "$PY")" \
   -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)" >/dev/null
-ninja -C "$BD" _core minincl-perf
+ninja -C "$BD" _core minincl_shared minincl-perf
 STAGE=$BD/stage
 rm -rf "$STAGE" .prebuilt
-mkdir -p "$STAGE/minincl" .prebuilt
+mkdir -p .prebuilt
+# The wheel's layout, run paths included: minincl/_core*.so, minincl/lib/libminincl.so,
+# minincl/include/minincl.h, minincl/bin/minincl-perf.
+cmake --install "$BD" --prefix "$STAGE" --strip >/dev/null
 cp minincl/*.py "$STAGE/minincl/"
-cp "$BD"/_core*.so "$STAGE/minincl/"
-cp "$BD"/bench/minincl-perf "$STAGE/"
 if [ -n "${MININCL_PREBUILD_TRACE:-}" ]; then
+  # Its own libminincl.so (the trace changes what kernels and host share), found through
+  # LD_LIBRARY_PATH=trace/lib by the device check.
   cmake -S . -B "$BD-trace" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMININCL_CUDA=ON -DMININCL_CUDA_QUICK=ON \
     -DMININCL_GPU_TRACE=ON -DPython_EXECUTABLE="$(command -v "$PY")" -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)" >/dev/null
   ninja -C "$BD-trace" minincl-perf
-  cp "$BD-trace"/bench/minincl-perf "$STAGE/minincl-perf-trace"
+  mkdir -p "$STAGE/trace/bin" "$STAGE/trace/lib"
+  cp "$BD-trace"/bench/minincl-perf "$STAGE/trace/bin/"
+  cp "$BD-trace"/libminincl.so "$STAGE/trace/lib/"
+  strip --strip-debug "$STAGE"/trace/bin/* "$STAGE"/trace/lib/*
 fi
-strip --strip-debug "$STAGE"/minincl/_core*.so "$STAGE"/minincl-perf*
 tar czf .prebuilt/prebuilt.tgz -C "$STAGE" .
 git rev-parse HEAD >.prebuilt/commit
 du -sh .prebuilt/prebuilt.tgz

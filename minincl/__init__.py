@@ -8,6 +8,7 @@ See the README for the full tour.
 """
 
 from . import errors
+from ._c_library import get_include, get_library_dir
 from ._comm import (
     Communicator,
     LaunchError,
@@ -41,6 +42,8 @@ __all__ = [
     "Work",
     "build_info",
     "errors",
+    "get_include",
+    "get_library_dir",
     "get_unique_id",
     "gpu_count",
     "group",

@@ -1,4 +1,4 @@
-"""The `minincl` command: bench, info, topo."""
+"""The `minincl` command: bench, perf, info, topo, config."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from . import _core, bench
+from . import _c_library, _core, bench
 
 
 def _info(_: argparse.Namespace) -> int:
@@ -19,6 +19,16 @@ def _info(_: argparse.Namespace) -> int:
     print(f"  CPU vectors   : {build['cpu_vector_isa']} (16- and 8-bit float arithmetic; MININCL_CPU_ISA)")
     gpus = _core.gpu_count()
     print("  devices       : cpu" + (f", cuda:0..{gpus - 1}" if gpus else " (no usable GPU)"))
+    print(f"  C API         : {_c_library.get_include()}/minincl.h, {_c_library.get_library_dir()}/libminincl.so")
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    flags = (_c_library.compile_flags() if args.cflags else []) + (_c_library.link_flags() if args.libs else [])
+    if not flags:
+        print("minincl config: ask for --cflags, --libs or both", file=sys.stderr)
+        return 2
+    print(" ".join(flags))
     return 0
 
 
@@ -31,12 +41,26 @@ def _topo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _perf(args: list[str]) -> int:
+    """Runs minincl-perf (the C++ benchmark on the C API) with these arguments, in this process."""
+    program = _c_library.perf_program()
+    if program is None:
+        print("minincl perf: this package was built without minincl-perf (MININCL_BUILD_BENCH=OFF)", file=sys.stderr)
+        return 2
+    sys.stdout.flush()
+    os.execv(program, [program, *args])
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["perf"]:  # every later argument is minincl-perf's, --help included
+        return _perf(argv[1:])
     parser = argparse.ArgumentParser(prog="minincl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_bench = sub.add_parser("bench", help="measure a collective like nccl-tests does")
     bench.add_arguments(p_bench)
     p_bench.set_defaults(func=bench.run)
+    sub.add_parser("perf", help="the C++ benchmark on the C API, as nccl-tests (minincl perf -h for its options)")
     p_info = sub.add_parser("info", help="version, build and devices")
     p_info.set_defaults(func=_info)
     p_topo = sub.add_parser("topo", help="the topology matrix, NUMA affinity, rings and trees")
@@ -44,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     p_topo.add_argument("--dump", help="write the topology as XML to this file")
     p_topo.add_argument("--json", action="store_true", help="print JSON instead of text")
     p_topo.set_defaults(func=_topo)
+    p_config = sub.add_parser("config", help="compiler and linker flags for C and C++ programs on the C API")
+    p_config.add_argument("--cflags", action="store_true", help="where minincl.h is (-I)")
+    p_config.add_argument("--libs", action="store_true", help="how to link libminincl.so (-L, run path, -l)")
+    p_config.set_defaults(func=_config)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

@@ -1,0 +1,38 @@
+"""Where the C API lives in an installed package: minincl.h under include/, libminincl.so
+under lib/, and the nccl-tests-style benchmark on it, bin/minincl-perf. The Python module runs
+on the same library, so a C or C++ program built against it runs the very runtime the package
+was built with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def get_include() -> str:
+    """The directory holding minincl.h (for a compiler's -I)."""
+    return str(_PACKAGE / "include")
+
+
+def get_library_dir() -> str:
+    """The directory holding libminincl.so (for a linker's -L and the program's run path)."""
+    return str(_PACKAGE / "lib")
+
+
+def compile_flags() -> list[str]:
+    """What a compiler needs to include minincl.h."""
+    return [f"-I{get_include()}"]
+
+
+def link_flags() -> list[str]:
+    """What a linker needs to link libminincl.so, and find it again when the program runs."""
+    lib = get_library_dir()
+    return [f"-L{lib}", f"-Wl,-rpath,{lib}", "-lminincl"]
+
+
+def perf_program() -> str | None:
+    """minincl-perf's path; None in a package built without the C++ microbenchmarks
+    (MININCL_BUILD_BENCH=OFF)."""
+    program = _PACKAGE / "bin" / "minincl-perf"
+    return str(program) if program.is_file() else None

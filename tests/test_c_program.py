@@ -1,0 +1,103 @@
+"""The C API as a C or C++ program sees it after `pip install`: tests/c_program.c compiled with
+the flags `minincl config --cflags --libs` prints, against the package's minincl.h and
+libminincl.so, run as processes (one per rank); what every rank received is checked against
+NumPy. Also: every function minincl.h declares is exported by the library, and the library
+keeps CUDA's runtime to itself."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minincl
+
+SOURCE = Path(__file__).with_name("c_program.c")
+HEADER = Path(minincl.get_include()) / "minincl.h"
+LIBRARY = Path(minincl.get_library_dir()) / "libminincl.so"
+COMPILERS = {"c": ["cc", "-std=c11"], "c++": ["c++", "-std=c++17", "-x", "c++"]}
+
+
+def config_flags(*which: str) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "minincl", "config", *which], capture_output=True, text=True, check=True
+    ).stdout
+    return out.split()
+
+
+@pytest.fixture(scope="module", params=sorted(COMPILERS))
+def program(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    compiler = COMPILERS[request.param]
+    if shutil.which(compiler[0]) is None:
+        pytest.skip(f"no {compiler[0]} on this machine")
+    exe = tmp_path_factory.mktemp(f"build_{request.param}") / "c_program"
+    cmd = [*compiler, "-Wall", "-Werror", *config_flags("--cflags"), str(SOURCE), "-o", str(exe)]
+    cmd += config_flags("--libs")
+    build = subprocess.run(cmd, capture_output=True, text=True)
+    assert build.returncode == 0, f"{' '.join(cmd)}\n{build.stderr}"
+    return exe
+
+
+def inputs(nranks: int, count: int) -> np.ndarray:
+    """Every rank's send buffer (count * nranks elements), as c_program.c fills them."""
+    i = np.arange(count * nranks)
+    return np.stack([((r + 1) * (i % 97)).astype(np.float32) for r in range(nranks)])
+
+
+@pytest.mark.parametrize("nranks,count", [(2, 1), (3, 1031), (4, 65536)])
+def test_c_program_runs_collectives_as_numpy_computes_them(program: Path, tmp_path: Path, nranks: int, count: int):
+    run = subprocess.run(
+        [str(program), str(nranks), str(count), str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    major, minor, patch = (int(part) for part in minincl.__version__.split(".")[:3])
+    code = major * 10000 + minor * 100 + patch
+    assert f"version {code}, header {code}" in run.stdout
+    assert re.search(r"wrong type: .*invalid argument.*: .*\S", run.stdout, re.IGNORECASE), run.stdout
+
+    x = inputs(nranks, count)
+    expected = {
+        "allreduce": x[:, :count].sum(axis=0),
+        "allgather": x[:, :count].reshape(-1),
+        "broadcast": x[nranks - 1, :count],
+        "allreduce_min": x[:, :count].min(axis=0),
+    }
+    for r in range(nranks):
+
+        def got(name: str, r: int = r) -> np.ndarray:
+            return np.fromfile(tmp_path / f"rank{r}_{name}.bin", dtype=np.float32)
+
+        for name, want in expected.items():
+            np.testing.assert_array_equal(got(name), want, err_msg=f"{name} on rank {r}")
+        np.testing.assert_array_equal(got("reduce_scatter"), x[:, r * count : (r + 1) * count].max(axis=0))
+        np.testing.assert_array_equal(got("sendrecv"), x[(r - 1) % nranks, :count])
+
+
+def declared_functions() -> list[str]:
+    """The functions minincl.h declares."""
+    return re.findall(r"^(?:mnclResult_t|const char\*)\s+(mncl\w+)\(", HEADER.read_text(), re.MULTILINE)
+
+
+def test_the_library_exports_every_function_the_header_declares():
+    names = declared_functions()
+    assert len(names) > 30 and "mnclAllReduce" in names
+    lib = ctypes.CDLL(str(LIBRARY))
+    missing = [name for name in names if not hasattr(lib, name)]
+    assert missing == []
+
+
+def test_the_library_keeps_cudas_runtime_to_itself():
+    """Exported, the static CUDA runtime's functions could stand in for PyTorch's or CuPy's own
+    in one process. (A build without CUDA has none to export.)"""
+    if shutil.which("nm") is None:
+        pytest.skip("no nm on this machine")
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(LIBRARY)], capture_output=True, text=True, check=True)
+    exported = [line.split()[-1] for line in symbols.stdout.splitlines() if line.strip()]
+    assert any(name == "mnclAllReduce" for name in exported)
+    assert [name for name in exported if name.startswith(("cuda", "__cuda"))] == []

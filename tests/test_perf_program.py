@@ -1,0 +1,57 @@
+"""`minincl perf`: the nccl-tests-style benchmark on the C API that the package ships
+(minincl/bin/minincl-perf, linked against libminincl.so). Each run checks every result against
+the benchmark's own host reference (-c 1); here every table row must say 0 wrong elements, and
+there must be a row for every size asked for."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import minincl._c_library as c_library
+
+pytestmark = pytest.mark.skipif(c_library.perf_program() is None, reason="package built without minincl-perf")
+
+
+def perf(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "minincl", "perf", *args], capture_output=True, text=True, timeout=180)
+
+
+def table_rows(out: str) -> list[list[str]]:
+    return [line.split() for line in out.splitlines() if line.strip() and not line.startswith("#")]
+
+
+@pytest.mark.parametrize(
+    "collective,ranks,dtype,op",
+    [
+        ("allreduce", ["-t", "3"], "float", "sum"),
+        ("reduce_scatter", ["-p", "2"], "bfloat16", "max"),
+        ("allgather", ["-t", "3", "-g"], "int8", "sum"),
+        ("broadcast", ["-p", "3"], "double", "sum"),
+        ("alltoall", ["-t", "4"], "int32", "sum"),
+        ("sendrecv", ["-t", "2"], "half", "sum"),
+    ],
+)
+def test_perf_checks_every_size_without_a_wrong_element(collective: str, ranks: list[str], dtype: str, op: str):
+    run = perf(
+        collective, *ranks, "-b", "8", "-e", "1M", "-f", "16", "-n", "2", "-w", "1", "-c", "1", "-d", dtype, "-o", op
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = table_rows(run.stdout)
+    element = {"float": 4, "bfloat16": 2, "int8": 1, "double": 8, "int32": 4, "half": 2}[dtype]
+    nranks = int(ranks[1])
+    # Sizes 8 B, 128 B, ... 512 KiB (16x steps up to 1 MiB), each rounded down to whole elements
+    # per rank (per pair of ranks for an alltoall) as nccl-tests does; a size that rounds to
+    # nothing has no row.
+    largest = 8 * 16**4
+    assert len(rows) >= 4 and largest - nranks * nranks * element < int(rows[-1][0]) <= largest, run.stdout
+    assert all(row[2] == dtype for row in rows), run.stdout
+    assert [row[-1] for row in rows] == ["0"] * len(rows), run.stdout
+
+
+def test_perf_names_a_wrong_option():
+    run = perf("allreduce", "-t", "2", "-d", "complex128")
+    assert run.returncode != 0
+    assert "complex128" in run.stdout + run.stderr
