@@ -994,6 +994,95 @@ def test_call_timeout_lets_finished_kernels_and_graphs_be(cp: Any) -> None:
             c.destroy()
 
 
+def test_global_mode_capture_beside_a_watched_kernel(cp: Any) -> None:
+    """A capture in CUDA's global mode (torch.cuda.graph's default; CuPy's is relaxed) while
+    the monitor watches a queued kernel (call timeout set, rank 1 not called yet) and queries
+    its event every tick: the monitor's thread is relaxed about captures, so the capture ends
+    well. Calls of both ranks inside it are captured, and the graph replays to the sums."""
+    comms = minincl.Communicator.init_all(2, device=DEVICE)
+    c0, c1 = comms
+    try:
+        for c in comms:
+            c.call_timeout = 60
+        waiting = [cp.cuda.Stream(non_blocking=True) for _ in comms]
+        capturing = cp.cuda.Stream(non_blocking=True)
+        count = 1000  # (every call the same: the ranks make them in different orders)
+        with capturing:
+            xs = [cp.full(count, r + 1, cp.float32) for r in range(2)]
+            ys = [cp.full(count, 10 * (r + 1), cp.float32) for r in range(2)]
+        capturing.synchronize()
+        c0.allreduce(xs[0], stream=waiting[0])  # queued; waits for rank 1, watched meanwhile
+        time.sleep(0.05)
+        capturing.begin_capture(mode=cp.cuda.runtime.streamCaptureModeGlobal)
+        try:
+            with minincl.group():
+                for c in comms:
+                    c.allreduce(ys[c.rank], stream=capturing)
+            time.sleep(0.2)  # ~20 monitor ticks, each querying the waiting kernel's event
+        except BaseException:
+            with contextlib.suppress(Exception):
+                capturing.end_capture()
+            raise
+        graph = capturing.end_capture()
+        c1.allreduce(xs[1], stream=waiting[1])
+        for s in waiting:
+            s.synchronize()
+        for _ in range(2):
+            graph.launch(stream=capturing)
+        capturing.synchronize()
+        for r in range(2):
+            np.testing.assert_array_equal(cp.asnumpy(xs[r]), np.full(count, 3, np.float32))
+            np.testing.assert_array_equal(cp.asnumpy(ys[r]), np.full(count, 60, np.float32))
+        comms[0].allreduce(cp.zeros(0, cp.float32))  # launches nothing; raises if the comm failed
+    finally:
+        for c in comms:
+            c.destroy()
+
+
+def test_a_capture_between_launches_keeps_them_in_order(cp: Any) -> None:
+    """Rank 0 queues a call on one stream (rank 1 not called yet), a graph captures a call of
+    both ranks on another, then rank 0 queues a call on a third: that one still waits for the
+    first (both run on rank 0's channels), as if no capture had come between."""
+    comms = minincl.Communicator.init_all(2, device=DEVICE)
+    c0, c1 = comms
+    try:
+        first = [cp.cuda.Stream(non_blocking=True) for _ in comms]
+        third = [cp.cuda.Stream(non_blocking=True) for _ in comms]
+        capturing = cp.cuda.Stream(non_blocking=True)
+        count = 4099  # (every call the same: the ranks make them in different orders)
+        with capturing:
+            xs = [cp.full(count, r + 1, cp.float32) for r in range(2)]
+            ys = [cp.full(count, 10 * (r + 1), cp.float32) for r in range(2)]
+            gs = [cp.full(count, 100 * (r + 1), cp.float32) for r in range(2)]
+        capturing.synchronize()
+        c0.allreduce(xs[0], stream=first[0])
+        capturing.begin_capture()
+        try:
+            with minincl.group():
+                for c in comms:
+                    c.allreduce(gs[c.rank], stream=capturing)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                capturing.end_capture()
+            raise
+        graph = capturing.end_capture()
+        c0.allreduce(ys[0], stream=third[0])
+        time.sleep(0.05)
+        c1.allreduce(xs[1], stream=first[1])
+        c1.allreduce(ys[1], stream=third[1])
+        for s in first + third:
+            s.synchronize()
+        graph.launch(stream=capturing)
+        capturing.synchronize()
+        for r in range(2):
+            np.testing.assert_array_equal(cp.asnumpy(xs[r]), np.full(count, 3, np.float32))
+            np.testing.assert_array_equal(cp.asnumpy(ys[r]), np.full(count, 30, np.float32))
+            np.testing.assert_array_equal(cp.asnumpy(gs[r]), np.full(count, 300, np.float32))
+    finally:
+        for c in comms:
+            c.destroy()
+
+
 def test_c_api_group_init_of_ranks_on_one_gpu(cp: Any) -> None:
     """mnclCommInitRankDevice of both ranks inside one group, from one thread (the group's end
     makes them together); a grouped allreduce on a CuPy stream gives the sum; finalize waits

@@ -109,6 +109,7 @@ Proto launchProtocol(const GpuLaunch& l) {
 
 template <typename T, typename Fn, typename Paths>
 cudaError_t launchKernel(const GpuLaunch& l, Fn fn) {
+  cudaGetLastError();  // an earlier call's unread error must not pass for this launch's
   collectiveKernel<T, Fn, Paths><<<l.nBlocks, l.nThreads, l.blocks.cachedArraysBytes, l.stream>>>(l.blocks, fn);
   return cudaGetLastError();
 }
@@ -163,6 +164,7 @@ cudaError_t launchAlone(const DevWork& w, cudaStream_t stream) {
     return cudaErrorNotSupported;  // (a single rank's other reductions are copies)
   } else {
     size_t blocks = (w.count + kGpuThreads - 1) / kGpuThreads;
+    cudaGetLastError();  // (as in launchKernel)
     preMulSumAloneKernel<T><<<(unsigned)(blocks < 1024 ? blocks : 1024), kGpuThreads, 0, stream>>>(w);
     return cudaGetLastError();
   }
@@ -191,6 +193,7 @@ __global__ void __launch_bounds__(kGpuThreads)
 cudaError_t launchCopy(const GpuLaunch& l) { return launch<uint8_t>(l, FuncCopy<uint8_t>{}); }
 
 cudaError_t launchP2p(const GpuP2pLaunch& l) {
+  cudaGetLastError();  // (as in launchKernel)
   p2pKernel<<<l.nChannels, l.nThreads, 0, l.stream>>>(l.channels, l.works, l.errors);
   return cudaGetLastError();
 }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "../../cuda/arch.h"
+#include "../gpu/cuda_api.h"
 #include "comm.h"
 #include "env.h"
 
@@ -53,6 +54,7 @@ Monitor::~Monitor() {
 }
 
 void Monitor::loop() {
+  if (comm_.onGpu()) gpu::becomeWatcherThread(comm_.device());
   RankCtrl* mine = comm_.region_->ctrl();
   std::unique_lock<std::mutex> lock(mutex_);
   while (!cv_.wait_for(lock, std::chrono::milliseconds(10), [&] { return stop_; })) {

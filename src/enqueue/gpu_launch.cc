@@ -33,6 +33,9 @@ class Lanes {
     for (const Lane& l : lanes_) taken |= l.run == caller;
     Lane lane{&comm, caller, caller};
     if (taken) {
+      // On the communicator's GPU, where its events live and where its kernel will run on
+      // the caller's stream (a null stream is each device's own).
+      gpu::DeviceScope scope(comm.device());
       gpu::GpuComm& g = *comm.gpu();
       lane.run = g.sideStream();
       MNCL_CUDA_CHECK(cudaEventRecord(g.forkEvent(), caller));
@@ -46,6 +49,7 @@ class Lanes {
   void join() {
     for (const Lane& l : lanes_) {
       if (l.run == l.caller) continue;
+      gpu::DeviceScope scope(l.comm->device());
       gpu::GpuComm& g = *l.comm->gpu();
       MNCL_CUDA_CHECK(cudaEventRecord(g.joinEvent(), l.run));
       MNCL_CUDA_CHECK(cudaStreamWaitEvent(l.caller, g.joinEvent(), 0));
@@ -66,6 +70,27 @@ class Lanes {
   // The peers already launched would wait for these ranks forever: fail them, so they stop too.
   for (Comm* comm : comms) comm->fail(mnclUnhandledCudaError, msg);
   throwError(mnclUnhandledCudaError, msg);
+}
+
+// Fails every communicator of a group whose launching stopped part-way, with the exception in
+// flight: kernels of the group already queued (here, and peers') wait for kernels that will
+// never come, and a failed communicator's kernels stop (its abort word), its peers' too (they
+// see it failed). Call it from a catch block.
+void failPartlyLaunched(const std::vector<Comm*>& comms) {
+  mnclResult_t code = mnclInternalError;
+  std::string what = "unknown error";
+  try {
+    throw;
+  } catch (const Error& e) {
+    code = e.code();
+    what = e.what();
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  for (Comm* comm : comms) {
+    if (!comm->failed()) comm->fail(code, "rank " + std::to_string(comm->rank()) + ": launching a group stopped part-way: " + what);
+  }
 }
 
 // Records a launch of `comm` just queued on `stream` as its last one; with a call timeout set,
@@ -260,15 +285,18 @@ bool launchFused(const std::vector<GpuCall>& calls) {
     }
     l.nThreads = std::max(l.nThreads, p.nThreads);
   }
+  std::vector<Comm*> comms;
+  for (const GpuCall& gc : calls) comms.push_back(gc.comm);
   gpu::DeviceScope scope(first.comm->device());
   for (const GpuCall& gc : calls) gc.comm->gpu()->orderAfterPrevious(stream);
   cudaError_t e = dev::launchCollective(l, first.coll.coll, first.coll.dtype, first.coll.op);
-  if (e != cudaSuccess) {
-    std::vector<Comm*> comms;
-    for (const GpuCall& gc : calls) comms.push_back(gc.comm);
-    failLaunch(comms, fused.what, e);
+  if (e != cudaSuccess) failLaunch(comms, fused.what, e);
+  try {
+    for (const GpuCall& gc : calls) recordLaunch(*gc.comm, stream, false, gc.callNumber);
+  } catch (...) {
+    failPartlyLaunched(comms);
+    throw;
   }
-  for (const GpuCall& gc : calls) recordLaunch(*gc.comm, stream, false, gc.callNumber);
   return true;
 }
 
@@ -308,6 +336,11 @@ void launchGpuCalls(const std::vector<GpuCall>& calls) {
       queueOf(comm).push_back(planP2p(*comm, ops, run));
       queueOf(comm).back().callNumber = comm->collectiveCallsMade();
     }
+  } catch (...) {
+    lanes.join();  // a capture must end joined, whatever happened
+    throw;
+  }
+  try {
     for (size_t k = 0;; ++k) {
       bool any = false;
       for (auto& [comm, queue] : byComm) {
@@ -319,7 +352,10 @@ void launchGpuCalls(const std::vector<GpuCall>& calls) {
       if (!any) break;
     }
   } catch (...) {
-    lanes.join();  // a capture must end joined, whatever happened
+    std::vector<Comm*> comms;
+    for (auto& entry : byComm) comms.push_back(entry.first);
+    failPartlyLaunched(comms);
+    lanes.join();
     throw;
   }
   lanes.join();

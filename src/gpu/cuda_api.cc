@@ -39,8 +39,15 @@ int deviceOfPointer(const void* p) {
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? a.device : -1;
 }
 
+void becomeWatcherThread(int device) {
+  answered(cudaSetDevice(device));
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  answered(cudaThreadExchangeStreamCaptureMode(&mode));
+}
+
 #else
 
+void becomeWatcherThread(int) {}
 int usableDeviceCount() { return 0; }
 int currentDevice() { return 0; }
 int deviceOfPointer(const void*) { return -1; }

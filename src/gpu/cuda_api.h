@@ -13,6 +13,12 @@ int usableDeviceCount();
 int currentDevice();
 // The device that owns the memory at p; -1 for host memory or when CUDA is unusable.
 int deviceOfPointer(const void* p);
+// Prepares a thread of minincl's that watches a GPU's launches (the monitor) beside the
+// application's threads: it works on `device`, so that its first CUDA call makes no context
+// on GPU 0, and it is relaxed about stream captures. In CUDA's default (global) capture mode,
+// a thread's event query while another thread captures is refused, and that capture then
+// ends in an error (PyTorch's torch.cuda.graph captures so). Nothing without CUDA.
+void becomeWatcherThread(int device);
 
 }  // namespace mncl::gpu
 

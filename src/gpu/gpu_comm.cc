@@ -22,8 +22,12 @@ DeviceRegion::DeviceRegion(size_t bytes, cudaStream_t stream) {
   MNCL_CUDA_CHECK(cudaMalloc(&p, bytes));
   base_ = static_cast<char*>(p);
   size_ = bytes;
-  MNCL_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream));
-  MNCL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaError_t e = cudaMemsetAsync(p, 0, bytes, stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess) {
+    cudaFree(p);  // (no destructor runs for a constructor that throws)
+    check(e, "zero-filling a connection region (cudaMemsetAsync, cudaStreamSynchronize)");
+  }
 }
 
 DeviceRegion::~DeviceRegion() { cudaFree(base_); }
@@ -78,7 +82,11 @@ std::shared_ptr<Mapping> registeredHostMemory(const std::shared_ptr<Mapping>& ho
 HostMapped::HostMapped(size_t bytes) {
   MNCL_CUDA_CHECK(cudaHostAlloc(&host_, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
   std::memset(host_, 0, bytes);
-  MNCL_CUDA_CHECK(cudaHostGetDevicePointer(&device_, host_, 0));
+  cudaError_t e = cudaHostGetDevicePointer(&device_, host_, 0);
+  if (e != cudaSuccess) {
+    cudaFreeHost(host_);
+    check(e, "cudaHostGetDevicePointer(&device_, host_, 0)");
+  }
 }
 
 HostMapped::~HostMapped() { cudaFreeHost(host_); }
@@ -111,11 +119,16 @@ void enablePeerAccess(int device, int peer) {
 GpuComm::GpuComm(int device) : device_(device), errors_(sizeof(dev::DevError) * dev::kMaxGpuChannels) {
   auto* errs = static_cast<dev::DevError*>(errors_.host());
   for (int c = 0; c < dev::kMaxGpuChannels; ++c) errs[c] = dev::DevError{};
-  MNCL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-  MNCL_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
-  MNCL_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
-  MNCL_CUDA_CHECK(cudaEventCreateWithFlags(&last_, cudaEventDisableTiming));
-  preloadKernels();
+  try {
+    MNCL_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    MNCL_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    MNCL_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+    MNCL_CUDA_CHECK(cudaEventCreateWithFlags(&last_, cudaEventDisableTiming));
+    preloadKernels();
+  } catch (...) {
+    release();  // (no destructor runs for a constructor that throws)
+    throw;
+  }
 }
 
 namespace {
@@ -127,20 +140,23 @@ bool capturing(cudaStream_t stream) {
 }  // namespace
 
 void GpuComm::orderAfterPrevious(cudaStream_t stream) {
-  if (!haveLast_ || stream == lastStream_) return;
+  if (!haveLast_.load(std::memory_order_relaxed) || stream == lastStream_) return;
   // (Not inside a capture: a graph cannot wait for work outside it.)
   if (!capturing(stream)) MNCL_CUDA_CHECK(cudaStreamWaitEvent(stream, last_, 0));
 }
 
 bool GpuComm::recordLaunch(cudaStream_t stream) {
-  haveLast_ = !capturing(stream);
+  // A captured launch runs when the graph is replayed, which the caller orders; the last real
+  // launch stays the one that later launches wait for and that destroy waits for or aborts.
+  if (capturing(stream)) return false;
+  MNCL_CUDA_CHECK(cudaEventRecord(last_, stream));
   lastStream_ = stream;
-  if (haveLast_) MNCL_CUDA_CHECK(cudaEventRecord(last_, stream));
-  return haveLast_;
+  haveLast_.store(true, std::memory_order_release);
+  return true;
 }
 
 bool GpuComm::mayBeRunning() const {
-  if (!haveLast_) return false;
+  if (!haveLast_.load(std::memory_order_acquire)) return false;
   cudaError_t e = cudaEventQuery(last_);
   if (e != cudaSuccess && e != cudaErrorNotReady) cudaGetLastError();
   return e == cudaErrorNotReady;
@@ -180,12 +196,17 @@ GpuComm::~GpuComm() {
 #if defined(MNCL_GPU_TRACE)
   if (channels_) printTrace(channels_, nChannels_, device_);
 #endif
-  cudaEventDestroy(fork_);
-  cudaEventDestroy(join_);
-  cudaEventDestroy(last_);
-  cudaStreamDestroy(side_);
-  cudaFree(channels_);
-  cudaFree(arrays_);
+  release();
+}
+
+void GpuComm::release() {
+  for (cudaEvent_t e : {fork_, join_, last_}) {
+    if (e) cudaEventDestroy(e);
+  }
+  if (side_) cudaStreamDestroy(side_);
+  if (channels_) cudaFree(channels_);
+  if (arrays_) cudaFree(arrays_);
+  cudaGetLastError();  // (whatever failed here, nothing is left to undo)
 }
 
 namespace {

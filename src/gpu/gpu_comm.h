@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -101,12 +102,14 @@ class GpuComm {
   void orderAfterPrevious(cudaStream_t stream);
   // Returns false inside a capture (nothing recorded: a graph's replays are not tracked).
   bool recordLaunch(cudaStream_t stream);
-  // Whether the last launch may not have finished (false when unknown, e.g. after a capture).
+  // Whether the last launch outside a capture may not have finished.
   bool mayBeRunning() const;
   // The launches the call timeout watches (Comm::callTimeout).
   LaunchWatch& launchWatch() { return watch_; }
 
  private:
+  void release();  // what the constructor and upload() made
+
   int device_;
   int nChannels_ = 0;
   dev::DevChannel* channels_ = nullptr;  // device memory
@@ -119,7 +122,8 @@ class GpuComm {
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   cudaEvent_t last_ = nullptr;
   cudaStream_t lastStream_ = nullptr;
-  bool haveLast_ = false;  // last_ holds the previous launch (not recorded inside a capture)
+  // last_ holds the last launch outside a capture (read by the monitor thread too).
+  std::atomic<bool> haveLast_{false};
   LaunchWatch watch_;
 };
 
