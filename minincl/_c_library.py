@@ -20,6 +20,11 @@ def get_library_dir() -> str:
     return str(_PACKAGE / "lib")
 
 
+def library_path() -> str:
+    """libminincl.so itself (what ctypes.CDLL opens to call the C API from Python)."""
+    return str(_PACKAGE / "lib" / "libminincl.so")
+
+
 def compile_flags() -> list[str]:
     """What a compiler needs to include minincl.h."""
     return [f"-I{get_include()}"]

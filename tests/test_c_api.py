@@ -54,7 +54,7 @@ class UniqueId(ctypes.Structure):
 
 
 def open_lib() -> Any:
-    lib = ctypes.CDLL(minincl._core.__file__)
+    lib = ctypes.CDLL(minincl._c_library.library_path())
     lib.mnclGetLastError.restype = ctypes.c_char_p
     lib.mnclCommInitRankConfig.argtypes = [
         ctypes.POINTER(ctypes.c_void_p),

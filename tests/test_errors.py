@@ -176,7 +176,7 @@ def test_destroy_stops_a_call_on_another_thread_whose_peers_never_come(monkeypat
     )
     comms[1].destroy()
 
-    lib = ctypes.CDLL(minincl._core.__file__)
+    lib = ctypes.CDLL(minincl._c_library.library_path())
     arr = (ctypes.c_void_p * 2)()
     assert lib.mnclCommInitAll(arr, 2, None) == 0
     x = np.ones(10, np.float32)
@@ -494,7 +494,7 @@ MNCL_INVALID_ARGUMENT, MNCL_TIMEOUT = 4, 8  # mnclInvalidArgument, mnclTimeout
 def test_c_api_call_timeout() -> None:
     """mnclCommSetCallTimeout / mnclCommGetCallTimeout: an allreduce that rank 1 never joins
     returns mnclTimeout after the timeout, and mnclGetLastError says where every rank is."""
-    lib = ctypes.CDLL(minincl._core.__file__)
+    lib = ctypes.CDLL(minincl._c_library.library_path())
     lib.mnclGetLastError.restype = ctypes.c_char_p
     arr = (ctypes.c_void_p * 2)()
     assert lib.mnclCommInitAll(arr, 2, None) == 0

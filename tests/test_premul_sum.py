@@ -28,7 +28,7 @@ from conftest import (
 )
 
 import minincl
-from minincl import _core
+from minincl import _c_library
 
 # Per rank: scalars whose products with the inputs (-3..3; 0..3 unsigned) and their sums are
 # exact in every type, so every reduction order gives the same bits.
@@ -268,7 +268,7 @@ SCALAR_DEVICE, SCALAR_HOST_IMMEDIATE = 0, 1
 
 class CApi:
     def __init__(self) -> None:
-        self.lib = ctypes.CDLL(_core.__file__)
+        self.lib = ctypes.CDLL(_c_library.library_path())
         self.lib.mnclGetLastError.restype = ctypes.c_char_p
 
     def check(self, rc: int) -> None:

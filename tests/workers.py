@@ -866,7 +866,7 @@ def c_api_abort_mid_call(_launched: minincl.Communicator, grouped: bool, reps: i
     call returned. (A crash ends this process.) Unlike a Python communicator, a C handle is
     gone once aborted: a thread that had not yet entered its call would use freed memory,
     hence the wait for the call to begin."""
-    lib = ctypes.CDLL(minincl._core.__file__)
+    lib = ctypes.CDLL(minincl._c_library.library_path())
     rng = random.Random(seed)
     float32, n = 7, 1 << 16
     results: list[int] = []
