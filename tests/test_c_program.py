@@ -24,9 +24,10 @@ LIBRARY = Path(minincl.get_library_dir()) / "libminincl.so"
 COMPILERS = {"c": ["cc", "-std=c11"], "c++": ["c++", "-std=c++17", "-x", "c++"]}
 
 
-def config_flags(*which: str) -> list[str]:
+def config_flags(cwd: Path, *which: str) -> list[str]:
+    """`minincl config` run away from the source tree (whose minincl/ has no compiled core)."""
     out = subprocess.run(
-        [sys.executable, "-m", "minincl", "config", *which], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "minincl", "config", *which], capture_output=True, text=True, check=True, cwd=cwd
     ).stdout
     return out.split()
 
@@ -36,10 +37,11 @@ def program(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     compiler = COMPILERS[request.param]
     if shutil.which(compiler[0]) is None:
         pytest.skip(f"no {compiler[0]} on this machine")
-    exe = tmp_path_factory.mktemp(f"build_{request.param}") / "c_program"
-    cmd = [*compiler, "-Wall", "-Werror", *config_flags("--cflags"), str(SOURCE), "-o", str(exe)]
-    cmd += config_flags("--libs")
-    build = subprocess.run(cmd, capture_output=True, text=True)
+    build_dir = tmp_path_factory.mktemp(f"build_{request.param}")
+    exe = build_dir / "c_program"
+    cmd = [*compiler, "-Wall", "-Werror", *config_flags(build_dir, "--cflags"), str(SOURCE), "-o", str(exe)]
+    cmd += config_flags(build_dir, "--libs")
+    build = subprocess.run(cmd, capture_output=True, text=True, cwd=build_dir)
     assert build.returncode == 0, f"{' '.join(cmd)}\n{build.stderr}"
     return exe
 

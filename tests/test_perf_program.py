@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +16,11 @@ import minincl._c_library as c_library
 pytestmark = pytest.mark.skipif(c_library.perf_program() is None, reason="package built without minincl-perf")
 
 
-def perf(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "minincl", "perf", *args], capture_output=True, text=True, timeout=180)
+def perf(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`minincl perf` run away from the source tree (whose minincl/ has no compiled core)."""
+    return subprocess.run(
+        [sys.executable, "-m", "minincl", "perf", *args], capture_output=True, text=True, timeout=180, cwd=cwd
+    )
 
 
 def table_rows(out: str) -> list[list[str]]:
@@ -34,9 +38,29 @@ def table_rows(out: str) -> list[list[str]]:
         ("sendrecv", ["-t", "2"], "half", "sum"),
     ],
 )
-def test_perf_checks_every_size_without_a_wrong_element(collective: str, ranks: list[str], dtype: str, op: str):
+def test_perf_checks_every_size_without_a_wrong_element(
+    tmp_path: Path, collective: str, ranks: list[str], dtype: str, op: str
+):
     run = perf(
-        collective, *ranks, "-b", "8", "-e", "1M", "-f", "16", "-n", "2", "-w", "1", "-c", "1", "-d", dtype, "-o", op
+        tmp_path,
+        collective,
+        *ranks,
+        "-b",
+        "8",
+        "-e",
+        "1M",
+        "-f",
+        "16",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "-c",
+        "1",
+        "-d",
+        dtype,
+        "-o",
+        op,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     rows = table_rows(run.stdout)
@@ -51,7 +75,7 @@ def test_perf_checks_every_size_without_a_wrong_element(collective: str, ranks: 
     assert [row[-1] for row in rows] == ["0"] * len(rows), run.stdout
 
 
-def test_perf_names_a_wrong_option():
-    run = perf("allreduce", "-t", "2", "-d", "complex128")
+def test_perf_names_a_wrong_option(tmp_path: Path):
+    run = perf(tmp_path, "allreduce", "-t", "2", "-d", "complex128")
     assert run.returncode != 0
     assert "complex128" in run.stdout + run.stderr
