@@ -18,7 +18,7 @@ import ctypes
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -762,6 +762,22 @@ def test_new_result_arrays_are_on_the_gpu(gpus: GpuPool, cp: Any) -> None:
         np.testing.assert_array_equal(cp.asnumpy(s), np.full((2, 2), 2.0, np.float32))
 
 
+def captured(stream: Any, record: Callable[[], None], mode: int | None = None) -> Any:
+    """The CUDA graph of what `record()` queues on the CuPy `stream`, captured in `mode` (None:
+    CuPy's default, relaxed). A capture that fails is ended before its error is raised."""
+    if mode is None:
+        stream.begin_capture()
+    else:
+        stream.begin_capture(mode=mode)
+    try:
+        record()
+    except BaseException:
+        with contextlib.suppress(Exception):  # end the broken capture; report the first error
+            stream.end_capture()
+        raise
+    return stream.end_capture()
+
+
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_cuda_graph_capture_and_replay(gpus: GpuPool, cp: Any, nranks: int) -> None:
     """Collectives of every rank captured into one graph; replayed three times with new inputs."""
@@ -775,18 +791,15 @@ def test_cuda_graph_capture_and_replay(gpus: GpuPool, cp: Any, nranks: int) -> N
         peak = [cp.zeros(count, cp.int32) for _ in range(n)]
         ints = [cp.zeros(count, cp.int32) for _ in range(n)]
         s.synchronize()
-        s.begin_capture()
-        try:
+
+        def record() -> None:
             with minincl.group():
                 for c in comms:
                     c.allreduce(send[c.rank], summed[c.rank])  # the current stream: s
                     c.allgather(send[c.rank], gathered[c.rank], stream=s)
                     c.allreduce(ints[c.rank], peak[c.rank], op="max", stream=s.ptr)
-        except BaseException:
-            with contextlib.suppress(Exception):  # end the broken capture; report the first error
-                s.end_capture()
-            raise
-        graph = s.end_capture()
+
+        graph = captured(s, record)
     for replay in range(3):
         inputs = inputs_for(n, count, "float32", "sum", seed=replay)
         host = [(x.astype(np.float32), (x * (replay + 1)).astype(np.int32)) for x in inputs]
@@ -972,16 +985,13 @@ def test_call_timeout_lets_finished_kernels_and_graphs_be(cp: Any) -> None:
             s.synchronize()
             for x in xs:
                 np.testing.assert_array_equal(cp.asnumpy(x), np.full(257, 2 * 299 + 1, np.float32))
-            s.begin_capture()
-            try:
+
+            def record() -> None:
                 with minincl.group():
                     for c in comms:
                         c.allreduce(xs[c.rank])
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    s.end_capture()
-                raise
-            graph = s.end_capture()
+
+            graph = captured(s, record)
             for _ in range(3):
                 graph.launch(stream=s)
             s.synchronize()
@@ -992,6 +1002,11 @@ def test_call_timeout_lets_finished_kernels_and_graphs_be(cp: Any) -> None:
     finally:
         for c in comms:
             c.destroy()
+
+
+def two_ranks_filled(cp: Any, count: int, scale: int) -> list[Any]:
+    """Rank r's array: count float32 elements of scale * (r + 1), for ranks 0 and 1."""
+    return [cp.full(count, scale * (r + 1), cp.float32) for r in range(2)]
 
 
 def test_global_mode_capture_beside_a_watched_kernel(cp: Any) -> None:
@@ -1008,22 +1023,19 @@ def test_global_mode_capture_beside_a_watched_kernel(cp: Any) -> None:
         capturing = cp.cuda.Stream(non_blocking=True)
         count = 1000  # (every call the same: the ranks make them in different orders)
         with capturing:
-            xs = [cp.full(count, r + 1, cp.float32) for r in range(2)]
-            ys = [cp.full(count, 10 * (r + 1), cp.float32) for r in range(2)]
+            xs = two_ranks_filled(cp, count, 1)
+            ys = two_ranks_filled(cp, count, 10)
         capturing.synchronize()
         c0.allreduce(xs[0], stream=waiting[0])  # queued; waits for rank 1, watched meanwhile
         time.sleep(0.05)
-        capturing.begin_capture(mode=cp.cuda.runtime.streamCaptureModeGlobal)
-        try:
+
+        def record() -> None:
             with minincl.group():
                 for c in comms:
                     c.allreduce(ys[c.rank], stream=capturing)
             time.sleep(0.2)  # ~20 monitor ticks, each querying the waiting kernel's event
-        except BaseException:
-            with contextlib.suppress(Exception):
-                capturing.end_capture()
-            raise
-        graph = capturing.end_capture()
+
+        graph = captured(capturing, record, mode=cp.cuda.runtime.streamCaptureModeGlobal)
         c1.allreduce(xs[1], stream=waiting[1])
         for s in waiting:
             s.synchronize()
@@ -1051,21 +1063,18 @@ def test_a_capture_between_launches_keeps_them_in_order(cp: Any) -> None:
         capturing = cp.cuda.Stream(non_blocking=True)
         count = 4099  # (every call the same: the ranks make them in different orders)
         with capturing:
-            xs = [cp.full(count, r + 1, cp.float32) for r in range(2)]
-            ys = [cp.full(count, 10 * (r + 1), cp.float32) for r in range(2)]
-            gs = [cp.full(count, 100 * (r + 1), cp.float32) for r in range(2)]
+            xs = two_ranks_filled(cp, count, 1)
+            ys = two_ranks_filled(cp, count, 10)
+            gs = two_ranks_filled(cp, count, 100)
         capturing.synchronize()
         c0.allreduce(xs[0], stream=first[0])
-        capturing.begin_capture()
-        try:
+
+        def record() -> None:
             with minincl.group():
                 for c in comms:
                     c.allreduce(gs[c.rank], stream=capturing)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                capturing.end_capture()
-            raise
-        graph = capturing.end_capture()
+
+        graph = captured(capturing, record)
         c0.allreduce(ys[0], stream=third[0])
         time.sleep(0.05)
         c1.allreduce(xs[1], stream=first[1])
