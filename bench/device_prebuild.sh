@@ -9,7 +9,7 @@
 #
 # The GPU machine runs Python 3.12 (see the device tool's KINDS.md); the extension module must
 # be built for the same minor version. Needs nvcc, cmake, ninja and pybind11 for that Python.
-# MININCL_PREBUILD_TRACE=1 also builds minincl-perf-trace (-DMININCL_GPU_TRACE=ON, integer and
+# MININCL_PREBUILD_TRACE=1 also builds a trace minincl-perf, trace/ (-DMININCL_GPU_TRACE=ON, integer and
 # float32 kernels only): the device check then times the points inside an 8-byte allreduce's
 # kernel (a few more minutes here).
 set -euo pipefail
