@@ -578,7 +578,9 @@ class PyComm {
     const StreamGetter& g = streamGetterFor(like);
     auto handle = [](py::handle h) { return reinterpret_cast<void*>(h.cast<uintptr_t>()); };
     switch (g.kind) {
-      case StreamGetter::cupy: return handle(g.fn().attr("ptr"));
+      // (The communicator's device's current stream: CuPy keeps one per device, and the
+      // current device may be another.)
+      case StreamGetter::cupy: return handle(g.fn(device).attr("ptr"));
       case StreamGetter::torchRaw: return handle(g.fn(device));
       case StreamGetter::torch: return handle(g.fn(device).attr("cuda_stream"));
       default: break;
