@@ -8,7 +8,7 @@ See the README for the full tour.
 """
 
 from . import errors
-from ._c_library import get_include, get_library_dir
+from ._c_library import get_cmake_dir, get_include, get_library_dir
 from ._comm import (
     Communicator,
     LaunchError,
@@ -42,6 +42,7 @@ __all__ = [
     "Work",
     "build_info",
     "errors",
+    "get_cmake_dir",
     "get_include",
     "get_library_dir",
     "get_unique_id",

@@ -1,7 +1,7 @@
 """Where the C API lives in an installed package: minincl.h under include/, libminincl.so
-under lib/, and the nccl-tests-style benchmark on it, bin/minincl-perf. The Python module runs
-on the same library, so a C or C++ program built against it runs the very runtime the package
-was built with."""
+under lib/ with a CMake package for it under lib/cmake/minincl, and the nccl-tests-style
+benchmark on it, bin/minincl-perf. The Python module runs on the same library, so a C or C++
+program built against it runs the very runtime the package was built with."""
 
 from __future__ import annotations
 
@@ -23,6 +23,11 @@ def get_library_dir() -> str:
 def library_path() -> str:
     """libminincl.so itself (what ctypes.CDLL opens to call the C API from Python)."""
     return str(_PACKAGE / "lib" / "libminincl.so")
+
+
+def get_cmake_dir() -> str:
+    """The directory holding minincl-config.cmake (for find_package(minincl) as minincl_DIR)."""
+    return str(_PACKAGE / "lib" / "cmake" / "minincl")
 
 
 def compile_flags() -> list[str]:

@@ -24,9 +24,12 @@ def _info(_: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
+    if args.cmake:
+        print(_c_library.get_cmake_dir())
+        return 0
     flags = (_c_library.compile_flags() if args.cflags else []) + (_c_library.link_flags() if args.libs else [])
     if not flags:
-        print("minincl config: ask for --cflags, --libs or both", file=sys.stderr)
+        print("minincl config: ask for --cflags, --libs (or both), or --cmake", file=sys.stderr)
         return 2
     print(" ".join(flags))
     return 0
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p_config = sub.add_parser("config", help="compiler and linker flags for C and C++ programs on the C API")
     p_config.add_argument("--cflags", action="store_true", help="where minincl.h is (-I)")
     p_config.add_argument("--libs", action="store_true", help="how to link libminincl.so (-L, run path, -l)")
+    p_config.add_argument("--cmake", action="store_true", help="the directory for find_package(minincl) (minincl_DIR)")
     p_config.set_defaults(func=_config)
     args = parser.parse_args(argv)
     try:

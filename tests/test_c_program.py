@@ -1,8 +1,9 @@
 """The C API as a C or C++ program sees it after `pip install`: tests/c_program.c compiled with
-the flags `minincl config --cflags --libs` prints, against the package's minincl.h and
-libminincl.so, run as processes (one per rank); what every rank received is checked against
-NumPy. Also: every function minincl.h declares is exported by the library, and the library
-keeps CUDA's runtime to itself."""
+the flags `minincl config --cflags --libs` prints (as C and as C++), and by a CMake project
+through find_package(minincl), against the package's minincl.h and libminincl.so, run as
+processes (one per rank); what every rank received is checked against NumPy. Also: every
+function minincl.h declares is exported by the library, and the library keeps CUDA's runtime
+to itself."""
 
 from __future__ import annotations
 
@@ -32,18 +33,48 @@ def config_flags(cwd: Path, *which: str) -> list[str]:
     return out.split()
 
 
-@pytest.fixture(scope="module", params=sorted(COMPILERS))
-def program(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    compiler = COMPILERS[request.param]
-    if shutil.which(compiler[0]) is None:
-        pytest.skip(f"no {compiler[0]} on this machine")
-    build_dir = tmp_path_factory.mktemp(f"build_{request.param}")
+CMAKE_PROJECT = """cmake_minimum_required(VERSION 3.16)
+project(c_program C)
+find_package(minincl {version} CONFIG REQUIRED)
+add_executable(c_program {source})
+target_link_libraries(c_program PRIVATE minincl::minincl)
+"""
+
+
+def build_with_compiler(build_dir: Path, compiler: list[str]) -> Path:
     exe = build_dir / "c_program"
     cmd = [*compiler, "-Wall", "-Werror", *config_flags(build_dir, "--cflags"), str(SOURCE), "-o", str(exe)]
     cmd += config_flags(build_dir, "--libs")
     build = subprocess.run(cmd, capture_output=True, text=True, cwd=build_dir)
     assert build.returncode == 0, f"{' '.join(cmd)}\n{build.stderr}"
     return exe
+
+
+def build_with_cmake(build_dir: Path) -> Path:
+    """A CMake project that finds minincl as `minincl config --cmake` says."""
+    (build_dir / "CMakeLists.txt").write_text(
+        CMAKE_PROJECT.format(version=minincl.__version__, source=SOURCE.as_posix())
+    )
+    (cmake_dir,) = config_flags(build_dir, "--cmake")
+    for cmd in (
+        ["cmake", "-S", ".", "-B", "build", f"-Dminincl_DIR={cmake_dir}", "-DCMAKE_C_FLAGS=-Wall -Werror"],
+        ["cmake", "--build", "build"],
+    ):
+        step = subprocess.run(cmd, capture_output=True, text=True, cwd=build_dir, timeout=300)
+        assert step.returncode == 0, f"{' '.join(cmd)}\n{step.stdout}\n{step.stderr}"
+    return build_dir / "build" / "c_program"
+
+
+@pytest.fixture(scope="module", params=[*sorted(COMPILERS), "cmake"])
+def program(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """c_program.c built with cc, c++ or a CMake project (find_package(minincl))."""
+    tool = COMPILERS[request.param][0] if request.param in COMPILERS else "cmake"
+    if shutil.which(tool) is None:
+        pytest.skip(f"no {tool} on this machine")
+    build_dir = tmp_path_factory.mktemp(f"build_{request.param.replace('+', 'p')}")
+    if request.param == "cmake":
+        return build_with_cmake(build_dir)
+    return build_with_compiler(build_dir, COMPILERS[request.param])
 
 
 def inputs(nranks: int, count: int) -> np.ndarray:
