@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 
 #include "../enqueue/enqueue.h"
@@ -77,8 +78,12 @@ dev::ProtoSizes protoSizesFromEnv(bool onGpu) {
 Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommOptions& options)
     : rank_(rank), nranks_(nranks), device_(device), options_(options) {
 #if defined(MININCL_HAVE_CUDA)
+  // Init works on the communicator's GPU; the caller's current device is theirs again after
+  // (as NCCL's init leaves it). Calls and destroy make the GPU current where they need it.
+  std::optional<gpu::DeviceScope> onDevice;
   if (onGpu()) {
-    gpu::useDevice(device);
+    gpu::checkUsable(device);
+    onDevice.emplace(device);
     abortPinned_ = std::make_unique<gpu::HostMapped>(sizeof(uint32_t));
     abort_ = static_cast<uint32_t*>(abortPinned_->host());
   }
@@ -582,6 +587,10 @@ Comm::Stats Comm::stats() {
 }
 
 Comm::~Comm() {
+#if defined(MININCL_HAVE_CUDA)
+  std::optional<gpu::DeviceScope> onDevice;  // (its GPU's streams and memory are freed there)
+  if (onGpu()) onDevice.emplace(device_, std::nothrow);
+#endif
   leave();
   // A kernel still waiting on peers that will never come would block freeing the device
   // memory below (it synchronises the device): give it MININCL_TIMEOUT, then stop it.

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <memory>
+#include <new>
 #include <vector>
 
 #include "../../cuda/channel.h"
@@ -132,8 +133,8 @@ class GpuComm {
 // on each other.
 void preloadKernels();
 
-// Makes `device` current on this thread after checking it exists.
-void useDevice(int device);
+// Throws, naming the device, unless `device` is a usable GPU of this process.
+void checkUsable(int device);
 
 // Makes a communicator's GPU current for a scope, and the caller's one again after.
 class DeviceScope {
@@ -141,6 +142,11 @@ class DeviceScope {
   explicit DeviceScope(int device) {
     cudaGetDevice(&previous_);
     if (previous_ != device) MNCL_CUDA_CHECK(cudaSetDevice(device));
+  }
+  // Where nothing may throw (destructors): a device that cannot be made current is left as is.
+  DeviceScope(int device, std::nothrow_t) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device && cudaSetDevice(device) != cudaSuccess) cudaGetLastError();
   }
   ~DeviceScope() { cudaSetDevice(previous_); }
 
