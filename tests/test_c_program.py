@@ -2,8 +2,8 @@
 the flags `minincl config --cflags --libs` prints (as C and as C++), and by a CMake project
 through find_package(minincl), against the package's minincl.h and libminincl.so, run as
 processes (one per rank); what every rank received is checked against NumPy. Also: every
-function minincl.h declares is exported by the library, and the library keeps CUDA's runtime
-to itself."""
+function minincl.h declares is exported by the library, the Python module runs on that library,
+and the library keeps CUDA's runtime to itself."""
 
 from __future__ import annotations
 
@@ -134,3 +134,15 @@ def test_the_library_keeps_cudas_runtime_to_itself():
     exported = [line.split()[-1] for line in symbols.stdout.splitlines() if line.strip()]
     assert any(name == "mnclAllReduce" for name in exported)
     assert [name for name in exported if name.startswith(("cuda", "__cuda"))] == []
+
+
+def test_the_python_module_runs_on_the_library():
+    """One copy of the runtime in a process: the module needs libminincl.so and defines none of
+    the C API itself."""
+    if shutil.which("readelf") is None or shutil.which("nm") is None:
+        pytest.skip("no readelf / nm on this machine")
+    module = minincl._core.__file__
+    needed = subprocess.run(["readelf", "-d", module], capture_output=True, text=True, check=True).stdout
+    assert "[libminincl.so]" in needed, needed
+    symbols = subprocess.run(["nm", "-D", "--defined-only", module], capture_output=True, text=True, check=True)
+    assert [line for line in symbols.stdout.splitlines() if " mncl" in line] == []
