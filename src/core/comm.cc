@@ -78,12 +78,11 @@ dev::ProtoSizes protoSizesFromEnv(bool onGpu) {
 Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommOptions& options)
     : rank_(rank), nranks_(nranks), device_(device), options_(options) {
 #if defined(MININCL_HAVE_CUDA)
-  // Init works on the communicator's GPU; the caller's current device is theirs again after
-  // (as NCCL's init leaves it). Calls and destroy make the GPU current where they need it.
-  std::optional<gpu::DeviceScope> onDevice;
+  // Init leaves the communicator's GPU current. (Giving the caller's back is no kindness where
+  // the caller never chose one: CUDA reports device 0 then, and since CUDA 12 making it current
+  // makes a context there, hundreds of MB on a GPU this process may never use.)
   if (onGpu()) {
-    gpu::checkUsable(device);
-    onDevice.emplace(device);
+    gpu::useDevice(device);
     abortPinned_ = std::make_unique<gpu::HostMapped>(sizeof(uint32_t));
     abort_ = static_cast<uint32_t*>(abortPinned_->host());
   }

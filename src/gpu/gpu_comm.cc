@@ -93,11 +93,12 @@ HostMapped::~HostMapped() { cudaFreeHost(host_); }
 
 void preloadKernels() { MNCL_CUDA_CHECK(dev::preloadKernels()); }
 
-void checkUsable(int device) {
+void useDevice(int device) {
   int n = usableDeviceCount();
   MNCL_CHECK(n > 0, mnclInvalidArgument, "device cuda:" + std::to_string(device) + ": no usable CUDA GPU (no driver or no device)");
   MNCL_CHECK(device < n, mnclInvalidArgument,
         "device cuda:" + std::to_string(device) + " does not exist: this process sees " + std::to_string(n) + " GPU(s)");
+  MNCL_CUDA_CHECK(cudaSetDevice(device));
 }
 
 void enablePeerAccess(int device, int peer) {

@@ -133,8 +133,8 @@ class GpuComm {
 // on each other.
 void preloadKernels();
 
-// Throws, naming the device, unless `device` is a usable GPU of this process.
-void checkUsable(int device);
+// Makes `device` current on this thread after checking it exists.
+void useDevice(int device);
 
 // Makes a communicator's GPU current for a scope, and the caller's one again after.
 class DeviceScope {
