@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <optional>
 #include <random>
 
 #include "../enqueue/enqueue.h"
@@ -586,10 +585,6 @@ Comm::Stats Comm::stats() {
 }
 
 Comm::~Comm() {
-#if defined(MININCL_HAVE_CUDA)
-  std::optional<gpu::DeviceScope> onDevice;  // (its GPU's streams and memory are freed there)
-  if (onGpu()) onDevice.emplace(device_, std::nothrow);
-#endif
   leave();
   // A kernel still waiting on peers that will never come would block freeing the device
   // memory below (it synchronises the device): give it MININCL_TIMEOUT, then stop it.

@@ -10,7 +10,6 @@
 
 #include <atomic>
 #include <memory>
-#include <new>
 #include <vector>
 
 #include "../../cuda/channel.h"
@@ -142,11 +141,6 @@ class DeviceScope {
   explicit DeviceScope(int device) {
     cudaGetDevice(&previous_);
     if (previous_ != device) MNCL_CUDA_CHECK(cudaSetDevice(device));
-  }
-  // Where nothing may throw (destructors): a device that cannot be made current is left as is.
-  DeviceScope(int device, std::nothrow_t) {
-    cudaGetDevice(&previous_);
-    if (previous_ != device && cudaSetDevice(device) != cudaSuccess) cudaGetLastError();
   }
   ~DeviceScope() { cudaSetDevice(previous_); }
 
