@@ -1,8 +1,10 @@
 // The C API: thin wrappers that turn exceptions into mnclResult_t and keep the message.
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <shared_mutex>
@@ -33,10 +35,22 @@ struct PreMulSumOp {
 // (nonblocking init, or a mnclCommInitRank* inside a group, run together at the group's end).
 enum class Init { ready, running, failed };
 
+// How an init on a thread of its own ended, shared by its handle and by the group end that
+// waits for it: that wait must not touch the handle, which another thread may destroy or
+// abort meanwhile (only destroy joins the init's thread).
+struct InitOutcome {
+  std::mutex mutex;
+  std::condition_variable ended;
+  bool done = false;
+  mnclResult_t error = mnclSuccess;
+  std::string message;
+};
+
 struct mnclComm {
   std::unique_ptr<Comm> impl;
   std::atomic<Init> init{Init::ready};
-  std::thread initThread;  // (joined before the communicator is freed)
+  std::thread initThread;  // (joined by destroy / abort, before the communicator is freed)
+  std::shared_ptr<InitOutcome> outcome;  // an init on initThread
   std::atomic<bool> cancelInit{false};  // set by destroy / abort: stops init's socket waits
   mnclResult_t initError = mnclSuccess;  // Init::failed: why (written before `init`)
   std::string initMessage;
@@ -83,7 +97,7 @@ Comm& use(mnclComm_t comm) {
 }
 
 // Communicators whose init this thread's open group started; its end waits for them.
-thread_local std::vector<mnclComm_t> tlsGroupInits;
+thread_local std::vector<std::pair<mnclComm_t, std::shared_ptr<InitOutcome>>> tlsGroupInits;
 
 // The communicators this thread's open group recorded calls on, each held (inUse) until the
 // group ends.
@@ -119,7 +133,7 @@ void release(mnclComm_t comm) {
     comm->cancelInit.store(true, std::memory_order_release);  // (an init waiting for peers stops)
     comm->initThread.join();
   }
-  std::erase(tlsGroupInits, comm);
+  std::erase_if(tlsGroupInits, [comm](const auto& started) { return started.first == comm; });
   std::erase_if(tlsGroupHeld, [comm](const auto& held) { return held.first == comm; });
   groupForget(comm->impl.get());
   {
@@ -177,7 +191,8 @@ bool initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank
   }
   mnclComm* handle = c.get();
   handle->init.store(Init::running, std::memory_order_relaxed);
-  handle->initThread = std::thread([handle, id, rank, nranks, device, options] {
+  handle->outcome = std::make_shared<InitOutcome>();
+  handle->initThread = std::thread([handle, outcome = handle->outcome, id, rank, nranks, device, options] {
     WaitCancel cancel(&handle->cancelInit);
     mnclResult_t code = guarded([&] { handle->impl = std::make_unique<Comm>(id, rank, nranks, device, options); });
     if (code != mnclSuccess) {
@@ -185,22 +200,30 @@ bool initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank
       handle->initMessage = threadLastError();
     }
     handle->init.store(code == mnclSuccess ? Init::ready : Init::failed, std::memory_order_release);
+    std::lock_guard<std::mutex> lock(outcome->mutex);
+    outcome->done = true;
+    outcome->error = code;
+    outcome->message = handle->initMessage;
+    outcome->ended.notify_all();
   });
   *comm = c.release();
-  if (groupDepth() > 0) tlsGroupInits.push_back(*comm);
+  if (groupDepth() > 0) tlsGroupInits.emplace_back(*comm, (*comm)->outcome);
   return true;
 }
 
 // The end of the outermost group: waits for the inits it started; the first that failed (in
 // the order they were called) is the group's error.
 mnclResult_t awaitGroupInits() {
-  std::vector<mnclComm_t> inits;
+  std::vector<std::pair<mnclComm_t, std::shared_ptr<InitOutcome>>> inits;
   inits.swap(tlsGroupInits);
-  for (mnclComm_t c : inits) c->initThread.join();
-  for (mnclComm_t c : inits) {
-    if (c->init.load(std::memory_order_acquire) == Init::failed) {
-      setThreadLastError("a communicator's init in this group failed: " + c->initMessage);
-      return c->initError;
+  for (auto& [handle, outcome] : inits) {
+    std::unique_lock<std::mutex> lock(outcome->mutex);
+    outcome->ended.wait(lock, [&] { return outcome->done; });
+  }
+  for (auto& [handle, outcome] : inits) {
+    if (outcome->error != mnclSuccess) {
+      setThreadLastError("a communicator's init in this group failed: " + outcome->message);
+      return outcome->error;
     }
   }
   return mnclSuccess;
@@ -356,6 +379,11 @@ mnclResult_t mnclCommAbort(mnclComm_t comm) {
 mnclResult_t mnclCommFinalize(mnclComm_t comm) {
   return guarded([&] {
     Comm& cm = use(comm);
+    for (const auto& held : tlsGroupHeld) {
+      MNCL_CHECK(held.first != comm, mnclInvalidUsage,
+                 "this thread's open group holds calls on the communicator: end the group (mnclGroupEnd) "
+                 "before finalizing it");
+    }
     std::shared_lock<std::shared_timed_mutex> hold(comm->inUse);
     comm->finalized.store(true, std::memory_order_release);
     cm.awaitQueuedWork();

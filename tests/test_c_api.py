@@ -308,6 +308,67 @@ def test_destroy_or_abort_stops_a_nonblocking_init_waiting_for_its_peers(
     assert time.monotonic() - start < 5
 
 
+@pytest.mark.parametrize("when", ["before the group ends", "while the group ends"])
+def test_a_watchdog_aborts_a_group_init(lib: Any, monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """Rank 0's mnclCommInitRank inside a group whose rank 1 never comes; another thread aborts
+    the handle before mnclGroupEnd, or while mnclGroupEnd waits for that init. Both return
+    within seconds (the abort stops the init), the group's end with the init's error, and
+    nothing touches the freed handle (the group waited on it, joined its thread, or read its
+    outcome from it before: a crash, a hang, or garbage)."""
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "60")
+    uid = UniqueId()
+    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == 0
+    comm = ctypes.c_void_p()
+    assert lib.mnclGroupStart() == 0
+    assert lib.mnclCommInitRank(ctypes.byref(comm), 2, uid, 0) == 0
+    aborted: list[tuple[int, float]] = []
+
+    def watchdog() -> None:
+        if when == "while the group ends":
+            time.sleep(0.5)
+        start = time.monotonic()
+        rc = lib.mnclCommAbort(comm)
+        aborted.append((rc, time.monotonic() - start))
+
+    thread = threading.Thread(target=watchdog)
+    thread.start()
+    if when == "before the group ends":
+        thread.join(10)
+    start = time.monotonic()
+    rc = lib.mnclGroupEnd()
+    group_end = time.monotonic() - start
+    why = lib.mnclGetLastError(None).decode()
+    thread.join(10)
+    assert not thread.is_alive(), "mnclCommAbort still waits"
+    assert aborted and aborted[0][0] == 0 and aborted[0][1] < 5, aborted
+    assert rc != 0 and group_end < 5, (rc, group_end)
+    assert "a communicator's init in this group failed" in why, why
+
+
+def test_finalize_refuses_a_communicator_this_threads_group_holds(lib: Any) -> None:
+    """Finalize inside an open group that recorded calls on the communicator would return
+    before those calls ran (they run at the group's end): refused, saying to end the group
+    first; the group then runs its calls, and finalize works after it."""
+    arr = (ctypes.c_void_p * 2)()
+    assert lib.mnclCommInitAll(arr, 2, None) == 0
+    comms = [ctypes.c_void_p(arr[r]) for r in range(2)]
+    try:
+        xs = [np.full(1009, r + 1, np.float32) for r in range(2)]
+        assert lib.mnclGroupStart() == 0
+        for x, c in zip(xs, comms):
+            p = x.ctypes.data_as(ctypes.c_void_p)
+            assert lib.mnclAllReduce(p, p, ctypes.c_size_t(1009), FLOAT32, SUM, c, None) == 0
+        assert lib.mnclCommFinalize(comms[0]) == MNCL_INVALID_USAGE
+        assert "end the group (mnclGroupEnd) before finalizing" in lib.mnclGetLastError(None).decode()
+        assert lib.mnclGroupEnd() == 0, lib.mnclGetLastError(None)
+        for x in xs:
+            np.testing.assert_array_equal(x, np.full(1009, 3, np.float32))
+        for c in comms:
+            assert lib.mnclCommFinalize(c) == 0
+    finally:
+        destroy(lib, comms)
+
+
 def test_finalize_then_no_more_operations(lib: Any) -> None:
     arr = (ctypes.c_void_p * 2)()
     assert lib.mnclCommInitAll(arr, 2, None) == 0
