@@ -51,7 +51,9 @@ struct mnclComm {
   std::atomic<Init> init{Init::ready};
   std::thread initThread;  // (joined by destroy / abort, before the communicator is freed)
   std::shared_ptr<InitOutcome> outcome;  // an init on initThread
-  std::atomic<bool> cancelInit{false};  // set by destroy / abort: stops init's socket waits
+  // Set by destroy / abort: stops the socket waits of init and of a split (mnclCommSplit)
+  // waiting for its peers.
+  std::atomic<bool> cancelWaits{false};
   mnclResult_t initError = mnclSuccess;  // Init::failed: why (written before `init`)
   std::string initMessage;
   std::mutex opsMutex;
@@ -130,7 +132,7 @@ class CallHold {
 // waiting for its peers after MININCL_TIMEOUT is stopped (mnclAborted): a destroy must not hang.
 void release(mnclComm_t comm) {
   if (comm->initThread.joinable()) {
-    comm->cancelInit.store(true, std::memory_order_release);  // (an init waiting for peers stops)
+    comm->cancelWaits.store(true, std::memory_order_release);  // (an init waiting for peers stops)
     comm->initThread.join();
   }
   std::erase_if(tlsGroupInits, [comm](const auto& started) { return started.first == comm; });
@@ -140,6 +142,7 @@ void release(mnclComm_t comm) {
     auto until = Monitor::timeoutFromNow();
     std::unique_lock<std::shared_timed_mutex> exclusive(comm->inUse, std::defer_lock);
     if (!exclusive.try_lock_until(until)) {
+      comm->cancelWaits.store(true, std::memory_order_release);  // (a split still waiting stops too)
       if (comm->impl) comm->impl->stopCallsForDestroy();
       exclusive.lock();
     }
@@ -193,7 +196,7 @@ bool initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank
   handle->init.store(Init::running, std::memory_order_relaxed);
   handle->outcome = std::make_shared<InitOutcome>();
   handle->initThread = std::thread([handle, outcome = handle->outcome, id, rank, nranks, device, options] {
-    WaitCancel cancel(&handle->cancelInit);
+    WaitCancel cancel(&handle->cancelWaits);
     mnclResult_t code = guarded([&] { handle->impl = std::make_unique<Comm>(id, rank, nranks, device, options); });
     if (code != mnclSuccess) {
       handle->initError = code;
@@ -350,8 +353,12 @@ mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newc
     *newcomm = nullptr;
     CallHold hold(comm);
     Comm& parent = hold.comm();
+    WaitCancel cancel(&comm->cancelWaits);  // (abort stops the rendezvous and the new comm's init)
     // (Checked before the rendezvous: a rank that failed here would leave the others waiting.)
     CommOptions options = config ? optionsFrom(static_cast<const mnclConfig_t*>(config)) : parent.options();
+    MNCL_CHECK(!config || static_cast<const mnclConfig_t*>(config)->blocking != 0, mnclInvalidArgument,
+               "config.blocking = 0: minincl's split always blocks; set blocking to 1 (or leave it undefined), "
+               "and split ranks of one process from threads of their own");
     int n = 0, r = 0;
     UniqueIdData id{};
     if (!parent.splitInfo(color, key, &n, &r, &id)) return;
@@ -370,7 +377,9 @@ mnclResult_t mnclCommDestroy(mnclComm_t comm) {
 mnclResult_t mnclCommAbort(mnclComm_t comm) {
   return guarded([&] {
     if (!comm) return;
-    // (Calls in flight raise, and let go. An init still running has none: release waits for it.)
+    // (Calls in flight raise, and let go; so does a split waiting for its peers. An init still
+    // running has none: release stops it and waits for it.)
+    comm->cancelWaits.store(true, std::memory_order_release);
     if (comm->init.load(std::memory_order_acquire) == Init::ready && comm->impl) comm->impl->abort();
     release(comm);
   });

@@ -21,7 +21,7 @@ import pytest
 
 import minincl
 
-MNCL_INVALID_ARGUMENT, MNCL_INVALID_USAGE, MNCL_IN_PROGRESS = 4, 5, 7
+MNCL_INVALID_ARGUMENT, MNCL_INVALID_USAGE, MNCL_IN_PROGRESS, MNCL_ABORTED = 4, 5, 7, 9
 MISSING_RANK = "only 1 of 2 ranks joined before the bootstrap timeout; missing ranks: 1"
 FLOAT32, SUM = 7, 0
 UNDEF = -(2**31)  # MNCL_CONFIG_UNDEF_INT
@@ -343,6 +343,46 @@ def test_a_watchdog_aborts_a_group_init(lib: Any, monkeypatch: pytest.MonkeyPatc
     assert aborted and aborted[0][0] == 0 and aborted[0][1] < 5, aborted
     assert rc != 0 and group_end < 5, (rc, group_end)
     assert "a communicator's init in this group failed" in why, why
+
+
+def test_abort_stops_a_split_waiting_for_a_rank_that_never_splits(lib: Any) -> None:
+    """Rank 0 calls mnclCommSplit on a thread; rank 1 never does. Another thread's
+    mnclCommAbort stops the split (mnclAborted) at once, instead of after the bootstrap's
+    timeout (59.5 s before, then mnclTimeout)."""
+    arr = (ctypes.c_void_p * 2)()
+    assert lib.mnclCommInitAll(arr, 2, None) == 0
+    c0, c1 = ctypes.c_void_p(arr[0]), ctypes.c_void_p(arr[1])
+    new = ctypes.c_void_p()
+    split: list[int] = []
+    thread = threading.Thread(target=lambda: split.append(lib.mnclCommSplit(c0, 0, 0, ctypes.byref(new), None)))
+    try:
+        thread.start()
+        time.sleep(0.5)
+        start = time.monotonic()
+        assert lib.mnclCommAbort(c0) == 0
+        took = time.monotonic() - start
+        thread.join(10)
+        assert not thread.is_alive() and split == [MNCL_ABORTED] and took < 5, (split, took)
+        assert not new
+    finally:
+        lib.mnclCommDestroy(c1)
+
+
+def test_split_refuses_a_nonblocking_config(lib: Any) -> None:
+    """A split always blocks: a config asking otherwise is refused before the rendezvous (one
+    thread splitting several ranks would wait for the others for ever)."""
+    arr = (ctypes.c_void_p * 2)()
+    assert lib.mnclCommInitAll(arr, 2, None) == 0
+    comms = [ctypes.c_void_p(arr[r]) for r in range(2)]
+    try:
+        new = ctypes.c_void_p()
+        cfg = config(blocking=0)
+        assert lib.mnclCommSplit(comms[0], 0, 0, ctypes.byref(new), ctypes.byref(cfg)) == MNCL_INVALID_ARGUMENT
+        assert "split always blocks" in lib.mnclGetLastError(None).decode()
+        assert not new
+        allreduce_all(lib, comms, 1009)  # (nothing was left half done)
+    finally:
+        destroy(lib, comms)
 
 
 def test_finalize_refuses_a_communicator_this_threads_group_holds(lib: Any) -> None:

@@ -144,7 +144,9 @@ mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist);
 /* The ranks of comm that pass the same color form a new communicator, ranked by (key, old
  * rank). Collective over comm. color MNCL_SPLIT_NOCOLOR: this rank joins none and gets NULL.
  * config (an mnclConfig_t*) NULL: the new communicator takes comm's config; otherwise that
- * config (its undefined fields: the defaults). It is on comm's device. */
+ * config (its undefined fields: the defaults; blocking = 0 is refused: a split always blocks).
+ * It is on comm's device. mnclCommAbort(comm) from another thread stops a split still waiting
+ * for its peers (it returns mnclAborted). */
 #define MNCL_SPLIT_NOCOLOR (-1)
 mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newcomm, void* config);
 /* Destroy waits for calls running on comm in other threads to end (stopping one still
