@@ -1,7 +1,6 @@
 // The C API: thin wrappers that turn exceptions into mnclResult_t and keep the message.
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstring>
 #include <memory>
@@ -17,6 +16,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "core/monitor.h"
+#include "core/outcome.h"
 #include "enqueue/enqueue.h"
 #include "gpu/cuda_api.h"
 #include "minincl.h"
@@ -35,22 +35,14 @@ struct PreMulSumOp {
 // (nonblocking init, or a mnclCommInitRank* inside a group, run together at the group's end).
 enum class Init { ready, running, failed };
 
-// How an init on a thread of its own ended, shared by its handle and by the group end that
-// waits for it: that wait must not touch the handle, which another thread may destroy or
-// abort meanwhile (only destroy joins the init's thread).
-struct InitOutcome {
-  std::mutex mutex;
-  std::condition_variable ended;
-  bool done = false;
-  mnclResult_t error = mnclSuccess;
-  std::string message;
-};
-
 struct mnclComm {
   std::unique_ptr<Comm> impl;
   std::atomic<Init> init{Init::ready};
   std::thread initThread;  // (joined by destroy / abort, before the communicator is freed)
-  std::shared_ptr<InitOutcome> outcome;  // an init on initThread
+  // How an init on initThread ended, shared with the group end that waits for it: that wait
+  // must not touch the handle, which another thread may destroy or abort meanwhile (only
+  // destroy / abort joins the init's thread).
+  std::shared_ptr<Outcome> outcome;
   // Set by destroy / abort: stops the socket waits of init and of a split (mnclCommSplit)
   // waiting for its peers.
   std::atomic<bool> cancelWaits{false};
@@ -99,7 +91,7 @@ Comm& use(mnclComm_t comm) {
 }
 
 // Communicators whose init this thread's open group started; its end waits for them.
-thread_local std::vector<std::pair<mnclComm_t, std::shared_ptr<InitOutcome>>> tlsGroupInits;
+thread_local std::vector<std::pair<mnclComm_t, std::shared_ptr<Outcome>>> tlsGroupInits;
 
 // The communicators this thread's open group recorded calls on, each held (inUse) until the
 // group ends.
@@ -194,7 +186,7 @@ bool initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank
   }
   mnclComm* handle = c.get();
   handle->init.store(Init::running, std::memory_order_relaxed);
-  handle->outcome = std::make_shared<InitOutcome>();
+  handle->outcome = std::make_shared<Outcome>();
   handle->initThread = std::thread([handle, outcome = handle->outcome, id, rank, nranks, device, options] {
     WaitCancel cancel(&handle->cancelWaits);
     mnclResult_t code = guarded([&] { handle->impl = std::make_unique<Comm>(id, rank, nranks, device, options); });
@@ -203,11 +195,7 @@ bool initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank
       handle->initMessage = threadLastError();
     }
     handle->init.store(code == mnclSuccess ? Init::ready : Init::failed, std::memory_order_release);
-    std::lock_guard<std::mutex> lock(outcome->mutex);
-    outcome->done = true;
-    outcome->error = code;
-    outcome->message = handle->initMessage;
-    outcome->ended.notify_all();
+    outcome->set(code, handle->initMessage);
   });
   *comm = c.release();
   if (groupDepth() > 0) tlsGroupInits.emplace_back(*comm, (*comm)->outcome);
@@ -217,16 +205,13 @@ bool initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank
 // The end of the outermost group: waits for the inits it started; the first that failed (in
 // the order they were called) is the group's error.
 mnclResult_t awaitGroupInits() {
-  std::vector<std::pair<mnclComm_t, std::shared_ptr<InitOutcome>>> inits;
+  std::vector<std::pair<mnclComm_t, std::shared_ptr<Outcome>>> inits;
   inits.swap(tlsGroupInits);
+  for (auto& [handle, outcome] : inits) outcome->wait();
   for (auto& [handle, outcome] : inits) {
-    std::unique_lock<std::mutex> lock(outcome->mutex);
-    outcome->ended.wait(lock, [&] { return outcome->done; });
-  }
-  for (auto& [handle, outcome] : inits) {
-    if (outcome->error != mnclSuccess) {
-      setThreadLastError("a communicator's init in this group failed: " + outcome->message);
-      return outcome->error;
+    if (outcome->code() != mnclSuccess) {
+      setThreadLastError("a communicator's init in this group failed: " + outcome->message());
+      return outcome->code();
     }
   }
   return mnclSuccess;

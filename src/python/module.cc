@@ -19,6 +19,7 @@
 #include "../core/comm.h"
 #include "../core/error.h"
 #include "../core/monitor.h"
+#include "../core/outcome.h"
 #include "../core/vector_isa.h"
 #include "../enqueue/enqueue.h"
 #include "../gpu/cuda_api.h"
@@ -60,35 +61,23 @@ py::object errorClass(mnclResult_t code) {
 
 // ---- asynchronous calls: run in order on one worker thread per communicator ----
 
-struct WorkState {
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool done = false;
-  mnclResult_t code = mnclSuccess;
-  std::string message;
-};
-
 class Work {
  public:
-  Work(std::shared_ptr<WorkState> s, py::object result, py::list keep)
+  Work(std::shared_ptr<Outcome> s, py::object result, py::list keep)
       : state_(std::move(s)), result_(std::move(result)), keep_(std::move(keep)) {}
   py::object wait() {
     {
       py::gil_scoped_release nogil;
-      std::unique_lock<std::mutex> lock(state_->mutex);
-      state_->cv.wait(lock, [&] { return state_->done; });
+      state_->wait();
     }
-    if (state_->code != mnclSuccess) raise(state_->code, state_->message);
+    if (state_->code() != mnclSuccess) raise(state_->code(), state_->message());
     return result_;
   }
-  bool isCompleted() {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    return state_->done;
-  }
+  bool isCompleted() { return state_->done(); }
   py::object result() { return result_; }
 
  private:
-  std::shared_ptr<WorkState> state_;
+  std::shared_ptr<Outcome> state_;
   py::object result_;
   py::list keep_;  // the arrays, alive until the work is gone
 };
@@ -103,8 +92,8 @@ class AsyncQueue {
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
   }
-  std::shared_ptr<WorkState> submit(std::function<void()> fn) {
-    auto st = std::make_shared<WorkState>();
+  std::shared_ptr<Outcome> submit(std::function<void()> fn) {
+    auto st = std::make_shared<Outcome>();
     std::lock_guard<std::mutex> lock(mutex_);
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     jobs_.emplace_back(std::move(fn), st);
@@ -144,13 +133,7 @@ class AsyncQueue {
         code = mnclInternalError;
         msg = e.what();
       }
-      {
-        std::lock_guard<std::mutex> l(st->mutex);
-        st->code = code;
-        st->message = msg;
-        st->done = true;
-      }
-      st->cv.notify_all();
+      st->set(code, std::move(msg));
       lock.lock();
       --pending_;
       cv_.notify_all();
@@ -158,7 +141,7 @@ class AsyncQueue {
   }
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<std::pair<std::function<void()>, std::shared_ptr<WorkState>>> jobs_;
+  std::deque<std::pair<std::function<void()>, std::shared_ptr<Outcome>>> jobs_;
   std::atomic<int> pending_{0};  // changed under mutex_
   bool stop_ = false;
   std::thread thread_;
