@@ -22,7 +22,7 @@ def get_library_dir() -> str:
 
 def library_path() -> str:
     """libminincl.so itself (what ctypes.CDLL opens to call the C API from Python)."""
-    return str(_PACKAGE / "lib" / "libminincl.so")
+    return str(Path(get_library_dir()) / "libminincl.so")
 
 
 def get_cmake_dir() -> str:

@@ -1,7 +1,7 @@
 """`minincl perf`: the nccl-tests-style benchmark on the C API that the package ships
 (minincl/bin/minincl-perf, linked against libminincl.so). Each run checks every result against
 the benchmark's own host reference (-c 1); here every table row must say 0 wrong elements, and
-there must be a row for every size asked for."""
+the rows must reach the largest size asked for."""
 
 from __future__ import annotations
 
