@@ -10,10 +10,13 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, Union
 
 from . import _core
 from .errors import Error, InvalidArgument, InvalidUsage
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Work = _core.Work
 get_unique_id = _core.get_unique_id
@@ -136,7 +139,7 @@ class Communicator(_core.Communicator):
                 raise e
         return [c for c in comms if c is not None]
 
-    def empty(self, shape: int | tuple[int, ...], dtype: Any = "float32") -> Any:
+    def empty(self, shape: int | tuple[int, ...], dtype: Any = "float32") -> np.ndarray[Any, Any]:
         """A NumPy array in this rank's window: shared memory every peer process maps, so that
         collectives read it straight from here instead of passing it through the FIFOs (one
         copy instead of two). Needs ``MININCL_WINDOW_BYTES`` set before the communicator is

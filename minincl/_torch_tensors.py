@@ -8,6 +8,7 @@ results back into the caller's tensor afterwards.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Union
 
 import torch
 from torch.distributed import ReduceOp
@@ -47,7 +48,7 @@ _BITWISE = ("band", "bor", "bxor")
 _BOOL_OPS = {"sum": "max", "prod": "min", "max": "max", "min": "min", "band": "band", "bor": "bor", "bxor": "bxor"}
 
 
-Op = str | PreMulSum  # what minincl's reducing calls take as op
+Op = Union[str, PreMulSum]  # what minincl's reducing calls take as op
 
 
 def op_name(op: object, call: str) -> Op:

@@ -29,7 +29,7 @@ Job = Callable[[], None]
 _LAZY = threading.Lock()
 
 
-class MinincclWork(dist._Work):  # type: ignore[misc, name-defined]
+class MinincclWork(dist._Work):
     """What an operation of the minincl process group returns.
 
     ``wait()`` blocks until the operation ran and re-raises its error (a ``minincl.RemoteError``
@@ -108,7 +108,7 @@ class MinincclWork(dist._Work):  # type: ignore[misc, name-defined]
         with _LAZY:
             made = self._future is None
             if made:
-                self._future = torch.futures.Future(devices=self._devices or None)
+                self._future = torch.futures.Future(devices=[*self._devices] if self._devices else None)
             future, done = self._future, self._done
         assert future is not None
         if made and done:  # (else _finish completes it)

@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+from types import FrameType
 from typing import Any, Callable
 
 import torch
@@ -35,13 +36,13 @@ from torch.distributed import ReduceOp
 from ._comm import Communicator, get_unique_id, group
 from ._core import build_info
 from ._torch_launch import LocalRunError, free_port, run_local
-from ._torch_tensors import Staged, as_bytes, op_name, reducible, stage
+from ._torch_tensors import Op, Staged, as_bytes, op_name, reducible, stage
 from ._torch_work import Lane, MinincclWork
 from .errors import InvalidUsage, Timeout
 
 BACKEND_NAME = "minincl"
 
-Body = Callable[[Communicator], None]
+Body = Callable[[Communicator], object]  # (what it returns is dropped)
 
 
 @dataclass
@@ -69,11 +70,15 @@ def _outputs_after(staged: list[Staged]) -> list[Callable[[], None]]:
     return [s.finish for s in staged if s.origin is not None]
 
 
-class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
-    """torch.distributed's view of a group of minincl communicators (one per device type)."""
+class ProcessGroupMinincl(dist.ProcessGroup):
+    """torch.distributed's view of a group of minincl communicators (one per device type).
+
+    (The `type: ignore[override]`s: torch's stubs give ProcessGroup's methods a second form,
+    (tensor, op), for Python callers; torch's dispatcher calls a backend with (tensors, opts).)
+    """
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta) -> None:
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # (torch's stub knows only (store, rank, size))
         self._store = store
         self._timeout = timeout
         self._group_name = ""  # (see getGroupName)
@@ -95,7 +100,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
         store_key = f"minincl/unique_id/{key}"
         if self.rank() == 0:
             uid = get_unique_id()
-            self._store.set(store_key, uid)
+            self._store.set(store_key, uid)  # type: ignore[arg-type]  # (a Store takes bytes too)
         else:
             uid = bytes(self._store.get(store_key))
         comm = Communicator(self.size(), uid, self.rank(), device=device)
@@ -217,7 +222,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
         call: str,
         tensors: list[torch.Tensor],
         opts: Any,
-        run: Callable[[Communicator, torch.Tensor, str], None],
+        run: Callable[[Communicator, torch.Tensor, Op], object],
     ) -> MinincclWork:
         name = op_name(opts.reduceOp if opts is not None else ReduceOp.SUM, call)
         staged = [stage(t) for t in tensors]
@@ -230,13 +235,13 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
 
         return self._new_op(call, tensors, tensors, body, _outputs_after(staged), opts=opts)
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> MinincclWork:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> MinincclWork:  # type: ignore[override]
         return self._reduce_op("allreduce", tensors, opts, lambda c, b, o: c.allreduce(b, op=o))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> MinincclWork:
         return self._reduce_op("allreduce_coalesced", tensors, opts, lambda c, b, o: c.allreduce(b, op=o))
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> MinincclWork:
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> MinincclWork:  # type: ignore[override]
         root = opts.rootRank
         return self._reduce_op("reduce", tensors, opts, lambda c, b, o: c.reduce(b, op=o, root=root))
 
@@ -263,7 +268,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
 
         return self._new_op(call, outputs + inputs, outputs, body, _outputs_after(outs), opts=opts)
 
-    def reduce_scatter(
+    def reduce_scatter(  # type: ignore[override]
         self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
     ) -> MinincclWork:
         out, parts = outputs[0], input_lists[0]
@@ -293,7 +298,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
 
     # ---- copies ----
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> MinincclWork:
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> MinincclWork:  # type: ignore[override]
         root = opts.rootRank if opts is not None else 0
         staged = [stage(t) for t in tensors]
         bufs = [as_bytes(s.buf) for s in staged]
@@ -321,7 +326,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
 
         return self._new_op("all_gather_into_tensor", outputs + inputs, outputs, body, _outputs_after(outs), opts=opts)
 
-    def allgather(
+    def allgather(  # type: ignore[override]
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
     ) -> MinincclWork:
         return self.allgather_coalesced(output_lists, inputs, opts)
@@ -383,7 +388,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
         body = _exchange(sends, recvs)
         return self._new_op("all_to_all", outputs + inputs, outputs, body, _outputs_after(outs), opts=opts)
 
-    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> MinincclWork:
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> MinincclWork:  # type: ignore[override]
         root, me = opts.rootRank, self.rank()
         outs = [stage(t) for t in output_lists[0]] if me == root else []
         send = as_bytes(stage(inputs[0], receives=False).buf)
@@ -397,7 +402,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
         outputs = output_lists[0] if me == root else []
         return self._new_op("gather", outputs + inputs, outputs, body, _outputs_after(outs), opts=opts)
 
-    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any) -> MinincclWork:
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any) -> MinincclWork:  # type: ignore[override]
         root, me = opts.rootRank, self.rank()
         out = stage(outputs[0])
         sends = [as_bytes(stage(t, receives=False).buf) for t in input_lists[0]] if me == root else []
@@ -476,9 +481,9 @@ class ProcessGroupMinincl(dist.ProcessGroup):  # type: ignore[misc]
     # ---- torch's other names for the same calls ----
 
     _allgather_base = all_gather_single
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
-    _reduce_scatter_base = reduce_scatter_single
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
 
     def alltoall_base(
         self,
@@ -599,9 +604,9 @@ def _other_backends_of_this_group() -> dict[str, str]:
     torch gives a backend's creator no such thing, so this reads torch's backend_config from the
     frame that calls the creator; {} where no such frame is found (a torch that works otherwise).
     """
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(4):
-        frame = frame.f_back
+        frame = frame.f_back if frame is not None else None
         if frame is None:
             return {}
         config = frame.f_locals.get("backend_config")
