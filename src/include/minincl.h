@@ -159,7 +159,8 @@ mnclResult_t mnclCommAbort(mnclComm_t comm);
 /* Waits until every operation on comm has finished (calls other threads are inside; on a GPU
  * also its last kernel) and returns the communicator's error, if it failed meanwhile. Afterwards comm takes no more operations (mnclInvalidUsage); the queries
  * and mnclCommDestroy still work. Called inside this thread's open group that holds calls on
- * comm: mnclInvalidUsage (end the group first). */
+ * comm: mnclInvalidUsage (end the group first). Calls that another thread's open group has
+ * recorded on comm are not waited for: as in NCCL, end every group on comm before finalizing. */
 mnclResult_t mnclCommFinalize(mnclComm_t comm);
 mnclResult_t mnclCommGetAsyncError(mnclComm_t comm, mnclResult_t* asyncError);
 mnclResult_t mnclCommCount(const mnclComm_t comm, int* count);
