@@ -158,7 +158,7 @@ class Lane:
         self._running = threading.Lock()  # held while a job runs, by whichever thread runs it
 
     def submit(self, job: Job, works: list[MinincclWork]) -> None:
-        if self._inline:
+        if self._inline or self._on_worker():
             _run(job, works)
             return
         with self._lock:
@@ -170,6 +170,9 @@ class Lane:
 
     def run_now(self, job: Job, works: list[MinincclWork]) -> None:
         """Runs the job on this thread if the lane is idle, else queues it behind the others."""
+        if self._on_worker():
+            _run(job, works)
+            return
         with self._lock:
             idle = self._inline or self._unfinished == 0
             if idle:
@@ -178,6 +181,13 @@ class Lane:
             self.submit(job, works)
             return
         self._run_counted(job, works)
+
+    def _on_worker(self) -> bool:
+        """A job issued by a Future callback that completing a job ran on the worker (as
+        PowerSGD's DDP hook issues its next all_reduce): queued, it would wait for the worker,
+        which waits in the callback. It runs at once, before the jobs queued behind the one
+        that completed (where every rank's worker runs it)."""
+        return self._thread is not None and threading.current_thread() is self._thread
 
     def _run_counted(self, job: Job, works: list[MinincclWork]) -> None:
         with self._running:

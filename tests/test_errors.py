@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -55,6 +57,73 @@ def test_argument_errors_write_nothing(pair: Any) -> None:
             call()
     np.testing.assert_array_equal(recv, np.full(8, 7, np.float32))
     np.testing.assert_array_equal(send, np.arange(8, dtype=np.float32))
+
+
+def test_buffers_that_overlap_without_being_in_place_are_refused(pair: Any) -> None:
+    def story(comm: Any) -> str:
+        r, n = comm.rank, 1000
+        a = np.arange(2 * n + 2, dtype=np.float64) * (r + 1)
+        before = a.copy()
+        refused = [
+            lambda: comm.allreduce(a[0:n], a[1 : n + 1]),  # recv one element past send
+            lambda: comm.allreduce(a[1 : n + 1], a[0:n]),
+            lambda: comm.broadcast(a[0:n], a[n // 2 : n // 2 + n], root=r),  # (send is read at the root only)
+            lambda: comm.reduce(a[0:n], a[3 : n + 3], root=r),
+            lambda: comm.allgather(a[1 : n // 2 + 1], a[0:n]),  # inside recv, but not this rank's block
+            lambda: comm.reduce_scatter(a[0:n], a[1 : n // 2 + 1]),
+            lambda: comm.alltoall(a[0:n], a[2 : n + 2]),
+        ]
+        for call in refused:
+            with pytest.raises(minincl.InvalidArgument, match="overlap"):
+                call()
+        np.testing.assert_array_equal(a, before)  # (refused before anything was written)
+        # In place as NCCL lays it out still works.
+        half = n // 2
+        gathered = np.zeros(n)
+        gathered[r * half : (r + 1) * half] = r + 1
+        comm.allgather(gathered[r * half : (r + 1) * half], gathered)
+        np.testing.assert_array_equal(gathered, np.repeat([1.0, 2.0], half))
+        blocks = np.full(n, r + 1.0)
+        comm.reduce_scatter(blocks, blocks[r * half : (r + 1) * half])
+        np.testing.assert_array_equal(blocks[r * half : (r + 1) * half], np.full(half, 3.0))
+        return "ok"
+
+    assert run_ranks(pair, story) == ["ok", "ok"]
+
+
+def test_an_async_calls_arrays_live_until_it_ran_though_its_work_was_dropped(pair: Any) -> None:
+    rank0_dropped = threading.Event()
+    alive_while_pending: list[bool] = []
+
+    def story(comm: Any) -> None:
+        recv = np.zeros(1000)
+        if comm.rank == 0:
+            send = np.full(1000, 1.0)
+            sent = weakref.ref(send)
+            comm.allreduce(send, recv, async_op=True)  # the Work is dropped at once
+            del send
+            gc.collect()
+            alive_while_pending.append(sent() is not None)  # (rank 1 has not called yet)
+            rank0_dropped.set()
+        else:
+            assert rank0_dropped.wait(30)
+            comm.allreduce(np.full(1000, 2.0), recv)
+        comm.barrier()  # (after the queued call)
+        np.testing.assert_array_equal(recv, np.full(1000, 3.0))
+
+    run_ranks(pair, story)
+    assert alive_while_pending == [True]
+
+
+def test_time_limits_in_the_environment_are_checked_where_they_are_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "abc")  # (read by the root's thread: it used to abort the process)
+    with pytest.raises(minincl.InvalidArgument, match="MININCL_BOOTSTRAP_TIMEOUT"):
+        minincl.get_unique_id()
+    monkeypatch.delenv("MININCL_BOOTSTRAP_TIMEOUT")
+    for value in ["0", "-1", "abc"]:
+        monkeypatch.setenv("MININCL_TIMEOUT", value)  # (0 made every healthy peer look hung)
+        with pytest.raises(minincl.InvalidArgument, match="MININCL_TIMEOUT"):
+            minincl.Communicator.init_all(2)
 
 
 def test_bad_arguments_are_type_errors_as_in_python(pair: Any) -> None:

@@ -221,6 +221,22 @@ def _async_future(rank: int) -> Result:
     return [t, doubled]
 
 
+def _collective_in_a_callback(rank: int) -> Result:
+    """A callback that issues collectives (as PowerSGD's DDP hook does) and runs on the worker
+    that completed the work (rank 1, whose work is still waiting for rank 0 when it chains the
+    callback): it used to wait for that worker, which waited in the callback."""
+    x, y, z = values(rank), values(rank), values(rank)
+    if rank == 0:
+        time.sleep(0.3)
+
+    def callback(f: Any) -> torch.Tensor:
+        dist.all_reduce(y)
+        return dist.all_reduce(z, async_op=True).get_future().wait()[0] + f.value()[0]
+
+    out = dist.all_reduce(x, async_op=True).get_future().then(callback).wait()
+    return [x, y, z, out]
+
+
 def _sync_behind_async(rank: int) -> Result:
     """A call without async_op while async ones are queued runs after them (program order is
     wire order); a future asked for after its work finished holds the outputs."""
@@ -427,6 +443,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
     ),
     "non_contiguous": (_non_contiguous, _want_non_contiguous),
     "async_future": (_async_future, lambda r: [_want_sum(r), _want_sum(r) * 2]),
+    "collective_in_a_callback": (_collective_in_a_callback, lambda r: [_want_sum(r)] * 3 + [_want_sum(r) * 2]),
     "sync_behind_async": (
         _sync_behind_async,
         lambda r: [_want_sum(r, 50_000)] * 3 + [_want_sum(r), _want_sum(r, 50_000)],

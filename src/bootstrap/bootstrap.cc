@@ -8,7 +8,7 @@
 
 namespace mncl {
 
-double bootstrapTimeout() { return env::seconds("MININCL_BOOTSTRAP_TIMEOUT", 60.0); }
+double bootstrapTimeout() { return env::limit("MININCL_BOOTSTRAP_TIMEOUT", 60.0); }
 
 Bootstrap::Bootstrap(const UniqueIdData& id, int rank, int nranks)
     : rank_(rank), nranks_(nranks), magic_(id.nonce ^ kIdMagic), timeout_(bootstrapTimeout()) {

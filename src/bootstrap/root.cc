@@ -32,8 +32,8 @@ void reply(Socket& s, int status, const std::string& msg, const std::vector<sock
   }
 }
 
-void serve(Socket listener, uint64_t nonce) {
-  Deadline deadline = deadlineIn(bootstrapTimeout());
+void serve(Socket listener, uint64_t nonce, double timeout) {
+  Deadline deadline = deadlineIn(timeout);
   std::vector<Joined> joined;
   std::vector<sockaddr_storage> table;
   int nranks = -1;
@@ -91,7 +91,8 @@ void serve(Socket listener, uint64_t nonce) {
 SockAddr startRoot(const SockAddr& bind, uint64_t nonce) {
   Socket listener = Socket::listen(bind);
   SockAddr actual = listener.localAddr();
-  std::thread(serve, std::move(listener), nonce).detach();
+  double timeout = bootstrapTimeout();  // (read here: a bad setting is the caller's error, not the thread's)
+  std::thread(serve, std::move(listener), nonce, timeout).detach();
   return actual;
 }
 

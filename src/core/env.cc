@@ -37,6 +37,12 @@ double seconds(const char* name, double fallback) {
   bad(name, v, "a duration such as 5, 2.5s or 500ms");
 }
 
+double limit(const char* name, double fallback) {
+  double x = seconds(name, fallback);
+  if (!(x > 0 && x < 1e9)) bad(name, str(name), "a time limit above 0 (such as 5, 2.5s or 500ms)");
+  return x;
+}
+
 int64_t bytes(const char* name, int64_t fallback) {
   std::string v = str(name);
   if (v.empty()) return fallback;

@@ -9,6 +9,7 @@ namespace mncl::env {
 std::string str(const char* name, const std::string& fallback = "");
 int64_t integer(const char* name, int64_t fallback);  // throws InvalidArgument on garbage
 double seconds(const char* name, double fallback);    // "5", "2.5", "500ms"
+double limit(const char* name, double fallback);      // seconds, finite and above 0
 int64_t bytes(const char* name, int64_t fallback);    // "65536", "64K", "1M"
 
 }  // namespace mncl::env

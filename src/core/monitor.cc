@@ -31,7 +31,7 @@ double nowSeconds() {
 }
 }  // namespace
 
-double Monitor::timeoutSeconds() { return env::seconds("MININCL_TIMEOUT", 5.0); }
+double Monitor::timeoutSeconds() { return env::limit("MININCL_TIMEOUT", 5.0); }
 
 std::chrono::steady_clock::time_point Monitor::timeoutFromNow() {
   using Clock = std::chrono::steady_clock;

@@ -78,6 +78,30 @@ void checkTypeOp(DataType t, RedOp op, bool reduces) {
              std::string(redOpName(op)) + " combines integers bit by bit; the data is " + dataTypeName(t));
 }
 
+// Buffers that overlap are in place only as NCCL lays them out: the same address (allreduce,
+// broadcast, reduce), or this rank's block of the bigger buffer (allgather, reduce_scatter).
+// Any other overlap would read what the call already wrote.
+void checkOverlap(Comm& comm, const CollCall& c) {
+  int me = comm.rank();
+  bool sendUsed = c.coll != Coll::broadcast || me == c.root, recvUsed = c.coll != Coll::reduce || me == c.root;
+  if (c.count == 0 || !c.send || !c.recv || !sendUsed || !recvUsed) return;
+  size_t bytes = c.count * dataTypeSize(c.dtype), n = (size_t)comm.nranks();
+  auto s = (uintptr_t)c.send, r = (uintptr_t)c.recv;
+  size_t sendBytes = c.coll == Coll::reducescatter ? bytes * n : bytes;
+  size_t recvBytes = c.coll == Coll::allgather ? bytes * n : bytes;
+  bool inPlace = c.coll == Coll::allgather       ? s == r + me * bytes
+                 : c.coll == Coll::reducescatter ? r == s + me * bytes
+                                                 : s == r;
+  bool overlap = s < r + recvBytes && r < s + sendBytes;
+  MNCL_CHECK(!overlap || inPlace, mnclInvalidArgument,
+             std::string(collName(c.coll)) + ": the send and receive buffers overlap (send - recv = " +
+                 std::to_string((intptr_t)(s - r)) + " bytes) without being in place; in place, " +
+                 (c.coll == Coll::allgather       ? "send is this rank's block of recv (recv + rank * count)"
+                  : c.coll == Coll::reducescatter ? "recv is this rank's block of send (send + rank * count)"
+                                                  : "send and recv are the same buffer") +
+                 "; otherwise use separate buffers");
+}
+
 void validate(Comm& comm, const CollCall& c) {
   checkUsable(comm);
   bool reduces = c.coll == Coll::allreduce || c.coll == Coll::reduce || c.coll == Coll::reducescatter;
@@ -93,6 +117,7 @@ void validate(Comm& comm, const CollCall& c) {
     MNCL_CHECK(c.send != nullptr || (c.coll == Coll::broadcast && comm.rank() != c.root), mnclInvalidArgument,
           std::string(collName(c.coll)) + ": the send buffer is null");
   }
+  checkOverlap(comm, c);
 }
 
 void validate(Comm& comm, const P2pCall& c) {
@@ -463,6 +488,10 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
   MNCL_CHECK(!(comm.onGpu() && send == recv && bytes), mnclInvalidUsage,
         "in-place alltoall on a CUDA communicator: pass a separate recv buffer");
   MNCL_CHECK(count == 0 || (send && recv), mnclInvalidArgument, "alltoall: a buffer is null");
+  size_t total = bytes * (size_t)comm.nranks();
+  auto s = (uintptr_t)send, r = (uintptr_t)recv;
+  MNCL_CHECK(s == r || !(s < r + total && r < s + total), mnclInvalidArgument,
+             "alltoall: the send and receive buffers overlap without being the same buffer (in place); use separate buffers");
   // In place, a block could be overwritten before it is sent: the other ranks' blocks go
   // from a copy (ours stays where it is), in memory the communicator keeps.
   bool inPlace = send == recv && bytes;

@@ -446,18 +446,24 @@ class PyComm {
   // Stops in-flight work on every thread (they raise Aborted), then releases everything.
   // Both run without the GIL: the calls they wait for need it to finish raising.
   void abort() {
-    py::gil_scoped_release nogil;
-    std::lock_guard<std::mutex> life(lifeMutex_);
-    if (destroyed_) return;
-    comm_->abort();
-    close();
+    {
+      py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> life(lifeMutex_);
+      if (destroyed_) return;
+      comm_->abort();
+      close();
+    }
+    asyncHeld_.clear();  // (close() waited for the queued calls)
   }
 
   void destroy() {
-    py::gil_scoped_release nogil;
-    std::lock_guard<std::mutex> life(lifeMutex_);
-    if (destroyed_) return;
-    close();
+    {
+      py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> life(lifeMutex_);
+      if (destroyed_) return;
+      close();
+    }
+    asyncHeld_.clear();
   }
 
   // Ends this thread's outermost group (without the GIL), with every communicator its calls
@@ -664,8 +670,11 @@ class PyComm {
         if (destroyed_) throwError(mnclInvalidUsage, "the communicator was destroyed before this operation ran");
         op(*comm_, nullptr);
       });
+      releaseFinishedAsync();
+      asyncHeld_.emplace_back(st, k);
       return py::cast(Work(st, result, k));
     }
+    if (!asyncHeld_.empty()) releaseFinishedAsync();
     {
       py::gil_scoped_release nogil;
       if (!async_.idle()) async_.drain();  // keep program order with earlier async calls
@@ -673,6 +682,13 @@ class PyComm {
     }
     return result;
   }
+
+  // The arrays of queued async_op calls, alive until they ran even when their Work is dropped
+  // first (the worker thread reads and writes them). Touched with the GIL held only.
+  void releaseFinishedAsync() {
+    while (!asyncHeld_.empty() && asyncHeld_.front().first->done()) asyncHeld_.pop_front();  // (they end in order)
+  }
+  std::deque<std::pair<std::shared_ptr<Outcome>, py::list>> asyncHeld_;
 
   std::unique_ptr<Comm> comm_;
   int rank_ = 0, nranks_ = 0, device_ = 0;
