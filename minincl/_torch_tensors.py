@@ -114,6 +114,11 @@ class Staged:
 
 
 def stage(t: torch.Tensor, receives: bool = True) -> Staged:
+    if t.layout != torch.strided:
+        raise TypeError(
+            f"minincl backend: a {t.layout} tensor; minincl's calls take dense (strided) tensors: "
+            "convert it (.to_dense()), or use gloo for sparse gradients"
+        )
     d = t.detach()  # minincl refuses to write behind autograd's back; a detached alias is fine
     if d.is_contiguous():
         return Staged(d)

@@ -6,7 +6,7 @@ import argparse
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -55,6 +55,29 @@ def parse_size(text: str) -> int:
     if text and text[-1] in units:
         return int(float(text[:-1]) * units[text[-1]])
     return int(text)
+
+
+def _size_option(text: str) -> str:
+    """-b / -e: a size such as 8, 1K or 4M (kept as text; parse_size reads it)."""
+    try:
+        if parse_size(text) < 0:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 8, 1K or 4M") from None
+    return text
+
+
+def _at_least(low: float, kind: type = int) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text} is below {low}")
+        return value
+
+    return parse
 
 
 def bus_factor(coll: str, n: int) -> float:
@@ -308,12 +331,14 @@ def _row(cfg: Config, n: int, row: tuple[int, int, float, int]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("collective", nargs="?", default="allreduce", choices=COLLECTIVES)
-    p.add_argument("--ranks", "-n", type=int, default=2, help="local ranks to spawn (processes)")
-    p.add_argument("-b", "--minbytes", default="8", help="smallest size, e.g. 8, 1K, 4M")
-    p.add_argument("-e", "--maxbytes", default="64M", help="largest size")
-    p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size multiplier between rows")
-    p.add_argument("--iters", type=int, default=0, help="timed iterations per size (default: by size)")
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--ranks", "-n", type=_at_least(1), default=2, help="local ranks to spawn (processes)")
+    p.add_argument("-b", "--minbytes", type=_size_option, default="8", help="smallest size, e.g. 8, 1K, 4M")
+    p.add_argument("-e", "--maxbytes", type=_size_option, default="64M", help="largest size")
+    p.add_argument(
+        "-f", "--stepfactor", type=_at_least(1.01, float), default=2.0, help="size multiplier between rows (> 1)"
+    )
+    p.add_argument("--iters", type=_at_least(0), default=0, help="timed iterations per size (default: by size)")
+    p.add_argument("--warmup", type=_at_least(0), default=5)
     p.add_argument("--dtype", default="float32", choices=[*DTYPES, *NARROW_FLOATS])
     p.add_argument("--op", default="sum", choices=OPS)
     p.add_argument("--root", type=int, default=0)
@@ -346,6 +371,8 @@ def _default_device() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if parse_size(args.minbytes) > parse_size(args.maxbytes):
+        raise SystemExit(f"minincl bench: -b {args.minbytes} is above -e {args.maxbytes}")
     if args.device is None:
         args.device = _default_device()
     if args.algo:

@@ -316,6 +316,9 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> MinincclWork:
+        for o, i in zip(outputs, inputs):
+            if o.dtype != i.dtype:  # (the bytes are gathered as they are: they would be read as the other type)
+                raise TypeError(f"minincl backend: all_gather_into_tensor of {i.dtype} into a {o.dtype} output")
         outs = [stage(t) for t in outputs]
         pairs = [(as_bytes(stage(i, receives=False).buf), as_bytes(o.buf)) for o, i in zip(outs, inputs)]
 

@@ -65,6 +65,22 @@ def test_bench_rejects_an_unknown_algorithm() -> None:
     assert "butterfly" in out.stdout + out.stderr
 
 
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (["--ranks", "0"], "--ranks/-n: 0 is below 1"),  # (an IndexError)
+        (["-b", "1M", "-e", "8"], "-b 1M is above -e 8"),  # (an empty table, exit 0)
+        (["-f", "1"], "-f/--stepfactor: 1 is below"),  # (a row per byte)
+        (["--iters", "-1"], "--iters: -1 is below 0"),
+        (["-b", "abc"], "'abc' is not a size"),
+    ],
+)
+def test_bench_refuses_bad_options_naming_them(options: list[str], words: str) -> None:
+    r = run_cli("bench", "allreduce", *options)
+    assert r.returncode != 0
+    assert words in r.stderr
+
+
 def test_info_names_the_build() -> None:
     out = run_cli("info")
     assert out.returncode == 0, out.stderr

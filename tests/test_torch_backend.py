@@ -613,6 +613,10 @@ def test_unsupported_dtype_and_device_are_clear(single_rank: Any) -> None:
         dist.all_reduce(torch.ones(2, dtype=torch.int16))
     with pytest.raises(minincl.InvalidUsage, match="meta tensors"):
         dist.all_reduce(torch.ones(2, device="meta"))
+    with pytest.raises(TypeError, match="dense"):  # (it failed deep inside, naming a memory format)
+        dist.all_reduce(torch.ones(2).to_sparse())
+    with pytest.raises(TypeError, match="of torch.float32 into a torch.float64 output"):  # (bytes were reinterpreted)
+        dist.all_gather_into_tensor(torch.zeros(2, dtype=torch.float64), torch.ones(4))
     if not minincl.build_info()["cuda"]:
         # Something that says it is on a GPU checks the routing without one.
         on_gpu = SimpleNamespace(device=torch.device("cuda", 0))
