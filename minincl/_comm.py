@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import pickle
 import queue as queue_mod
 import threading
 import time
@@ -248,9 +249,19 @@ def _launch_child(
             device = f"cuda:{rank % gpu_count()}"
         with Communicator(nranks, uid, rank, device) as comm:
             result = fn(comm, *args)
+        # (The queue pickles on a thread of its own, where a failure is printed and lost.)
+        try:
+            pickle.dumps(result)
+        except Exception as e:  # noqa: BLE001 - the rank's story
+            raise TypeError(
+                f"the return value of {fn.__name__}, a {type(result).__name__}, cannot be pickled: {e}"
+            ) from e
         queue.put((rank, True, result))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         queue.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+_LAUNCH_GRACE_SECONDS = 15.0  # a failed rank's peers have MININCL_TIMEOUT (5 s) to notice
 
 
 class LaunchError(Error):
@@ -291,12 +302,19 @@ def launch(
     deadline = None if timeout is None else time.monotonic() + timeout
     while len(results) < nranks:
         collect(0.1)
+        if any(not ok for ok, _ in results.values()):
+            # A rank failed: its peers raise within MININCL_TIMEOUT; one stuck in its own code
+            # never would, so the job ends soon after (as mpirun and torchrun end theirs).
+            soon = time.monotonic() + _LAUNCH_GRACE_SECONDS
+            if deadline is None or soon < deadline:
+                deadline, timeout = soon, None
         if all(not p.is_alive() for p in procs) or (deadline is not None and time.monotonic() > deadline):
             collect(0.5)
             break
     killed = set()
+    join_by = time.monotonic() + 5  # (one wait for all of them, not 5 s each)
     for r, p in enumerate(procs):
-        p.join(timeout=5)
+        p.join(timeout=max(0.0, join_by - time.monotonic()))
         if p.is_alive():
             p.kill()
             p.join()
@@ -305,7 +323,8 @@ def launch(
     failures = []
     for r, p in enumerate(procs):
         if r in killed and r not in results:
-            failures.append(f"rank {r}: still running after the launch timeout of {timeout} s (killed)")
+            why = f"the launch timeout of {timeout} s" if timeout is not None else "another rank failed"
+            failures.append(f"rank {r}: still running after {why} (killed)")
         elif r not in results:
             failures.append(f"rank {r}: process ended with exit code {p.exitcode} and no result")
         elif not results[r][0]:

@@ -43,6 +43,20 @@ def test_launch_timeout_names_the_rank_still_running_and_keeps_the_others_result
     assert e.value.results == {1: 1}
 
 
+def test_launch_names_a_result_it_cannot_send_back() -> None:
+    with pytest.raises(minincl.LaunchError, match="a lock, cannot be pickled"):
+        minincl.launch(workers.returns_a_lock, 2)
+
+
+def test_launch_without_a_timeout_ends_ranks_stuck_after_another_failed() -> None:
+    start = time.monotonic()
+    with pytest.raises(minincl.LaunchError) as e:
+        minincl.launch(workers.rank0_fails_the_others_hang, 2)  # (it used to wait for ever)
+    assert "rank 0: ValueError: rank 0 gives up" in str(e.value)
+    assert "rank 1: still running after another rank failed (killed)" in str(e.value)
+    assert time.monotonic() - start < 60
+
+
 def test_no_segment_outlives_init() -> None:
     before = workers.shm_segments()
     during = minincl.launch(workers.report_segments, 3)

@@ -394,6 +394,16 @@ def kernel_copies_with_stats(comm: minincl.Communicator, counts: list[int]) -> t
     return checks, comm.stats()
 
 
+def returns_a_lock(comm: minincl.Communicator) -> Any:
+    return threading.Lock()  # (cannot be pickled)
+
+
+def rank0_fails_the_others_hang(comm: minincl.Communicator) -> None:
+    if comm.rank == 0:
+        raise ValueError("rank 0 gives up")
+    time.sleep(120)  # (in its own code: no call of minincl's would notice rank 0 leave)
+
+
 def rank0_sleeps(comm: minincl.Communicator, seconds: float) -> int:
     if comm.rank == 0:
         time.sleep(seconds)
