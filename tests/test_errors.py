@@ -545,6 +545,8 @@ def test_call_timeout_setting(pair: Any, monkeypatch: pytest.MonkeyPatch) -> Non
     assert pair[0].call_timeout == 0.0
     with pytest.raises(minincl.InvalidArgument, match="a call timeout must be 0"):
         pair[0].call_timeout = -1
+    with pytest.raises(TypeError, match="a number of seconds or None, not str"):  # (was pybind's cast error)
+        pair[0].call_timeout = "5"
     monkeypatch.setenv("MININCL_CALL_TIMEOUT", "1500ms")
     comms = minincl.Communicator.init_all(2)
     try:

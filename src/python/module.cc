@@ -368,6 +368,10 @@ class PyComm {
     return withLive([](Comm& cm) { return cm.callTimeout(); });
   }
   void setCallTimeout(py::object seconds) {
+    if (!seconds.is_none() && !py::isinstance<py::float_>(seconds) && !py::isinstance<py::int_>(seconds)) {
+      throw py::type_error("call_timeout must be a number of seconds or None, not " +
+                           py::str(py::type::handle_of(seconds).attr("__name__")).cast<std::string>());
+    }
     double s = seconds.is_none() ? 0.0 : seconds.cast<double>();
     withLive([s](Comm& cm) { cm.setCallTimeout(s); });
   }
