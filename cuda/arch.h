@@ -236,6 +236,14 @@ MNCL_DEV void Waiter::backoff(uint32_t spins) {
 }
 #else
 void cpuBackoff(uint32_t spins, uint32_t spinBudget = 200);
+// What a thread's long waits also do, about every 50 ms once they sleep (cpuBackoff): a caller
+// that can be interrupted sets it for the length of its call (the Python binding runs the
+// pending signal handlers there, so that Ctrl-C stops a call blocked on its peers).
+struct LongWaitHook {
+  void (*fn)(void* arg) = nullptr;
+  void* arg = nullptr;
+};
+extern thread_local LongWaitHook tlsLongWaitHook;
 inline void Waiter::backoff(uint32_t spins) {
   if (progress) progress(progressArg);
   cpuBackoff(spins, spinBudget);

@@ -313,6 +313,43 @@ def test_abort_from_another_thread_unblocks_a_collective(pair: Any) -> None:
     pytest.fail("rank 1 never learned that rank 0 aborted")
 
 
+@pytest.mark.parametrize("second", ["allreduce", "send", "group"])
+def test_two_threads_calling_on_one_communicator_at_once_fail_it(pair: Any, second: str) -> None:
+    # Thread A is inside an allreduce on rank 0 (rank 1 has not made it); the main thread
+    # makes a second call on rank 0 meanwhile. Both fail naming the misuse; so does rank 1.
+    c0, c1 = pair
+    first: list[BaseException] = []
+    started = threading.Event()
+
+    def thread_a() -> None:
+        started.set()
+        try:
+            c0.allreduce(np.ones(1000, np.float32))
+        except minincl.Error as e:
+            first.append(e)
+
+    a = threading.Thread(target=thread_a)
+    a.start()
+    started.wait()
+    time.sleep(0.3)  # (A is inside its call by then, waiting for rank 1)
+    x = np.ones(10, np.float32)
+    why = "two threads called on rank 0's communicator at once"
+    with pytest.raises(minincl.InvalidUsage, match=why):
+        if second == "allreduce":
+            c0.allreduce(x)
+        elif second == "send":
+            c0.send(x, peer=1)
+        else:
+            with minincl.group():
+                c0.send(x, peer=1)
+                c0.recv(np.empty_like(x), peer=1)
+    a.join(timeout=30)
+    assert not a.is_alive()
+    assert len(first) == 1 and isinstance(first[0], minincl.InvalidUsage) and why in str(first[0]), first
+    with pytest.raises(minincl.RemoteError, match=why):
+        c1.allreduce(np.ones(4, np.float32))
+
+
 # (send, recv) float32 counts: small; a recv spread over both channels whose send takes one
 # (a channel per 64 KiB of a message, with the 16 KiB slots of conftest.py); the reverse.
 MISMATCHED_P2P_COUNTS = [(10, 20), (16384, 32768), (32768, 16384)]

@@ -16,6 +16,11 @@ void pause() {
 #endif
 }
 
+thread_local LongWaitHook tlsLongWaitHook;
+
+// A 50 us sleep takes 50-100 us: the hook runs every 25-50 ms of a long wait.
+constexpr uint32_t kSleepsPerHook = 512;
+
 // spinBudget: pauses before the first yield (see DevChannel::spinBudget).
 void cpuBackoff(uint32_t spins, uint32_t spinBudget) {
   uint32_t kSpin = spinBudget, kYield = kSpin + 20000;
@@ -28,6 +33,7 @@ void cpuBackoff(uint32_t spins, uint32_t spinBudget) {
   } else {
     timespec ts{0, 50 * 1000};  // 50 us: waits this long are waits for a peer's caller
     nanosleep(&ts, nullptr);
+    if (tlsLongWaitHook.fn && (spins - kYield) % kSleepsPerHook == 0) tlsLongWaitHook.fn(tlsLongWaitHook.arg);
   }
 }
 

@@ -72,9 +72,9 @@ struct PeerP2p {
 
 // A rank inside sends and receives whose every peer is inside a later collective call waits
 // for ever: those peers post nothing until that collective ends, and it needs this rank
-// (Monitor::checkDeadlock). What the log says a rank is inside:
-// (`several`: calls from several threads at once, each of which may post more.)
-enum class Inside : uint64_t { nothing, collectives, sendsAndReceives, both, several };
+// (Monitor::checkDeadlock). What the log says a rank is inside (one call at a time: see
+// Comm::CallScope):
+enum class Inside : uint64_t { nothing, collectives, sendsAndReceives, both };
 struct CallActivity {
   uint64_t entered = 0;  // calls entered so far: a new call, a new number
   Inside inside = Inside::nothing;

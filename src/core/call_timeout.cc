@@ -47,9 +47,10 @@ std::string activityOf(const CallLog& log) {
     case Inside::sendsAndReceives:
       return "inside sends / receives with rank(s) " + rankList(a->peers) + " (after " + std::to_string(made) +
              " collective call(s))";
-    default:
-      return "inside calls from several threads (" + std::to_string(made) + " collective call(s) made)";
+    case Inside::both: break;
   }
+  return "inside a group of collective call(s) and sends / receives (" + std::to_string(made) +
+         " collective call(s) made)";
 }
 
 // A GPU rank's calls return at once, so its log says only how far it got:

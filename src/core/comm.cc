@@ -770,15 +770,28 @@ void Comm::setCallTimeout(double seconds) {
 
 Comm::CallScope::CallScope(Comm& c, Inside inside, uint64_t peers) : comm(c) {
   int before = comm.callsInside_.fetch_add(1, std::memory_order_acq_rel);
-  if (comm.region_ && !comm.onGpu()) enterCall(comm.region_->ctrl()->calls, before == 0 ? inside : Inside::several, peers);
+  if (before > 0 && !comm.onGpu()) refuseSecondThread();
+  if (comm.region_ && !comm.onGpu()) enterCall(comm.region_->ctrl()->calls, inside, peers);
   if (comm.netProxy_) comm.netProxy_->wake();
 }
+
+// A CPU call runs on the communicator's channels (their connections, FIFOs and step counts)
+// from start to end: a second call entering meanwhile, from another thread, would mix its
+// steps with the first's, and both (and their peers) would read wrong data or wait for ever.
+// As in NCCL, a communicator takes one call at a time. Both calls fail, and the peers with
+// them: the second was already logged for the peers to compare with theirs.
+void Comm::CallScope::refuseSecondThread() {
+  comm.callsInside_.fetch_sub(1, std::memory_order_acq_rel);
+  std::string why = "two threads called on rank " + std::to_string(comm.rank_) +
+                    "'s communicator at once; it takes one call at a time (use a communicator per thread, or "
+                    "make the calls from one thread)";
+  comm.fail(mnclInvalidUsage, why);
+  throw Error(mnclInvalidUsage, why);
+}
+
 Comm::CallScope::~CallScope() {
-  int after = comm.callsInside_.fetch_sub(1, std::memory_order_acq_rel) - 1;
-  if (!comm.region_ || comm.onGpu()) return;
-  CallLog& log = comm.region_->ctrl()->calls;
-  if (after == 0) leaveCall(log);
-  else enterCall(log, Inside::several, 0);
+  comm.callsInside_.fetch_sub(1, std::memory_order_acq_rel);
+  if (comm.region_ && !comm.onGpu()) leaveCall(comm.region_->ctrl()->calls);
 }
 
 }  // namespace mncl

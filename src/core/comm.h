@@ -131,12 +131,17 @@ class Comm {
   // it (see p2pSplit).
   void countP2p(bool isSend, int peer, size_t channelBytes);
 
-  // Counts calls running inside; destroy/abort wait for them to leave. On the CPU it also
-  // says in the call log what the call is inside (see call_log.h).
+  // Counts calls running inside; destroy/abort wait for them to leave. On the CPU, where a
+  // call runs on the channels until it ends, it refuses a second call from another thread
+  // meanwhile (InvalidUsage, and the communicator fails), and says in the call log what the
+  // call is inside (see call_log.h).
   struct CallScope {
     explicit CallScope(Comm& c, Inside inside = Inside::both, uint64_t peers = 0);
     ~CallScope();
     Comm& comm;
+
+   private:
+    [[noreturn]] void refuseSecondThread();
   };
 
   // mnclCommSplit's rendezvous: the ranks passing the same color form a new group, ordered

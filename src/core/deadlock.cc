@@ -19,10 +19,8 @@ constexpr double kDeadlockSeconds = 1.0;
 // How long this rank's call must have lasted before the monitor looks for waits in a cycle.
 constexpr double kSearchAfterSeconds = 0.1;
 
-// A rank inside one call (not several at once, from threads that may post more).
-bool insideOneCall(const std::optional<CallActivity>& a) {
-  return a && a->inside != Inside::nothing && a->inside != Inside::several;
-}
+// A rank inside a call.
+bool insideOneCall(const std::optional<CallActivity>& a) { return a && a->inside != Inside::nothing; }
 }  // namespace
 
 // Sends and receives that wait for our collective call, which waits for them (see

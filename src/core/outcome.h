@@ -26,6 +26,12 @@ class Outcome {
     std::unique_lock<std::mutex> lock(mutex_);
     ended_.wait(lock, [&] { return done_; });
   }
+  // wait(), giving up after `d`; whether it ended.
+  template <typename Duration>
+  bool waitFor(Duration d) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return ended_.wait_for(lock, d, [&] { return done_; });
+  }
   bool done() {
     std::lock_guard<std::mutex> lock(mutex_);
     return done_;

@@ -25,6 +25,7 @@
 #include "../gpu/cuda_api.h"
 #include "arrays.h"
 #include "call_args.h"
+#include "interrupt.h"
 #include "minincl.h"
 #include "reduce_op.h"
 
@@ -63,12 +64,18 @@ py::object errorClass(mnclResult_t code) {
 
 class Work {
  public:
-  Work(std::shared_ptr<Outcome> s, py::object result, py::list keep)
-      : state_(std::move(s)), result_(std::move(result)), keep_(std::move(keep)) {}
+  using Stop = std::function<void(const std::string& why)>;
+  // stop: fails the communicator, for a wait() that Ctrl-C interrupts (see py_interrupt).
+  Work(std::shared_ptr<Outcome> s, py::object result, py::list keep, Stop stop)
+      : state_(std::move(s)), result_(std::move(result)), keep_(std::move(keep)), stop_(std::move(stop)) {}
   py::object wait() {
-    {
-      py::gil_scoped_release nogil;
-      state_->wait();
+    py_interrupt::InterruptibleCall interruptible(stop_);
+    for (;;) {
+      {
+        py::gil_scoped_release nogil;
+        if (state_->waitFor(std::chrono::milliseconds(50))) break;
+      }
+      interruptible.checkNow();
     }
     if (state_->code() != mnclSuccess) raise(state_->code(), state_->message());
     return result_;
@@ -80,6 +87,7 @@ class Work {
   std::shared_ptr<Outcome> state_;
   py::object result_;
   py::list keep_;  // the arrays, alive until the work is gone
+  Stop stop_;
 };
 
 class AsyncQueue {
@@ -470,25 +478,38 @@ class PyComm {
     asyncHeld_.clear();
   }
 
-  // Ends this thread's outermost group (without the GIL), with every communicator its calls
-  // were recorded on held open: an abort() on another thread stops the calls and then waits
-  // for them, instead of freeing what they run on. Calls of a communicator closed before the
-  // group ended are dropped (nothing is left for them to run on); the rest run.
+  // Ends this thread's outermost group (called with the GIL, which it releases while the
+  // calls run), with every communicator its calls were recorded on held open: an abort() on
+  // another thread stops the calls and then waits for them, instead of freeing what they run
+  // on. Calls of a communicator closed before the group ended are dropped (nothing is left
+  // for them to run on); the rest run.
   static void endGroup(std::vector<PyComm*> comms) {
     std::sort(comms.begin(), comms.end());  // one locking order for every thread
-    std::vector<std::shared_lock<std::shared_timed_mutex>> held;
-    std::string closed;
-    for (PyComm* c : comms) {
-      held.emplace_back(c->callMutex_);
-      if (!c->destroyed_) continue;
-      groupForget(c->commAddress_);
-      closed += (closed.empty() ? "" : ", ") + std::to_string(c->rank_);
+    py_interrupt::InterruptibleCall interruptible([&comms](const std::string& why) {
+      for (PyComm* c : comms) {
+        if (!c->destroyed_) c->failInside(why);  // (held open below)
+      }
+    });
+    try {
+      py::gil_scoped_release nogil;
+      std::vector<std::shared_lock<std::shared_timed_mutex>> held;
+      std::string closed;
+      for (PyComm* c : comms) {
+        held.emplace_back(c->callMutex_);
+        if (!c->destroyed_) continue;
+        groupForget(c->commAddress_);
+        closed += (closed.empty() ? "" : ", ") + std::to_string(c->rank_);
+      }
+      groupEnd();
+      if (!closed.empty()) {
+        throwError(mnclInvalidUsage, "the group's calls on the communicator of rank(s) " + closed +
+                                         " did not run: it was destroyed or aborted before the group ended");
+      }
+    } catch (...) {
+      interruptible.rethrowIfInterrupted();
+      throw;
     }
-    groupEnd();
-    if (!closed.empty()) {
-      throwError(mnclInvalidUsage, "the group's calls on the communicator of rank(s) " + closed +
-                                       " did not run: it was destroyed or aborted before the group ended");
-    }
+    interruptible.rethrowIfInterrupted();
   }
 
  private:
@@ -676,16 +697,38 @@ class PyComm {
       });
       releaseFinishedAsync();
       asyncHeld_.emplace_back(st, k);
-      return py::cast(Work(st, result, k));
+      return py::cast(Work(st, result, k, [self = py::cast(this)](const std::string& why) {
+        self.cast<PyComm&>().failForInterrupt(why);
+      }));
     }
     if (!asyncHeld_.empty()) releaseFinishedAsync();
-    {
+    py_interrupt::InterruptibleCall interruptible([this](const std::string& why) { failInside(why); });
+    try {
       py::gil_scoped_release nogil;
       if (!async_.idle()) async_.drain();  // keep program order with earlier async calls
       withLive([&](Comm& cm) { op(cm, st); });
+    } catch (...) {
+      interruptible.rethrowIfInterrupted();
+      throw;
     }
+    interruptible.rethrowIfInterrupted();
     return result;
   }
+
+  // Fails the communicator for a call that Ctrl-C interrupted (see py_interrupt), from inside
+  // the call (withLive holds it open).
+  void failInside(const std::string& why) {
+    comm_->fail(mnclAborted, why + "; the communicator is aborted");
+  }
+
+ public:
+  // ... from an async_op call's Work.wait(), outside any call.
+  void failForInterrupt(const std::string& why) {
+    std::shared_lock<std::shared_timed_mutex> lock(callMutex_);
+    if (!destroyed_) failInside(why);
+  }
+
+ private:
 
   // The arrays of queued async_op calls, alive until they ran even when their Work is dropped
   // first (the worker thread reads and writes them). Touched with the GIL held only.
@@ -845,9 +888,9 @@ PYBIND11_MODULE(_core, m) {
       group.reset(tlsGroup);
       tlsGroup = nullptr;
     }
+    if (group) return PyComm::endGroup(group->comms);
     py::gil_scoped_release nogil;
-    if (group) PyComm::endGroup(group->comms);
-    else groupEnd();
+    groupEnd();
   });
 
   py_ops::bind(m);

@@ -1,0 +1,147 @@
+"""Ctrl-C stops a call that waits for its peers: the call raises KeyboardInterrupt, the
+communicator is aborted, and its peers raise RemoteError naming the interruption.
+
+Each story runs in a fresh Python process that sends itself a real SIGINT while its main
+thread is blocked in a call whose peer does not come."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+# Rank 0 (the main thread) blocks in CALL; rank 1 (another thread of the process) makes no
+# call until rank 0's has ended. A timer thread sends the process SIGINT 0.3 s in.
+STORY = """
+import json, os, signal, sys, threading
+import numpy as np
+import minincl
+
+comms = minincl.Communicator.init_all(2)
+threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+out = {}
+x = np.arange(1000, dtype=np.float32)
+try:
+    CALL
+    out["call"] = "returned"
+except KeyboardInterrupt:
+    out["call"] = "KeyboardInterrupt"
+except Exception as e:
+    out["call"] = f"{type(e).__name__}: {e}"
+for c in comms:
+    try:
+        c.allreduce(np.ones(4, np.float32))
+        out[c.rank] = "ok"
+    except Exception as e:
+        out[c.rank] = f"{type(e).__name__}: {e}"
+print(json.dumps(out))
+"""
+
+CALLS = {
+    "collective": "comms[0].allreduce(x)",
+    "group": (
+        "with minincl.group():\n        comms[0].send(x, peer=1)\n        comms[0].recv(np.empty_like(x), peer=1)"
+    ),
+    "async_op wait": "comms[0].allreduce(x, async_op=True).wait()",
+    "barrier": "comms[0].barrier()",
+}
+
+
+def run_story(tmp_path: Path, code: str) -> dict[str, str]:
+    # (From an empty folder: from the repository root, "import minincl" finds its sources.)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", list(CALLS))
+def test_ctrl_c_stops_a_call_whose_peer_never_comes(tmp_path: Path, case: str) -> None:
+    out = run_story(tmp_path, STORY.replace("CALL", CALLS[case]))
+    assert out["call"] == "KeyboardInterrupt"
+    why = "the call was interrupted (KeyboardInterrupt) while it waited for its peers"
+    assert out["0"].startswith("Aborted: ") and why in out["0"], out["0"]
+    assert out["1"].startswith("RemoteError: rank 0 ") and why in out["1"], out["1"]
+
+
+def test_a_sigint_handler_that_does_not_raise_leaves_the_call_running(tmp_path: Path) -> None:
+    # The program handles SIGINT itself (and goes on): the call must end normally once its
+    # peer comes, with the right sum, and the communicator stay usable.
+    code = textwrap.dedent("""
+        import json, os, signal, threading, time
+        import numpy as np
+        import minincl
+
+        seen = []
+        signal.signal(signal.SIGINT, lambda *_: seen.append("SIGINT"))
+        comms = minincl.Communicator.init_all(2)
+        x = [np.arange(1000, dtype=np.float64) * (r + 1) for r in range(2)]
+
+        def late_peer():
+            time.sleep(1.0)  # after the signal was handled
+            comms[1].allreduce(x[1])
+
+        peer = threading.Thread(target=late_peer)
+        peer.start()
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        comms[0].allreduce(x[0])
+        peer.join()
+        y = [np.full(3, r + 1.0) for r in range(2)]
+        t = threading.Thread(target=lambda: comms[1].allreduce(y[1]))
+        t.start()
+        comms[0].allreduce(y[0])
+        t.join()
+        print(json.dumps({"seen": seen, "x": [a.tolist() for a in x], "y": [a.tolist() for a in y]}))
+    """)
+    out = run_story(tmp_path, code)
+    assert out["seen"] == ["SIGINT"]
+    expected = [3.0 * i for i in range(1000)]
+    assert out["x"] == [expected, expected]
+    assert out["y"] == [[3.0] * 3, [3.0] * 3]
+
+
+def test_ctrl_c_in_one_process_fails_the_other_processes_call(tmp_path: Path) -> None:
+    # Two processes (minincl.launch): rank 0 is interrupted inside an allreduce that rank 1
+    # makes only later; rank 1's allreduce raises RemoteError naming the interruption.
+    (tmp_path / "interrupted_rank.py").write_text(
+        textwrap.dedent("""
+            import os, signal, threading, time
+            import numpy as np
+
+            def story(comm):
+                x = np.ones(100, np.float32)
+                if comm.rank == 0:
+                    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+                    try:
+                        comm.allreduce(x)
+                        return "returned"
+                    except KeyboardInterrupt:
+                        return "KeyboardInterrupt"
+                time.sleep(1.0)
+                try:
+                    comm.allreduce(x)
+                    return "returned"
+                except Exception as e:
+                    return f"{type(e).__name__}: {e}"
+        """)
+    )
+    code = textwrap.dedent("""
+        import json, sys
+        sys.path.insert(0, ".")
+        import minincl
+        from interrupted_rank import story
+        print(json.dumps(minincl.launch(story, 2, timeout=60)))
+    """)
+    env = dict(os.environ)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    assert results[0] == "KeyboardInterrupt"
+    assert results[1].startswith("RemoteError: rank 0 "), results[1]
+    assert "interrupted (KeyboardInterrupt)" in results[1]
