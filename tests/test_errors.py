@@ -428,6 +428,48 @@ def test_mismatched_collectives_are_named(pair: Any) -> None:
     assert all(r != "ok" for r in results)
 
 
+# Calls that run as other calls inside (a barrier as an allreduce of one int32, an alltoall
+# as receives) are named as the user made them: (rank 0's call, rank 1's, both names).
+def _x(n: int = 8) -> Any:
+    return np.ones(n, np.float32)
+
+
+CALLS_RUN_AS_OTHERS = {
+    "barrier vs allreduce": (lambda c: c.barrier(), lambda c: c.allreduce(_x()), ["barrier()", "allreduce(count=8"]),
+    "alltoall vs allreduce": (
+        lambda c: c.alltoall(_x()),
+        lambda c: c.allreduce(_x()),
+        ["alltoall(count=4", "allreduce("],
+    ),
+    "alltoall counts": (
+        lambda c: c.alltoall(_x()),
+        lambda c: c.alltoall(_x(16)),
+        ["alltoall(count=4", "alltoall(count=8"],
+    ),
+    "alltoall vs send": (
+        lambda c: c.alltoall(_x()),
+        lambda c: c.send(_x(), peer=0),
+        ["inside collective call 1, alltoall("],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CALLS_RUN_AS_OTHERS))
+def test_mismatches_name_calls_as_the_user_made_them(pair: Any, case: str) -> None:
+    first, second, names = CALLS_RUN_AS_OTHERS[case]
+
+    def body(c: Any) -> str:
+        try:
+            (first if c.rank == 0 else second)(c)
+        except minincl.Error as e:
+            return f"{type(e).__name__}: {e}"
+        return "ok"
+
+    results = run_ranks(pair, body)
+    assert results[0] != "ok", results
+    assert "int32" not in results[0] and all(name in results[0] for name in names), results
+
+
 def case_on_ranks(fn: Callable[[Any, str], str], nranks: int, case: str, processes: bool) -> list[str]:
     """fn(comm, case) of workers on `nranks` ranks, as processes or as threads."""
     if processes:

@@ -712,6 +712,32 @@ std::string Comm::peerFailure(int r) const {
   return "rank " + std::to_string(r) + " (pid " + std::to_string(peers_[r].pid) + ") failed: " + ctrl->failMessage;
 }
 
+std::string Comm::loggedCallMismatch(int r) const {
+  if (!region_ || !peerRegions_[r]) return "";
+  const CallLog& mine = region_->ctrl()->calls;
+  const CallLog& theirs = peerRegions_[r]->ctrl()->calls;
+  uint64_t both = std::min(dev::loadAcquire(&mine.made), dev::loadAcquire(&theirs.made));
+  for (uint64_t seq = both; seq > 0 && seq + kCallLogSize > both; --seq) {
+    std::optional<LoggedCall> a = loggedCall(mine, seq), b = loggedCall(theirs, seq);
+    if (!a || !b || *a == *b) continue;
+    return "mismatched calls: rank " + std::to_string(rank_) + " called " + describeCall(*a) + " but rank " +
+           std::to_string(r) + " (pid " + std::to_string(peers_[r].pid) + ") called " + describeCall(*b) +
+           " (collective call " + std::to_string(seq) +
+           " of this communicator); every rank must make the same collective calls in the same order";
+  }
+  return "";
+}
+
+std::string Comm::collectiveInside() const {
+  if (!region_) return "";
+  const CallLog& log = region_->ctrl()->calls;
+  std::optional<CallActivity> a = callActivity(log);
+  if (!a || a->inside != Inside::collectives) return "";
+  uint64_t made = dev::loadAcquire(&log.made);
+  std::optional<LoggedCall> call = loggedCall(log, made);
+  return "collective call " + std::to_string(made) + (call ? ", " + describeCall(*call) : std::string());
+}
+
 bool Comm::peerOutOfCalls(int r) const {
   const RankCtrl* ctrl = peerRegions_[r]->ctrl();
   uint32_t state = dev::loadAcquire(&ctrl->state);

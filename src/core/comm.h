@@ -173,6 +173,13 @@ class Comm {
 
   // Why peer r stopped, if it has failed (from its control block); empty if it has not.
   std::string peerFailure(int r) const;
+  // Where this rank's collective calls and peer r's differ, as their call logs say (see
+  // call_log.h): "mismatched calls: rank 0 called barrier() but rank 1 (pid 7) called ...",
+  // with the user's names for the calls (an alltoall, a barrier); empty if they agree.
+  std::string loggedCallMismatch(int r) const;
+  // The collective call this rank is inside ("collective call 3, alltoall(count=4, float32)"),
+  // or empty (in sends and receives, or no call).
+  std::string collectiveInside() const;
 
   // CPU, once a call that ran on this communicator and failed has left it (CallScope),
   // before its error reaches the caller, who may then free the call's buffers: a peer on

@@ -92,7 +92,7 @@ void Monitor::checkPeer(int r, double now) {
     }
     return;
   }
-  if (checkCalls(r, who)) return;
+  if (checkCalls(r)) return;
   if (sameProcess) return;  // a thread of this process cannot vanish on its own
   // (A pid means something on this host only; over the network a vanished peer's
   // connections close, and its mirrored state says so.)
@@ -114,20 +114,11 @@ void Monitor::checkPeer(int r, double now) {
 // Whether peer r made a collective call other than ours under the same number (it then fails
 // the communicator, naming both). The newest calls both ranks logged are compared, so a
 // mismatch is found within a tick of the later of the two calls.
-bool Monitor::checkCalls(int r, const std::string& who) {
-  const CallLog& mine = comm_.region_->ctrl()->calls;
-  const CallLog& theirs = comm_.peerRegions_[r]->ctrl()->calls;
-  uint64_t both = std::min(dev::loadAcquire(&mine.made), dev::loadAcquire(&theirs.made));
-  for (uint64_t seq = both; seq > 0 && seq + kCallLogSize > both; --seq) {
-    std::optional<LoggedCall> a = loggedCall(mine, seq), b = loggedCall(theirs, seq);
-    if (!a || !b || *a == *b) continue;
-    comm_.fail(mnclInvalidUsage, "mismatched calls: rank " + std::to_string(comm_.rank()) + " called " +
-                                     describeCall(*a) + " but " + who + " called " + describeCall(*b) +
-                                     " (collective call " + std::to_string(seq) +
-                                     " of this communicator); every rank must make the same collective calls in the same order");
-    return true;
-  }
-  return false;
+bool Monitor::checkCalls(int r) {
+  std::string mismatch = comm_.loggedCallMismatch(r);
+  if (mismatch.empty()) return false;
+  comm_.fail(mnclInvalidUsage, mismatch);
+  return true;
 }
 
 // The sends and receives all ranks posted before the newest collective call they all logged

@@ -48,7 +48,7 @@ class Monitor {
  private:
   void loop();
   void checkPeer(int r, double now);
-  bool checkCalls(int r, const std::string& who);
+  bool checkCalls(int r);
   void checkP2pBalance();
   void checkDeadlock(double now);
   std::optional<uint64_t> blockedBehind(int r, uint64_t collective) const;

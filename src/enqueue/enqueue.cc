@@ -58,7 +58,15 @@ std::pair<mnclResult_t, std::string> deviceErrorMessage(Comm& comm, const dev::D
   std::string why = comm.peerFailure(e.peer);
   if (!why.empty()) return {mnclRemoteError, why};
   if (e.readErrno) return {mnclSystemError, readFailureMessage(comm.rank(), e)};
-  return {mnclInvalidUsage, mismatchMessage(comm.rank(), e)};
+  // The call logs name the calls as the user made them (an alltoall runs as receives, a
+  // barrier as an allreduce of one int32), where they already show the difference.
+  std::string logged = comm.loggedCallMismatch(e.peer);
+  if (!logged.empty()) return {mnclInvalidUsage, logged};
+  std::string message = mismatchMessage(comm.rank(), e), inside = comm.collectiveInside();
+  if (!inside.empty() && message.rfind("mismatched send/recv", 0) == 0) {  // the receives of an alltoall
+    message += " (rank " + std::to_string(comm.rank()) + " was inside " + inside + ")";
+  }
+  return {mnclInvalidUsage, message};
 }
 
 namespace {
