@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -124,6 +127,29 @@ def test_time_limits_in_the_environment_are_checked_where_they_are_set(monkeypat
         monkeypatch.setenv("MININCL_TIMEOUT", value)  # (0 made every healthy peer look hung)
         with pytest.raises(minincl.InvalidArgument, match="MININCL_TIMEOUT"):
             minincl.Communicator.init_all(2)
+
+
+def test_cpu_binding_other_than_0_or_1_is_refused_at_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MININCL_CPU_BIND", "2")  # (read where a rank has a process of its own)
+    with pytest.raises(minincl.LaunchError, match="MININCL_CPU_BIND must be 0 .* or 1 .*, not 2"):
+        minincl.launch(workers.channels_after_init, 2, timeout=60)
+
+
+def test_unknown_logging_settings_are_said_once_and_known_ones_in_any_case(tmp_path: Any) -> None:
+    code = "import minincl; minincl.Communicator.init_all(2)"
+    env = dict(os.environ, MININCL_DEBUG="verbose", MININCL_DEBUG_SUBSYS="init,bogus")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("MININCL_DEBUG: 'VERBOSE' is none of NONE, WARN, INFO, TRACE; using WARN") == 1
+    assert out.stderr.count("MININCL_DEBUG_SUBSYS: 'BOGUS' is none of INIT, COLL") == 1
+    env["MININCL_DEBUG"] = "info"  # (INFO: each rank says its channels at init)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert "none of NONE" not in out.stderr
+    assert "minincl INFO rank 0/2:" in out.stderr and "minincl INFO rank 1/2:" in out.stderr, out.stderr
 
 
 def test_bad_arguments_are_type_errors_as_in_python(pair: Any) -> None:

@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdarg>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -11,22 +14,45 @@
 namespace mncl::log {
 namespace {
 
+// MININCL_DEBUG and MININCL_DEBUG_SUBSYS, in any case; a value that names nothing known is
+// said once on stderr (not an error: logging must not stop a program), with what is known.
 struct Settings {
   Level level = kWarn;
   unsigned subsys = kAll;
   Settings() {
-    std::string l = env::str("MININCL_DEBUG");
+    std::string l = upper(env::str("MININCL_DEBUG"));
     if (l == "NONE") level = kNone;
     else if (l == "INFO") level = kInfo;
     else if (l == "TRACE") level = kTrace;
-    std::string s = env::str("MININCL_DEBUG_SUBSYS");
-    if (!s.empty()) {
-      subsys = 0;
-      const char* names[] = {"INIT", "COLL", "P2P", "NET", "TOPO", "TUNE"};
-      for (unsigned i = 0; i < 6; ++i)
-        if (s.find(names[i]) != std::string::npos) subsys |= 1u << i;
-      if (s.find("ALL") != std::string::npos) subsys = kAll;
+    else if (!l.empty() && l != "WARN") unknown("MININCL_DEBUG", l, "NONE, WARN, INFO, TRACE; using WARN");
+    std::string s = upper(env::str("MININCL_DEBUG_SUBSYS"));
+    if (!s.empty()) subsys = subsystems(s);
+  }
+
+  static std::string upper(std::string s) {
+    for (char& c : s) c = (char)std::toupper((unsigned char)c);
+    return s;
+  }
+
+  // "INIT,NET" -> their bits; ALL -> every one.
+  static unsigned subsystems(const std::string& list) {
+    const char* names[] = {"INIT", "COLL", "P2P", "NET", "TOPO", "TUNE"};
+    unsigned bits = 0;
+    size_t start = 0;
+    while (start <= list.size()) {
+      size_t end = std::min(list.find(',', start), list.size());
+      std::string name = list.substr(start, end - start);
+      unsigned bit = name == "ALL" ? kAll : 0;
+      for (unsigned i = 0; i < 6; ++i) bit |= name == names[i] ? 1u << i : 0;
+      if (!bit && !name.empty()) unknown("MININCL_DEBUG_SUBSYS", name, "INIT, COLL, P2P, NET, TOPO, TUNE, ALL");
+      bits |= bit;
+      start = end + 1;
     }
+    return bits;
+  }
+
+  static void unknown(const char* variable, const std::string& value, const char* known) {
+    std::fprintf(stderr, "minincl WARN %s: '%s' is none of %s\n", variable, value.c_str(), known);
   }
 };
 
