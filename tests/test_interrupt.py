@@ -68,6 +68,31 @@ def test_ctrl_c_stops_a_call_whose_peer_never_comes(tmp_path: Path, case: str) -
     assert out["1"].startswith("RemoteError: rank 0 ") and why in out["1"], out["1"]
 
 
+def test_ctrl_c_stops_an_init_whose_peers_never_come(tmp_path: Path) -> None:
+    # (Without it, the init waits MININCL_BOOTSTRAP_TIMEOUT, 60 s by default.)
+    code = textwrap.dedent("""
+        import json, os, signal, threading
+        import minincl
+
+        uid = minincl.get_unique_id()
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        try:
+            minincl.Communicator(2, uid, 0)  # rank 1 never comes
+            out = "made"
+        except KeyboardInterrupt:
+            out = "KeyboardInterrupt"
+        except Exception as e:
+            out = f"{type(e).__name__}: {e}"
+        print(json.dumps({"init": out}))
+    """)
+    env = dict(os.environ, MININCL_BOOTSTRAP_TIMEOUT="100")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=tmp_path, env=env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"init": "KeyboardInterrupt"}
+
+
 def test_a_sigint_handler_that_does_not_raise_leaves_the_call_running(tmp_path: Path) -> None:
     # The program handles SIGINT itself (and goes on): the call must end normally once its
     # peer comes, with the right sum, and the communicator stay usable.

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <thread>
 
+#include "../../cuda/arch.h"
+
 #include "../core/error.h"
 #include "bootstrap.h"
 
@@ -90,8 +92,10 @@ double secondsLeft(Deadline d) {
 
 thread_local const std::atomic<bool>* tlsCancel = nullptr;  // see WaitCancel
 
-// Throws mnclAborted if this thread's waits were cancelled.
+// Throws mnclAborted if this thread's waits were cancelled. Runs the thread's long-wait hook
+// first (see dev::LongWaitHook: where Ctrl-C cancels a Python init).
 void checkCancel(const std::string& what) {
+  if (dev::tlsLongWaitHook.fn) dev::tlsLongWaitHook.fn(dev::tlsLongWaitHook.arg);
   if (tlsCancel && tlsCancel->load(std::memory_order_acquire)) {
     throwError(mnclAborted, what + ": stopped, the communicator was aborted or destroyed during its init");
   }
@@ -109,7 +113,7 @@ void Socket::waitFor(short events, Deadline deadline, const std::string& what) {
       throwError(mnclTimeout, what + " timed out (raise MININCL_BOOTSTRAP_TIMEOUT if ranks start slowly)");
     }
     pollfd p{fd_, events, 0};
-    int rc = ::poll(&p, 1, (int)std::min(left * 1000 + 1, tlsCancel ? 100.0 : 1000.0));
+    int rc = ::poll(&p, 1, (int)std::min(left * 1000 + 1, tlsCancel || dev::tlsLongWaitHook.fn ? 100.0 : 1000.0));
     if (rc > 0) return;
     if (rc < 0 && errno != EINTR) throwSystemError(what + ": poll()");
   }

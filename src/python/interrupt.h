@@ -4,10 +4,11 @@
 // for its peers without the GIL would never let one run, so Ctrl-C did nothing until the
 // peers came (maybe never). While an InterruptibleCall lives, the calling thread's long waits
 // (dev::tlsLongWaitHook) take the GIL every few tens of milliseconds and run the pending
-// handlers, on the main thread. When one raises (KeyboardInterrupt), `stop` fails the
-// communicators the call runs on, which ends each of its waits at once and tells the peers
-// (they raise RemoteError); the call then raises the handler's exception, not Aborted. The
-// communicator stays failed: its peers are somewhere inside the call it left.
+// handlers, on the main thread (socket waits of an init, every 100 ms, do the same). When one
+// raises (KeyboardInterrupt), `stop` ends the call's waits: it fails the communicators the
+// call runs on, which tells the peers (they raise RemoteError), or cancels an init's socket
+// waits. The call then raises the handler's exception, not Aborted. The communicator stays
+// failed: its peers are somewhere inside the call it left.
 #pragma once
 
 #include <pybind11/pybind11.h>

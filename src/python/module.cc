@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "../bootstrap/bootstrap.h"
+#include "../bootstrap/socket.h"
 #include "../core/comm.h"
 #include "../core/error.h"
 #include "../core/monitor.h"
@@ -192,10 +193,18 @@ class PyComm {
     }
     UniqueIdData data;
     std::memcpy(&data, id.data(), sizeof(data));
-    {
+    // Ctrl-C while the peers are awaited (up to MININCL_BOOTSTRAP_TIMEOUT) stops the init.
+    std::atomic<bool> cancel{false};
+    py_interrupt::InterruptibleCall interruptible([&cancel](const std::string&) { cancel = true; });
+    try {
       py::gil_scoped_release nogil;
+      WaitCancel cancelWaits(&cancel);
       comm_ = std::make_unique<Comm>(data, rank, nranks, device);
+    } catch (...) {
+      interruptible.rethrowIfInterrupted();
+      throw;
     }
+    interruptible.rethrowIfInterrupted();  // (the init ended meanwhile: the communicator goes with this object)
     rank_ = comm_->rank();
     nranks_ = comm_->nranks();
     device_ = comm_->device();
@@ -478,6 +487,12 @@ class PyComm {
     asyncHeld_.clear();
   }
 
+  // failInside from an async_op call's Work.wait(), outside any call.
+  void failForInterrupt(const std::string& why) {
+    std::shared_lock<std::shared_timed_mutex> lock(callMutex_);
+    if (!destroyed_) failInside(why);
+  }
+
   // Ends this thread's outermost group (called with the GIL, which it releases while the
   // calls run), with every communicator its calls were recorded on held open: an abort() on
   // another thread stops the calls and then waits for them, instead of freeing what they run
@@ -720,15 +735,6 @@ class PyComm {
   void failInside(const std::string& why) {
     comm_->fail(mnclAborted, why + "; the communicator is aborted");
   }
-
- public:
-  // ... from an async_op call's Work.wait(), outside any call.
-  void failForInterrupt(const std::string& why) {
-    std::shared_lock<std::shared_timed_mutex> lock(callMutex_);
-    if (!destroyed_) failInside(why);
-  }
-
- private:
 
   // The arrays of queued async_op calls, alive until they ran even when their Work is dropped
   // first (the worker thread reads and writes them). Touched with the GIL held only.
