@@ -49,6 +49,7 @@ CALLS = {
     ),
     "async_op wait": "comms[0].allreduce(x, async_op=True).wait()",
     "barrier": "comms[0].barrier()",
+    "split": "comms[0].split(0)",
 }
 
 

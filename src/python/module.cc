@@ -414,11 +414,23 @@ class PyComm {
   py::object splitInfo(int color, int key) {
     int n = 0, r = 0;
     UniqueIdData id{};
-    bool joined;
-    {
+    bool joined = false;
+    // Ctrl-C while the other ranks are awaited cancels the rendezvous's socket waits and
+    // fails this communicator (its ranks are somewhere inside the split).
+    std::atomic<bool> cancel{false};
+    py_interrupt::InterruptibleCall interruptible([&](const std::string& why) {
+      cancel = true;
+      failInside(why);  // (from inside withLive)
+    });
+    try {
       py::gil_scoped_release nogil;
+      WaitCancel cancelWaits(&cancel);
       joined = withLive([&](Comm& cm) { return cm.splitInfo(color, key, &n, &r, &id); });
+    } catch (...) {
+      interruptible.rethrowIfInterrupted();
+      throw;
     }
+    interruptible.rethrowIfInterrupted();
     if (!joined) return py::none();
     char bytes[MNCL_UNIQUE_ID_BYTES] = {};
     std::memcpy(bytes, &id, sizeof(id));
