@@ -105,7 +105,12 @@ class Communicator(_core.Communicator):
     """
 
     def __init__(self, nranks: int, unique_id: bytes, rank: int, device: DeviceSpec = None) -> None:
-        super().__init__(nranks, unique_id, rank, _device_index(device))
+        try:
+            index = _device_index(device)
+        except Error as e:  # the other ranks' inits fail at once too, rather than wait for this one
+            _core._report_init_failure(nranks, unique_id, rank, str(e))
+            raise
+        super().__init__(nranks, unique_id, rank, index)
 
     @property
     def device(self) -> str:

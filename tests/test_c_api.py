@@ -21,7 +21,14 @@ import pytest
 
 import minincl
 
-MNCL_INVALID_ARGUMENT, MNCL_INVALID_USAGE, MNCL_IN_PROGRESS, MNCL_ABORTED = 4, 5, 7, 9
+MNCL_INVALID_ARGUMENT, MNCL_INVALID_USAGE, MNCL_REMOTE_ERROR, MNCL_IN_PROGRESS, MNCL_TIMEOUT, MNCL_ABORTED = (
+    4,
+    5,
+    6,
+    7,
+    8,
+    9,
+)
 MISSING_RANK = "only 1 of 2 ranks joined before the bootstrap timeout; missing ranks: 1"
 FLOAT32, SUM = 7, 0
 UNDEF = -(2**31)  # MNCL_CONFIG_UNDEF_INT
@@ -272,16 +279,16 @@ def test_init_that_fails_in_the_background_says_why(lib: Any, monkeypatch: pytes
         if how == "nonblocking":
             cfg = config(blocking=0)
             assert lib.mnclCommInitRankConfig(ctypes.byref(comm), 2, uid, 0, ctypes.byref(cfg)) == MNCL_IN_PROGRESS
-            assert poll_until_made(lib, [comm]) == [MNCL_INVALID_USAGE]
+            assert poll_until_made(lib, [comm]) == [MNCL_TIMEOUT]
             assert MISSING_RANK in lib.mnclGetLastError(comm).decode()
         else:
             assert lib.mnclGroupStart() == 0
             assert lib.mnclCommInitRank(ctypes.byref(comm), 2, uid, 0) == 0
-            assert lib.mnclGroupEnd() == MNCL_INVALID_USAGE
+            assert lib.mnclGroupEnd() == MNCL_TIMEOUT
             message = lib.mnclGetLastError(None).decode()
             assert "a communicator's init in this group failed" in message and MISSING_RANK in message, message
         count = ctypes.c_int(0)
-        assert lib.mnclCommCount(comm, ctypes.byref(count)) == MNCL_INVALID_USAGE  # (its init's error)
+        assert lib.mnclCommCount(comm, ctypes.byref(count)) == MNCL_TIMEOUT  # (its init's error: rank 1 never came)
         assert MISSING_RANK in lib.mnclGetLastError(None).decode()
     finally:
         start = time.monotonic()
@@ -482,3 +489,53 @@ def test_device_queries(lib: Any) -> None:
             assert "is null" in lib.mnclGetLastError(None).decode()
     finally:
         lib.mnclCommDestroy(comm)
+
+
+def test_counts_whose_bytes_overflow_are_refused(lib: Any) -> None:
+    # count x the element size used to wrap around: SIZE_MAX crashed, 2^62 + 1 floats copied one.
+    arr = (ctypes.c_void_p * 1)()
+    assert lib.mnclCommInitAll(arr, 1, None) == 0
+    comm = ctypes.c_void_p(arr[0])
+    x = np.arange(64, dtype=np.float32)
+    p = x.ctypes.data_as(ctypes.c_void_p)
+    try:
+        for count in (2**64 - 1, 2**62 + 1, 2**62):
+            assert lib.mnclAllReduce(p, p, ctypes.c_size_t(count), FLOAT32, SUM, comm, None) == MNCL_INVALID_ARGUMENT
+            assert "is more bytes than a buffer can hold" in lib.mnclGetLastError(comm).decode()
+        assert lib.mnclSend(p, ctypes.c_size_t(2**63), FLOAT32, 0, comm, None) == MNCL_INVALID_ARGUMENT
+        np.testing.assert_array_equal(x, np.arange(64, dtype=np.float32))  # nothing written
+        assert lib.mnclAllReduce(p, p, ctypes.c_size_t(64), FLOAT32, SUM, comm, None) == 0  # still usable
+    finally:
+        lib.mnclCommDestroy(comm)
+
+
+@pytest.mark.parametrize("device", [-3, -100, -(2**31)])
+def test_a_device_that_is_neither_a_gpu_nor_the_cpu_is_refused(lib: Any, device: int) -> None:
+    uid = UniqueId()
+    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == 0
+    comm = ctypes.c_void_p()
+    assert lib.mnclCommInitRankDevice(ctypes.byref(comm), 1, uid, 0, device) == MNCL_INVALID_ARGUMENT
+    assert f"device {device} is neither a CUDA device" in lib.mnclGetLastError(None).decode()
+
+
+def test_a_rank_whose_init_fails_before_joining_fails_the_others_at_once(
+    lib: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One thread inits 3 ranks in a group; rank 2 asks for a GPU this build cannot use. The
+    # others used to wait MININCL_BOOTSTRAP_TIMEOUT for it, then name it as missing.
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "30")
+    uid = UniqueId()
+    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == 0
+    comms = [ctypes.c_void_p() for _ in range(3)]
+    assert lib.mnclGroupStart() == 0
+    for r, device in enumerate([-1, -1, 5]):
+        lib.mnclCommInitRankDevice(ctypes.byref(comms[r]), 3, uid, r, device)
+    rc = lib.mnclGroupEnd()
+    message = lib.mnclGetLastError(None).decode()
+    try:
+        gpu_build = minincl.build_info()["cuda"] and minincl.gpu_count() > 5
+        if not gpu_build:
+            assert rc == MNCL_REMOTE_ERROR, message
+            assert "rank 2 could not make its communicator: device cuda:5" in message, message
+    finally:
+        destroy(lib, comms)

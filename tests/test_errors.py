@@ -747,8 +747,35 @@ def test_missing_rank_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "1")
     t0 = time.monotonic()
     res = _join_all(minincl.get_unique_id(), [(3, 0), (3, 2)])
-    assert all("missing ranks: 1" in r for r in res), res
+    assert all(r.startswith("Timeout: ") and "missing ranks: 1" in r for r in res), res
     assert time.monotonic() - t0 < 10
+
+
+def test_a_rank_that_cannot_use_its_device_fails_the_others_inits_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rank 1 asks for a GPU this machine cannot give; rank 0 used to wait the whole
+    # MININCL_BOOTSTRAP_TIMEOUT for it, then name it as missing.
+    if minincl.gpu_count() > 0:
+        pytest.skip("cuda:0 is usable here")
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "30")
+    uid = minincl.get_unique_id()
+    out = [""] * 2
+
+    def body(rank: int) -> None:
+        try:
+            minincl.Communicator(2, uid, rank, device="cpu" if rank == 0 else "cuda:0").destroy()
+            out[rank] = "ok"
+        except minincl.Error as e:
+            out[rank] = f"{type(e).__name__}: {e}"
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert out[1].startswith(("InvalidUsage: device='cuda:0'", "InvalidArgument: device='cuda:0'")), out
+    assert out[0].startswith(
+        "RemoteError: bootstrap failed: rank 1 could not make its communicator: device='cuda:0'"
+    ), out
 
 
 def test_init_from_env_torchrun_style(monkeypatch: pytest.MonkeyPatch) -> None:

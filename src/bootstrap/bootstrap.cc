@@ -1,5 +1,6 @@
 #include "bootstrap.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "../core/env.h"
@@ -19,6 +20,26 @@ Bootstrap::Bootstrap(const UniqueIdData& id, int rank, int nranks)
         "rank " + std::to_string(rank) + " is out of range for nranks=" + std::to_string(nranks));
   registerWithRoot(id);
   if (nranks_ > 1) connectRing();
+}
+
+void Bootstrap::reportInitFailure(const UniqueIdData& id, int rank, int nranks, const std::string& message) noexcept {
+  if (id.magic != kIdMagic || rank < 0 || rank >= nranks) return;  // (that init's error already says why)
+  try {
+    SockAddr root = id.root.toSockAddr();
+    if (id.rankZeroStartsRoot && rank == 0) startRoot(root, id.nonce);
+    Deadline d = deadlineIn(std::min(bootstrapTimeout(), 5.0));
+    Socket toRoot = Socket::connect(root, d, "rank " + std::to_string(rank) + " reporting its failed init");
+    RootHello hello{};
+    hello.magic = id.magic;
+    hello.nonce = id.nonce;
+    hello.nranks = nranks;
+    hello.rank = rank;
+    hello.failCode = 1;
+    std::strncpy(hello.failMessage, message.c_str(), sizeof(hello.failMessage) - 1);
+    toRoot.sendAll(&hello, sizeof(hello), d, "reporting a failed init to the bootstrap root");
+  } catch (...) {
+    // The others time out instead, naming this rank as missing.
+  }
 }
 
 void Bootstrap::registerWithRoot(const UniqueIdData& id) {
@@ -42,7 +63,11 @@ void Bootstrap::registerWithRoot(const UniqueIdData& id) {
   // The root gives up on missing ranks at its own deadline and says which are missing:
   // wait a little longer than it does, to hear that rather than a bare timeout.
   toRoot.recvAll(&reply, sizeof(reply), deadlineIn(timeout_ + 2.0), "waiting for the other ranks at the bootstrap root");
-  if (reply.status != 0) throwError(mnclInvalidUsage, std::string("bootstrap failed: ") + reply.message);
+  if (reply.status != 0) {  // Timeout: ranks never came; RemoteError: one could not init; else they disagree
+    auto code = (mnclResult_t)reply.status;
+    throwError(code == mnclTimeout || code == mnclRemoteError ? code : mnclInvalidUsage,
+               std::string("bootstrap failed: ") + reply.message);
+  }
   addrs_.resize(nranks_);
   toRoot.recvAll(addrs_.data(), addrs_.size() * sizeof(sockaddr_storage), deadline(), "reading the rank table");
 }

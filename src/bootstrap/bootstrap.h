@@ -43,6 +43,10 @@ SockAddr startRoot(const SockAddr& bind, uint64_t nonce);
 class Bootstrap {
  public:
   Bootstrap(const UniqueIdData& id, int rank, int nranks);
+  // For a rank whose init failed before it joined (a bad device, say): tells the root, which
+  // fails every other rank's init at once with `message` (mnclRemoteError) instead of letting
+  // them wait MININCL_BOOTSTRAP_TIMEOUT for this one. Best effort: never throws.
+  static void reportInitFailure(const UniqueIdData& id, int rank, int nranks, const std::string& message) noexcept;
 
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }

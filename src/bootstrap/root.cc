@@ -38,6 +38,7 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
   std::vector<sockaddr_storage> table;
   int nranks = -1;
   std::string failure;
+  mnclResult_t status = mnclInvalidUsage;  // of a failure: the ranks disagree, or (Timeout) some never came
   try {
     while (nranks < 0 || (int)joined.size() < nranks) {
       Socket s = listener.accept(deadline, "bootstrap root waiting for ranks");
@@ -48,8 +49,15 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
         continue;  // not one of ours
       }
       if (h.magic != kIdMagic || h.nonce != nonce) {
-        reply(s, 1, "wrong magic or unique id: this connection did not come from a rank of this communicator", nullptr);
+        reply(s, mnclInvalidUsage, "wrong magic or unique id: this connection did not come from a rank of this communicator", nullptr);
         continue;
+      }
+      if (h.failCode != 0) {
+        status = mnclRemoteError;
+        failure = "rank " + std::to_string(h.rank) + " could not make its communicator: " +
+                  std::string(h.failMessage, strnlen(h.failMessage, sizeof(h.failMessage)));
+        if (nranks < 0) nranks = h.nranks;
+        break;
       }
       if (nranks < 0) {
         nranks = h.nranks;
@@ -66,7 +74,7 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
         }
       }
       if (!failure.empty()) {
-        reply(s, 1, failure, nullptr);
+        reply(s, mnclInvalidUsage, failure, nullptr);
         break;
       }
       table[h.rank] = h.listen;
@@ -79,11 +87,24 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
       for (const Joined& j : joined) in |= j.rank == r;
       if (!in) missing += (missing.empty() ? "" : ",") + std::to_string(r);
     }
+    status = mnclTimeout;
     failure = "only " + std::to_string(joined.size()) + " of " + std::to_string(nranks) +
               " ranks joined before the bootstrap timeout; missing ranks: " + missing;
     MNCL_WARN(kInit, "bootstrap root: %s", failure.c_str());
   }
-  for (Joined& j : joined) reply(j.sock, failure.empty() ? 0 : 1, failure, failure.empty() ? &table : nullptr);
+  for (Joined& j : joined) reply(j.sock, failure.empty() ? mnclSuccess : status, failure, failure.empty() ? &table : nullptr);
+  // Ranks still to come, after one said it cannot: they hear why at once too (until the
+  // deadline; the one that failed does not come).
+  if (status == mnclRemoteError) {
+    for (int left = nranks - 1 - (int)joined.size(); left > 0; --left) {
+      try {
+        Socket s = listener.accept(deadline, "bootstrap root answering late ranks");
+        reply(s, status, failure, nullptr);
+      } catch (const Error&) {
+        break;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -11,10 +11,14 @@ struct RootHello {
   uint64_t magic, nonce;
   int32_t nranks, rank;
   sockaddr_storage listen;  // where this rank accepts peer connections
+  // Not 0: this rank could not make its communicator (a bad device, say) and does not join;
+  // the root tells every other rank at once, rather than letting them wait for it.
+  int32_t failCode;
+  char failMessage[196];
 };
 
 struct RootReply {
-  int32_t status;  // 0: ok, a table of nranks addresses follows
+  int32_t status;  // mnclSuccess: a table of nranks addresses follows; else the failure's mnclResult_t
   char message[252];
 };
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -76,20 +77,13 @@ dev::ProtoSizes protoSizesFromEnv(bool onGpu) {
 
 Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommOptions& options)
     : rank_(rank), nranks_(nranks), device_(device), options_(options) {
-#if defined(MININCL_HAVE_CUDA)
-  // Init leaves the communicator's GPU current. (Giving the caller's back is no kindness where
-  // the caller never chose one: CUDA reports device 0 then, and since CUDA 12 making it current
-  // makes a context there, hundreds of MB on a GPU this process may never use.)
-  if (onGpu()) {
-    gpu::useDevice(device);
-    abortPinned_ = std::make_unique<gpu::HostMapped>(sizeof(uint32_t));
-    abort_ = static_cast<uint32_t*>(abortPinned_->host());
+  try {
+    prepareDevice();
+    setCallTimeout(env::seconds("MININCL_CALL_TIMEOUT", 0));
+  } catch (const std::exception& e) {
+    Bootstrap::reportInitFailure(id, rank, nranks, e.what());  // (the others need not wait for us)
+    throw;
   }
-#else
-  MNCL_CHECK(device < 0, mnclInvalidUsage,
-        "device cuda:" + std::to_string(device) + ": this build of minincl has no CUDA backend (built without nvcc); use device=\"cpu\"");
-#endif
-  setCallTimeout(env::seconds("MININCL_CALL_TIMEOUT", 0));
   bootstrap_ = std::make_unique<Bootstrap>(id, rank, nranks);
 
   PeerInfo mine{};
@@ -712,6 +706,25 @@ std::string Comm::peerFailure(int r) const {
   return "rank " + std::to_string(r) + " (pid " + std::to_string(peers_[r].pid) + ") failed: " + ctrl->failMessage;
 }
 
+void Comm::prepareDevice() {
+  MNCL_CHECK(device_ >= 0 || device_ == MNCL_DEVICE_CPU, mnclInvalidArgument,
+             "device " + std::to_string(device_) + " is neither a CUDA device (0, 1, ...) nor the CPU (MNCL_DEVICE_CPU, -1)");
+#if defined(MININCL_HAVE_CUDA)
+  // Init leaves the communicator's GPU current. (Giving the caller's back is no kindness where
+  // the caller never chose one: CUDA reports device 0 then, and since CUDA 12 making it current
+  // makes a context there, hundreds of MB on a GPU this process may never use.)
+  if (onGpu()) {
+    gpu::useDevice(device_);
+    abortPinned_ = std::make_unique<gpu::HostMapped>(sizeof(uint32_t));
+    abort_ = static_cast<uint32_t*>(abortPinned_->host());
+  }
+#else
+  MNCL_CHECK(device_ < 0, mnclInvalidUsage,
+             "device cuda:" + std::to_string(device_) +
+                 ": this build of minincl has no CUDA backend (built without nvcc); use device=\"cpu\"");
+#endif
+}
+
 std::string Comm::loggedCallMismatch(int r) const {
   if (!region_ || !peerRegions_[r]) return "";
   const CallLog& mine = region_->ctrl()->calls;
@@ -789,8 +802,10 @@ void Comm::awaitQueuedWork() const {
 }
 
 void Comm::setCallTimeout(double seconds) {
+  char shown[32];
+  std::snprintf(shown, sizeof(shown), "%g", seconds);  // (to_string wrote 1e300 as 301 digits)
   MNCL_CHECK(seconds >= 0 && seconds < 1e9, mnclInvalidArgument,
-             "a call timeout must be 0 (none) or a positive number of seconds, not " + std::to_string(seconds));
+             std::string("a call timeout must be 0 (none) or a positive number of seconds below 1e9, not ") + shown);
   callTimeout_.store(seconds, std::memory_order_relaxed);
 }
 

@@ -206,6 +206,9 @@ class Comm {
   bool overNetwork(int r) const { return netPeer_[r] != 0; }
 
  private:
+  // Before the bootstrap: the device is one, and usable (GPU: current, with the abort word in
+  // pinned memory). A failure here is told to the other ranks (Bootstrap::reportInitFailure).
+  void prepareDevice();
   bool peerOutOfCalls(int r) const;
   void agreeOnPlan();
   int channelsWanted(int coresPerRank) const;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -86,6 +87,17 @@ void checkTypeOp(DataType t, RedOp op, bool reduces) {
              std::string(redOpName(op)) + " combines integers bit by bit; the data is " + dataTypeName(t));
 }
 
+// `count` elements of `t`, `blocks` times (a rank's block for each rank, where a buffer holds
+// one), must be a size a buffer can have: a product that wraps around would pass every other
+// check and copy a few elements, or none.
+void checkBytes(const char* what, size_t count, DataType t, size_t blocks) {
+  size_t limit = (size_t)PTRDIFF_MAX / dataTypeSize(t) / blocks;
+  MNCL_CHECK(count <= limit, mnclInvalidArgument,
+             std::string(what) + ": count " + std::to_string(count) + " of " + dataTypeName(t) +
+                 (blocks > 1 ? " (x " + std::to_string(blocks) + " ranks)" : std::string()) +
+                 " is more bytes than a buffer can hold (at most " + std::to_string(limit) + " elements)");
+}
+
 // Buffers that overlap are in place only as NCCL lays them out: the same address (allreduce,
 // broadcast, reduce), or this rank's block of the bigger buffer (allgather, reduce_scatter).
 // Any other overlap would read what the call already wrote.
@@ -119,6 +131,8 @@ void validate(Comm& comm, const CollCall& c) {
           std::string(collName(c.coll)) + ": root " + std::to_string(c.root) + " is out of range for " +
               std::to_string(comm.nranks()) + " ranks");
   }
+  bool blocked = c.coll == Coll::allgather || c.coll == Coll::reducescatter;
+  checkBytes(collName(c.coll), c.count, c.dtype, blocked ? (size_t)comm.nranks() : 1);
   if (c.count > 0) {
     MNCL_CHECK(c.recv != nullptr || (c.coll == Coll::reduce && comm.rank() != c.root), mnclInvalidArgument,
           std::string(collName(c.coll)) + ": the receive buffer is null");
@@ -131,6 +145,7 @@ void validate(Comm& comm, const CollCall& c) {
 void validate(Comm& comm, const P2pCall& c) {
   checkUsable(comm);
   checkTypeOp(c.dtype, RedOp::sum, false);
+  checkBytes(c.isSend ? "send" : "recv", c.count, c.dtype, 1);
   MNCL_CHECK(c.peer >= 0 && c.peer < comm.nranks(), mnclInvalidArgument,
         std::string(c.isSend ? "send" : "recv") + ": peer " + std::to_string(c.peer) + " is out of range for " +
             std::to_string(comm.nranks()) + " ranks");
@@ -492,6 +507,7 @@ void enqueueSendRecv(Comm& comm, const P2pCall& send, const P2pCall& recv) {
 void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, DataType dtype, void* stream) {
   checkUsable(comm);
   checkTypeOp(dtype, RedOp::sum, false);
+  checkBytes("alltoall", count, dtype, (size_t)comm.nranks());
   size_t bytes = count * dataTypeSize(dtype);
   MNCL_CHECK(!(comm.onGpu() && send == recv && bytes), mnclInvalidUsage,
         "in-place alltoall on a CUDA communicator: pass a separate recv buffer");

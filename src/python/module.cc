@@ -883,6 +883,18 @@ PYBIND11_MODULE(_core, m) {
   m.def("gpu_count", [] { return gpu::usableDeviceCount(); },
         "How many CUDA GPUs this process can use (0 without a driver, a GPU or a CUDA build).");
   m.def("_cuda_current_device", [] { return gpu::currentDevice(); });
+  m.def(
+      "_report_init_failure",
+      [](int nranks, py::bytes uid, int rank, const std::string& message) {
+        std::string id = uid;
+        if (id.size() != MNCL_UNIQUE_ID_BYTES) return;  // (that init's own error says so)
+        UniqueIdData data;
+        std::memcpy(&data, id.data(), sizeof(data));
+        py::gil_scoped_release nogil;
+        Bootstrap::reportInitFailure(data, rank, nranks, message);
+      },
+      py::arg("nranks"), py::arg("uid"), py::arg("rank"), py::arg("message"),
+      "For an init that failed before the core saw it: the other ranks' inits fail at once, naming why.");
   m.def("build_info", [] {
     py::dict d;
 #ifdef MININCL_HAVE_CUDA
