@@ -271,11 +271,13 @@ _LAUNCH_GRACE_SECONDS = 15.0  # a failed rank's peers have MININCL_TIMEOUT (5 s)
 
 class LaunchError(Error):
     """One or more ranks started by :func:`launch` failed; ``results`` holds what the
-    other ranks returned, by rank."""
+    other ranks returned, by rank, and ``errors`` each failed rank's story in one line
+    (``"InvalidArgument: ..."``; the message adds the tracebacks)."""
 
-    def __init__(self, message: str, results: dict[int, Any]) -> None:
+    def __init__(self, message: str, results: dict[int, Any], errors: dict[int, str] | None = None) -> None:
         super().__init__(message)
         self.results = results
+        self.errors = errors or {}
 
 
 def launch(
@@ -284,8 +286,9 @@ def launch(
     """Runs ``fn(comm, *args)`` in ``nranks`` new local processes, one rank each.
 
     Returns the results in rank order. ``fn`` and ``args`` must be picklable (define ``fn``
-    at module level). If a rank fails or dies, raises :class:`LaunchError` with every
-    rank's story.
+    at module level). The processes are spawned: each imports the main script, so a script
+    must call ``launch`` under ``if __name__ == "__main__":``. If a rank fails or dies,
+    raises :class:`LaunchError` with every rank's story.
     """
     ctx = mp.get_context("spawn")
     uid = get_unique_id()
@@ -325,16 +328,22 @@ def launch(
             p.join()
             killed.add(r)
     collect(0.5)  # (ranks that were waiting on a killed one: it is gone, they raised)
-    failures = []
+    errors: dict[int, str] = {}
     for r, p in enumerate(procs):
         if r in killed and r not in results:
             why = f"the launch timeout of {timeout} s" if timeout is not None else "another rank failed"
-            failures.append(f"rank {r}: still running after {why} (killed)")
+            errors[r] = f"still running after {why} (killed)"
         elif r not in results:
-            failures.append(f"rank {r}: process ended with exit code {p.exitcode} and no result")
+            errors[r] = (
+                f"process ended with exit code {p.exitcode} and no result (it failed before running "
+                f"{getattr(fn, '__name__', 'fn')}: its traceback is on stderr; a script must call launch() "
+                "under `if __name__ == '__main__':`, as its ranks import it)"
+            )
         elif not results[r][0]:
-            failures.append(f"rank {r}: {results[r][1]}")
-    if failures:
+            errors[r] = results[r][1]
+    if errors:
         ok = {r: v for r, (good, v) in results.items() if good}
-        raise LaunchError("launch: " + str(len(failures)) + " rank(s) failed\n" + "\n".join(failures), ok)
+        stories = "\n".join(f"rank {r}: {e}" for r, e in errors.items())
+        first_lines = {r: e.split("\n", 1)[0] for r, e in errors.items()}
+        raise LaunchError(f"launch: {len(errors)} rank(s) failed\n{stories}", ok, first_lines)
     return [results[r][1] for r in range(nranks)]

@@ -302,11 +302,15 @@ def bench_gpu_ranks(comms: list[Communicator], cfg: Config) -> list[tuple[int, i
     return rows
 
 
+def _redop(cfg: Config) -> str:
+    return cfg.op if cfg.coll in ("allreduce", "reduce", "reduce_scatter") else "none"
+
+
 def _header(cfg: Config, n: int, where: str = "processes") -> str:
     algo = os.environ.get("MININCL_ALGO", "auto")
     proto = os.environ.get("MININCL_PROTO", "auto")
     lines = [
-        f"# minincl bench {cfg.coll}: {n} ranks ({where}), dtype {cfg.dtype}, op {cfg.op}, "
+        f"# minincl bench {cfg.coll}: {n} ranks ({where}), dtype {cfg.dtype}, op {_redop(cfg)}, "
         f"algo {algo}, proto {proto}, iters {cfg.iters or 'by size'}, warmup {cfg.warmup}",
         "#",
         f"# {'size':>12} {'count':>12} {'type':>13} {'redop':>9} {'root':>5} {'time':>10} "
@@ -320,7 +324,7 @@ def _row(cfg: Config, n: int, row: tuple[int, int, float, int]) -> str:
     nbytes, count, secs, wrong = row
     algbw = nbytes / secs / 1e9 if secs > 0 else 0.0
     busbw = algbw * bus_factor(cfg.coll, n)
-    redop = cfg.op if cfg.coll in ("allreduce", "reduce", "reduce_scatter") else "none"
+    redop = _redop(cfg)
     root = str(cfg.root) if cfg.coll in ("broadcast", "reduce") else "-1"
     wrong_s = "N/A" if wrong < 0 else str(wrong)
     return (

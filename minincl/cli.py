@@ -7,6 +7,7 @@ import os
 import sys
 
 from . import _c_library, _core, bench
+from ._comm import LaunchError
 
 
 def _info(_: argparse.Namespace) -> int:
@@ -81,6 +82,21 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader left (`minincl topo | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit)
+        return 141
+    except LaunchError as e:  # each rank's one-line story, once per distinct story (no tracebacks)
+        if any(line.startswith("BrokenPipeError") for line in e.errors.values()):
+            return 141  # (the rank printing the table lost its reader: `minincl bench | head`)
+        stories: dict[str, list[int]] = {}
+        for rank, line in sorted(e.errors.items()):
+            stories.setdefault(line, []).append(rank)
+        for line, ranks in stories.items():
+            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+            print(f"minincl {args.command}: {who}: {line}", file=sys.stderr)
+        if not stories:
+            print(f"minincl {args.command}: {e}", file=sys.stderr)
+        return 1
     except Exception as e:  # noqa: BLE001 - a CLI prints the sentence, not a traceback
         print(f"minincl {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

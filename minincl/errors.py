@@ -23,7 +23,8 @@ class RemoteError(Error):
 
 
 class Timeout(Error, TimeoutError):
-    """A peer did not answer within the configured timeout."""
+    """A peer did not answer in time (MININCL_TIMEOUT, or MININCL_BOOTSTRAP_TIMEOUT at init), or
+    a call lasted longer than its communicator's ``call_timeout`` (its peers alive but elsewhere)."""
 
 
 class Aborted(Error):

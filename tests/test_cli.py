@@ -62,7 +62,30 @@ def test_bench_checks_bitwise_ops_and_refuses_them_on_floats() -> None:
 def test_bench_rejects_an_unknown_algorithm() -> None:
     out = run_cli("bench", "allreduce", "--ranks", "2", "-b", "8", "-e", "8", "--algo", "butterfly")
     assert out.returncode != 0
-    assert "butterfly" in out.stdout + out.stderr
+    # One line for both ranks, without their tracebacks (there were one per rank).
+    lines = out.stderr.strip().splitlines()
+    assert lines == [lines[0]] and lines[0].startswith("minincl bench: ranks 0, 1: InvalidArgument: "), out.stderr
+    assert 'MININCL_ALGO: unknown name "butterfly"' in lines[0]
+
+
+def test_bench_names_no_op_for_collectives_without_one() -> None:
+    out = run_cli("bench", "broadcast", "--ranks", "2", "-b", "8", "-e", "8", "--iters", "1")
+    assert out.returncode == 0, out.stderr
+    assert ", op none," in out.stdout.splitlines()[0], out.stdout
+
+
+@pytest.mark.parametrize("command", [["topo"], ["bench", "allreduce", "-b", "8", "-e", "1M", "--iters", "1"]])
+def test_a_reader_that_leaves_ends_the_command_quietly(command: list[str]) -> None:
+    # (`minincl topo | head`: it printed "BrokenPipeError" and, for bench, a traceback per rank.)
+    with tempfile.TemporaryDirectory() as cwd:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "minincl", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd
+        )
+        assert p.stdout is not None and p.stderr is not None
+        p.stdout.close()  # before it writes its first line
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=120) == 141, err
+    assert "BrokenPipe" not in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize(
@@ -86,3 +109,5 @@ def test_info_names_the_build() -> None:
     assert out.returncode == 0, out.stderr
     assert "minincl" in out.stdout
     assert minincl.build_info()["cpu_vector_isa"] in out.stdout
+    compiler = minincl.build_info()["compiler"]
+    assert "GCC" in compiler or "clang" in compiler.lower(), compiler  # (GCC's version alone named nothing)

@@ -130,9 +130,11 @@ def test_time_limits_in_the_environment_are_checked_where_they_are_set(monkeypat
 
 
 def test_cpu_binding_other_than_0_or_1_is_refused_at_init(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MININCL_CPU_BIND", "2")  # (read where a rank has a process of its own)
+    monkeypatch.setenv("MININCL_CPU_BIND", "2")
     with pytest.raises(minincl.LaunchError, match="MININCL_CPU_BIND must be 0 .* or 1 .*, not 2"):
         minincl.launch(workers.channels_after_init, 2, timeout=60)
+    with pytest.raises(minincl.InvalidArgument, match="MININCL_CPU_BIND must be 0 .* or 1 .*, not 2"):
+        minincl.Communicator.init_all(2)  # (threads never bind, but the setting is still wrong)
 
 
 def test_unknown_logging_settings_are_said_once_and_known_ones_in_any_case(tmp_path: Any) -> None:

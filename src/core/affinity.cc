@@ -14,12 +14,16 @@
 
 namespace mncl {
 
-void maybeBindToCore(int localIndex) {
+bool cpuBindRequested() {
   int64_t bind = env::integer("MININCL_CPU_BIND", 0);
   MNCL_CHECK(bind == 0 || bind == 1, mnclInvalidArgument,
              "MININCL_CPU_BIND must be 0 (no binding) or 1 (each rank's thread on a core of its own), not " +
                  std::to_string(bind));
-  if (bind == 0) return;
+  return bind == 1;
+}
+
+void maybeBindToCore(int localIndex) {
+  if (!cpuBindRequested()) return;
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
   std::vector<int> cpus;

@@ -80,6 +80,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   try {
     prepareDevice();
     setCallTimeout(env::seconds("MININCL_CALL_TIMEOUT", 0));
+    cpuBindRequested();  // (checked here for every rank, threads too: only processes bind)
   } catch (const std::exception& e) {
     Bootstrap::reportInitFailure(id, rank, nranks, e.what());  // (the others need not wait for us)
     throw;

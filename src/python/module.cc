@@ -904,7 +904,11 @@ PYBIND11_MODULE(_core, m) {
     d["cuda"] = false;
     d["cuda_archs"] = std::string();
 #endif
+#if defined(__GNUC__) && !defined(__clang__)
+    d["compiler"] = std::string("GCC ") + __VERSION__;  // (GCC's __VERSION__ is the number alone)
+#else
     d["compiler"] = std::string(__VERSION__);
+#endif
     d["cpu_vector_isa"] = vectorIsaInUse();  // the CPU's 16-bit float arithmetic
     return d;
   });
@@ -938,12 +942,16 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("nranks", &PyComm::nranks)
       .def_property_readonly("_device_index", &PyComm::device)
       .def_property_readonly("destroyed", &PyComm::destroyed)
-      .def("barrier", &PyComm::barrier)
+      .def("barrier", &PyComm::barrier,
+           "Returns once every rank has called it (on a CUDA communicator, once every rank's thread has: "
+           "streams are not synchronized).")
       .def("_split_info", &PyComm::splitInfo, py::arg("color"), py::arg("key"))
       .def("stats", &PyComm::stats,
            "Counters: channels; pointer_steps, steps whose data a receiver read straight from this rank's buffers; "
-           "steps_read_ahead, steps whose data this rank had already read from the sender's input (CPU processes); "
-           "readable_peers, peers whose buffers this rank reads directly; network_peers, peers reached over TCP.")
+           "direct_writes, steps written straight into a receiver's output; network_steps_landed, steps from "
+           "network peers that this rank's proxy received straight into its output; steps_read_ahead, steps whose "
+           "data this rank had already read from the sender's input (CPU processes); readable_peers, peers whose "
+           "buffers this rank reads directly; network_peers, peers reached over TCP.")
       .def("_pending_sender", &PyComm::pendingSender,
            "A rank whose send to this rank waits for its receive (the lowest), or -1; raises the "
            "communicator's error if it failed. (For a receive from any source.)")
@@ -954,8 +962,13 @@ PYBIND11_MODULE(_core, m) {
                     "as after any error.")
       .def("_window_empty", &PyComm::windowEmpty, py::arg("shape"), py::arg("dtype"))
       .def("_topology", &PyComm::topology)
-      .def("abort", &PyComm::abort)
-      .def("destroy", &PyComm::destroy);
+      .def("abort", &PyComm::abort,
+           "Stops every call in flight on this communicator, on any thread (they raise minincl.Aborted), then "
+           "frees it; the peers' calls raise RemoteError. Safe from a watchdog thread at any moment.")
+      .def("destroy", &PyComm::destroy,
+           "Frees the communicator once calls on other threads and queued async_op calls have ended (one still "
+           "waiting for its peers after MININCL_TIMEOUT is stopped: it raises Aborted). Later calls raise "
+           "InvalidUsage; rank, nranks and device stay readable. Also what leaving a `with` block does.");
   bindCalls(comm);
 
 #ifdef MININCL_HAVE_TOPO
