@@ -59,8 +59,10 @@ typedef enum {
   mnclFloat32 = 7,
   mnclFloat64 = 8,
   mnclBfloat16 = 9,
+  /* The 8-bit floats: each reduction step in float, rounded to nearest even and saturated to
+   * the largest finite value (as NCCL's); a NaN stays a NaN. */
   mnclFloat8e4m3 = 10, /* OCP FP8 E4M3 (PyTorch's float8_e4m3fn): max 448, no infinity */
-  mnclFloat8e5m2 = 11, /* OCP FP8 E5M2: max 57344 */
+  mnclFloat8e5m2 = 11, /* OCP FP8 E5M2: max 57344 (a sum past it gives 57344, not infinity) */
   mnclNumTypes = 12
 } mnclDataType_t;
 
