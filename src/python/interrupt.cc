@@ -10,15 +10,8 @@ constexpr auto kPollPeriod = std::chrono::milliseconds(50);
 
 }  // namespace
 
-InterruptibleCall::InterruptibleCall(std::function<void(const std::string&)> stop)
-    : stop_(std::move(stop)), saved_(dev::tlsLongWaitHook) {
-  dev::tlsLongWaitHook = {&InterruptibleCall::poll, this};
-}
-
-InterruptibleCall::~InterruptibleCall() { dev::tlsLongWaitHook = saved_; }
-
-void InterruptibleCall::poll(void* self) {
-  auto* call = static_cast<InterruptibleCall*>(self);
+void InterruptibleCallBase::poll(void* self) {
+  auto* call = static_cast<InterruptibleCallBase*>(self);
   auto now = std::chrono::steady_clock::now();
   if (call->raised_ || now < call->nextPoll_) return;
   call->nextPoll_ = now + kPollPeriod;
@@ -26,23 +19,22 @@ void InterruptibleCall::poll(void* self) {
   call->runHandlers();
 }
 
-void InterruptibleCall::runHandlers() {
+void InterruptibleCallBase::runHandlers() {
   // (Off the main thread, PyErr_CheckSignals does nothing. It must be the first Python this
   // runs: any Python code would run the handler itself, and its exception be lost.)
   if (raised_ || PyErr_CheckSignals() == 0) return;
   raised_.emplace();  // takes the handler's exception
   const char* name = reinterpret_cast<PyTypeObject*>(raised_->type().ptr())->tp_name;
-  stop_(std::string("the call was interrupted (") + name + ") while it waited for its peers");
+  stop_(this, std::string("the call was interrupted (") + name + ") while it waited for its peers");
 }
 
-void InterruptibleCall::rethrowIfInterrupted() {
-  if (!raised_) return;
+void InterruptibleCallBase::rethrow() {
   py::error_already_set e = std::move(*raised_);
   raised_.reset();
   throw e;
 }
 
-void InterruptibleCall::checkNow() {
+void InterruptibleCallBase::checkNow() {
   runHandlers();
   rethrowIfInterrupted();
 }

@@ -70,7 +70,7 @@ class Work {
   Work(std::shared_ptr<Outcome> s, py::object result, py::list keep, Stop stop)
       : state_(std::move(s)), result_(std::move(result)), keep_(std::move(keep)), stop_(std::move(stop)) {}
   py::object wait() {
-    py_interrupt::InterruptibleCall interruptible(stop_);
+    py_interrupt::InterruptibleCall interruptible([this](const std::string& why) { stop_(why); });
     for (;;) {
       {
         py::gil_scoped_release nogil;
