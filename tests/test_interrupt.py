@@ -2,7 +2,9 @@
 communicator is aborted, and its peers raise RemoteError naming the interruption.
 
 Each story runs in a fresh Python process that sends itself a real SIGINT while its main
-thread is blocked in a call whose peer does not come."""
+thread is blocked in a call whose peer does not come. (Each installs Python's own SIGINT
+handler first: a process started in the background by a non-interactive shell, as CI may
+be, inherits SIGINT ignored, and Python then leaves it so.)"""
 
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ import json, os, signal, sys, threading
 import numpy as np
 import minincl
 
+signal.signal(signal.SIGINT, signal.default_int_handler)
 comms = minincl.Communicator.init_all(2)
+comms[0].call_timeout = 30  # (should the interrupt not work: a Timeout, not a hang)
 threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
 out = {}
 x = np.arange(1000, dtype=np.float32)
@@ -55,7 +59,7 @@ CALLS = {
 
 def run_story(tmp_path: Path, code: str) -> dict[str, str]:
     # (From an empty folder: from the repository root, "import minincl" finds its sources.)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -75,6 +79,7 @@ def test_ctrl_c_stops_an_init_whose_peers_never_come(tmp_path: Path) -> None:
         import json, os, signal, threading
         import minincl
 
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         uid = minincl.get_unique_id()
         threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
         try:
@@ -86,9 +91,9 @@ def test_ctrl_c_stops_an_init_whose_peers_never_come(tmp_path: Path) -> None:
             out = f"{type(e).__name__}: {e}"
         print(json.dumps({"init": out}))
     """)
-    env = dict(os.environ, MININCL_BOOTSTRAP_TIMEOUT="100")
+    env = dict(os.environ, MININCL_BOOTSTRAP_TIMEOUT="30")
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=tmp_path, env=env
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"init": "KeyboardInterrupt"}
@@ -141,6 +146,7 @@ def test_ctrl_c_in_one_process_fails_the_other_processes_call(tmp_path: Path) ->
             def story(comm):
                 x = np.ones(100, np.float32)
                 if comm.rank == 0:
+                    signal.signal(signal.SIGINT, signal.default_int_handler)
                     threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
                     try:
                         comm.allreduce(x)
