@@ -443,6 +443,12 @@ const char* mnclGetLastError(mnclComm_t comm) {
   return threadLastError();
 }
 
+// A call's data type, checked as the caller passed it (a cast first turned -1 into 255).
+static DataType dataTypeOf(mnclDataType_t t) {
+  MNCL_CHECK(t >= 0 && t < mnclNumTypes, mnclInvalidArgument, "unknown data type " + std::to_string((int)t));
+  return (DataType)t;
+}
+
 // The reduction a call's op names: a built-in one, or one of comm's pre-multiplied sums.
 static void resolveOp(mnclComm_t comm, mnclRedOp_t op, CollCall& call) {
   MNCL_CHECK(op >= 0, mnclInvalidArgument, "unknown reduction op " + std::to_string((int)op));
@@ -475,7 +481,7 @@ static mnclResult_t coll(Coll c, const void* send, void* recv, size_t count, mnc
     CallHold hold(comm);
     Comm& cm = hold.comm();
     checkStream(cm, stream);
-    CollCall call{c, send, recv, count, (DataType)dt, RedOp::sum, root, stream};
+    CollCall call{c, send, recv, count, dataTypeOf(dt), RedOp::sum, root, stream};
     if (c != Coll::broadcast && c != Coll::allgather) resolveOp(comm, op, call);
     enqueueColl(cm, call);
   });
@@ -543,7 +549,7 @@ mnclResult_t mnclAlltoAll(const void* s, void* r, size_t n, mnclDataType_t t, mn
     CallHold hold(c);
     Comm& cm = hold.comm();
     checkStream(cm, st);
-    enqueueAlltoAll(cm, s, r, n, (DataType)t, st);
+    enqueueAlltoAll(cm, s, r, n, dataTypeOf(t), st);
   });
 }
 
@@ -552,7 +558,7 @@ mnclResult_t mnclSend(const void* buf, size_t n, mnclDataType_t t, int peer, mnc
     CallHold hold(c);
     Comm& cm = hold.comm();
     checkStream(cm, st);
-    enqueueP2p(cm, {true, const_cast<void*>(buf), n, (DataType)t, peer, st});
+    enqueueP2p(cm, {true, const_cast<void*>(buf), n, dataTypeOf(t), peer, st});
   });
 }
 
@@ -561,7 +567,7 @@ mnclResult_t mnclRecv(void* buf, size_t n, mnclDataType_t t, int peer, mnclComm_
     CallHold hold(c);
     Comm& cm = hold.comm();
     checkStream(cm, st);
-    enqueueP2p(cm, {false, buf, n, (DataType)t, peer, st});
+    enqueueP2p(cm, {false, buf, n, dataTypeOf(t), peer, st});
   });
 }
 

@@ -539,3 +539,19 @@ def test_a_rank_whose_init_fails_before_joining_fails_the_others_at_once(
             assert "rank 2 could not make its communicator: device cuda:5" in message, message
     finally:
         destroy(lib, comms)
+
+
+@pytest.mark.parametrize("dtype", [-1, 12, 255])
+def test_an_unknown_data_type_is_named_as_passed(lib: Any, dtype: int) -> None:
+    arr = (ctypes.c_void_p * 1)()
+    assert lib.mnclCommInitAll(arr, 1, None) == 0
+    comm = ctypes.c_void_p(arr[0])
+    x = np.zeros(4, np.float32)
+    p = x.ctypes.data_as(ctypes.c_void_p)
+    try:
+        assert lib.mnclAllReduce(p, p, ctypes.c_size_t(4), dtype, SUM, comm, None) == MNCL_INVALID_ARGUMENT
+        assert lib.mnclGetLastError(comm).decode().endswith(f"unknown data type {dtype}")  # (-1 read 255)
+        assert lib.mnclSend(p, ctypes.c_size_t(4), dtype, 0, comm, None) == MNCL_INVALID_ARGUMENT
+        assert lib.mnclGetLastError(comm).decode().endswith(f"unknown data type {dtype}")
+    finally:
+        lib.mnclCommDestroy(comm)
