@@ -11,6 +11,26 @@ namespace mncl {
 
 double bootstrapTimeout() { return env::limit("MININCL_BOOTSTRAP_TIMEOUT", 60.0); }
 
+namespace {
+
+// Rank `rank`'s socket to the bootstrap root; rank 0 of an id made from an address starts it.
+Socket connectToRoot(const UniqueIdData& id, int rank, Deadline d, const std::string& why) {
+  SockAddr root = id.root.toSockAddr();
+  if (id.rankZeroStartsRoot && rank == 0) startRoot(root, id.nonce);
+  return Socket::connect(root, d, "rank " + std::to_string(rank) + " " + why);
+}
+
+RootHello helloFrom(const UniqueIdData& id, int rank, int nranks) {
+  RootHello hello{};
+  hello.magic = id.magic;
+  hello.nonce = id.nonce;
+  hello.nranks = nranks;
+  hello.rank = rank;
+  return hello;
+}
+
+}  // namespace
+
 Bootstrap::Bootstrap(const UniqueIdData& id, int rank, int nranks)
     : rank_(rank), nranks_(nranks), magic_(id.nonce ^ kIdMagic), timeout_(bootstrapTimeout()) {
   MNCL_CHECK(id.magic == kIdMagic, mnclInvalidArgument,
@@ -25,15 +45,9 @@ Bootstrap::Bootstrap(const UniqueIdData& id, int rank, int nranks)
 void Bootstrap::reportInitFailure(const UniqueIdData& id, int rank, int nranks, const std::string& message) noexcept {
   if (id.magic != kIdMagic || rank < 0 || rank >= nranks) return;  // (that init's error already says why)
   try {
-    SockAddr root = id.root.toSockAddr();
-    if (id.rankZeroStartsRoot && rank == 0) startRoot(root, id.nonce);
     Deadline d = deadlineIn(std::min(bootstrapTimeout(), 5.0));
-    Socket toRoot = Socket::connect(root, d, "rank " + std::to_string(rank) + " reporting its failed init");
-    RootHello hello{};
-    hello.magic = id.magic;
-    hello.nonce = id.nonce;
-    hello.nranks = nranks;
-    hello.rank = rank;
+    Socket toRoot = connectToRoot(id, rank, d, "reporting its failed init");
+    RootHello hello = helloFrom(id, rank, nranks);
     hello.failCode = 1;
     std::strncpy(hello.failMessage, message.c_str(), sizeof(hello.failMessage) - 1);
     toRoot.sendAll(&hello, sizeof(hello), d, "reporting a failed init to the bootstrap root");
@@ -43,20 +57,13 @@ void Bootstrap::reportInitFailure(const UniqueIdData& id, int rank, int nranks, 
 }
 
 void Bootstrap::registerWithRoot(const UniqueIdData& id) {
-  SockAddr root = id.root.toSockAddr();
-  if (id.rankZeroStartsRoot && rank_ == 0) startRoot(root, id.nonce);
-
-  Socket toRoot = Socket::connect(root, deadline(), "rank " + std::to_string(rank_) + " registering with the bootstrap root");
+  Socket toRoot = connectToRoot(id, rank_, deadline(), "registering with the bootstrap root");
   // Listen on the interface that reaches the root, so peers can reach us the same way.
   SockAddr mine = toRoot.localAddr();
   mine.setPort(0);
   listen_ = Socket::listen(mine);
 
-  RootHello hello{};
-  hello.magic = id.magic;
-  hello.nonce = id.nonce;
-  hello.nranks = nranks_;
-  hello.rank = rank_;
+  RootHello hello = helloFrom(id, rank_, nranks_);
   hello.listen = listen_.localAddr().storage;
   toRoot.sendAll(&hello, sizeof(hello), deadline(), "sending hello to the bootstrap root");
   RootReply reply{};

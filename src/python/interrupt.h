@@ -16,6 +16,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "../../cuda/arch.h"
 
@@ -32,6 +33,30 @@ class InterruptibleCallBase {
   // With the GIL: raises the handler's exception, if one was raised during the call.
   void rethrowIfInterrupted() {
     if (raised_) rethrow();
+  }
+
+  // Runs body() without the GIL and returns what it returns. If a handler raised meanwhile,
+  // raises that exception instead, also when body threw: its error (Aborted) is the
+  // interruption's consequence, not its story.
+  template <typename Body>
+  auto withoutGil(Body&& body) -> decltype(body()) {
+    auto run = [&]() -> decltype(body()) {
+      try {
+        py::gil_scoped_release nogil;
+        return body();
+      } catch (...) {
+        rethrowIfInterrupted();  // (with the GIL again: nogil is gone once the handler runs)
+        throw;
+      }
+    };
+    if constexpr (std::is_void_v<decltype(body())>) {
+      run();
+      rethrowIfInterrupted();
+    } else {
+      auto result = run();
+      rethrowIfInterrupted();
+      return result;
+    }
   }
 
   // For a wait that holds the GIL between timed waits (Work.wait): runs the pending

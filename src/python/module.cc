@@ -196,15 +196,10 @@ class PyComm {
     // Ctrl-C while the peers are awaited (up to MININCL_BOOTSTRAP_TIMEOUT) stops the init.
     std::atomic<bool> cancel{false};
     py_interrupt::InterruptibleCall interruptible([&cancel](const std::string&) { cancel = true; });
-    try {
-      py::gil_scoped_release nogil;
+    interruptible.withoutGil([&] {  // (one that ends though interrupted goes with this object)
       WaitCancel cancelWaits(&cancel);
       comm_ = std::make_unique<Comm>(data, rank, nranks, device);
-    } catch (...) {
-      interruptible.rethrowIfInterrupted();
-      throw;
-    }
-    interruptible.rethrowIfInterrupted();  // (the init ended meanwhile: the communicator goes with this object)
+    });
     rank_ = comm_->rank();
     nranks_ = comm_->nranks();
     device_ = comm_->device();
@@ -414,7 +409,6 @@ class PyComm {
   py::object splitInfo(int color, int key) {
     int n = 0, r = 0;
     UniqueIdData id{};
-    bool joined = false;
     // Ctrl-C while the other ranks are awaited cancels the rendezvous's socket waits and
     // fails this communicator (its ranks are somewhere inside the split).
     std::atomic<bool> cancel{false};
@@ -422,15 +416,10 @@ class PyComm {
       cancel = true;
       failInside(why);  // (from inside withLive)
     });
-    try {
-      py::gil_scoped_release nogil;
+    bool joined = interruptible.withoutGil([&] {
       WaitCancel cancelWaits(&cancel);
-      joined = withLive([&](Comm& cm) { return cm.splitInfo(color, key, &n, &r, &id); });
-    } catch (...) {
-      interruptible.rethrowIfInterrupted();
-      throw;
-    }
-    interruptible.rethrowIfInterrupted();
+      return withLive([&](Comm& cm) { return cm.splitInfo(color, key, &n, &r, &id); });
+    });
     if (!joined) return py::none();
     char bytes[MNCL_UNIQUE_ID_BYTES] = {};
     std::memcpy(bytes, &id, sizeof(id));
@@ -517,8 +506,7 @@ class PyComm {
         if (!c->destroyed_) c->failInside(why);  // (held open below)
       }
     });
-    try {
-      py::gil_scoped_release nogil;
+    interruptible.withoutGil([&] {
       std::vector<std::shared_lock<std::shared_timed_mutex>> held;
       std::string closed;
       for (PyComm* c : comms) {
@@ -532,11 +520,7 @@ class PyComm {
         throwError(mnclInvalidUsage, "the group's calls on the communicator of rank(s) " + closed +
                                          " did not run: it was destroyed or aborted before the group ended");
       }
-    } catch (...) {
-      interruptible.rethrowIfInterrupted();
-      throw;
-    }
-    interruptible.rethrowIfInterrupted();
+    });
   }
 
  private:
@@ -730,15 +714,10 @@ class PyComm {
     }
     if (!asyncHeld_.empty()) releaseFinishedAsync();
     py_interrupt::InterruptibleCall interruptible([this](const std::string& why) { failInside(why); });
-    try {
-      py::gil_scoped_release nogil;
+    interruptible.withoutGil([&] {
       if (!async_.idle()) async_.drain();  // keep program order with earlier async calls
       withLive([&](Comm& cm) { op(cm, st); });
-    } catch (...) {
-      interruptible.rethrowIfInterrupted();
-      throw;
-    }
-    interruptible.rethrowIfInterrupted();
+    });
     return result;
   }
 
