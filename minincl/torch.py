@@ -16,6 +16,10 @@ Point-to-point ops (``isend``/``irecv``, ``batch_isend_irecv``) are *deferred*: 
 a batch that starts as one ``minincl.group()`` when a rank waits on one of them or issues any
 other operation on the group. Started one by one, a large send to a peer that is itself
 sending first would deadlock; batched, they progress together, as NCCL's grouped calls do.
+On the CPU they run on a communicator and worker of their own, as ProcessGroupNCCL gives
+them communicators of their own: an ``isend`` then overlaps a collective that its receiver
+makes first (on one communicator the collective would wait behind the send, which waits for
+a receive that comes after the collective).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class _Op:
     body: Body
     work: MinincclWork
     after: list[Callable[[], None]] = field(default_factory=list)
+    p2p: bool = False  # a send or receive (runs on the group's point-to-point communicator)
 
 
 @dataclass
@@ -87,6 +92,9 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         self._pending: list[_Op] = []  # deferred p2p ops, or everything while coalescing
         self._coalescing = False
         self._comms: dict[str, _DeviceComm] = {"cpu": self._join("cpu", "cpu")}
+        # (Eagerly too: a first send may involve two ranks only. Not on a GPU, where a
+        # communicator's FIFOs take tens of MiB per peer: there sends and receives share it.)
+        self._p2p_comms: dict[str, _DeviceComm] = {"cpu": self._join("cpu-p2p", "cpu")} if size > 1 else {}
         self._cuda_missing = self._cuda_unavailable_reason()
         if self._cuda_missing is None:
             # Eagerly, while every rank is here: a first CUDA op may be a send between two
@@ -171,11 +179,12 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         after: list[Callable[[], None]] | None = None,
         deferred: bool = False,
         opts: Any = None,
+        p2p: bool = False,
     ) -> MinincclWork:
         device = self._device_of(call, tensors)
         cuda = [t.device for t in tensors[:1]] if device == "cuda" else None
         work = MinincclWork(outputs, start=self._flush if deferred or self._coalescing else None, devices=cuda)
-        op = _Op(device, body, work, after or [])
+        op = _Op(device, body, work, after or [], p2p)
         if deferred or self._coalescing:
             with self._lock:
                 self._pending.append(op)
@@ -184,19 +193,26 @@ class ProcessGroupMinincl(dist.ProcessGroup):
             self._submit([op], grouped=False, caller_waits=getattr(opts, "asyncOp", True) is False)
         return work
 
+    def _home(self, op: _Op) -> _DeviceComm:
+        """The communicator and lane an op runs on."""
+        if op.p2p and op.device in self._p2p_comms:
+            return self._p2p_comms[op.device]
+        return self._comms[op.device]
+
     def _flush(self) -> None:
         with self._lock:
             ops, self._pending = self._pending, []
-        for device in ("cpu", "cuda"):
-            batch = [op for op in ops if op.device == device]
-            if batch:
-                self._submit(batch, grouped=True)
+        batches: dict[int, list[_Op]] = {}  # (in program order within each communicator)
+        for op in ops:
+            batches.setdefault(id(self._home(op)), []).append(op)
+        for batch in batches.values():
+            self._submit(batch, grouped=True)
 
     def _submit(self, ops: list[_Op], grouped: bool, caller_waits: bool = False) -> None:
         """Queues the ops on their lane; `caller_waits` (torch's asyncOp is False: a call without
         async_op, which waits at once) runs them on the caller's thread when the lane is idle,
         saving the hand-off to the lane's thread and back (~40 us of an 8-byte all_reduce)."""
-        dc = self._comms[ops[0].device]
+        dc = self._home(ops[0])
 
         def job() -> None:
             if grouped:
@@ -431,7 +447,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
             for b in bufs:
                 comm.send(b, dst)
 
-        return self._new_op("send", tensors, tensors, body, deferred=True)
+        return self._new_op("send", tensors, tensors, body, deferred=True, p2p=True)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> MinincclWork:
         staged = [stage(t) for t in tensors]
@@ -441,7 +457,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
             for b in bufs:
                 comm.recv(b, src)
 
-        return self._new_op("recv", tensors, tensors, body, _outputs_after(staged), deferred=True)
+        return self._new_op("recv", tensors, tensors, body, _outputs_after(staged), deferred=True, p2p=True)
 
     # ---- coalescing (torch's _coalescing_manager with a device) ----
 
@@ -472,7 +488,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
             for b in bufs:
                 comm.recv(b, src)
 
-        work = self._new_op("recv", tensors, tensors, body, _outputs_after(staged))
+        work = self._new_op("recv", tensors, tensors, body, _outputs_after(staged), p2p=True)
         work._source = source
         return work
 
@@ -500,16 +516,19 @@ class ProcessGroupMinincl(dist.ProcessGroup):
 
     # ---- teardown ----
 
+    def _all_comms(self) -> list[_DeviceComm]:
+        return [*self._comms.values(), *self._p2p_comms.values()]
+
     def shutdown(self) -> None:
         self._flush()
-        for dc in self._comms.values():
+        for dc in self._all_comms():
             dc.lane.close()
             dc.comm.destroy()
 
     def abort(self) -> None:
-        for dc in self._comms.values():
+        for dc in self._all_comms():
             dc.comm.abort()
-        for dc in self._comms.values():
+        for dc in self._all_comms():
             dc.lane.close()
 
 

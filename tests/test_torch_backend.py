@@ -189,6 +189,21 @@ def _batch_ring(rank: int) -> Result:
     return recv[::4096]
 
 
+def _isend_across_a_collective(rank: int) -> Result:
+    """Rank 1 takes rank 0's isend (4 MB: more than a FIFO holds) only after an all_reduce that
+    rank 0 makes while its send is open: gloo and NCCL run both, and so must minincl."""
+    big = torch.full((1 << 20,), float(rank + 1))
+    x = values(rank)
+    if rank == 0:
+        work = dist.isend(big, dst=1)
+        dist.all_reduce(x)
+        work.wait()
+    else:
+        dist.all_reduce(x)
+        dist.recv(big, src=0)
+    return [x, big[::4096]]
+
+
 def _gather_scatter(rank: int) -> Result:
     gathered = [torch.empty(6) for _ in range(WORLD)] if rank == 1 else None
     dist.gather(values(rank), gathered, dst=1)
@@ -437,6 +452,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
     ),
     "send_recv": (_send_recv, lambda r: values(0) + 100),
     "batch_isend_irecv": (_batch_ring, lambda r: torch.full((256,), float((r - 1) % WORLD))),
+    "isend_across_a_collective": (_isend_across_a_collective, lambda r: [_want_sum(r), torch.ones(256)]),
     "gather_scatter": (
         _gather_scatter,
         lambda r: ([values(q) for q in range(WORLD)] if r == 1 else []) + [values(r) * 7],

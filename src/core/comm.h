@@ -245,10 +245,10 @@ class Comm {
   std::vector<PeerInfo> peers_;
   std::shared_ptr<Mapping> region_;                 // ours
   std::vector<std::shared_ptr<Mapping>> peerRegions_;
-  // Where the FIFOs are: the regions above on the CPU; device memory on a GPU (whose host
-  // regions then hold only the control block).
   std::shared_ptr<Window> window_;
   std::vector<std::shared_ptr<Mapping>> peerWindows_;  // [rank]: its window mapped here, or null
+  // Where the FIFOs are: the regions above on the CPU; device memory on a GPU (whose host
+  // regions then hold only the control block).
   std::shared_ptr<Mapping> gpuRegion_;
   std::vector<std::shared_ptr<Mapping>> peerFifos_;
   std::unique_ptr<gpu::GpuComm> gpu_;

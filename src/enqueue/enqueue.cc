@@ -284,7 +284,7 @@ void finish(CommPlan& plan) {
 // every other channel (other communicators' too, when one thread drives several ranks) runs
 // on its own thread, since any rank may have to wait for another.
 // *ran: set once the channels may have exposed the calls' buffers to peers (posted pointer
-// steps, published outputs); a failure after that waits for the peers (see record).
+// steps, published outputs); a failure after that waits for the peers (see recordOrRun).
 void launch(CommPlan* plans, size_t nplans, bool* ran) {
   // A peer whose call failed may have left pointer steps to buffers it hands back to its
   // caller; it waits until we have failed too, or are outside any call. Having entered ours
@@ -432,13 +432,15 @@ void runRecorded(std::vector<Recorded>& calls) {
     launch(plans.data(), nplans, &ran);
   } catch (...) {
     if (ran) {
-      for (size_t i = 0; i < nplans; ++i) plans[i].comm->awaitPeersOutOfCalls();  // (see record)
+      for (size_t i = 0; i < nplans; ++i) plans[i].comm->awaitPeersOutOfCalls();  // (see recordOrRun)
     }
     throw;
   }
 }
 
-void record(const Recorded& r) {
+// Inside a group: appends the call to this thread's group, which runs at groupEnd. Outside one:
+// plans and runs it now (on a GPU: launches it on its stream).
+void recordOrRun(const Recorded& r) {
   if (tlsGroupDepth > 0) {
     tlsRecorded.push_back(r);
     return;
@@ -480,27 +482,27 @@ LoggedCall loggedCallOf(const CollCall& c) {
 void enqueueColl(Comm& comm, const CollCall& call) {
   validate(comm, call);
   comm.logCall(loggedCallOf(call));
-  record({&comm, false, call, {}, false, comm.collectiveCallsMade()});
+  recordOrRun({&comm, false, call, {}, false, comm.collectiveCallsMade()});
 }
 
 void enqueueBarrier(Comm& comm, int32_t* word) {
   CollCall call{Coll::allreduce, word, word, 1, DataType::i32, RedOp::sum, 0};
   validate(comm, call);
   comm.logCall({kBarrierCall, (uint8_t)DataType::i32, 0, 0, 0});
-  record({&comm, false, call, {}, false, comm.collectiveCallsMade()});
+  recordOrRun({&comm, false, call, {}, false, comm.collectiveCallsMade()});
 }
 
 void enqueueP2p(Comm& comm, const P2pCall& call) {
   validate(comm, call);
-  record({&comm, true, {}, call});
+  recordOrRun({&comm, true, {}, call});
 }
 
 void enqueueSendRecv(Comm& comm, const P2pCall& send, const P2pCall& recv) {
   validate(comm, send);
   validate(comm, recv);
   groupStart();
-  record({&comm, true, {}, send});
-  record({&comm, true, {}, recv});
+  recordOrRun({&comm, true, {}, send});
+  recordOrRun({&comm, true, {}, recv});
   groupEnd();
 }
 
@@ -539,7 +541,7 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
       P2pCall recvFrom{false, (char*)recv + p * bytes, count, dtype, p, stream};
       for (const P2pCall& c : {sendTo, recvFrom}) {
         validate(comm, c);
-        record({&comm, true, {}, c, true});
+        recordOrRun({&comm, true, {}, c, true});
       }
     }
   } catch (...) {

@@ -169,6 +169,15 @@ thread_local PyGroup* tlsGroup = nullptr;
 
 // ---- the communicator ----
 
+// What PyComm::run calls to enqueue a collective on a communicator and (GPU) stream.
+struct EnqueueColl {
+  CollCall call;
+  void operator()(Comm& cm, void* stream) {
+    call.stream = stream;
+    enqueueColl(cm, call);
+  }
+};
+
 class PyComm {
   // f(the communicator), held open meanwhile: a close() on another thread (abort, destroy)
   // waits until f returns, and f never sees one that was closed. (Defined first: the
@@ -220,21 +229,14 @@ class PyComm {
     checkCounts("allreduce", s, r, s.count);
     CollCall call = callArgs(Coll::allreduce, s, r, s.count, RedOp::sum, 0);
     py::object scalar = applyOp(rop, call);
-    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive, scalar},
-               [c = call](Comm& cm, void* st) mutable {
-                 c.stream = st;
-                 enqueueColl(cm, c);
-               });
+    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive, scalar}, EnqueueColl{call});
   }
 
   py::object broadcast(py::object send, py::object recv, int root, bool asyncOp, py::object stream) {
     auto [s, r] = sendRecv(send, recv);
     checkCounts("broadcast", s, r, s.count);
     return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
-               [c = callArgs(Coll::broadcast, s, r, s.count, RedOp::sum, root)](Comm& cm, void* st) mutable {
-                 c.stream = st;
-                 enqueueColl(cm, c);
-               });
+               EnqueueColl{callArgs(Coll::broadcast, s, r, s.count, RedOp::sum, root)});
   }
 
   py::object reduce(py::object send, py::object recv, py::handle op, int root, bool asyncOp, py::object stream) {
@@ -243,11 +245,7 @@ class PyComm {
     checkCounts("reduce", s, r, s.count);
     CollCall call = callArgs(Coll::reduce, s, r, s.count, RedOp::sum, root);
     py::object scalar = applyOp(rop, call);
-    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive, scalar},
-               [c = call](Comm& cm, void* st) mutable {
-                 c.stream = st;
-                 enqueueColl(cm, c);
-               });
+    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive, scalar}, EnqueueColl{call});
   }
 
   py::object allgather(py::object send, py::object recv, bool asyncOp, py::object stream) {
@@ -258,10 +256,7 @@ class PyComm {
     checkDevice(r, "recv");
     checkCounts("allgather", s, r, s.count * (size_t)nranks_);
     return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
-               [c = callArgs(Coll::allgather, s, r, s.count, RedOp::sum, 0)](Comm& cm, void* st) mutable {
-                 c.stream = st;
-                 enqueueColl(cm, c);
-               });
+               EnqueueColl{callArgs(Coll::allgather, s, r, s.count, RedOp::sum, 0)});
   }
 
   py::object reduceScatter(py::object send, py::object recv, py::handle op, bool asyncOp, py::object stream) {
@@ -281,11 +276,7 @@ class PyComm {
     checkCounts("reduce_scatter", r, s, r.count * n, "send");
     CollCall call = callArgs(Coll::reducescatter, s, r, r.count, RedOp::sum, 0);
     py::object scalar = applyOp(rop, call);
-    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive, scalar},
-               [c = call](Comm& cm, void* st) mutable {
-                 c.stream = st;
-                 enqueueColl(cm, c);
-               });
+    return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive, scalar}, EnqueueColl{call});
   }
 
   py::object alltoall(py::object send, py::object recv, bool asyncOp, py::object stream) {
@@ -344,8 +335,6 @@ class PyComm {
     });
   }
 
-  // (new nranks, unique id, new rank) of the group this rank joins, or None for color < 0.
-  // Counters for tests and tuning.
   // A NumPy array in this rank's window (see Communicator.empty). The array keeps the window
   // mapped, whatever happens to the communicator, and gives its space back when collected.
   py::array windowEmpty(const std::vector<int64_t>& shape, const py::dtype& dtype) {
@@ -388,6 +377,7 @@ class PyComm {
     withLive([s](Comm& cm) { cm.setCallTimeout(s); });
   }
 
+  // Counters for tests and tuning.
   py::dict stats() {
     int channels = 0, network = 0;
     Comm::Stats s = withLive([&](Comm& cm) {
@@ -406,6 +396,7 @@ class PyComm {
     return d;
   }
 
+  // (new nranks, unique id, new rank) of the group this rank joins, or None for color < 0.
   py::object splitInfo(int color, int key) {
     int n = 0, r = 0;
     UniqueIdData id{};
@@ -659,6 +650,7 @@ class PyComm {
     return {(int64_t)(count / n)};
   }
 
+  // (`op`: the reduction applyOp then sets, or a placeholder for calls without one.)
   static CollCall callArgs(Coll coll, const ArrayView& s, const ArrayView& r, size_t count, RedOp op, int root) {
     return CollCall{coll, s.data, r.data, count, s.dtype, op, root};
   }
@@ -678,17 +670,17 @@ class PyComm {
                  py::handle like = py::none()) {
     if (destroyed_) throwClosed();
     if (!stream.is_none() && device_ < 0) throwError(mnclInvalidArgument, "a CPU communicator takes no stream");
-    void* st = nullptr;
+    void* cudaStream = nullptr;
     if (device_ >= 0) {
       if (asyncOp) {
         throwError(mnclInvalidUsage, "async_op=True on a CUDA communicator: its calls are already asynchronous, ordered on "
                                      "the stream; synchronize the stream (or record an event) to wait for them");
       }
-      st = callStream(stream, like.is_none() ? py::handle(result) : like, device_);
+      cudaStream = callStream(stream, like.is_none() ? py::handle(result) : like, device_);
     }
     if (groupDepth() > 0) {
       if (asyncOp) throwError(mnclInvalidUsage, "async_op=True inside minincl.group(): the group itself is the unit of completion");
-      withLive([&](Comm& cm) { op(cm, st); });  // records only
+      withLive([&](Comm& cm) { op(cm, cudaStream); });  // records only
       if (tlsGroup) {
         for (const py::object& k : keep) tlsGroup->keep.push_back(k);
         if (std::find(tlsGroup->comms.begin(), tlsGroup->comms.end(), this) == tlsGroup->comms.end()) {
@@ -701,14 +693,14 @@ class PyComm {
     if (asyncOp) {
       py::list k;
       for (const py::object& o : keep) k.append(o);
-      auto st = async_.submit([this, op]() mutable {
+      std::shared_ptr<Outcome> outcome = async_.submit([this, op]() mutable {
         std::shared_lock<std::shared_timed_mutex> lock(callMutex_);
         if (destroyed_) throwError(mnclInvalidUsage, "the communicator was destroyed before this operation ran");
         op(*comm_, nullptr);
       });
       releaseFinishedAsync();
-      asyncHeld_.emplace_back(st, k);
-      return py::cast(Work(st, result, k, [self = py::cast(this)](const std::string& why) {
+      asyncHeld_.emplace_back(outcome, k);
+      return py::cast(Work(outcome, result, k, [self = py::cast(this)](const std::string& why) {
         self.cast<PyComm&>().failForInterrupt(why);
       }));
     }
@@ -716,7 +708,7 @@ class PyComm {
     py_interrupt::InterruptibleCall interruptible([this](const std::string& why) { failInside(why); });
     interruptible.withoutGil([&] {
       if (!async_.idle()) async_.drain();  // keep program order with earlier async calls
-      withLive([&](Comm& cm) { op(cm, st); });
+      withLive([&](Comm& cm) { op(cm, cudaStream); });
     });
     return result;
   }
