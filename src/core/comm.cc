@@ -87,10 +87,59 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   }
   bootstrap_ = std::make_unique<Bootstrap>(id, rank, nranks);
 
+  PeerInfo mine = describeSelf();
+  peers_.assign(nranks, PeerInfo{});
+  peers_[rank] = mine;
+  bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
+  HostShare host = checkPeersAgree(mine);
+  if (host.anyNet) {  // where the network peers will connect, on the interface bootstrap uses
+    netListener_ = Socket::listen(bootstrap_->localAddress());
+    peers_[rank].netAddr = WireAddr::from(netListener_.localAddr());
+  }
+  const int cores = cpuCount();  // the process's, before binding narrows this thread to one
+  if (!host.sharedProcess) maybeBindToCore(host.localIndex);  // ranks sharing a process share its threads
+  agreeOnPlan();
+  int want = onGpu() ? gpuChannelsWanted(host.ranksOnDevice) : channelsWanted(cores / host.localRanks);
+  peers_[rank].nChannels = want;
+  bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));  // (re-shares the rest unchanged)
+  int nch = want;
+  for (const PeerInfo& p : peers_) nch = std::min(nch, (int)p.nChannels);
+
+  RegionLayout layout(nranks, nch, mine.sizes);
+  std::shared_ptr<ShmMapping> shm = createRegions(layout, host.otherProcess);
+  bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
+  mapPeerRegions();
+  // Other ranks' channels share this rank's cores: a thread that waits must yield soon.
+  bool channelsShareCores = !onGpu() && host.localRanks * nch > cores;
+  if (host.anyNet) startNetProxy(id, layout, channelsShareCores);
+  peerFifos_ = peerRegions_;
+  if (onGpu()) openPeerGpuRegions();
+  bootstrap_->barrier();  // everyone has mapped everything: the names can go
+  if (shm) shm->unlink();
+  if (window_) window_->unlink();
+
+  setupChannels(mine.sizes);
+  // (A network proxy is one more busy thread per rank: it needs a core as a channel does.)
+  oversubscribed_ = !onGpu() && host.localRanks * (nch + (host.anyNet ? 1 : 0)) > cores;
+  setSpinBudgets(channelsShareCores, host.anyNet);
+  connect(layout);
+  startTunerAndThreads(nch, mine);
+  const char* transportName = !onGpu() ? (host.anyNet ? (host.otherProcess ? "net + shm" : "net")
+                                          : host.otherProcess ? "shm" : "local")
+                              : !gpuRegion_ ? "pinned host memory (no CUDA IPC)"
+                              : host.otherProcess ? "p2p (CUDA IPC)" : "local (device memory)";
+  MNCL_INFO(kInit, "rank %d/%d: %d channel(s), transport %s, FIFO simple %u B x %d, ll %u lines, ll128 %u lines",
+            rank, nranks, nch, transportName, mine.sizes.simpleSlotBytes, dev::kSteps,
+            mine.sizes.llSlotLines, mine.sizes.ll128SlotLines);
+  if (rank == 0) logPlan();
+}
+
+// What this rank tells the others at init; also checks the settings read here.
+PeerInfo Comm::describeSelf() {
   PeerInfo mine{};
-  mine.rank = rank;
+  mine.rank = rank_;
   mine.pid = (int32_t)getpid();
-  mine.device = device;
+  mine.device = device_;
   mine.hostHash = hostHash();
   mine.sizes = protoSizesFromEnv(onGpu());
   streamOutputBytes(Coll::allreduce);  // a malformed MININCL_STREAM_OUTPUT_BYTES fails here, not mid-collective
@@ -107,104 +156,92 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   p2pSpread_ = spread != 0;
   mine.cpu = sched_getcpu();
   if (sched_getaffinity(0, sizeof(mine.affinity), &mine.affinity) != 0) CPU_ZERO(&mine.affinity);
-  peers_.assign(nranks, PeerInfo{});
-  peers_[rank] = mine;
-  bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
+  return mine;
+}
 
-  int localRanks = 0, localIndex = 0, ranksOnDevice = 0;
-  bool otherProcess = false, sharedProcess = false, anyNet = false;
-  netPeer_.assign(nranks, 0);
+// Refuses peers whose settings or device kind differ from this rank's; marks the peers
+// reached over the network (netPeer_); counts who shares this host.
+Comm::HostShare Comm::checkPeersAgree(const PeerInfo& mine) {
+  HostShare host;
+  netPeer_.assign(nranks_, 0);
+  std::string me = std::to_string(rank_);
   for (const PeerInfo& p : peers_) {
+    std::string them = "rank " + std::to_string(p.rank);
     MNCL_CHECK(p.p2pSpread == mine.p2pSpread, mnclInvalidUsage,
-          "rank " + std::to_string(p.rank) + " sets MININCL_P2P_SPREAD differently from rank " + std::to_string(rank) +
-              "; set it the same on every rank");
+          them + " sets MININCL_P2P_SPREAD differently from rank " + me + "; set it the same on every rank");
     MNCL_CHECK(p.netForced == mine.netForced, mnclInvalidUsage,
-          "rank " + std::to_string(p.rank) + " sets MININCL_TRANSPORT differently from rank " + std::to_string(rank) +
-              "; set it the same on every rank");
+          them + " sets MININCL_TRANSPORT differently from rank " + me + "; set it the same on every rank");
     bool sameHost = p.hostHash == mine.hostHash;
-    netPeer_[p.rank] = p.rank != rank && (!sameHost || mine.netForced);
-    anyNet |= netPeer_[p.rank] != 0;
+    netPeer_[p.rank] = p.rank != rank_ && (!sameHost || mine.netForced);
+    host.anyNet |= netPeer_[p.rank] != 0;
     MNCL_CHECK((p.device >= 0) == onGpu(), mnclInvalidUsage,
-          "rank " + std::to_string(p.rank) + " is on " + (p.device >= 0 ? "a GPU" : "the CPU") + " but rank " +
-              std::to_string(rank) + " is on " + (onGpu() ? "a GPU" : "the CPU") + "; all ranks of a communicator must be on the same kind of device");
-    ranksOnDevice += p.device == device && sameHost;
+          them + " is on " + (p.device >= 0 ? "a GPU" : "the CPU") + " but rank " + me + " is on " +
+              (onGpu() ? "a GPU" : "the CPU") + "; all ranks of a communicator must be on the same kind of device");
+    host.ranksOnDevice += p.device == device_ && sameHost;
     MNCL_CHECK(!netPeer_[p.rank] || !onGpu(), mnclInvalidUsage,
-          "rank " + std::to_string(p.rank) + (sameHost ? "" : " runs on another host and") +
+          them + (sameHost ? "" : " runs on another host and") +
               " would be reached over the network, which carries CPU ranks only; GPU ranks must share a host");
     MNCL_CHECK(std::memcmp(&p.sizes, &mine.sizes, sizeof(mine.sizes)) == 0, mnclInvalidUsage,
-          "rank " + std::to_string(p.rank) +
-              " uses different FIFO sizes: set MININCL_SIMPLE_SLOT_BYTES / MININCL_LL*_SLOT_LINES / MININCL_PIPELINE_CHUNK_BYTES the same on every rank");
+          them + " uses different FIFO sizes: set MININCL_SIMPLE_SLOT_BYTES / MININCL_LL*_SLOT_LINES / "
+                 "MININCL_PIPELINE_CHUNK_BYTES the same on every rank");
     if (!sameHost) continue;  // (cores and memory are shared with this host's ranks only)
-    localIndex += p.rank < rank;
-    localRanks += 1;
-    otherProcess |= p.pid != mine.pid && !netPeer_[p.rank];
-    sharedProcess |= p.pid == mine.pid && p.rank != rank;
+    host.localIndex += p.rank < rank_;
+    host.localRanks += 1;
+    host.otherProcess |= p.pid != mine.pid && !netPeer_[p.rank];
+    host.sharedProcess |= p.pid == mine.pid && p.rank != rank_;
   }
-  if (anyNet) {  // where the network peers will connect, on the interface bootstrap uses
-    netListener_ = Socket::listen(bootstrap_->localAddress());
-    peers_[rank].netAddr = WireAddr::from(netListener_.localAddr());
-  }
-  const int cores = cpuCount();  // the process's, before binding narrows this thread to one
-  if (!sharedProcess) maybeBindToCore(localIndex);  // ranks sharing a process share its threads
-  agreeOnPlan();
-  int want = onGpu() ? gpuChannelsWanted(ranksOnDevice) : channelsWanted(cores / localRanks);
-  peers_[rank].nChannels = want;
-  bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));  // (re-shares the rest unchanged)
-  int nch = want;
-  for (const PeerInfo& p : peers_) nch = std::min(nch, (int)p.nChannels);
+  return host;
+}
 
-  RegionLayout layout(nranks, nch, mine.sizes);
+// This rank's region (shared memory when a peer is another process), window and GPU FIFOs,
+// with their names and sizes in peers_[rank_]. Returns the shared-memory mapping, whose name
+// goes once every peer opened it.
+std::shared_ptr<ShmMapping> Comm::createRegions(const RegionLayout& layout, bool otherProcess) {
+  PeerInfo& mine = peers_[rank_];
   // On a GPU the FIFOs go to device memory and the host region keeps the control block; across
   // processes it also has room for the FIFOs (untouched pages cost nothing), where they go
   // instead, pinned, when CUDA IPC is unavailable.
   bool hostFifos = !onGpu() || otherProcess;
-  size_t hostBytes = hostFifos ? layout.totalBytes() : RegionLayout(nranks, 0, mine.sizes).totalBytes();
+  size_t hostBytes = hostFifos ? layout.totalBytes() : RegionLayout(nranks_, 0, mine.sizes).totalBytes();
   std::shared_ptr<ShmMapping> shm;
   if (otherProcess) {
-    shm = ShmMapping::create(hostBytes, "r" + std::to_string(rank));
+    shm = ShmMapping::create(hostBytes, "r" + std::to_string(rank_));
     region_ = shm;
-    std::strncpy(peers_[rank].shmName, shm->name().c_str(), sizeof(peers_[rank].shmName) - 1);
+    std::strncpy(mine.shmName, shm->name().c_str(), sizeof(mine.shmName) - 1);
   } else {
     region_ = createLocalRegion(hostBytes);
   }
-  peers_[rank].regionId = registerRegion(region_);
-  peers_[rank].regionBytes = hostBytes;
+  mine.regionId = registerRegion(region_);
+  mine.regionBytes = hostBytes;
   size_t windowBytes = (size_t)env::bytes("MININCL_WINDOW_BYTES", 0);
   if (!onGpu() && otherProcess && windowBytes > 0) {
-    window_ = std::make_shared<Window>(windowBytes, std::to_string(rank));
-    std::strncpy(peers_[rank].windowName, window_->name().c_str(), sizeof(peers_[rank].windowName) - 1);
-    peers_[rank].windowBytes = window_->size();
-    peers_[rank].windowAt = (uint64_t)(uintptr_t)window_->base();
+    window_ = std::make_shared<Window>(windowBytes, std::to_string(rank_));
+    std::strncpy(mine.windowName, window_->name().c_str(), sizeof(mine.windowName) - 1);
+    mine.windowBytes = window_->size();
+    mine.windowAt = (uint64_t)(uintptr_t)window_->base();
   }
   if (onGpu()) createGpuRegion(layout.totalBytes());
-  bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
+  return shm;
+}
 
-  peerRegions_.resize(nranks);
-  for (int r = 0; r < nranks; ++r) {
+// Every peer's region (and window) mapped here: the same mapping for a rank of this process,
+// none for a network peer (its control block's mirror comes with the proxy).
+void Comm::mapPeerRegions() {
+  int32_t myPid = peers_[rank_].pid;
+  peerRegions_.resize(nranks_);
+  peerWindows_.resize(nranks_);
+  for (int r = 0; r < nranks_; ++r) {
     const PeerInfo& p = peers_[r];
-    if (r == rank) peerRegions_[r] = region_;
-    else if (netPeer_[r]) continue;  // (its control block's mirror comes with the proxy)
-    else if (p.pid == mine.pid) peerRegions_[r] = findRegion(p.regionId);
+    if (r == rank_) peerRegions_[r] = region_;
+    else if (netPeer_[r]) continue;
+    else if (p.pid == myPid) peerRegions_[r] = findRegion(p.regionId);
     else peerRegions_[r] = ShmMapping::open(p.shmName, p.regionBytes);
     MNCL_CHECK(peerRegions_[r] != nullptr, mnclInternalError, "rank " + std::to_string(r) + "'s region vanished during init");
+    if (r != rank_ && p.windowBytes > 0 && p.pid != myPid) peerWindows_[r] = ShmMapping::open(p.windowName, p.windowBytes);
   }
-  peerWindows_.resize(nranks);
-  for (int r = 0; r < nranks; ++r) {
-    const PeerInfo& p = peers_[r];
-    if (r != rank && p.windowBytes > 0 && p.pid != mine.pid && !netPeer_[r]) peerWindows_[r] = ShmMapping::open(p.windowName, p.windowBytes);
-  }
-  // Other ranks' channels share this rank's cores: a thread that waits must yield soon.
-  bool channelsShareCores = !onGpu() && localRanks * nch > cores;
-  if (anyNet) startNetProxy(id, layout, channelsShareCores);
-  peerFifos_ = peerRegions_;
-  if (onGpu()) openPeerGpuRegions();
-  bootstrap_->barrier();  // everyone has mapped everything: the names can go
-  if (shm) shm->unlink();
-  if (window_) window_->unlink();
+}
 
-  setupChannels(mine.sizes);
-  // (A network proxy is one more busy thread per rank: it needs a core as a channel does.)
-  oversubscribed_ = !onGpu() && localRanks * (nch + (anyNet ? 1 : 0)) > cores;
+void Comm::setSpinBudgets(bool channelsShareCores, bool anyNet) {
   int64_t gpuSpins = onGpu() ? env::integer("MININCL_GPU_SPINS", 1 << 14) : 0;
   MNCL_CHECK(gpuSpins >= 0 && gpuSpins <= UINT32_MAX, mnclInvalidArgument, "MININCL_GPU_SPINS must be between 0 and 2^32-1");
   // Spins before a waiting CPU channel yields. With network peers each spin also polls their
@@ -213,9 +250,13 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   // one core over TCP, with the proxy yielding at once too: an 8-byte allreduce 75 -> 16 us).
   uint32_t cpuSpins = !oversubscribed_ ? 5000 : channelsShareCores && anyNet ? 4 : 200;
   for (auto& ch : channels_) ch->dev.spinBudget = onGpu() ? (uint32_t)gpuSpins : cpuSpins;
-  connect(layout);
+}
+
+// The tuner's view of this communicator, then what runs its calls: the GPU's channel table,
+// or the CPU channels' threads; and the monitor that watches the peers.
+void Comm::startTunerAndThreads(int nch, const PeerInfo& mine) {
   if (onGpu()) {
-    tuner_.initGpu(nranks, nch);
+    tuner_.initGpu(nranks_, nch);
     bool allHere = true;  // every rank in this process, on this GPU: pointer steps everywhere
     for (const PeerInfo& p : peers_) allHere &= p.pid == mine.pid && p.device == device_;
     tuner_.setGpuPointerSteps(allHere && env::integer("MININCL_POINTER_STEPS", 2) >= 1);
@@ -223,19 +264,12 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
     gpu_->upload(channels_, static_cast<const uint32_t*>(abortPinned_->device()));
 #endif
   } else {
-    tuner_.init(nranks, nch, 2 * (size_t)mine.sizes.simpleSlotBytes, oversubscribed_);
+    tuner_.init(nranks_, nch, 2 * (size_t)mine.sizes.simpleSlotBytes, oversubscribed_);
     tuner_.setRanksPerHost(topo::ranksPerHost(plan_));
     executor_ = std::make_unique<Executor>(nch, oversubscribed_ ? 0 : 50);
   }
   if (plan_.searched) tuner_.setPathBandwidth(plan_.bwGBs);
-  if (nranks > 1) monitor_ = std::make_unique<Monitor>(*this);
-  const char* transportName = !onGpu() ? (anyNet ? (otherProcess ? "net + shm" : "net") : otherProcess ? "shm" : "local")
-                          : !gpuRegion_ ? "pinned host memory (no CUDA IPC)"
-                          : otherProcess ? "p2p (CUDA IPC)" : "local (device memory)";
-  MNCL_INFO(kInit, "rank %d/%d: %d channel(s), transport %s, FIFO simple %u B x %d, ll %u lines, ll128 %u lines",
-            rank, nranks, nch, transportName, mine.sizes.simpleSlotBytes, dev::kSteps,
-            mine.sizes.llSlotLines, mine.sizes.ll128SlotLines);
-  if (rank == 0) logPlan();
+  if (nranks_ > 1) monitor_ = std::make_unique<Monitor>(*this);
 }
 
 // Connects to the peers reached over the network and starts the thread that moves their

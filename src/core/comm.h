@@ -209,6 +209,17 @@ class Comm {
   // Before the bootstrap: the device is one, and usable (GPU: current, with the abort word in
   // pinned memory). A failure here is told to the other ranks (Bootstrap::reportInitFailure).
   void prepareDevice();
+  // Init's phases, in order (see the constructor).
+  struct HostShare {  // who shares this rank's host
+    int localRanks = 0, localIndex = 0, ranksOnDevice = 0;
+    bool otherProcess = false, sharedProcess = false, anyNet = false;
+  };
+  PeerInfo describeSelf();
+  HostShare checkPeersAgree(const PeerInfo& mine);
+  std::shared_ptr<ShmMapping> createRegions(const RegionLayout& layout, bool otherProcess);
+  void mapPeerRegions();
+  void setSpinBudgets(bool channelsShareCores, bool anyNet);
+  void startTunerAndThreads(int nch, const PeerInfo& mine);
   bool peerOutOfCalls(int r) const;
   void agreeOnPlan();
   int channelsWanted(int coresPerRank) const;
