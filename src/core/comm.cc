@@ -265,10 +265,10 @@ void Comm::startTunerAndThreads(int nch, const PeerInfo& mine) {
 #endif
   } else {
     tuner_.init(nranks_, nch, 2 * (size_t)mine.sizes.simpleSlotBytes, oversubscribed_);
-    tuner_.setRanksPerHost(topo::ranksPerHost(plan_));
+    tuner_.setRanksPerHost(topo::ranksPerHost(topoPlan_));
     executor_ = std::make_unique<Executor>(nch, oversubscribed_ ? 0 : 50);
   }
-  if (plan_.searched) tuner_.setPathBandwidth(plan_.bwGBs);
+  if (topoPlan_.searched) tuner_.setPathBandwidth(topoPlan_.bwGBs);
   if (nranks_ > 1) monitor_ = std::make_unique<Monitor>(*this);
 }
 
@@ -311,7 +311,7 @@ void Comm::startNetProxy(const UniqueIdData& id, const RegionLayout& layout, boo
 void Comm::setupChannels(const dev::ProtoSizes& sizes) {
   int nch = std::min(peers_[0].nChannels, 64);
   for (const PeerInfo& p : peers_) nch = std::min(nch, (int)p.nChannels);
-  int perHost = onGpu() ? 0 : topo::ranksPerHost(plan_);  // (GPU communicators span no hosts)
+  int perHost = onGpu() ? 0 : topo::ranksPerHost(topoPlan_);  // (GPU communicators span no hosts)
   for (int c = 0; c < nch; ++c) {
     auto ch = std::make_unique<Channel>();
     ch->sendTo.resize(nranks_);
@@ -321,7 +321,7 @@ void Comm::setupChannels(const dev::ProtoSizes& sizes) {
     ch->opFirstSendStep.assign(nranks_, 0);
     ch->opFirstRecvStep.assign(nranks_, 0);
     ch->peerHeads.assign(nranks_, 0);
-    ch->ring = plan_.rings[c % plan_.rings.size()];  // the search's order (or rank order)
+    ch->ring = topoPlan_.rings[c % topoPlan_.rings.size()];  // the search's order (or rank order)
     dev::DevChannel& d = ch->dev;
     d.id = c;
     d.rank = rank_;

@@ -87,7 +87,7 @@ class Comm {
   const Tuner& tuner() const { return tuner_; }
   Bootstrap& bootstrap() { return *bootstrap_; }
   // How the rings were chosen (same on every rank); channel(c).ring holds the order in use.
-  const topo::CommPlan& topoPlan() const { return plan_; }
+  const topo::CommPlan& topoPlan() const { return topoPlan_; }
   // Channel c's tree as each rank's parent (-1 at the root), rooted at rank 0, as allreduce
   // runs it; reduce and broadcast re-root it at their root.
   std::vector<int> treeParents(int c) const;
@@ -264,7 +264,7 @@ class Comm {
   std::vector<std::shared_ptr<Mapping>> peerFifos_;
   std::unique_ptr<gpu::GpuComm> gpu_;
   std::vector<std::unique_ptr<Channel>> channels_;
-  topo::CommPlan plan_;
+  topo::CommPlan topoPlan_;
   Tuner tuner_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Monitor> monitor_;

@@ -50,7 +50,7 @@ bool isPermutation(std::vector<int> ring, int n) {
 
 void Comm::agreeOnPlan() {
   if (nranks_ == 1) {
-    plan_ = topo::rankOrderPlan(1, "one rank");
+    topoPlan_ = topo::rankOrderPlan(1, "one rank");
     return;
   }
   std::string text;
@@ -73,9 +73,9 @@ void Comm::agreeOnPlan() {
     text.resize(size);
     bootstrap_->recv(0, kPlanTag, text.data(), size);
   }
-  plan_ = topo::decodePlan(text);  // rank 0 too: every rank holds the same bytes
-  bool valid = !plan_.rings.empty();
-  for (const auto& ring : plan_.rings) valid = valid && isPermutation(ring, nranks_);
+  topoPlan_ = topo::decodePlan(text);  // rank 0 too: every rank holds the same bytes
+  bool valid = !topoPlan_.rings.empty();
+  for (const auto& ring : topoPlan_.rings) valid = valid && isPermutation(ring, nranks_);
   MNCL_CHECK(valid, mnclInternalError, "the ring order rank 0 sent is not a permutation of the ranks");
 }
 
@@ -84,7 +84,7 @@ void Comm::agreeOnPlan() {
 // then runs the smallest count any rank wants.
 int Comm::channelsWanted(int coresPerRank) const {
   int fallback = std::clamp(coresPerRank, 1, 4);
-  if (plan_.onGpus && plan_.searchChannels > 0) fallback = std::min(fallback, plan_.searchChannels);
+  if (topoPlan_.onGpus && topoPlan_.searchChannels > 0) fallback = std::min(fallback, topoPlan_.searchChannels);
   int want = (int)env::integer("MININCL_NCHANNELS", fallback);
   MNCL_CHECK(want >= 1 && want <= 64, mnclInvalidArgument, "MININCL_NCHANNELS must be between 1 and 64");
   return withinChannelBounds(want, 64);
@@ -108,21 +108,21 @@ std::vector<int> Comm::treeParents(int c) const {
 
 // Rank 0 speaks for all: the plan is the same everywhere.
 void Comm::logPlan() const {
-  for (const std::string& w : plan_.warnings)
-    MNCL_WARN(kInit, "topology (%s): %s; rings use rank order", plan_.source.c_str(), w.c_str());
-  for (const std::string& n : plan_.notes) MNCL_INFO(kTopo, "topology (%s): %s", plan_.source.c_str(), n.c_str());
-  MNCL_INFO(kInit, "topology %s: %s", plan_.source.empty() ? "-" : plan_.source.c_str(), plan_.why.c_str());
-  bool severalHosts = std::any_of(plan_.hosts.begin(), plan_.hosts.end(), [](int h) { return h > 0; });
-  MNCL_INFO(kInit, "ranks on: %s%s%s%s", joined(plan_.devices).c_str(), severalHosts ? " (hosts " : "",
-            severalHosts ? joined(plan_.hosts).c_str() : "", severalHosts ? ")" : "");
+  for (const std::string& w : topoPlan_.warnings)
+    MNCL_WARN(kInit, "topology (%s): %s; rings use rank order", topoPlan_.source.c_str(), w.c_str());
+  for (const std::string& n : topoPlan_.notes) MNCL_INFO(kTopo, "topology (%s): %s", topoPlan_.source.c_str(), n.c_str());
+  MNCL_INFO(kInit, "topology %s: %s", topoPlan_.source.empty() ? "-" : topoPlan_.source.c_str(), topoPlan_.why.c_str());
+  bool severalHosts = std::any_of(topoPlan_.hosts.begin(), topoPlan_.hosts.end(), [](int h) { return h > 0; });
+  MNCL_INFO(kInit, "ranks on: %s%s%s%s", joined(topoPlan_.devices).c_str(), severalHosts ? " (hosts " : "",
+            severalHosts ? joined(topoPlan_.hosts).c_str() : "", severalHosts ? ")" : "");
   for (int c = 0; c < (int)channels_.size(); ++c) {
-    const auto& hops = plan_.ringHops.empty() ? std::vector<std::string>{} : plan_.ringHops[c % plan_.ringHops.size()];
+    const auto& hops = topoPlan_.ringHops.empty() ? std::vector<std::string>{} : topoPlan_.ringHops[c % topoPlan_.ringHops.size()];
     MNCL_INFO(kInit, "channel %d ring: %s%s%s%s", c, joined(channels_[c]->ring).c_str(), hops.empty() ? "" : " (hops ",
               joined(hops).c_str(), hops.empty() ? "" : ")");
     MNCL_INFO(kInit, "channel %d tree %d (rooted at rank 0): parents %s", c, c % 2, joined(treeParents(c)).c_str());
   }
-  if (plan_.searched)
-    MNCL_INFO(kInit, "tuner: path bandwidth %.1f GB/s per channel, bandwidth scale %.3f", plan_.bwGBs,
+  if (topoPlan_.searched)
+    MNCL_INFO(kInit, "tuner: path bandwidth %.1f GB/s per channel, bandwidth scale %.3f", topoPlan_.bwGBs,
               tuner_.bandwidthScale());
 }
 

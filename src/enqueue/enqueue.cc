@@ -161,7 +161,7 @@ struct ChannelResult {
 
 // One communicator's share of a launch: per channel, the collectives then the p2p ops.
 // Reused from call to call (cleared, not freed), so a small call allocates nothing.
-struct CommPlan {
+struct CommLaunch {
   Comm* comm = nullptr;
   std::vector<std::vector<dev::DevWork>> colls;  // [channel]
   std::vector<std::vector<dev::P2pOp>> p2p;      // [channel]
@@ -192,7 +192,7 @@ struct CommPlan {
   bool runs(int c) const { return hasWork(c) || selfSlice[c] >= 0; }
 };
 
-void planColl(CommPlan& plan, const CollCall& c) {
+void planColl(CommLaunch& plan, const CollCall& c) {
   if (copyWithoutPeers(*plan.comm, c)) {
     size_t bytes = c.count * dataTypeSize(c.dtype);
     if (scalesWithoutPeers(*plan.comm, c)) dev::preMulSumAlone(workWithoutPeers(c));
@@ -205,7 +205,7 @@ void planColl(CommPlan& plan, const CollCall& c) {
   for (int ch = 0; ch < n; ++ch) plan.colls[ch].push_back(works[ch]);
 }
 
-void planP2p(CommPlan& plan, const P2pCall& c) {
+void planP2p(CommLaunch& plan, const P2pCall& c) {
   if (c.peer == plan.comm->rank()) {
     (c.isSend ? plan.selfSends : plan.selfRecvs).push_back(&c);
     return;
@@ -218,7 +218,7 @@ constexpr size_t kMinSelfSlice = 64 << 10;
 
 // Checks the sends to self against the recvs from self, and shares the copies among the
 // channels that have work (channel 0 when none has).
-void matchSelf(CommPlan& plan) {
+void matchSelf(CommLaunch& plan) {
   checkSelfPairs(plan.comm->rank(), plan.selfSends, plan.selfRecvs);
   size_t bytes = 0;
   for (const P2pCall* s : plan.selfSends) bytes += s->count * dataTypeSize(s->dtype);
@@ -232,7 +232,7 @@ void matchSelf(CommPlan& plan) {
 
 // Channel c's slice of every copy to self: slices are 64-byte aligned. A copy whose ends
 // overlap (but differ) goes whole, as one memmove, in the first slice.
-void copySelfSlice(const CommPlan& plan, int c) {
+void copySelfSlice(const CommLaunch& plan, int c) {
   int slice = plan.selfSlice[c];
   if (slice < 0) return;
   for (size_t i = 0; i < plan.selfSends.size(); ++i) {
@@ -251,7 +251,7 @@ void copySelfSlice(const CommPlan& plan, int c) {
 
 // ---- running ----
 
-void runChannel(CommPlan& plan, int c) {
+void runChannel(CommLaunch& plan, int c) {
   Channel& ch = plan.comm->channel(c);
   ChannelResult& res = plan.results[c];
   for (size_t i = 0; i < plan.colls[c].size() && res.ok; ++i) {
@@ -272,7 +272,7 @@ void runChannel(CommPlan& plan, int c) {
 
 // After a launch: the error a channel stopped on (a mismatch, an abort, a peer's failure) is
 // stored in the communicator; it becomes this rank's exception.
-void finish(CommPlan& plan) {
+void finish(CommLaunch& plan) {
   Comm& comm = *plan.comm;
   for (const ChannelResult& r : plan.results) {
     if (!r.ok) comm.throwStoredError();
@@ -285,7 +285,7 @@ void finish(CommPlan& plan) {
 // on its own thread, since any rank may have to wait for another.
 // *ran: set once the channels may have exposed the calls' buffers to peers (posted pointer
 // steps, published outputs); a failure after that waits for the peers (see recordOrRun).
-void launch(CommPlan* plans, size_t nplans, bool* ran) {
+void launch(CommLaunch* plans, size_t nplans, bool* ran) {
   // A peer whose call failed may have left pointer steps to buffers it hands back to its
   // caller; it waits until we have failed too, or are outside any call. Having entered ours
   // (CallScope), we look once more: either we see our failure here (our monitor makes it
@@ -297,7 +297,7 @@ void launch(CommPlan* plans, size_t nplans, bool* ran) {
   Completion done;
   for (size_t i = 0; i < nplans; ++i) matchSelf(plans[i]);
   for (size_t i = 0; i < nplans; ++i) {
-    CommPlan& plan = plans[i];
+    CommLaunch& plan = plans[i];
     for (int c = i == 0 ? 1 : 0; c < plan.comm->nChannels(); ++c) {
       if (plan.runs(c)) plan.comm->executor().post(c, [&plan, c] { runChannel(plan, c); }, &done);
     }
@@ -321,7 +321,7 @@ struct Recorded {
 thread_local int tlsGroupDepth = 0;
 thread_local std::vector<Recorded> tlsRecorded;
 
-void plan(CommPlan& p, const Recorded& r) {
+void plan(CommLaunch& p, const Recorded& r) {
   if (r.isP2p) planP2p(p, r.p2p);
   else planColl(p, r.coll);
 }
@@ -406,9 +406,9 @@ void runRecorded(std::vector<Recorded>& calls) {
   if (!calls.empty() && calls[0].comm->onGpu()) return runRecordedOnGpu(calls);
   // A plan per communicator, in the order of their first calls; reused from group to group
   // (as a single call's), so that a small group allocates nothing.
-  thread_local std::vector<CommPlan> plans;
+  thread_local std::vector<CommLaunch> plans;
   size_t nplans = 0;
-  auto planOf = [&](Comm* comm) -> CommPlan& {
+  auto planOf = [&](Comm* comm) -> CommLaunch& {
     for (size_t i = 0; i < nplans; ++i) {
       if (plans[i].comm == comm) return plans[i];
     }
@@ -458,7 +458,7 @@ void recordOrRun(const Recorded& r) {
   bool ran = false;
   try {
     Comm::CallScope scope(*r.comm, inside, peers);
-    thread_local CommPlan single;
+    thread_local CommLaunch single;
     single.reset(r.comm);
     plan(single, r);
     launch(&single, 1, &ran);
