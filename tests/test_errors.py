@@ -873,3 +873,25 @@ def test_split_into_groups_by_color_and_key() -> None:
     finally:
         for c in comms:
             c.destroy()
+
+
+@pytest.mark.parametrize(
+    "env_of",
+    [
+        lambda r: {"MININCL_PROTO": "ll"} if r == 1 else {},
+        lambda r: {"MININCL_ALGO": ["ring", "direct"][r]},
+        lambda r: {"MININCL_PROTO": ["simple", "^simple"][r]},
+    ],
+    ids=["proto-one-rank", "algo", "proto-excluded"],
+)
+def test_ranks_must_agree_on_algorithms_and_protocols(env_of: Callable[[int], dict[str, str]]) -> None:
+    """Ranks whose tuners may choose differently waited on each other for ever (between hosts,
+    one returned a wrong sum): init refuses them, naming what each allows."""
+    from test_net import launch_as_hosts
+
+    got = launch_as_hosts(workers.network_peers, 2, env_of=env_of, timeout=60)
+    assert sorted(got) == [0, 1], got
+    for ok, why in got.values():
+        assert not ok and why.startswith("InvalidUsage: "), got
+        assert "set MININCL_ALGO and MININCL_PROTO the same on every rank" in why, got
+    assert "rank 1 allows algorithms" in got[0][1], got

@@ -105,6 +105,9 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   int nch = want;
   for (const PeerInfo& p : peers_) nch = std::min(nch, (int)p.nChannels);
 
+  // (A network proxy is one more busy thread per rank: it needs a core as a channel does.)
+  oversubscribed_ = !onGpu() && host.localRanks * (nch + (host.anyNet ? 1 : 0)) > cores;
+  peers_[rank].oversubscribed = oversubscribed_;  // (shared with the regions below)
   RegionLayout layout(nranks, nch, mine.sizes);
   std::shared_ptr<ShmMapping> shm = createRegions(layout, host.otherProcess);
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
@@ -119,8 +122,6 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   if (window_) window_->unlink();
 
   setupChannels(mine.sizes);
-  // (A network proxy is one more busy thread per rank: it needs a core as a channel does.)
-  oversubscribed_ = !onGpu() && host.localRanks * (nch + (host.anyNet ? 1 : 0)) > cores;
   setSpinBudgets(channelsShareCores, host.anyNet);
   connect(layout);
   startTunerAndThreads(nch, mine);
@@ -154,10 +155,24 @@ PeerInfo Comm::describeSelf() {
   MNCL_CHECK(spread == 0 || spread == 1, mnclInvalidArgument, "MININCL_P2P_SPREAD must be 0 or 1");
   mine.p2pSpread = (int32_t)spread;
   p2pSpread_ = spread != 0;
+  mine.algoMask = Tuner::algoMaskFromEnv();
+  mine.protoMask = Tuner::protoMaskFromEnv();
   mine.cpu = sched_getcpu();
   if (sched_getaffinity(0, sizeof(mine.affinity), &mine.affinity) != 0) CPU_ZERO(&mine.affinity);
   return mine;
 }
+
+namespace {
+// "ring,tree" for the set bits of `mask` over `count` names.
+template <typename E>
+std::string namesIn(unsigned mask, int count, const char* (*name)(E)) {
+  std::string out;
+  for (int i = 0; i < count; ++i) {
+    if (mask & (1u << i)) out += (out.empty() ? "" : ",") + std::string(name((E)i));
+  }
+  return out;
+}
+}  // namespace
 
 // Refuses peers whose settings or device kind differ from this rank's; marks the peers
 // reached over the network (netPeer_); counts who shares this host.
@@ -171,6 +186,13 @@ Comm::HostShare Comm::checkPeersAgree(const PeerInfo& mine) {
           them + " sets MININCL_P2P_SPREAD differently from rank " + me + "; set it the same on every rank");
     MNCL_CHECK(p.netForced == mine.netForced, mnclInvalidUsage,
           them + " sets MININCL_TRANSPORT differently from rank " + me + "; set it the same on every rank");
+    // (Ranks whose tuners choose differently wait on each other for ever, or worse.)
+    MNCL_CHECK(p.algoMask == mine.algoMask && p.protoMask == mine.protoMask, mnclInvalidUsage,
+          them + " allows algorithms " + namesIn(p.algoMask, (int)Algo::count, algoName) + " and protocols " +
+              namesIn(p.protoMask, (int)Proto::count, protoName) + " but rank " + me + " " +
+              namesIn(mine.algoMask, (int)Algo::count, algoName) + " and " +
+              namesIn(mine.protoMask, (int)Proto::count, protoName) +
+              ": set MININCL_ALGO and MININCL_PROTO the same on every rank");
     bool sameHost = p.hostHash == mine.hostHash;
     netPeer_[p.rank] = p.rank != rank_ && (!sameHost || mine.netForced);
     host.anyNet |= netPeer_[p.rank] != 0;
@@ -252,6 +274,12 @@ void Comm::setSpinBudgets(bool channelsShareCores, bool anyNet) {
   for (auto& ch : channels_) ch->dev.spinBudget = onGpu() ? (uint32_t)gpuSpins : cpuSpins;
 }
 
+// Whether any host's channel threads outnumber its cores: the tuner's cost table. (Each
+// rank's own waits follow its own host; the tuner's choice must be the same on every rank.)
+bool Comm::anyHostOversubscribed() const {
+  return std::any_of(peers_.begin(), peers_.end(), [](const PeerInfo& p) { return p.oversubscribed != 0; });
+}
+
 // The tuner's view of this communicator, then what runs its calls: the GPU's channel table,
 // or the CPU channels' threads; and the monitor that watches the peers.
 void Comm::startTunerAndThreads(int nch, const PeerInfo& mine) {
@@ -264,7 +292,7 @@ void Comm::startTunerAndThreads(int nch, const PeerInfo& mine) {
     gpu_->upload(channels_, static_cast<const uint32_t*>(abortPinned_->device()));
 #endif
   } else {
-    tuner_.init(nranks_, nch, 2 * (size_t)mine.sizes.simpleSlotBytes, oversubscribed_);
+    tuner_.init(nranks_, nch, 2 * (size_t)mine.sizes.simpleSlotBytes, anyHostOversubscribed());
     tuner_.setRanksPerHost(topo::ranksPerHost(topoPlan_));
     executor_ = std::make_unique<Executor>(nch, oversubscribed_ ? 0 : 50);
   }

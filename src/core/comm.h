@@ -57,6 +57,9 @@ struct PeerInfo {
   uint64_t windowBytes, windowAt;  // its size and where it lies in this rank's process
   int32_t netForced;      // MININCL_TRANSPORT=net: every peer over the network (must agree)
   int32_t p2pSpread;      // MININCL_P2P_SPREAD (must agree: see Comm::p2pSpread)
+  // MININCL_ALGO / MININCL_PROTO as masks (must agree: every rank's tuner must choose alike).
+  uint32_t algoMask, protoMask;
+  int32_t oversubscribed;  // this host's channel threads outnumber its cores (for the tuner)
   WireAddr netAddr;       // this rank's network-transport listener (when some peer needs it)
 };
 
@@ -219,6 +222,7 @@ class Comm {
   std::shared_ptr<ShmMapping> createRegions(const RegionLayout& layout, bool otherProcess);
   void mapPeerRegions();
   void setSpinBudgets(bool channelsShareCores, bool anyNet);
+  bool anyHostOversubscribed() const;
   void startTunerAndThreads(int nch, const PeerInfo& mine);
   bool peerOutOfCalls(int r) const;
   void agreeOnPlan();

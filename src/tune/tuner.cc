@@ -111,9 +111,16 @@ void Tuner::init(int nranks, int maxChannels, size_t bytesPerChannel, bool overs
   oversubscribed_ = oversubscribed;
   maxChannels_ = maxChannels;
   bytesPerChannel_ = std::max<size_t>(1, bytesPerChannel);
-  algoMask_ = parseNameList(env::str("MININCL_ALGO"), kAlgoNames, (int)Algo::count, "MININCL_ALGO");
-  protoMask_ = parseNameList(env::str("MININCL_PROTO"), kProtoNames, (int)Proto::count, "MININCL_PROTO");
+  algoMask_ = algoMaskFromEnv();
+  protoMask_ = protoMaskFromEnv();
   forget();
+}
+
+unsigned Tuner::algoMaskFromEnv() {
+  return parseNameList(env::str("MININCL_ALGO"), kAlgoNames, (int)Algo::count, "MININCL_ALGO");
+}
+unsigned Tuner::protoMaskFromEnv() {
+  return parseNameList(env::str("MININCL_PROTO"), kProtoNames, (int)Proto::count, "MININCL_PROTO");
 }
 
 void Tuner::initGpu(int nranks, int maxChannels) {

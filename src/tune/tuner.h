@@ -37,6 +37,9 @@ class Tuner {
   void init(int nranks, int maxChannels, size_t bytesPerChannel, bool oversubscribed);
   // A GPU communicator: the GPU cost table.
   void initGpu(int nranks, int maxChannels);
+  // MININCL_ALGO and MININCL_PROTO as masks over Algo and Proto (what init reads).
+  static unsigned algoMaskFromEnv();
+  static unsigned protoMaskFromEnv();
   // GPU: every rank reads and writes its peers' buffers directly (one process, one GPU), so
   // direct two-shot allreduce moves each byte in and out once instead of through FIFOs.
   void setGpuPointerSteps(bool on) {
