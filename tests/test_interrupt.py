@@ -177,3 +177,29 @@ def test_ctrl_c_in_one_process_fails_the_other_processes_call(tmp_path: Path) ->
     assert results[0] == "KeyboardInterrupt"
     assert results[1].startswith("RemoteError: rank 0 "), results[1]
     assert "interrupted (KeyboardInterrupt)" in results[1]
+
+
+EXIT_WHILE_BLOCKED = """
+import sys, threading, time
+import numpy as np
+import minincl
+
+comms = minincl.Communicator.init_all(2)
+threading.Thread(target=lambda: comms[0].allreduce(np.ones(1 << 16, np.float32)), daemon=True).start()
+time.sleep(0.3)  # (its rank 1 never calls)
+print("leaving", flush=True)
+HOW
+"""
+
+
+@pytest.mark.parametrize("how", ["sys.exit(0)", "pass", "raise RuntimeError('a bug')"])
+def test_the_process_exits_while_a_daemon_thread_waits_in_a_call(tmp_path: Path, how: str) -> None:
+    """Only the main thread polls for signals: a daemon thread that took the GIL while the
+    interpreter exited was ended by force, and the process aborted (exit -6, "terminate
+    called without an active exception") in most runs."""
+    code = EXIT_WHILE_BLOCKED.replace("HOW", how)
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=tmp_path)
+        assert out.stdout.strip() == "leaving", out
+        assert out.returncode == (1 if how.startswith("raise") else 0), out.stderr[-3000:]
+        assert "terminate called" not in out.stderr, out.stderr[-3000:]

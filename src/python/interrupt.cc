@@ -8,7 +8,15 @@ namespace {
 // and the GIL taken no more than 20 times a second.
 constexpr auto kPollPeriod = std::chrono::milliseconds(50);
 
+unsigned long mainThreadIdent = 0;
+
 }  // namespace
+
+void rememberMainThread() {
+  mainThreadIdent = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+}
+
+bool onMainThread() { return PyThread_get_thread_ident() == mainThreadIdent; }
 
 void InterruptibleCallBase::poll(void* self) {
   auto* call = static_cast<InterruptibleCallBase*>(self);

@@ -2,9 +2,11 @@
 //
 // Python runs signal handlers on its main thread only, between bytecodes; a call waiting
 // for its peers without the GIL would never let one run, so Ctrl-C did nothing until the
-// peers came (maybe never). While an InterruptibleCall lives, the calling thread's long waits
-// (dev::tlsLongWaitHook) take the GIL every few tens of milliseconds and run the pending
-// handlers, on the main thread (socket waits of an init, every 100 ms, do the same). When one
+// peers came (maybe never). While an InterruptibleCall lives on the main thread, its long
+// waits (dev::tlsLongWaitHook) take the GIL every few tens of milliseconds and run the pending
+// handlers (socket waits of an init, every 100 ms, do the same). Other threads never take it
+// there: no handler would run, and a daemon thread that takes the GIL while the interpreter
+// exits is ended by force, through frames that do not expect it (the process aborted). When one
 // raises (KeyboardInterrupt), `stop` ends the call's waits: it fails the communicators the
 // call runs on, which tells the peers (they raise RemoteError), or cancels an init's socket
 // waits. The call then raises the handler's exception, not Aborted. The communicator stays
@@ -23,6 +25,10 @@
 namespace mncl::py_interrupt {
 
 namespace py = pybind11;
+
+// Remembers which thread is Python's main one (at import: threading.main_thread()).
+void rememberMainThread();
+bool onMainThread();
 
 // The part that does not depend on how a call stops (in interrupt.cc).
 class InterruptibleCallBase {
@@ -65,10 +71,15 @@ class InterruptibleCallBase {
 
  protected:
   using StopFn = void (*)(InterruptibleCallBase* self, const std::string& why);
-  explicit InterruptibleCallBase(StopFn stop) : stop_(stop), hook_(&dev::tlsLongWaitHook), saved_(*hook_) {
+  explicit InterruptibleCallBase(StopFn stop) : stop_(stop) {
+    if (!onMainThread()) return;
+    hook_ = &dev::tlsLongWaitHook;
+    saved_ = *hook_;
     *hook_ = {&InterruptibleCallBase::poll, this};
   }
-  ~InterruptibleCallBase() { *hook_ = saved_; }
+  ~InterruptibleCallBase() {
+    if (hook_) *hook_ = saved_;
+  }
 
  private:
   static void poll(void* self);
@@ -76,8 +87,8 @@ class InterruptibleCallBase {
   void runHandlers();  // with the GIL
 
   StopFn stop_;
-  dev::LongWaitHook* hook_;  // this thread's (looked up once: it is another library's thread-local)
-  dev::LongWaitHook saved_;
+  dev::LongWaitHook* hook_ = nullptr;  // this thread's (looked up once: another library's thread-local)
+  dev::LongWaitHook saved_{};
   std::chrono::steady_clock::time_point nextPoll_{};
   std::optional<py::error_already_set> raised_;
 };

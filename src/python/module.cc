@@ -836,9 +836,14 @@ PYBIND11_MODULE(_core, m) {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
       py::object cls = errorClass(e.code());
-      PyErr_SetString(cls.ptr(), e.what());
+      // (Replacing bytes that are not UTF-8: a message may quote what a stranger sent.)
+      std::string_view what = e.what();
+      PyObject* text = PyUnicode_DecodeUTF8(what.data(), (Py_ssize_t)what.size(), "replace");
+      PyErr_SetObject(cls.ptr(), text);
+      Py_XDECREF(text);
     }
   });
+  py_interrupt::rememberMainThread();
 
   m.def("get_unique_id", [] {
     mnclUniqueId id;
