@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue as queue_mod
+import signal
 import threading
 import time
 import traceback
@@ -149,7 +150,9 @@ class Communicator(_core.Communicator):
         """A NumPy array in this rank's window: shared memory every peer process maps, so that
         collectives read it straight from here instead of passing it through the FIFOs (one
         copy instead of two). Needs ``MININCL_WINDOW_BYTES`` set before the communicator is
-        created; the array keeps the window alive and frees its space when collected."""
+        created; the array keeps the window alive and frees its space when collected. Where
+        no peer is another process of this host (threads, which read each other's buffers
+        anyway; peers over the network), a plain NumPy array."""
         import numpy as np
 
         dims = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -202,6 +205,18 @@ def _first_env(*names: str) -> str | None:
     return None
 
 
+def _int_from_env(*names: str) -> int | None:
+    """The first of `names` that is set, as an integer; InvalidArgument naming it if it is not one."""
+    for n in names:
+        v = os.environ.get(n)
+        if v not in (None, ""):
+            try:
+                return int(v)  # type: ignore[arg-type]
+            except ValueError:
+                raise InvalidArgument(f"init_from_env: {n}={v!r} is not an integer") from None
+    return None
+
+
 def _first_slurm_host(nodelist: str) -> str:
     """'node[03-05,07],gpu1' -> 'node03'."""
     head = nodelist.split(",")[0] if "[" not in nodelist.split(",")[0] else nodelist[: nodelist.index("]") + 1]
@@ -221,24 +236,21 @@ def init_from_env(device: DeviceSpec = None) -> Communicator:
     MASTER_PORT + 1, since torchrun's own store already holds MASTER_PORT; else 29501);
     rank 0 starts it.
     """
-    rank_s = _first_env("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
-    size_s = _first_env("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
-    if rank_s is None or size_s is None:
+    rank = _int_from_env("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+    size = _int_from_env("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+    if rank is None or size is None:
         raise InvalidUsage(
             "init_from_env: no launcher variables found (RANK/WORLD_SIZE from torchrun, "
             "SLURM_PROCID/SLURM_NTASKS, OMPI_COMM_WORLD_RANK/SIZE or PMI_RANK/PMI_SIZE)"
         )
-    rank, size = int(rank_s), int(size_s)
     host = _first_env("MININCL_ROOT_ADDR", "MASTER_ADDR")
     if host is None:
         nodelist = _first_env("SLURM_JOB_NODELIST", "SLURM_NODELIST")
         host = _first_slurm_host(nodelist) if nodelist else "127.0.0.1"
-    port_s = _first_env("MININCL_ROOT_PORT")
-    if port_s is not None:
-        port = int(port_s)
-    else:
-        master_port = _first_env("MASTER_PORT")
-        port = int(master_port) + 1 if master_port else 29501
+    port = _int_from_env("MININCL_ROOT_PORT")
+    if port is None:
+        master_port = _int_from_env("MASTER_PORT")
+        port = master_port + 1 if master_port is not None else 29501
     uid = unique_id_for_address(host, port)
     return Communicator(size, uid, rank, device)
 
@@ -278,6 +290,22 @@ class LaunchError(Error):
         super().__init__(message)
         self.results = results
         self.errors = errors or {}
+
+
+def _no_result_story(exitcode: int | None, fn_name: str) -> str:
+    """Why a rank's process ended without a result, from its exit code."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        oom = " (the out-of-memory killer?)" if exitcode == -signal.SIGKILL else ""
+        return f"process killed by {name}{oom} before it returned a result"
+    return (
+        f"process ended with exit code {exitcode} and no result (it failed before running {fn_name}, or "
+        f"{fn_name} exited the process: its traceback is on stderr; a script must call launch() under "
+        "`if __name__ == '__main__':`, as its ranks import it)"
+    )
 
 
 def launch(
@@ -334,11 +362,7 @@ def launch(
             why = f"the launch timeout of {timeout} s" if timeout is not None else "another rank failed"
             errors[r] = f"still running after {why} (killed)"
         elif r not in results:
-            errors[r] = (
-                f"process ended with exit code {p.exitcode} and no result (it failed before running "
-                f"{getattr(fn, '__name__', 'fn')}: its traceback is on stderr; a script must call launch() "
-                "under `if __name__ == '__main__':`, as its ranks import it)"
-            )
+            errors[r] = _no_result_story(p.exitcode, getattr(fn, "__name__", "fn"))
         elif not results[r][0]:
             errors[r] = results[r][1]
     if errors:

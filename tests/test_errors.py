@@ -761,6 +761,74 @@ def test_missing_rank_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
     assert time.monotonic() - t0 < 10
 
 
+def test_a_rank_out_of_range_fails_the_others_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "30")
+    t0 = time.monotonic()
+    res = _join_all(minincl.get_unique_id(), [(2, 0), (2, 5)])
+    assert res[1] == "InvalidArgument: rank 5 is out of range for nranks=2", res
+    assert res[0] == (
+        "RemoteError: bootstrap failed: rank 5 could not make its communicator: rank 5 is out of range for nranks=2"
+    ), res
+    assert time.monotonic() - t0 < 10  # (it waited the bootstrap timeout)
+
+
+def test_the_root_waits_for_its_first_rank_however_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The root's clock starts when the first rank arrives: it used to start when the id was
+    made, so a job that loaded its data first found no root ("connecting ... timed out")."""
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "1")
+    uid = minincl.get_unique_id()
+    time.sleep(1.5)
+    assert _join_all(uid, [(2, 0), (2, 1)]) == ["ok", "ok"]
+
+
+@pytest.mark.parametrize("answer", [b"HTTP/1.0 400 Bad Request\r\n\r\n" + bytes(range(256)) * 2, b""])
+def test_another_program_on_the_root_port_is_named(monkeypatch: pytest.MonkeyPatch, answer: bytes) -> None:
+    import socket
+
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "5")
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        conn.recv(4096)
+        conn.sendall(answer)
+        conn.close()
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        with pytest.raises(minincl.Error) as info:
+            minincl.Communicator(2, minincl.unique_id_for_address("127.0.0.1", port), 1)
+    finally:
+        t.join(10)
+        server.close()
+    why = str(info.value)
+    assert f"the bootstrap root's address 127.0.0.1:{port}" in why, why
+    assert "is another program listening on that port" in why, why
+    if answer:
+        assert isinstance(info.value, minincl.SystemError) and "did not answer as minincl's root" in why, why
+
+
+def test_init_from_env_names_a_bad_port_and_a_taken_root_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "abc"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("MININCL_ROOT_PORT", raising=False)
+    with pytest.raises(minincl.InvalidArgument, match="init_from_env: MASTER_PORT='abc' is not an integer"):
+        minincl.init_from_env()
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("MASTER_PORT", str(port - 1))
+        with pytest.raises(minincl.SystemError) as info:
+            minincl.init_from_env()
+    assert str(info.value).startswith(
+        f"rank 0 could not start the bootstrap root at 127.0.0.1:{port} (the address the unique id names; "
+        "init_from_env: MININCL_ROOT_PORT, else MASTER_PORT + 1): bind("
+    ), info.value
+
+
 def test_a_rank_that_cannot_use_its_device_fails_the_others_inits_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # Rank 1 asks for a GPU this machine cannot give; rank 0 used to wait the whole
     # MININCL_BOOTSTRAP_TIMEOUT for it, then name it as missing.

@@ -31,11 +31,30 @@ def test_window_full_freed_and_outliving_its_communicator(monkeypatch: pytest.Mo
         assert total == str(5 * (3 << 20))
 
 
-def test_no_window_without_the_setting() -> None:
-    comms = minincl.Communicator.init_all(2)  # threads: no window, whatever the setting
+@pytest.mark.parametrize("setting", [None, "4M"])
+def test_ranks_that_need_no_window_get_plain_arrays(monkeypatch: pytest.MonkeyPatch, setting: str | None) -> None:
+    """Threads read each other's buffers anyway: empty() gives a plain array, whatever the
+    setting (it used to raise "set MININCL_WINDOW_BYTES", set or not), so code written for
+    processes runs on threads too."""
+    if setting:
+        monkeypatch.setenv("MININCL_WINDOW_BYTES", setting)
+    comms = minincl.Communicator.init_all(2)
     try:
-        with pytest.raises(minincl.InvalidUsage, match="no window"):
-            comms[0].empty(8, np.float32)
+        arrays = [c.empty((3, 5), np.float32) for c in comms]
+        assert all(a.shape == (3, 5) and a.dtype == np.float32 for a in arrays)
+        for r, a in enumerate(arrays):
+            a[:] = r + 1
+        workers.run_ranks(comms, lambda c: c.allreduce(arrays[c.rank]))
+        for a in arrays:
+            np.testing.assert_array_equal(a, np.full((3, 5), 3, np.float32))
     finally:
         for c in comms:
             c.destroy()
+
+
+def test_processes_without_the_setting_are_told_to_set_it() -> None:
+    for story in minincl.launch(workers.empty_without_a_window, 2):
+        assert (
+            story
+            == "InvalidUsage: this communicator has no window: set MININCL_WINDOW_BYTES (e.g. 1G) before it is created"
+        )

@@ -353,6 +353,14 @@ def window_errors(comm: minincl.Communicator) -> list[str]:
     return out
 
 
+def empty_without_a_window(comm: minincl.Communicator) -> str:
+    try:
+        comm.empty(8, np.float32)
+    except minincl.Error as e:
+        return f"{type(e).__name__}: {e}"
+    return "an array"
+
+
 def kernel_copies_with_stats(comm: minincl.Communicator, counts: list[int]) -> tuple[int, dict[str, int]]:
     """The collectives whose steps may go by kernel copies between processes: broadcasts from
     every root and allgathers (in place and not), allreduces (in place and not; avg divides

@@ -16,7 +16,14 @@ namespace {
 // Rank `rank`'s socket to the bootstrap root; rank 0 of an id made from an address starts it.
 Socket connectToRoot(const UniqueIdData& id, int rank, Deadline d, const std::string& why) {
   SockAddr root = id.root.toSockAddr();
-  if (id.rankZeroStartsRoot && rank == 0) startRoot(root, id.nonce);
+  if (id.rankZeroStartsRoot && rank == 0) {
+    try {
+      startRoot(root, id.nonce);
+    } catch (const Error& e) {
+      throwError(e.code(), "rank 0 could not start the bootstrap root at " + root.str() + " (the address the unique id "
+                               "names; init_from_env: MININCL_ROOT_PORT, else MASTER_PORT + 1): " + e.what());
+    }
+  }
   return Socket::connect(root, d, "rank " + std::to_string(rank) + " " + why);
 }
 
@@ -43,7 +50,8 @@ Bootstrap::Bootstrap(const UniqueIdData& id, int rank, int nranks)
 }
 
 void Bootstrap::reportInitFailure(const UniqueIdData& id, int rank, int nranks, const std::string& message) noexcept {
-  if (id.magic != kIdMagic || rank < 0 || rank >= nranks) return;  // (that init's error already says why)
+  if (id.magic != kIdMagic) return;  // (that init's error already says why)
+  // (A rank out of range reports too: the root fails the others with its story.)
   try {
     Deadline d = deadlineIn(std::min(bootstrapTimeout(), 5.0));
     Socket toRoot = connectToRoot(id, rank, d, "reporting its failed init");
@@ -57,7 +65,15 @@ void Bootstrap::reportInitFailure(const UniqueIdData& id, int rank, int nranks, 
 }
 
 void Bootstrap::registerWithRoot(const UniqueIdData& id) {
-  Socket toRoot = connectToRoot(id, rank_, deadline(), "registering with the bootstrap root");
+  Socket toRoot;
+  try {
+    toRoot = connectToRoot(id, rank_, deadline(), "registering with the bootstrap root");
+  } catch (const Error& e) {
+    if (e.code() != mnclTimeout || id.rankZeroStartsRoot) throw;
+    throwError(mnclTimeout, std::string(e.what()) + ". The root runs in the process that called get_unique_id() / "
+                            "mnclGetUniqueId and serves one communicator's init: has that process exited, or did "
+                            "another communicator's init already use this id?");
+  }
   // Listen on the interface that reaches the root, so peers can reach us the same way.
   SockAddr mine = toRoot.localAddr();
   mine.setPort(0);
@@ -69,11 +85,21 @@ void Bootstrap::registerWithRoot(const UniqueIdData& id) {
   RootReply reply{};
   // The root gives up on missing ranks at its own deadline and says which are missing:
   // wait a little longer than it does, to hear that rather than a bare timeout.
-  toRoot.recvAll(&reply, sizeof(reply), deadlineIn(timeout_ + 2.0), "waiting for the other ranks at the bootstrap root");
+  std::string rootAt = "the bootstrap root's address " + id.root.toSockAddr().str();
+  try {
+    toRoot.recvAll(&reply, sizeof(reply), deadlineIn(timeout_ + 2.0), "waiting for the other ranks at the bootstrap root");
+  } catch (const Error& e) {
+    if (e.code() == mnclTimeout) throw;  // (a root answers before it closes a connection)
+    throwError(e.code(), std::string(e.what()) + "; " + rootAt +
+                             " closed it unanswered: is another program listening on that port, or did the root's "
+                             "process exit?");
+  }
+  MNCL_CHECK(reply.nonce == id.nonce, mnclSystemError,
+        rootAt + " did not answer as minincl's root: is another program listening on that port?");
   if (reply.status != 0) {  // Timeout: ranks never came; RemoteError: one could not init; else they disagree
     auto code = (mnclResult_t)reply.status;
     throwError(code == mnclTimeout || code == mnclRemoteError ? code : mnclInvalidUsage,
-               std::string("bootstrap failed: ") + reply.message);
+               "bootstrap failed: " + std::string(reply.message, strnlen(reply.message, sizeof(reply.message))));
   }
   addrs_.resize(nranks_);
   toRoot.recvAll(addrs_.data(), addrs_.size() * sizeof(sockaddr_storage), deadline(), "reading the rank table");

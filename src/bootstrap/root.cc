@@ -19,8 +19,9 @@ struct Joined {
   int rank;
 };
 
-void reply(Socket& s, int status, const std::string& msg, const std::vector<sockaddr_storage>* table) {
+void reply(Socket& s, uint64_t nonce, int status, const std::string& msg, const std::vector<sockaddr_storage>* table) {
   RootReply r{};
+  r.nonce = nonce;
   r.status = status;
   std::strncpy(r.message, msg.c_str(), sizeof(r.message) - 1);
   try {
@@ -33,7 +34,10 @@ void reply(Socket& s, int status, const std::string& msg, const std::vector<sock
 }
 
 void serve(Socket listener, uint64_t nonce, double timeout) {
-  Deadline deadline = deadlineIn(timeout);
+  // The clock starts when the first rank of this id arrives: an id may be made long before
+  // its ranks start (a job that loads its data first). Until then the root waits, as NCCL's.
+  Deadline deadline = deadlineIn(10 * 365 * 86400.0);
+  bool started = false;
   std::vector<Joined> joined;
   std::vector<sockaddr_storage> table;
   int nranks = -1;
@@ -49,9 +53,11 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
         continue;  // not one of ours
       }
       if (h.magic != kIdMagic || h.nonce != nonce) {
-        reply(s, mnclInvalidUsage, "wrong magic or unique id: this connection did not come from a rank of this communicator", nullptr);
+        reply(s, nonce, mnclInvalidUsage, "wrong magic or unique id: this connection did not come from a rank of this communicator", nullptr);
         continue;
       }
+      if (!started) deadline = deadlineIn(timeout);
+      started = true;
       if (h.failCode != 0) {
         status = mnclRemoteError;
         failure = "rank " + std::to_string(h.rank) + " could not make its communicator: " +
@@ -74,7 +80,7 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
         }
       }
       if (!failure.empty()) {
-        reply(s, mnclInvalidUsage, failure, nullptr);
+        reply(s, nonce, mnclInvalidUsage, failure, nullptr);
         break;
       }
       table[h.rank] = h.listen;
@@ -88,18 +94,18 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
       if (!in) missing += (missing.empty() ? "" : ",") + std::to_string(r);
     }
     status = mnclTimeout;
-    failure = "only " + std::to_string(joined.size()) + " of " + std::to_string(nranks) +
-              " ranks joined before the bootstrap timeout; missing ranks: " + missing;
+    failure = "only " + std::to_string(joined.size()) + " of " + std::to_string(nranks) + " ranks joined within " +
+              "the bootstrap timeout of the first; missing ranks: " + missing;
     MNCL_WARN(kInit, "bootstrap root: %s", failure.c_str());
   }
-  for (Joined& j : joined) reply(j.sock, failure.empty() ? mnclSuccess : status, failure, failure.empty() ? &table : nullptr);
+  for (Joined& j : joined) reply(j.sock, nonce, failure.empty() ? mnclSuccess : status, failure, failure.empty() ? &table : nullptr);
   // Ranks still to come, after one said it cannot: they hear why at once too (until the
   // deadline; the one that failed does not come).
   if (status == mnclRemoteError) {
     for (int left = nranks - 1 - (int)joined.size(); left > 0; --left) {
       try {
         Socket s = listener.accept(deadline, "bootstrap root answering late ranks");
-        reply(s, status, failure, nullptr);
+        reply(s, nonce, status, failure, nullptr);
       } catch (const Error&) {
         break;
       }

@@ -78,6 +78,8 @@ dev::ProtoSizes protoSizesFromEnv(bool onGpu) {
 Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommOptions& options)
     : rank_(rank), nranks_(nranks), device_(device), options_(options) {
   try {
+    MNCL_CHECK(rank >= 0 && rank < nranks, mnclInvalidArgument,
+          "rank " + std::to_string(rank) + " is out of range for nranks=" + std::to_string(nranks));
     prepareDevice();
     setCallTimeout(env::seconds("MININCL_CALL_TIMEOUT", 0));
     cpuBindRequested();  // (checked here for every rank, threads too: only processes bind)
@@ -108,6 +110,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   // (A network proxy is one more busy thread per rank: it needs a core as a channel does.)
   oversubscribed_ = !onGpu() && host.localRanks * (nch + (host.anyNet ? 1 : 0)) > cores;
   peers_[rank].oversubscribed = oversubscribed_;  // (shared with the regions below)
+  windowUseful_ = !onGpu() && host.otherProcess;
   RegionLayout layout(nranks, nch, mine.sizes);
   std::shared_ptr<ShmMapping> shm = createRegions(layout, host.otherProcess);
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
@@ -236,7 +239,7 @@ std::shared_ptr<ShmMapping> Comm::createRegions(const RegionLayout& layout, bool
   mine.regionId = registerRegion(region_);
   mine.regionBytes = hostBytes;
   size_t windowBytes = (size_t)env::bytes("MININCL_WINDOW_BYTES", 0);
-  if (!onGpu() && otherProcess && windowBytes > 0) {
+  if (windowUseful_ && windowBytes > 0) {
     window_ = std::make_shared<Window>(windowBytes, std::to_string(rank_));
     std::strncpy(mine.windowName, window_->name().c_str(), sizeof(mine.windowName) - 1);
     mine.windowBytes = window_->size();

@@ -98,6 +98,9 @@ class Comm {
   // This rank's window (null without one): shared memory for user buffers that peer
   // processes read directly (see transport/window.h).
   const std::shared_ptr<Window>& window() const { return window_; }
+  // Whether a window would serve this rank: a CPU rank with a peer in another process of this
+  // host (threads read each other's buffers anyway; network peers map nothing).
+  bool windowUseful() const { return windowUseful_; }
 
   // The word every spin loop watches; non-zero stops all in-flight work.
   // (On a GPU communicator it lives in pinned host memory the kernels read.)
@@ -255,6 +258,7 @@ class Comm {
   int gpuReadablePeers_ = 0;  // GPU: peers whose kernels read this rank's buffers
   bool oversubscribed_ = false;  // CPU: this host's ranks have more channels than it has cores
   bool p2pSpread_ = false;       // see p2pSpread()
+  bool windowUseful_ = false;    // see windowUseful()
 
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<PeerInfo> peers_;

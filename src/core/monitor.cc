@@ -88,7 +88,8 @@ void Monitor::checkPeer(int r, double now) {
     // (A GPU call returns at once: what may still wait on the peer is its kernel.)
     bool waiting = comm_.callsInside_.load() > 0 || comm_.gpuWorkPending();
     if (waiting && now - w.leftSince > timeout_) {
-      comm_.fail(mnclRemoteError, who + " destroyed its communicator while this rank was still waiting on it");
+      comm_.fail(mnclRemoteError, who + " destroyed its communicator (or its process exited) while this rank was "
+                                        "still waiting on it");
     }
     return;
   }

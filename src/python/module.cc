@@ -337,11 +337,16 @@ class PyComm {
 
   // A NumPy array in this rank's window (see Communicator.empty). The array keeps the window
   // mapped, whatever happens to the communicator, and gives its space back when collected.
+  // Where no window would serve (no peer in another process of this host): a plain array.
   py::array windowEmpty(const std::vector<int64_t>& shape, const py::dtype& dtype) {
-    std::shared_ptr<Window> window = withLive([](Comm& cm) { return cm.window(); });
+    auto [window, useful] = withLive([](Comm& cm) { return std::make_pair(cm.window(), cm.windowUseful()); });
+    if (!window && device_ >= 0) {
+      throwError(mnclInvalidUsage, "empty: windows are for CPU communicators; allocate GPU buffers with CuPy or PyTorch");
+    }
+    if (!window && !useful) return py::array(dtype, shape);
     if (!window) {
       throwError(mnclInvalidUsage, "this communicator has no window: set MININCL_WINDOW_BYTES (e.g. 1G) before it is "
-                                   "created (a window is made only when some peer is another process of this host, reached through shared memory)");
+                                   "created");
     }
     size_t bytes = (size_t)dtype.itemsize();
     for (int64_t d : shape) {
