@@ -211,7 +211,7 @@ def _int_from_env(*names: str) -> int | None:
         v = os.environ.get(n)
         if v not in (None, ""):
             try:
-                return int(v)  # type: ignore[arg-type]
+                return int(v)
             except ValueError:
                 raise InvalidArgument(f"init_from_env: {n}={v!r} is not an integer") from None
     return None
