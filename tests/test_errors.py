@@ -963,3 +963,19 @@ def test_ranks_must_agree_on_algorithms_and_protocols(env_of: Callable[[int], di
         assert not ok and why.startswith("InvalidUsage: "), got
         assert "set MININCL_ALGO and MININCL_PROTO the same on every rank" in why, got
     assert "rank 1 allows algorithms" in got[0][1], got
+
+
+def test_a_call_timeout_names_a_rank_whose_heartbeat_stopped(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Rank 1 stops (SIGSTOP) between calls, and rank 0's call times out before the heartbeat
+    timeout: the story used to blame "a rank behind the others", with rank 1 shown inside a
+    call it was no longer running."""
+    import signal
+
+    monkeypatch.setenv("MININCL_TIMEOUT", "60")
+    monkeypatch.setenv("MININCL_CALL_TIMEOUT", "1.5")
+    with pytest.raises(minincl.LaunchError) as info:  # (rank 1 never returns: killed at the launch timeout)
+        minincl.launch(workers.stop_mid_run, 2, 1, str(tmp_path), int(signal.SIGSTOP), timeout=10)
+    story = info.value.results[0]
+    assert story.startswith("Timeout after "), story
+    assert re.search(r"rank 1: [^;]*, its heartbeat still for [0-9.]+ s \(stopped\?\)", story), story
+    assert story.endswith("A rank whose heartbeat stopped holds the others (MININCL_TIMEOUT ends the wait for it)"), story

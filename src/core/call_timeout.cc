@@ -5,6 +5,7 @@
 // code, or a call skipped where nothing pairs up to show it) only by a limit on the call
 // itself, as torch's process-group timeout and NCCL's watchdog do. The error says where every
 // rank is, from the call logs (call_log.h): the ranks that have not reached this call stand out.
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -61,6 +62,16 @@ std::string progressOf(const CallLog& log) {
          std::to_string(dev::loadAcquire(&log.recvsPosted)) + " receive(s) posted";
 }
 
+// A heartbeat moves every 10 ms: one still for this long means the rank's process is
+// stopped (SIGSTOP, a debugger) or starved of CPU, whatever its call log last said.
+constexpr double kStoppedAfterSeconds = 1.0;
+
+// How a call timeout's story ends: what holds the call up.
+std::string whatHoldsIt(bool anyStopped, const char* otherwise) {
+  return anyStopped ? ". A rank whose heartbeat stopped holds the others (MININCL_TIMEOUT ends the wait for it)"
+                    : otherwise;
+}
+
 const char* const kWhereTheLimitIsSet =
     "the communicator's call timeout: Communicator.call_timeout, MININCL_CALL_TIMEOUT, or torch's process-group "
     "timeout";
@@ -78,10 +89,12 @@ void Monitor::checkCallTimeout(double now) {
     return;
   }
   if (now - timedCallSince_ < limit) return;
+  bool anyStopped = false;
+  std::string where = whereRanksAre(now, &anyStopped);
   comm_.fail(mnclTimeout, "call timeout: rank " + std::to_string(comm_.rank()) + " has been " +
                               activityOf(comm_.region_->ctrl()->calls) + " for more than " + formatSeconds(limit) +
-                              " (" + kWhereTheLimitIsSet + "); " + whereRanksAre() +
-                              ". A rank behind the others has not reached this call");
+                              " (" + kWhereTheLimitIsSet + "); " + where +
+                              whatHoldsIt(anyStopped, ". A rank behind the others has not reached this call"));
 }
 
 void Monitor::checkGpuCallTimeout(double now) {
@@ -95,11 +108,13 @@ void Monitor::checkGpuCallTimeout(double now) {
     std::optional<LoggedCall> call = loggedCall(comm_.region_->ctrl()->calls, late->call);
     what = "collective call " + std::to_string(late->call) + (call ? " (" + describeCall(*call) + ")" : std::string());
   }
+  bool anyStopped = false;
+  std::string where = whereRanksAre(now, &anyStopped);
   comm_.fail(mnclTimeout, "call timeout: rank " + std::to_string(comm_.rank()) + "'s kernel for " + what +
                               " has not finished " + formatSeconds(limit) + " after it was queued (" +
-                              kWhereTheLimitIsSet + "); " + whereRanksAre() +
-                              ". A rank behind the others has not made this call (or work queued before it on its "
-                              "stream took that long)");
+                              kWhereTheLimitIsSet + "); " + where +
+                              whatHoldsIt(anyStopped, ". A rank behind the others has not made this call (or work "
+                                                      "queued before it on its stream took that long)"));
 #else
   (void)now;
 #endif
@@ -107,12 +122,17 @@ void Monitor::checkGpuCallTimeout(double now) {
 
 // "rank 0: inside collective call 3 (...); rank 1: in no call (2 collective call(s) made)";
 // on a GPU "rank 0: 3 collective call(s) made, ...; rank 1: 2 collective call(s) made, ...".
-std::string Monitor::whereRanksAre() const {
+std::string Monitor::whereRanksAre(double now, bool* anyStopped) const {
   std::string where;
   constexpr int kListed = 16;
-  for (int r = 0; r < comm_.nranks() && r < kListed; ++r) {
+  for (int r = 0; r < comm_.nranks(); ++r) {
+    double still = r == comm_.rank() ? 0 : now - watch_[r].lastChange;
+    bool stopped = still >= kStoppedAfterSeconds;
+    *anyStopped |= stopped;
+    if (r >= kListed) continue;
     const CallLog& log = comm_.peerRegions_[r]->ctrl()->calls;
     where += (r ? "; rank " : "rank ") + std::to_string(r) + ": " + (comm_.onGpu() ? progressOf(log) : activityOf(log));
+    if (stopped) where += ", its heartbeat still for " + formatSeconds(std::round(still * 10) / 10) + " (stopped?)";
   }
   if (comm_.nranks() > kListed) where += "; ...";
   return where;

@@ -65,7 +65,9 @@ class Monitor {
   void checkWaitCycle(double now);
   void checkCallTimeout(double now);
   void checkGpuCallTimeout(double now);
-  std::string whereRanksAre() const;
+  // Where every rank is, from the call logs, each peer whose heartbeat has stopped marked;
+  // `anyStopped` says whether one has.
+  std::string whereRanksAre(double now, bool* anyStopped) const;
   std::vector<Wait> waitCycle() const;
   std::optional<Wait> waitOn(int r, int p, bool everyRankInside) const;
   static std::string describe(const Wait& w);
