@@ -979,3 +979,11 @@ def test_a_call_timeout_names_a_rank_whose_heartbeat_stopped(monkeypatch: pytest
     assert story.startswith("Timeout after "), story
     assert re.search(r"rank 1: [^;]*, its heartbeat still for [0-9.]+ s \(stopped\?\)", story), story
     assert story.endswith("A rank whose heartbeat stopped holds the others (MININCL_TIMEOUT ends the wait for it)"), story
+
+
+def test_a_mismatch_in_the_last_call_before_destroy_is_reported(capfd: pytest.CaptureFixture[str]) -> None:
+    """A broadcast whose ranks pass different roots ends on every rank; with no next call to
+    raise the mismatch, destroy warns (the results were wrong without a word)."""
+    assert minincl.launch(workers.broadcast_from_its_own_root_then_destroy, 2) == [[0.0] * 3, [1.0] * 3]
+    err = capfd.readouterr().err
+    assert "mismatched calls: rank " in err and "broadcast(count=3, float32, root=" in err, err

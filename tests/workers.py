@@ -353,6 +353,13 @@ def window_errors(comm: minincl.Communicator) -> list[str]:
     return out
 
 
+def broadcast_from_its_own_root_then_destroy(comm: minincl.Communicator) -> list[float]:
+    x = np.full(3, comm.rank, np.float32)
+    comm.broadcast(x, root=comm.rank)  # (every rank a different root: each keeps its own)
+    comm.destroy()
+    return x.tolist()
+
+
 def empty_without_a_window(comm: minincl.Communicator) -> str:
     try:
         comm.empty(8, np.float32)

@@ -645,6 +645,7 @@ Comm::Stats Comm::stats() {
 }
 
 Comm::~Comm() {
+  warnOfUnreportedMismatch();
   leave();
   // A kernel still waiting on peers that will never come would block freeing the device
   // memory below (it synchronises the device): give it MININCL_TIMEOUT, then stop it.
@@ -660,6 +661,18 @@ Comm::~Comm() {
   peerFifos_.clear();  // before the device state that the regions' memory belongs with
   gpuRegion_.reset();
   gpu_.reset();
+}
+
+// A mismatch in the last calls before a destroy has no next call to raise it (a broadcast
+// whose ranks passed different roots ends on every rank, with wrong results): say so.
+void Comm::warnOfUnreportedMismatch() const {
+  if (!region_ || failed()) return;  // (a failure was reported when it happened)
+  for (int r = 0; r < nranks_; ++r) {
+    std::string mismatch = r == rank_ ? "" : loggedCallMismatch(r);
+    if (mismatch.empty()) continue;
+    MNCL_WARN(kInit, "rank %d, at destroy: %s; that call's results are wrong", rank_, mismatch.c_str());
+    return;
+  }
 }
 
 void Comm::leave() {

@@ -242,6 +242,7 @@ class Comm {
   void enablePointerSteps();
   void enableGpuPointerSteps();
   void startNetProxy(const UniqueIdData& id, const RegionLayout& layout, bool sharesCores);
+  void warnOfUnreportedMismatch() const;
   void leave();
 
   int rank_, nranks_, device_;
