@@ -94,8 +94,8 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
       if (!in) missing += (missing.empty() ? "" : ",") + std::to_string(r);
     }
     status = mnclTimeout;
-    failure = "only " + std::to_string(joined.size()) + " of " + std::to_string(nranks) + " ranks joined within " +
-              "the bootstrap timeout of the first; missing ranks: " + missing;
+    failure = "only " + std::to_string(joined.size()) + " of " + std::to_string(nranks) +
+              " ranks joined before the bootstrap timeout; missing ranks: " + missing;
     MNCL_WARN(kInit, "bootstrap root: %s", failure.c_str());
   }
   for (Joined& j : joined) reply(j.sock, nonce, failure.empty() ? mnclSuccess : status, failure, failure.empty() ? &table : nullptr);
