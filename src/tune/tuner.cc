@@ -19,6 +19,9 @@ struct ProtoCost {
 const char* const kAlgoNames[] = {"ring", "tree", "direct"};
 const char* const kProtoNames[] = {"simple", "ll", "ll128"};
 const char* const kCollNames[] = {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "sendrecv"};
+static_assert(std::size(kAlgoNames) == (size_t)Algo::count);
+static_assert(std::size(kProtoNames) == (size_t)Proto::count);
+static_assert(std::size(kCollNames) == (size_t)Coll::count);
 
 // Cost of one step between two CPU ranks of this machine class (2-core x86 VM), per
 // protocol: a latency (us) and a per-channel bandwidth (GB/s), plus how much faster bytes
@@ -180,7 +183,10 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
         if (gpuPointerSteps_ && reduceAll && p == Proto::simple) factor *= 0.88;
       }
       break;
-    default: break;
+    default:
+      // An algorithm without a cost here would cost ~kBaseLatencyUs and win at every size:
+      // never choose it (where nothing else is allowed, chooseUncached fails the call).
+      return std::numeric_limits<double>::infinity();
   }
   const ProtoCost& c = table.proto[(int)p];
   double bw = c.bandwidthGBs * nch * 1e3;  // bytes per us
@@ -198,6 +204,7 @@ void Tuner::setPathBandwidth(double gbs) {
 // A plan in 12 bits: algorithm (2), protocol (2), variant (1), channels - 1 (7).
 namespace {
 constexpr int kPlanBits = 12;
+static_assert((int)Algo::count <= 4 && (int)Proto::count <= 4, "algorithm and protocol have 2 bits each in a plan");
 uint64_t packPlan(const Plan& p) {
   return (uint64_t)p.algo | (uint64_t)p.proto << 2 | (uint64_t)p.variant << 4 | (uint64_t)(p.nChannels - 1) << 5;
 }
