@@ -31,7 +31,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   MNCL_DEV size_t stepElems() const { return cx_.ch.sizes.simpleSlotBytes / sizeof(T); }
 
   template <typename Kind>  // StepKind, or a FixedStepKind (see stepKind)
-  MNCL_DEV_STEP void genericOp(Kind kind, const T* src, T* dst, size_t n, bool post) {
+  MNCL_DEV_STEP void genericOp(Kind kind, const T* src, T* dst, size_t n, bool finish) {
     DevChannel& ch = cx_.ch;
     const T* srcs[kMaxSrcs];
     T* dsts[kMaxDsts];
@@ -43,7 +43,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     if (tid() == 0) {
       if (kind.recv) waitRecv();
       if (kind.send) waitSend();
-      if (kind.send && !cx_.waiter.aborted) plan = planSend(src, dst, n, kind.recv, post);
+      if (kind.send && !cx_.waiter.aborted) plan = planSend(src, dst, n, kind.recv, finish);
     }
     // Only thread 0 waited: if it gave up, every thread must stop here, together.
     if (barrierAny(cx_.waiter.aborted)) {
@@ -53,7 +53,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     const T* published = kind.send ? plan.published : nullptr;
     const DirectWrite* written = plan.written;
     // A plain forward (one peer's data to dst) reads the peer's memory straight into dst.
-    T* landing = kind.recv && !src && !post && recv_.n == 1 ? dst : nullptr;
+    T* landing = kind.recv && !src && !finish && recv_.n == 1 ? dst : nullptr;
     PreOps<T> pre;  // premulsum: src (this rank's input) and peers' inputs read where they lie
     for (int i = 0; i <= (kind.recv ? recv_.n : 0); ++i) {
       if (i == (kind.recv ? recv_.srcPos : 0) && src) {
@@ -68,7 +68,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     if (cx_.waiter.aborted) return;
     // Outputs first (ours, then receivers'), FIFO slots last. Data already in dst (a sender
     // wrote it there, or an in-place copy) needs no copy to dst.
-    bool inPlace = dst && nsrc == 1 && srcs[0] == dst && !(post && Fn::kHasPost) && pre.mask == 0;
+    bool inPlace = dst && nsrc == 1 && srcs[0] == dst && !(finish && Fn::kHasPost) && pre.mask == 0;
     if (dst && !inPlace) dsts[ndst++] = dst;
     bool ownOutput = ndst > 0;
     for (int i = 0; kind.send && i < send_.n; ++i) {
@@ -83,7 +83,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     // as ring and tree receivers do when there are more than 2 ranks).
     bool receiversKeepIt = cx_.work.algo == Algo::direct || ch.nranks == 2;
     int nStream = !cx_.work.streamOutput || (published && published == dst && ownOutput) ? 0 : receiversKeepIt ? outputs : ownOutput ? 1 : 0;
-    if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, post, nStream, Fn::kHasPre ? &pre : nullptr);
+    if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, finish, nStream, Fn::kHasPre ? &pre : nullptr);
     barrier();
     if (kind.send && tid() == 0) writeThroughKernel(dst, n, written);
     if (tid() == 0 && !cx_.waiter.aborted) {  // (only thread 0 writes through the kernel)
@@ -110,7 +110,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
 
   // Where a step we send goes: straight into receivers' outputs (direct writes), a pointer to
   // where the data already is (pointer steps), or (neither) the FIFO slots.
-  MNCL_DEV SendPlan planSend(const T* src, T* dst, size_t n, bool recv, bool post) {
+  MNCL_DEV SendPlan planSend(const T* src, T* dst, size_t n, bool recv, bool finish) {
     SendPlan s;
     s.published = nullptr;
     s.publishedInput = false;
@@ -136,11 +136,11 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     // steps of our input: the lines of our output, just written, are slow for another core
     // to read.
     if ((w.coll == Coll::broadcast || w.readInputThemselves) && !pushThisStep) {
-      const T* p = pointerToPublish(src, dst, recv, post, n, s.written, s.publishedInput);
+      const T* p = pointerToPublish(src, dst, recv, finish, n, s.written, s.publishedInput);
       if (w.coll == Coll::broadcast || s.publishedInput) s.published = p;
     }
     for (int i = 0; dst && !s.published && i < send_.n; ++i) s.written[i] = directWrite(send_.peer[i], dst, n, kernelWrite);
-    if (!s.published) s.published = pointerToPublish(src, dst, recv, post, n, s.written, s.publishedInput);
+    if (!s.published) s.published = pointerToPublish(src, dst, recv, finish, n, s.written, s.publishedInput);
     // (Not where we write every other step ourselves: a receiver reading it all would leave
     // those writes nothing to save.)
     if (s.publishedInput && !senderIdle) s.inputEnd = readAheadEnd(s.published, n);
@@ -174,13 +174,13 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   // this core's cache far slower than lines that were only read. Kernel copies only of such
   // input, and only where the work allows them (DevWork::readByKernel). (*isInput: it is the
   // input: a premulsum's receiver then scales it by our scalar, see postSend.)
-  MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, bool post, size_t n, const DirectWrite* written,
+  MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, bool finish, size_t n, const DirectWrite* written,
                                      bool& isInput) const {
     isInput = false;
     if (n * sizeof(T) < cx_.ch.pointerStepMinBytes) return nullptr;
     // The caller's input, which this operation leaves as it is: a send buffer apart from the
     // output, or an in-place one this step does not write.
-    bool inputHasValues = !recv && src && !(dst && post && Fn::kHasPost);
+    bool inputHasValues = !recv && src && !(dst && finish && Fn::kHasPost);
     bool untouched = src == dst || (cx_.work.sendIsReadOnly && inSendBuffer(src));
     if (inputHasValues && untouched &&
         receiversCanRead(src, n, written, cx_.work.readByKernel)) {

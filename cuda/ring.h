@@ -74,7 +74,7 @@ struct Ring {
         c = mod(p - 1 - s, n);
         pr.recvReduceSend(src + L.off(c), L.len(c));
       }
-      pr.recvReduceCopySend(src + L.off(p), dst + L.off(p), L.len(p), true);
+      pr.recvReduceCopySend(src + L.off(p), dst + L.off(p), L.len(p), kFinish);
       for (int s = 1; s < n - 1; ++s) {
         c = mod(p - s, n);
         pr.recvCopySend(dst + L.off(c), L.len(c));
@@ -113,7 +113,7 @@ struct Ring {
     auto pr = Prims<T, Fn>(cx, PeerSet(isFirst ? -1 : at(ch, ch.ringPos - 1)), PeerSet(isRoot ? -1 : at(ch, ch.ringPos + 1)));
     size_t step = pipelineStep<T>(ch.sizes, pr.stepElems(), w.chanCount, ch.nranks - 1);
     forEachStep(step, w.chanCount, [&](size_t off, size_t len) {
-      if (isRoot) pr.recvReduceCopy(src + off, dst + off, len, true);
+      if (isRoot) pr.recvReduceCopy(src + off, dst + off, len, kFinish);
       else if (isFirst) pr.send(src + off, len);
       else pr.recvReduceSend(src + off, len);
     });
@@ -145,7 +145,7 @@ struct Ring {
     forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
       pr.send(src + (size_t)at(ch, ch.ringPos - 1) * w.count + off, len);
       for (int s = 1; s < n - 1; ++s) pr.recvReduceSend(src + (size_t)at(ch, ch.ringPos - 1 - s) * w.count + off, len);
-      pr.recvReduceCopy(src + (size_t)ch.rank * w.count + off, dst + off, len, true);
+      pr.recvReduceCopy(src + (size_t)ch.rank * w.count + off, dst + off, len, kFinish);
     });
   }
 };

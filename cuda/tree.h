@@ -107,7 +107,7 @@ struct Tree {
     if (t.parent < 0) {  // root: reduce the children's sums and send the result straight back
       auto pr = Prims<T, Fn>(cx, t.children, t.children);
       forEachStep(step(cx, pr, 2), w.chanCount, [&](size_t off, size_t len) {
-        pr.recvReduceCopySend(src + off, dst + off, len, true);
+        pr.recvReduceCopySend(src + off, dst + off, len, kFinish);
       });
       return;
     }
@@ -149,7 +149,7 @@ struct Tree {
     TreeNode t = node(cx, w.root);
     auto pr = Prims<T, Fn>(cx, t.children, PeerSet(t.parent));
     forEachStep(step(cx, pr, 1), w.chanCount, [&](size_t off, size_t len) {
-      if (t.parent < 0) pr.recvReduceCopy(src + off, dst + off, len, true);
+      if (t.parent < 0) pr.recvReduceCopy(src + off, dst + off, len, kFinish);
       else if (t.children.n == 0) pr.send(src + off, len);
       else pr.recvReduceSend(src + off, len);
     });
