@@ -22,7 +22,8 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   MNCL_DEV PrimsSimple(PrimsContext<Fn> cx, PeerSet recvPeers, PeerSet sendPeers)
       : cx_(cx), recv_(recvPeers), send_(sendPeers) {
     // Every algorithm receives at least one step from each peer it names when its channel
-    // has work: a publication never belongs to an operation without steps (see outputFromStep).
+    // has work (rule 3 in prims.h): a publication never belongs to an operation without steps
+    // (see outputFromStep).
     if (tid() == 0 && cx_.work.chanCount > 0 && outputsAlike(cx_.work.coll)) {
       for (int i = 0; i < recv_.n; ++i) publishOutput(recv_.peer[i]);
     }
@@ -55,6 +56,9 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     // A plain forward (one peer's data to dst) reads the peer's memory straight into dst.
     T* landing = kind.recv && !src && !finish && recv_.n == 1 ? dst : nullptr;
     PreOps<T> pre;  // premulsum: src (this rank's input) and peers' inputs read where they lie
+    // The sources in reduction order: our own input goes in before peer i when i is its place
+    // (recv_.srcPos), which may be recv_.n (after every peer): hence one pass more than there
+    // are peers (without receiving, the one pass takes src alone).
     for (int i = 0; i <= (kind.recv ? recv_.n : 0); ++i) {
       if (i == (kind.recv ? recv_.srcPos : 0) && src) {
         if constexpr (Fn::kHasPre) pre.add(nsrc, cx_.fn.scalar);
@@ -78,11 +82,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     for (int i = 0; kind.send && !published && i < send_.n; ++i) {
       if (!written[i].done()) dsts[ndst++] = slot(ch.sendTo[send_.peer[i]], ch.sendStep[send_.peer[i]]);
     }
-    // Streaming stores bypass the cache: only for outputs nobody reads during the operation
-    // (not ours once it is published as a pointer step; not a receiver's that it forwards,
-    // as ring and tree receivers do when there are more than 2 ranks).
-    bool receiversKeepIt = cx_.work.algo == Algo::direct || ch.nranks == 2;
-    int nStream = !cx_.work.streamOutput || (published && published == dst && ownOutput) ? 0 : receiversKeepIt ? outputs : ownOutput ? 1 : 0;
+    int nStream = streamedOutputs(published, dst, ownOutput, outputs);
     if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, finish, nStream, Fn::kHasPre ? &pre : nullptr);
     barrier();
     if (kind.send && tid() == 0) writeThroughKernel(dst, n, written);
@@ -94,6 +94,103 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   }
 
  private:
+  // ---- the FIFO protocol: wait for the peers, move the step, post it ----
+
+  struct DirectWrite;  // (with the shortcuts, below)
+
+  // Step `step`'s slot in a connection's FIFO.
+  MNCL_DEV T* slot(const ConnFifo& f, uint64_t step) const {
+    return reinterpret_cast<T*>(f.simple + (step % kSteps) * (size_t)cx_.ch.sizes.simpleSlotBytes);
+  }
+
+  // Thread 0: until every recv peer's current step has arrived, and belongs to this call.
+  // False if the operation stopped (an abort, or a mismatch, recorded).
+  MNCL_DEV bool waitRecv() {
+    DevChannel& ch = cx_.ch;
+    for (int i = 0; i < recv_.n; ++i) {
+      int p = recv_.peer[i];
+      ConnCtrl* c = ch.recvFrom[p].ctrl;
+      uint64_t step = ch.recvStep[p];
+      if (!cx_.waiter.until([&] { return loadAcquire(&c->tail) > step; })) return false;
+      if (!checkStepInfo(cx_, p, c->info[step % kSteps])) return false;
+    }
+    return true;
+  }
+
+  // Thread 0: until every send peer has a free slot for our next step (false: aborted).
+  MNCL_DEV bool waitSend() {
+    DevChannel& ch = cx_.ch;
+    for (int i = 0; i < send_.n; ++i) {
+      int p = send_.peer[i];
+      if (!cx_.waiter.until([&] { return sendSlotFree(ch, p); })) return false;
+    }
+    return true;
+  }
+
+  // Thread 0: hands the slots of the step just consumed back to their senders.
+  MNCL_DEV void postRecv() {
+    DevChannel& ch = cx_.ch;
+    for (int i = 0; i < recv_.n; ++i) {
+      int p = recv_.peer[i];
+      storeFlag(&ch.recvFrom[p].ctrl->head, ++ch.recvStep[p]);  // only frees the slot
+    }
+  }
+
+  // Thread 0: tells every send peer about the step just written: which call it belongs to and
+  // where its data is (the slot; a pointer step: `published`; or a direct write: `written`),
+  // then bumps the tails.
+  MNCL_DEV void postSend(const T* published, bool publishedInput, uint64_t inputEnd, const DirectWrite* written,
+                         const T* dst, size_t n) {
+    DevChannel& ch = cx_.ch;
+    StepInfo info = cx_.work.info();
+    for (int i = 0; i < send_.n; ++i) {
+      int p = send_.peer[i];
+      ConnCtrl* c = ch.sendTo[p].ctrl;
+      int s = (int)(ch.sendStep[p] % kSteps);
+      c->info[s] = info;
+      c->dataAt[s] = written[i].done() ? written[i].there : (uint64_t)(uintptr_t)published;
+      c->wroteToReceiver[s] = written[i].done() ? 1u : 0u;
+      c->inputEnd[s] = written[i].done() ? 0 : inputEnd;
+      if constexpr (Fn::kHasPre) {  // (the receiver reads these only when it runs a premulsum too)
+        c->dataIsInput[s] = publishedInput && !written[i].done() ? 1u : 0u;
+        uint64_t bits = 0;
+        memcpy(&bits, &cx_.fn.scalar, sizeof(T));
+        c->inputScalar[s] = bits;
+      }
+      ch.directWritesSent += written[i].done() ? 1u : 0u;
+      if (ch.sendTo[p].proxied) {  // (only FIFO steps: a proxied end offers no other way)
+        c->stepLength[s] = (uint32_t)(n * sizeof(T));
+        c->stepProto[s] = (uint32_t)Proto::simple;
+        c->outputOffset[s] = finalOutputOffset(dst, n, publishedInput);
+        c->opFirstStep[s] = ch.opFirstSendStep[p];
+      }
+    }
+    fenceFor(ch.systemScope);  // the whole channel's data and the words above, before the tails
+    for (int i = 0; i < send_.n; ++i) {
+      int p = send_.peer[i];
+      storeFlag(&ch.sendTo[p].ctrl->tail, ++ch.sendStep[p]);
+    }
+    if (published) {
+      ch.pointerStepsPosted = true;
+      ch.pointerStepsSent += (uint64_t)send_.n;
+    }
+  }
+
+  // How many of the step's outputs, dsts[0, outputs) (ours first, if ownOutput, then the
+  // receivers' direct writes), take streaming stores, which bypass the cache: only outputs
+  // nobody reads during the operation.
+  MNCL_DEV int streamedOutputs(const T* published, const T* dst, bool ownOutput, int outputs) const {
+    if (!cx_.work.streamOutput) return 0;
+    if (published && published == dst && ownOutput) return 0;  // receivers read ours (a pointer step)
+    // A receiver forwards what we write into its output (ring and tree, more than 2 ranks):
+    // then only ours streams.
+    bool receiversKeepIt = cx_.work.algo == Algo::direct || cx_.ch.nranks == 2;
+    if (receiversKeepIt) return outputs;
+    return ownOutput ? 1 : 0;
+  }
+
+  // ---- optional shortcuts: pointer steps, direct writes (README "Pointer steps") ----
+
   // (Plain structs: a GPU's shared memory holds no constructors.)
   struct DirectWrite {
     T* here;          // the receiver's output at the step's offset, as we address it (or null)
@@ -157,14 +254,10 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     return p >= begin && p + n <= end ? (uint64_t)(uintptr_t)end : 0;
   }
 
-  MNCL_DEV T* slot(const ConnFifo& f, uint64_t step) const {
-    return reinterpret_cast<T*>(f.simple + (step % kSteps) * (size_t)cx_.ch.sizes.simpleSlotBytes);
-  }
-
   // Pointer steps: instead of copying a step's data into every receiver's FIFO, the sender
   // posts where the data already is, if that memory keeps it until the end of the operation:
   // an input that shares no memory with the output, or our output (every algorithm writes
-  // each output element once). Worth a synchronisation only for big steps. Every receiver
+  // each output element once: rule 1 in prims.h). Worth a synchronisation only for big steps. Every receiver
   // must be able to read it: memory of this process, our window (every peer process maps
   // it), or through a kernel copy (cross-memory attach). Receivers that get a direct write
   // need no pointer.
@@ -206,8 +299,9 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
 
   // Direct writes. Only for operations whose output is the same on every rank: there the
   // final values of our output at some offset are the receiver's final values at the same
-  // offset, and writing them early is safe even in place, since they exist only after every
-  // rank's input at that offset has been read.
+  // offset (a sending primitive's dst holds final values: rule 2 in prims.h), and writing
+  // them early is safe even in place, since they exist only after every rank's input at that
+  // offset has been read.
   MNCL_HOSTDEV static bool outputsAlike(Coll c) {
     return c == Coll::allreduce || c == Coll::allgather || c == Coll::broadcast;
   }
@@ -381,72 +475,6 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       }
     }
     return false;
-  }
-
-  MNCL_DEV bool waitRecv() {
-    DevChannel& ch = cx_.ch;
-    for (int i = 0; i < recv_.n; ++i) {
-      int p = recv_.peer[i];
-      ConnCtrl* c = ch.recvFrom[p].ctrl;
-      uint64_t step = ch.recvStep[p];
-      if (!cx_.waiter.until([&] { return loadAcquire(&c->tail) > step; })) return false;
-      if (!checkStepInfo(cx_, p, c->info[step % kSteps])) return false;
-    }
-    return true;
-  }
-
-  MNCL_DEV bool waitSend() {
-    DevChannel& ch = cx_.ch;
-    for (int i = 0; i < send_.n; ++i) {
-      int p = send_.peer[i];
-      if (!cx_.waiter.until([&] { return sendSlotFree(ch, p); })) return false;
-    }
-    return true;
-  }
-
-  MNCL_DEV void postRecv() {
-    DevChannel& ch = cx_.ch;
-    for (int i = 0; i < recv_.n; ++i) {
-      int p = recv_.peer[i];
-      storeFlag(&ch.recvFrom[p].ctrl->head, ++ch.recvStep[p]);  // only frees the slot
-    }
-  }
-
-  MNCL_DEV void postSend(const T* published, bool publishedInput, uint64_t inputEnd, const DirectWrite* written,
-                         const T* dst, size_t n) {
-    DevChannel& ch = cx_.ch;
-    StepInfo info = cx_.work.info();
-    for (int i = 0; i < send_.n; ++i) {
-      int p = send_.peer[i];
-      ConnCtrl* c = ch.sendTo[p].ctrl;
-      int s = (int)(ch.sendStep[p] % kSteps);
-      c->info[s] = info;
-      c->dataAt[s] = written[i].done() ? written[i].there : (uint64_t)(uintptr_t)published;
-      c->wroteToReceiver[s] = written[i].done() ? 1u : 0u;
-      c->inputEnd[s] = written[i].done() ? 0 : inputEnd;
-      if constexpr (Fn::kHasPre) {  // (the receiver reads these only when it runs a premulsum too)
-        c->dataIsInput[s] = publishedInput && !written[i].done() ? 1u : 0u;
-        uint64_t bits = 0;
-        memcpy(&bits, &cx_.fn.scalar, sizeof(T));
-        c->inputScalar[s] = bits;
-      }
-      ch.directWritesSent += written[i].done() ? 1u : 0u;
-      if (ch.sendTo[p].proxied) {  // (only FIFO steps: a proxied end offers no other way)
-        c->stepLength[s] = (uint32_t)(n * sizeof(T));
-        c->stepProto[s] = (uint32_t)Proto::simple;
-        c->outputOffset[s] = finalOutputOffset(dst, n, publishedInput);
-        c->opFirstStep[s] = ch.opFirstSendStep[p];
-      }
-    }
-    fenceFor(ch.systemScope);  // the whole channel's data and the words above, before the tails
-    for (int i = 0; i < send_.n; ++i) {
-      int p = send_.peer[i];
-      storeFlag(&ch.sendTo[p].ctrl->tail, ++ch.sendStep[p]);
-    }
-    if (published) {
-      ch.pointerStepsPosted = true;
-      ch.pointerStepsSent += (uint64_t)send_.n;
-    }
   }
 
   PrimsContext<Fn> cx_;
