@@ -20,7 +20,8 @@ struct Direct {
   using Cx = PrimsContext<Fn>;
   using P = Prims<T, Fn>;
 
-  // Below this many elements per rank block, allreduce goes one-shot.
+  // One-shot or two-shot is the host's choice, made by the tuner (Tuner::estimate prices both
+  // variants; DevWork::algoVariant carries the winner).
   MNCL_DEV static bool oneShot(const Cx& cx) { return cx.work.algoVariant == 0; }
 
   MNCL_DEV static void allReduce(Cx cx) {

@@ -1,7 +1,16 @@
-// The one data-moving loop under every primitive: read k sources, combine them with the
-// reduction, optionally finish with the post-operation (avg's division), write m destinations.
-// `pre` (only for reductions with a pre-operation: premulsum) names the sources that are some
-// rank's input not yet through it: their values are, as they are loaded.
+// reduceCopy, the one function every primitive moves its data with: read k sources, combine
+// them with the reduction, optionally `finish` with the post-operation (avg's division), write
+// m destinations. `pre` (only for reductions with a pre-operation: premulsum) names the sources
+// that are some rank's input not yet through it: their values are, as they are loaded.
+//
+// Behind it, one implementation per target, each picking a path by the step's shape:
+//   GPU, and the tests' SIMT emulation: a 16-byte vector loop (reduceCopyVectors) when every
+//     pointer is 16-byte aligned, and one element per thread for what it leaves (or for all).
+//   CPU: copies by memcpy, or by non-temporal stores (streamCopy) for outputs nobody reads
+//     during the operation (nStream); loops over restrict pointers for the common shapes
+//     (reduce2, reduce2x2; premulsum's preReduce2); 16- and 8-bit floats with the CPU's vector
+//     instructions (cpu/narrow_float.h); reductions into streamed outputs a cache line at a
+//     time (reduceCopyStreamed); everything else in L1-sized blocks (reduceCopyBlocked).
 #pragma once
 
 #include <cstring>
