@@ -11,7 +11,7 @@
 #pragma once
 
 #include "prims.h"
-#include "ring.h"
+#include "steps.h"
 
 namespace mncl::dev {
 

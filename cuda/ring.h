@@ -1,61 +1,27 @@
 // Ring algorithms: every rank receives from its ring predecessor and sends to its successor.
 // Bandwidth-optimal (each rank sends (n-1)/n of the data per phase); latency grows with n.
 //
-// A channel works on its slice [chanOffset, chanOffset + chanCount) of the buffer, in loops
-// of n chunks of at most one step each, so successive chunks pipeline through the FIFO.
+// A channel works on its slice [chanOffset, chanOffset + chanCount) of the buffer: allreduce
+// in loops of n chunks of at most one step each (RingLoop), so successive chunks pipeline
+// through the FIFO; broadcast and reduce in pipeline pieces (pipelineStep); allgather and
+// reduce_scatter a step of every rank block at a time. (The step helpers: steps.h.)
 #pragma once
 
 #include "prims.h"
+#include "steps.h"
 
 namespace mncl::dev {
-
-MNCL_HOSTDEV size_t minSize(size_t a, size_t b) { return a < b ? a : b; }
-MNCL_HOSTDEV size_t divUp(size_t a, size_t b) { return (a + b - 1) / b; }
-
-// Calls f(offset, length) for each step-sized piece of [0, count), in order.
-template <typename F>
-MNCL_DEV void forEachStep(size_t step, size_t count, F f) {
-  for (size_t off = 0; off < count; off += step) f(off, minSize(step, count - off));
-}
-
-// The step for a message of `count` elements that crosses a pipeline `hops` connections deep.
-// Steps of a whole slot would cross the hops one after another; cut into `hops` pieces, every
-// hop works on a piece at once. Pieces stay at least the channel's pipelineChunkBytes (a
-// step's handshake must stay cheap next to its bytes) and at most a step, rounded to 64 bytes
-// so copies stay aligned. One hop has nothing to overlap: its steps stay whole.
-template <typename T>
-MNCL_HOSTDEV size_t pipelineStep(const ProtoSizes& sizes, size_t stepElems, size_t count, int hops) {
-  size_t align = 64 / sizeof(T);
-  size_t piece = divUp(divUp(count, (size_t)(hops > 1 ? hops : 1)), align) * align;
-  size_t smallest = sizes.pipelineChunkBytes / sizeof(T);
-  return minSize(stepElems, piece > smallest ? piece : smallest);
-}
-
-// The n chunks of one loop of a ring: chunk c covers [off(c), off(c) + len(c)).
-struct RingLoop {
-  size_t base, chunk, end;
-  MNCL_HOSTDEV size_t off(int c) const { return minSize(base + (size_t)c * chunk, end); }
-  MNCL_HOSTDEV size_t len(int c) const { return minSize(chunk, end - off(c)); }
-};
-
-// A chunk per rank, rounded to 64 bytes' worth of elements so copies stay aligned.
-template <typename T>
-MNCL_HOSTDEV size_t ringChunk(size_t remaining, int n, size_t stepElems) {
-  size_t align = 64 / sizeof(T);
-  size_t c = divUp(remaining, (size_t)n);
-  c = divUp(c, align) * align;
-  return minSize(c, stepElems);
-}
 
 template <template <class, class> class Prims, typename T, typename Fn>
 struct Ring {
   using Cx = PrimsContext<Fn>;
 
-  MNCL_DEV static int at(const DevChannel& ch, int pos) { return ch.ring[((pos % ch.nranks) + ch.nranks) % ch.nranks]; }
+  MNCL_DEV static int mod(int x, int n) { return ((x % n) + n) % n; }
+  // The rank at ring position pos (any integer: taken modulo the rank count).
+  MNCL_DEV static int at(const DevChannel& ch, int pos) { return ch.ring[mod(pos, ch.nranks)]; }
   MNCL_DEV static Prims<T, Fn> prims(Cx cx) {
     return Prims<T, Fn>(cx, PeerSet(at(cx.ch, cx.ch.ringPos - 1)), PeerSet(at(cx.ch, cx.ch.ringPos + 1)));
   }
-  MNCL_DEV static int mod(int x, int n) { return ((x % n) + n) % n; }
 
   // Reduce-scatter then allgather, both around the ring. The rank at ring position p
   // finishes chunk p, applies the post-operation and passes the result on.

@@ -138,7 +138,7 @@ bool Tuner::available(Coll coll, Algo a) const {
 //   ring     allreduce 2(n-1) steps, 2(n-1)/n; allgather, reduce_scatter n-1, (n-1)/n;
 //            broadcast, reduce n-1 (pipelined), 1
 //   tree     allreduce 2d, 2 (CPUs: fitted 1.6); broadcast, reduce d, 1 (all cut into pieces
-//            that pipeline, cuda/ring.h's pipelineStep)
+//            that pipeline, cuda/steps.h's pipelineStep)
 //   direct   one-shot allreduce 1 step but n-1 sends, and every rank reduces all n inputs
 //            over the whole buffer: n (CPU: (2n+1)/4, see below); two-shot 2 steps, 2(n-1)/n;
 //            the others 1 step, (n-1)/n (broadcast and reduce: the root moves (n-1))
