@@ -85,7 +85,10 @@ MNCL_HOSTDEV TreeNode channelTreeNode(const DevChannel& ch, int rank, int root, 
 template <template <class, class> class Prims, typename T, typename Fn>
 struct Tree {
   using Cx = PrimsContext<Fn>;
+  // Up runs kLag chunks ahead of down. A rank's chunks sent up and not yet back down (at most
+  // kLag + 1) then never fill the kSteps slots to its parent: a send up never waits on them.
   static constexpr size_t kLag = kSteps / 2;
+  static_assert(kLag + 1 <= (size_t)kSteps);
 
   MNCL_DEV static TreeNode node(const Cx& cx, int root) {
     return channelTreeNode(cx.ch, cx.ch.rank, root, cx.work.treeIndex);
