@@ -11,7 +11,7 @@
 #pragma once
 
 #include "prims.h"
-#include "ring.h"
+#include "steps.h"
 
 namespace mncl::dev {
 
@@ -20,7 +20,8 @@ struct Direct {
   using Cx = PrimsContext<Fn>;
   using P = Prims<T, Fn>;
 
-  // Below this many elements per rank block, allreduce goes one-shot.
+  // One-shot or two-shot is the host's choice, made by the tuner (Tuner::estimate prices both
+  // variants; DevWork::algoVariant carries the winner).
   MNCL_DEV static bool oneShot(const Cx& cx) { return cx.work.algoVariant == 0; }
 
   MNCL_DEV static void allReduce(Cx cx) {
@@ -36,7 +37,7 @@ struct Direct {
     PeerSet all = PeerSet::allBut(ch.rank, ch.nranks);
     P both(cx, all, all);
     forEachStep(both.stepElems(), w.chanCount, [&](size_t off, size_t len) {
-      both.sendRecvReduceCopy(src + off, dst + off, len, true);
+      both.sendRecvReduceCopy(src + off, dst + off, len, kFinish);
     });
   }
 
@@ -54,7 +55,7 @@ struct Direct {
       for (int p = 0; p < n; ++p) {
         if (p != me) P(cx, PeerSet(), PeerSet(p)).send(src + L.off(p), L.len(p));
       }
-      exchange.recvReduceCopySend(src + L.off(me), dst + L.off(me), L.len(me), true);
+      exchange.recvReduceCopySend(src + L.off(me), dst + L.off(me), L.len(me), kFinish);
       for (int p = 0; p < n; ++p) {
         if (p != me) P(cx, PeerSet(p), PeerSet()).recv(dst + L.off(p), L.len(p));
       }
@@ -88,7 +89,7 @@ struct Direct {
       for (int p = 0; p < n; ++p) {
         if (p != me) P(cx, PeerSet(), PeerSet(p)).send(src + (size_t)p * w.count + off, len);
       }
-      in.recvReduceCopy(src + (size_t)me * w.count + off, dst + off, len, true);
+      in.recvReduceCopy(src + (size_t)me * w.count + off, dst + off, len, kFinish);
     });
   }
 
@@ -113,7 +114,7 @@ struct Direct {
     bool isRoot = ch.rank == w.root;
     P pr = isRoot ? P(cx, PeerSet::allBut(ch.rank, ch.nranks), PeerSet()) : P(cx, PeerSet(), PeerSet(w.root));
     forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
-      if (isRoot) pr.recvReduceCopy(src + off, dst + off, len, true);
+      if (isRoot) pr.recvReduceCopy(src + off, dst + off, len, kFinish);
       else pr.send(src + off, len);
     });
   }

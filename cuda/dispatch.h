@@ -6,6 +6,8 @@
 // undefined overflow), and copy-only collectives run once, on bytes.
 #pragma once
 
+#include <cstdio>
+
 #include "p2p.h"
 #include "prims_lines.h"
 #include "prims_simple.h"
@@ -15,21 +17,55 @@
 
 namespace mncl::dev {
 
+// A work item that no case below runs: an algorithm, protocol or collective added to its enum
+// but not here, or a pairing the tuner never offers (Tuner::available), such as a tree
+// allgather. Stops loudly instead of returning with nothing done. DevError can only describe
+// a peer's mismatched step or a failed copy, so there is no record for this: a GPU traps (the
+// launch fails, and the context with it); a CPU says why on stderr and stops the operation,
+// which the host reports as an internal error.
+template <typename Fn>
+MNCL_DEV void failUndispatched(PrimsContext<Fn>& cx, const char* what) {
+#if defined(__CUDACC__)
+  (void)cx;
+  (void)what;
+  __trap();
+#else
+  if (tid() == 0) {
+    const DevWork& w = cx.work;
+    std::fprintf(stderr, "minincl: rank %d: the device code has no %s for collective %d, algorithm %d, protocol %d\n",
+                 cx.ch.rank, what, (int)w.coll, (int)w.algo, (int)w.proto);
+  }
+  cx.waiter.aborted = true;
+#endif
+}
+
+// For static_assert in an `if constexpr` chain's last branch (false, but only once instantiated).
+template <auto>
+constexpr bool kNoCase = false;
+
 // One algorithm's five collectives (copy-only ones for FuncCopy, reducing ones otherwise).
 template <typename A, typename T, typename Fn>
 MNCL_DEV void runCollectiveOf(PrimsContext<Fn> cx) {
   if constexpr (std::is_same_v<Fn, FuncCopy<T>>) {
     switch (cx.work.coll) {
       case Coll::broadcast: A::broadcast(cx); break;
-      case Coll::allgather: if constexpr (requires { A::allGather(cx); }) A::allGather(cx); break;
-      default: break;
+      case Coll::allgather:
+        // (An algorithm without one is compiled here all the same: the algorithm is a run-time
+        // choice. Never dispatched: the tuner does not offer it.)
+        if constexpr (requires { A::allGather(cx); }) A::allGather(cx);
+        else failUndispatched(cx, "allgather in this algorithm");
+        break;
+      default: failUndispatched(cx, "copy-only collective"); break;
     }
   } else {
     switch (cx.work.coll) {
       case Coll::allreduce: A::allReduce(cx); break;
       case Coll::reduce: A::reduce(cx); break;
-      case Coll::reducescatter: if constexpr (requires { A::reduceScatter(cx); }) A::reduceScatter(cx); break;
-      default: break;
+      case Coll::reducescatter:
+        if constexpr (requires { A::reduceScatter(cx); }) A::reduceScatter(cx);
+        else failUndispatched(cx, "reduce_scatter in this algorithm");  // (as allgather above)
+        break;
+      default: failUndispatched(cx, "reducing collective"); break;
     }
   }
 }
@@ -40,7 +76,7 @@ MNCL_DEV void runAlgorithm(PrimsContext<Fn> cx) {
     case Algo::ring: runCollectiveOf<Ring<Prims, T, Fn>, T, Fn>(cx); break;
     case Algo::tree: runCollectiveOf<Tree<Prims, T, Fn>, T, Fn>(cx); break;
     case Algo::direct: runCollectiveOf<Direct<Prims, T, Fn>, T, Fn>(cx); break;
-    default: break;
+    default: failUndispatched(cx, "algorithm"); break;
   }
 }
 
@@ -65,8 +101,9 @@ struct OneProtocol {
   template <typename T, typename Fn>
   MNCL_DEV static void run(PrimsContext<Fn> cx) {
     if constexpr (P == Proto::simple) runAlgorithm<PrimsSimple, T, Fn>(cx);
-    if constexpr (P == Proto::ll) runAlgorithm<PrimsLL, T, Fn>(cx);
-    if constexpr (P == Proto::ll128) runAlgorithm<PrimsLL128, T, Fn>(cx);
+    else if constexpr (P == Proto::ll) runAlgorithm<PrimsLL, T, Fn>(cx);
+    else if constexpr (P == Proto::ll128) runAlgorithm<PrimsLL128, T, Fn>(cx);
+    else static_assert(kNoCase<P>, "a protocol without a Prims class");
   }
 };
 
@@ -78,7 +115,7 @@ struct AnyProtocol {
       case Proto::simple: OneProtocol<Proto::simple>::run<T, Fn>(cx); break;
       case Proto::ll: OneProtocol<Proto::ll>::run<T, Fn>(cx); break;
       case Proto::ll128: OneProtocol<Proto::ll128>::run<T, Fn>(cx); break;
-      default: break;
+      default: failUndispatched(cx, "protocol"); break;
     }
   }
 };

@@ -13,10 +13,29 @@
 //   copySend(src, dst)             src            -> dst and peers
 //   sendRecvReduceCopy(src, dst)   src -> peers, and peers (+) src -> dst
 //
-// `post` finishes a fully reduced value (avg's division). Algorithms (ring.h, tree.h, ...)
-// are written only in these words, so they run under every protocol. A protocol class
-// implements one function, genericOp(kind, src, dst, n, post), where src / dst may be null;
-// receiving combines src first, then the peers in the order given.
+// `finish` applies the reduction's post-operation to a fully reduced value (avg's division).
+// Algorithms (ring.h, tree.h, ...) are written only in these words, so they run under every
+// protocol. A protocol class implements one function, genericOp(kind, src, dst, n, finish),
+// where src / dst may be null; receiving combines the peers in the order given, with src at
+// PeerSet::srcPos among them (0: first).
+//
+// Rules for algorithms. The Simple protocol's shortcuts (prims_simple.h, README "Pointer
+// steps") rely on them: a schedule that breaks one may pass with the shortcuts off and give
+// wrong results, or write into a buffer already handed back, with them on.
+//   1. Every element of the output the operation defines is written exactly once, with its
+//      final value: a receiver may read our output where it lies (a pointer step) until the
+//      operation ends.
+//   2. The dst of a primitive that also sends (copySend, recvCopySend, recvReduceCopySend)
+//      holds final output values, the same on every rank: for allreduce, allgather and
+//      broadcast the step may be written straight into each receiver's output at the same
+//      offset from the output's start (a direct write). Scratch data goes through primitives
+//      without a dst (send, recvReduceSend).
+//   3. While the channel has work (chanCount > 0), every peer a Primitives object receives
+//      from delivers at least one step in this operation: Simple publishes our output to each
+//      of them when the object is made, and a publication no step followed still looks
+//      current to the next call of the same description.
+// To debug a new schedule, run it with MININCL_POINTER_STEPS=0 MININCL_DIRECT_WRITES=0 first
+// (every step through the FIFO slots).
 #pragma once
 
 #include "channel.h"
@@ -87,37 +106,41 @@ MNCL_HOSTDEV constexpr auto stepKind() {
 #endif
 }
 
+// What an algorithm passes as `finish` to the primitive whose step completes a value's
+// reduction (the default, false, leaves it unfinished).
+constexpr bool kFinish = true;
+
 template <typename Derived, typename T>
 class PrimsVocabulary {
  public:
   MNCL_DEV void send(const T* src, size_t n) { self().genericOp(stepKind<false, true>(), src, nullptr, n, false); }
-  MNCL_DEV void recv(T* dst, size_t n, bool post = false) {
-    self().genericOp(stepKind<true, false>(), nullptr, dst, n, post);
+  MNCL_DEV void recv(T* dst, size_t n, bool finish = false) {
+    self().genericOp(stepKind<true, false>(), nullptr, dst, n, finish);
   }
   MNCL_DEV void recvReduceSend(const T* src, size_t n) {
     self().genericOp(stepKind<true, true>(), src, nullptr, n, false);
   }
-  MNCL_DEV void recvReduceCopy(const T* src, T* dst, size_t n, bool post = false) {
-    self().genericOp(stepKind<true, false>(), src, dst, n, post);
+  MNCL_DEV void recvReduceCopy(const T* src, T* dst, size_t n, bool finish = false) {
+    self().genericOp(stepKind<true, false>(), src, dst, n, finish);
   }
-  MNCL_DEV void recvReduceCopySend(const T* src, T* dst, size_t n, bool post = false) {
-    self().genericOp(stepKind<true, true>(), src, dst, n, post);
+  MNCL_DEV void recvReduceCopySend(const T* src, T* dst, size_t n, bool finish = false) {
+    self().genericOp(stepKind<true, true>(), src, dst, n, finish);
   }
-  MNCL_DEV void recvCopySend(T* dst, size_t n, bool post = false) {
-    self().genericOp(stepKind<true, true>(), nullptr, dst, n, post);
+  MNCL_DEV void recvCopySend(T* dst, size_t n, bool finish = false) {
+    self().genericOp(stepKind<true, true>(), nullptr, dst, n, finish);
   }
-  MNCL_DEV void copySend(const T* src, T* dst, size_t n, bool post = false) {
-    self().genericOp(stepKind<false, true>(), src, dst, n, post);
+  MNCL_DEV void copySend(const T* src, T* dst, size_t n, bool finish = false) {
+    self().genericOp(stepKind<false, true>(), src, dst, n, finish);
   }
   // What a one-shot allreduce does: every rank sends its input to every peer and reduces all
   // of them. A protocol that can sends its input and polls the peers' in one pass of a step
   // (StepKind::sendInput); the others send the step, then receive it.
-  MNCL_DEV void sendRecvReduceCopy(const T* src, T* dst, size_t n, bool post = false) {
+  MNCL_DEV void sendRecvReduceCopy(const T* src, T* dst, size_t n, bool finish = false) {
     if constexpr (Derived::kSendsInputInPass) {
-      self().genericOp(stepKind<true, true, true>(), src, dst, n, post);
+      self().genericOp(stepKind<true, true, true>(), src, dst, n, finish);
     } else {
       send(src, n);
-      recvReduceCopy(src, dst, n, post);
+      recvReduceCopy(src, dst, n, finish);
     }
   }
 

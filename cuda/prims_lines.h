@@ -184,7 +184,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
   // waits for the receive peers' lines and reduces (sendRecvReduceCopy): one step for what is
   // otherwise a send step and a receive step.
   template <typename Kind>  // StepKind, or a FixedStepKind (see stepKind)
-  MNCL_DEV_STEP void genericOp(Kind kind, const T* src, T* dst, size_t n, bool post) {
+  MNCL_DEV_STEP void genericOp(Kind kind, const T* src, T* dst, size_t n, bool finish) {
     DevChannel& ch = cx_.ch;
     if (tid() == 0 && kind.send) {
       waitSendAndAnnounce();
@@ -236,7 +236,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
       if (kind.recv && base == 0 && barrierAny(cx_.waiter.aborted)) cx_.waiter.aborted = true;
       if (cx_.waiter.aborted) break;
       for (int u = 0; u < kU; ++u) {
-        if (post) postPack(cx_.fn, v[u]);
+        if (finish) postPack(cx_.fn, v[u]);
         if (dst && ps.elems[u] > 0) storePackPrefix(v[u], dst + ps.first[u], ps.elems[u]);
       }
       if (kind.send && !kind.sendInput) {

@@ -22,7 +22,8 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   MNCL_DEV PrimsSimple(PrimsContext<Fn> cx, PeerSet recvPeers, PeerSet sendPeers)
       : cx_(cx), recv_(recvPeers), send_(sendPeers) {
     // Every algorithm receives at least one step from each peer it names when its channel
-    // has work: a publication never belongs to an operation without steps (see outputFromStep).
+    // has work (rule 3 in prims.h): a publication never belongs to an operation without steps
+    // (see outputFromStep).
     if (tid() == 0 && cx_.work.chanCount > 0 && outputsAlike(cx_.work.coll)) {
       for (int i = 0; i < recv_.n; ++i) publishOutput(recv_.peer[i]);
     }
@@ -31,7 +32,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   MNCL_DEV size_t stepElems() const { return cx_.ch.sizes.simpleSlotBytes / sizeof(T); }
 
   template <typename Kind>  // StepKind, or a FixedStepKind (see stepKind)
-  MNCL_DEV_STEP void genericOp(Kind kind, const T* src, T* dst, size_t n, bool post) {
+  MNCL_DEV_STEP void genericOp(Kind kind, const T* src, T* dst, size_t n, bool finish) {
     DevChannel& ch = cx_.ch;
     const T* srcs[kMaxSrcs];
     T* dsts[kMaxDsts];
@@ -43,7 +44,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     if (tid() == 0) {
       if (kind.recv) waitRecv();
       if (kind.send) waitSend();
-      if (kind.send && !cx_.waiter.aborted) plan = planSend(src, dst, n, kind.recv, post);
+      if (kind.send && !cx_.waiter.aborted) plan = planSend(src, dst, n, kind.recv, finish);
     }
     // Only thread 0 waited: if it gave up, every thread must stop here, together.
     if (barrierAny(cx_.waiter.aborted)) {
@@ -53,8 +54,11 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     const T* published = kind.send ? plan.published : nullptr;
     const DirectWrite* written = plan.written;
     // A plain forward (one peer's data to dst) reads the peer's memory straight into dst.
-    T* landing = kind.recv && !src && !post && recv_.n == 1 ? dst : nullptr;
+    T* landing = kind.recv && !src && !finish && recv_.n == 1 ? dst : nullptr;
     PreOps<T> pre;  // premulsum: src (this rank's input) and peers' inputs read where they lie
+    // The sources in reduction order: our own input goes in before peer i when i is its place
+    // (recv_.srcPos), which may be recv_.n (after every peer): hence one pass more than there
+    // are peers (without receiving, the one pass takes src alone).
     for (int i = 0; i <= (kind.recv ? recv_.n : 0); ++i) {
       if (i == (kind.recv ? recv_.srcPos : 0) && src) {
         if constexpr (Fn::kHasPre) pre.add(nsrc, cx_.fn.scalar);
@@ -68,7 +72,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     if (cx_.waiter.aborted) return;
     // Outputs first (ours, then receivers'), FIFO slots last. Data already in dst (a sender
     // wrote it there, or an in-place copy) needs no copy to dst.
-    bool inPlace = dst && nsrc == 1 && srcs[0] == dst && !(post && Fn::kHasPost) && pre.mask == 0;
+    bool inPlace = dst && nsrc == 1 && srcs[0] == dst && !(finish && Fn::kHasPost) && pre.mask == 0;
     if (dst && !inPlace) dsts[ndst++] = dst;
     bool ownOutput = ndst > 0;
     for (int i = 0; kind.send && i < send_.n; ++i) {
@@ -78,12 +82,8 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     for (int i = 0; kind.send && !published && i < send_.n; ++i) {
       if (!written[i].done()) dsts[ndst++] = slot(ch.sendTo[send_.peer[i]], ch.sendStep[send_.peer[i]]);
     }
-    // Streaming stores bypass the cache: only for outputs nobody reads during the operation
-    // (not ours once it is published as a pointer step; not a receiver's that it forwards,
-    // as ring and tree receivers do when there are more than 2 ranks).
-    bool receiversKeepIt = cx_.work.algo == Algo::direct || ch.nranks == 2;
-    int nStream = !cx_.work.streamOutput || (published && published == dst && ownOutput) ? 0 : receiversKeepIt ? outputs : ownOutput ? 1 : 0;
-    if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, post, nStream, Fn::kHasPre ? &pre : nullptr);
+    int nStream = streamedOutputs(published, dst, ownOutput, outputs);
+    if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, finish, nStream, Fn::kHasPre ? &pre : nullptr);
     barrier();
     if (kind.send && tid() == 0) writeThroughKernel(dst, n, written);
     if (tid() == 0 && !cx_.waiter.aborted) {  // (only thread 0 writes through the kernel)
@@ -94,6 +94,103 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   }
 
  private:
+  // ---- the FIFO protocol: wait for the peers, move the step, post it ----
+
+  struct DirectWrite;  // (with the shortcuts, below)
+
+  // Step `step`'s slot in a connection's FIFO.
+  MNCL_DEV T* slot(const ConnFifo& f, uint64_t step) const {
+    return reinterpret_cast<T*>(f.simple + (step % kSteps) * (size_t)cx_.ch.sizes.simpleSlotBytes);
+  }
+
+  // Thread 0: until every recv peer's current step has arrived, and belongs to this call.
+  // False if the operation stopped (an abort, or a mismatch, recorded).
+  MNCL_DEV bool waitRecv() {
+    DevChannel& ch = cx_.ch;
+    for (int i = 0; i < recv_.n; ++i) {
+      int p = recv_.peer[i];
+      ConnCtrl* c = ch.recvFrom[p].ctrl;
+      uint64_t step = ch.recvStep[p];
+      if (!cx_.waiter.until([&] { return loadAcquire(&c->tail) > step; })) return false;
+      if (!checkStepInfo(cx_, p, c->info[step % kSteps])) return false;
+    }
+    return true;
+  }
+
+  // Thread 0: until every send peer has a free slot for our next step (false: aborted).
+  MNCL_DEV bool waitSend() {
+    DevChannel& ch = cx_.ch;
+    for (int i = 0; i < send_.n; ++i) {
+      int p = send_.peer[i];
+      if (!cx_.waiter.until([&] { return sendSlotFree(ch, p); })) return false;
+    }
+    return true;
+  }
+
+  // Thread 0: hands the slots of the step just consumed back to their senders.
+  MNCL_DEV void postRecv() {
+    DevChannel& ch = cx_.ch;
+    for (int i = 0; i < recv_.n; ++i) {
+      int p = recv_.peer[i];
+      storeFlag(&ch.recvFrom[p].ctrl->head, ++ch.recvStep[p]);  // only frees the slot
+    }
+  }
+
+  // Thread 0: tells every send peer about the step just written: which call it belongs to and
+  // where its data is (the slot; a pointer step: `published`; or a direct write: `written`),
+  // then bumps the tails.
+  MNCL_DEV void postSend(const T* published, bool publishedInput, uint64_t inputEnd, const DirectWrite* written,
+                         const T* dst, size_t n) {
+    DevChannel& ch = cx_.ch;
+    StepInfo info = cx_.work.info();
+    for (int i = 0; i < send_.n; ++i) {
+      int p = send_.peer[i];
+      ConnCtrl* c = ch.sendTo[p].ctrl;
+      int s = (int)(ch.sendStep[p] % kSteps);
+      c->info[s] = info;
+      c->dataAt[s] = written[i].done() ? written[i].there : (uint64_t)(uintptr_t)published;
+      c->wroteToReceiver[s] = written[i].done() ? 1u : 0u;
+      c->inputEnd[s] = written[i].done() ? 0 : inputEnd;
+      if constexpr (Fn::kHasPre) {  // (the receiver reads these only when it runs a premulsum too)
+        c->dataIsInput[s] = publishedInput && !written[i].done() ? 1u : 0u;
+        uint64_t bits = 0;
+        memcpy(&bits, &cx_.fn.scalar, sizeof(T));
+        c->inputScalar[s] = bits;
+      }
+      ch.directWritesSent += written[i].done() ? 1u : 0u;
+      if (ch.sendTo[p].proxied) {  // (only FIFO steps: a proxied end offers no other way)
+        c->stepLength[s] = (uint32_t)(n * sizeof(T));
+        c->stepProto[s] = (uint32_t)Proto::simple;
+        c->outputOffset[s] = finalOutputOffset(dst, n, publishedInput);
+        c->opFirstStep[s] = ch.opFirstSendStep[p];
+      }
+    }
+    fenceFor(ch.systemScope);  // the whole channel's data and the words above, before the tails
+    for (int i = 0; i < send_.n; ++i) {
+      int p = send_.peer[i];
+      storeFlag(&ch.sendTo[p].ctrl->tail, ++ch.sendStep[p]);
+    }
+    if (published) {
+      ch.pointerStepsPosted = true;
+      ch.pointerStepsSent += (uint64_t)send_.n;
+    }
+  }
+
+  // How many of the step's outputs, dsts[0, outputs) (ours first, if ownOutput, then the
+  // receivers' direct writes), take streaming stores, which bypass the cache: only outputs
+  // nobody reads during the operation.
+  MNCL_DEV int streamedOutputs(const T* published, const T* dst, bool ownOutput, int outputs) const {
+    if (!cx_.work.streamOutput) return 0;
+    if (published && published == dst && ownOutput) return 0;  // receivers read ours (a pointer step)
+    // A receiver forwards what we write into its output (ring and tree, more than 2 ranks):
+    // then only ours streams.
+    bool receiversKeepIt = cx_.work.algo == Algo::direct || cx_.ch.nranks == 2;
+    if (receiversKeepIt) return outputs;
+    return ownOutput ? 1 : 0;
+  }
+
+  // ---- optional shortcuts: pointer steps, direct writes (README "Pointer steps") ----
+
   // (Plain structs: a GPU's shared memory holds no constructors.)
   struct DirectWrite {
     T* here;          // the receiver's output at the step's offset, as we address it (or null)
@@ -110,7 +207,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
 
   // Where a step we send goes: straight into receivers' outputs (direct writes), a pointer to
   // where the data already is (pointer steps), or (neither) the FIFO slots.
-  MNCL_DEV SendPlan planSend(const T* src, T* dst, size_t n, bool recv, bool post) {
+  MNCL_DEV SendPlan planSend(const T* src, T* dst, size_t n, bool recv, bool finish) {
     SendPlan s;
     s.published = nullptr;
     s.publishedInput = false;
@@ -136,11 +233,11 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     // steps of our input: the lines of our output, just written, are slow for another core
     // to read.
     if ((w.coll == Coll::broadcast || w.readInputThemselves) && !pushThisStep) {
-      const T* p = pointerToPublish(src, dst, recv, post, n, s.written, s.publishedInput);
+      const T* p = pointerToPublish(src, dst, recv, finish, n, s.written, s.publishedInput);
       if (w.coll == Coll::broadcast || s.publishedInput) s.published = p;
     }
     for (int i = 0; dst && !s.published && i < send_.n; ++i) s.written[i] = directWrite(send_.peer[i], dst, n, kernelWrite);
-    if (!s.published) s.published = pointerToPublish(src, dst, recv, post, n, s.written, s.publishedInput);
+    if (!s.published) s.published = pointerToPublish(src, dst, recv, finish, n, s.written, s.publishedInput);
     // (Not where we write every other step ourselves: a receiver reading it all would leave
     // those writes nothing to save.)
     if (s.publishedInput && !senderIdle) s.inputEnd = readAheadEnd(s.published, n);
@@ -157,14 +254,10 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     return p >= begin && p + n <= end ? (uint64_t)(uintptr_t)end : 0;
   }
 
-  MNCL_DEV T* slot(const ConnFifo& f, uint64_t step) const {
-    return reinterpret_cast<T*>(f.simple + (step % kSteps) * (size_t)cx_.ch.sizes.simpleSlotBytes);
-  }
-
   // Pointer steps: instead of copying a step's data into every receiver's FIFO, the sender
   // posts where the data already is, if that memory keeps it until the end of the operation:
   // an input that shares no memory with the output, or our output (every algorithm writes
-  // each output element once). Worth a synchronisation only for big steps. Every receiver
+  // each output element once: rule 1 in prims.h). Worth a synchronisation only for big steps. Every receiver
   // must be able to read it: memory of this process, our window (every peer process maps
   // it), or through a kernel copy (cross-memory attach). Receivers that get a direct write
   // need no pointer.
@@ -174,13 +267,13 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   // this core's cache far slower than lines that were only read. Kernel copies only of such
   // input, and only where the work allows them (DevWork::readByKernel). (*isInput: it is the
   // input: a premulsum's receiver then scales it by our scalar, see postSend.)
-  MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, bool post, size_t n, const DirectWrite* written,
+  MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, bool finish, size_t n, const DirectWrite* written,
                                      bool& isInput) const {
     isInput = false;
     if (n * sizeof(T) < cx_.ch.pointerStepMinBytes) return nullptr;
     // The caller's input, which this operation leaves as it is: a send buffer apart from the
     // output, or an in-place one this step does not write.
-    bool inputHasValues = !recv && src && !(dst && post && Fn::kHasPost);
+    bool inputHasValues = !recv && src && !(dst && finish && Fn::kHasPost);
     bool untouched = src == dst || (cx_.work.sendIsReadOnly && inSendBuffer(src));
     if (inputHasValues && untouched &&
         receiversCanRead(src, n, written, cx_.work.readByKernel)) {
@@ -206,8 +299,9 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
 
   // Direct writes. Only for operations whose output is the same on every rank: there the
   // final values of our output at some offset are the receiver's final values at the same
-  // offset, and writing them early is safe even in place, since they exist only after every
-  // rank's input at that offset has been read.
+  // offset (a sending primitive's dst holds final values: rule 2 in prims.h), and writing
+  // them early is safe even in place, since they exist only after every rank's input at that
+  // offset has been read.
   MNCL_HOSTDEV static bool outputsAlike(Coll c) {
     return c == Coll::allreduce || c == Coll::allgather || c == Coll::broadcast;
   }
@@ -381,72 +475,6 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       }
     }
     return false;
-  }
-
-  MNCL_DEV bool waitRecv() {
-    DevChannel& ch = cx_.ch;
-    for (int i = 0; i < recv_.n; ++i) {
-      int p = recv_.peer[i];
-      ConnCtrl* c = ch.recvFrom[p].ctrl;
-      uint64_t step = ch.recvStep[p];
-      if (!cx_.waiter.until([&] { return loadAcquire(&c->tail) > step; })) return false;
-      if (!checkStepInfo(cx_, p, c->info[step % kSteps])) return false;
-    }
-    return true;
-  }
-
-  MNCL_DEV bool waitSend() {
-    DevChannel& ch = cx_.ch;
-    for (int i = 0; i < send_.n; ++i) {
-      int p = send_.peer[i];
-      if (!cx_.waiter.until([&] { return sendSlotFree(ch, p); })) return false;
-    }
-    return true;
-  }
-
-  MNCL_DEV void postRecv() {
-    DevChannel& ch = cx_.ch;
-    for (int i = 0; i < recv_.n; ++i) {
-      int p = recv_.peer[i];
-      storeFlag(&ch.recvFrom[p].ctrl->head, ++ch.recvStep[p]);  // only frees the slot
-    }
-  }
-
-  MNCL_DEV void postSend(const T* published, bool publishedInput, uint64_t inputEnd, const DirectWrite* written,
-                         const T* dst, size_t n) {
-    DevChannel& ch = cx_.ch;
-    StepInfo info = cx_.work.info();
-    for (int i = 0; i < send_.n; ++i) {
-      int p = send_.peer[i];
-      ConnCtrl* c = ch.sendTo[p].ctrl;
-      int s = (int)(ch.sendStep[p] % kSteps);
-      c->info[s] = info;
-      c->dataAt[s] = written[i].done() ? written[i].there : (uint64_t)(uintptr_t)published;
-      c->wroteToReceiver[s] = written[i].done() ? 1u : 0u;
-      c->inputEnd[s] = written[i].done() ? 0 : inputEnd;
-      if constexpr (Fn::kHasPre) {  // (the receiver reads these only when it runs a premulsum too)
-        c->dataIsInput[s] = publishedInput && !written[i].done() ? 1u : 0u;
-        uint64_t bits = 0;
-        memcpy(&bits, &cx_.fn.scalar, sizeof(T));
-        c->inputScalar[s] = bits;
-      }
-      ch.directWritesSent += written[i].done() ? 1u : 0u;
-      if (ch.sendTo[p].proxied) {  // (only FIFO steps: a proxied end offers no other way)
-        c->stepLength[s] = (uint32_t)(n * sizeof(T));
-        c->stepProto[s] = (uint32_t)Proto::simple;
-        c->outputOffset[s] = finalOutputOffset(dst, n, publishedInput);
-        c->opFirstStep[s] = ch.opFirstSendStep[p];
-      }
-    }
-    fenceFor(ch.systemScope);  // the whole channel's data and the words above, before the tails
-    for (int i = 0; i < send_.n; ++i) {
-      int p = send_.peer[i];
-      storeFlag(&ch.sendTo[p].ctrl->tail, ++ch.sendStep[p]);
-    }
-    if (published) {
-      ch.pointerStepsPosted = true;
-      ch.pointerStepsSent += (uint64_t)send_.n;
-    }
   }
 
   PrimsContext<Fn> cx_;

@@ -1,7 +1,16 @@
-// The one data-moving loop under every primitive: read k sources, combine them with the
-// reduction, optionally finish with the post-operation (avg's division), write m destinations.
-// `pre` (only for reductions with a pre-operation: premulsum) names the sources that are some
-// rank's input not yet through it: their values are, as they are loaded.
+// reduceCopy, the one function every primitive moves its data with: read k sources, combine
+// them with the reduction, optionally `finish` with the post-operation (avg's division), write
+// m destinations. `pre` (only for reductions with a pre-operation: premulsum) names the sources
+// that are some rank's input not yet through it: their values are, as they are loaded.
+//
+// Behind it, one implementation per target, each picking a path by the step's shape:
+//   GPU, and the tests' SIMT emulation: a 16-byte vector loop (reduceCopyVectors) when every
+//     pointer is 16-byte aligned, and one element per thread for what it leaves (or for all).
+//   CPU: copies by memcpy, or by non-temporal stores (streamCopy) for outputs nobody reads
+//     during the operation (nStream); loops over restrict pointers for the common shapes
+//     (reduce2, reduce2x2; premulsum's preReduce2); 16- and 8-bit floats with the CPU's vector
+//     instructions (cpu/narrow_float.h); reductions into streamed outputs a cache line at a
+//     time (reduceCopyStreamed); everything else in L1-sized blocks (reduceCopyBlocked).
 #pragma once
 
 #include <cstring>
@@ -118,7 +127,7 @@ constexpr int kUnroll = 4;
 // block apart, per round; every load of a round is issued before any of them is used.
 template <typename T, typename Fn>
 MNCL_DEV void reduceCopyVectors(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                                size_t nvec, bool post, const PreOps<T>* pre = nullptr) {
+                                size_t nvec, bool finish, const PreOps<T>* pre = nullptr) {
   constexpr int kVec = Vec16<T>::kElems;
   const size_t stride = (size_t)nthreads();
   for (size_t first = tid(); first < nvec; first += kUnroll * stride) {
@@ -150,7 +159,7 @@ MNCL_DEV void reduceCopyVectors(const Fn& fn, int nsrc, const T* const* srcs, in
     for (int u = 0; u < kUnroll; ++u) {
       size_t i = first + u * stride;
       if (i >= nvec) break;
-      if (post) {
+      if (finish) {
         for (int j = 0; j < kVec; ++j) acc[u].e[j] = fn.post(acc[u].e[j]);
       }
       for (int d = 0; d < ndst; ++d) *reinterpret_cast<Bits16*>(dsts[d] + i * kVec) = acc[u].u;
@@ -178,9 +187,9 @@ MNCL_DEV void copyElems(T* dst, const T* src, size_t n) {
 
 template <typename T, typename Fn>
 MNCL_DEV void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                         size_t n, bool post, int /*nStream*/ = 0, const PreOps<T>* pre = nullptr) {
+                         size_t n, bool finish, int /*nStream*/ = 0, const PreOps<T>* pre = nullptr) {
   if (n == 0 || ndst == 0) return;  // (data already in place: loading it would only cost time)
-  post = post && Fn::kHasPost;
+  finish = finish && Fn::kHasPost;
   // 16-byte loads and stores when every pointer allows them (FIFO slots and channel slices
   // are 64-byte aligned; a ring chunk of an odd size may not be: it takes the scalar loop).
   bool aligned = true;
@@ -188,7 +197,7 @@ MNCL_DEV void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst,
   for (int d = 0; d < ndst; ++d) aligned &= ((uintptr_t)dsts[d] & 15) == 0;
   constexpr int kVec = Vec16<T>::kElems;
   size_t nvec = aligned ? n / kVec : 0;
-  reduceCopyVectors(fn, nsrc, srcs, ndst, dsts, nvec, post, pre);
+  reduceCopyVectors(fn, nsrc, srcs, ndst, dsts, nvec, finish, pre);
   for (size_t i = nvec * kVec + tid(); i < n; i += nthreads()) {
     T v = loadFresh(srcs[0] + i);
     if constexpr (Fn::kHasPre) {
@@ -201,7 +210,7 @@ MNCL_DEV void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst,
       }
       v = fn(v, x);
     }
-    if (post) v = fn.post(v);
+    if (finish) v = fn.post(v);
     for (int d = 0; d < ndst; ++d) dsts[d][i] = v;
   }
 }
@@ -279,7 +288,7 @@ inline void streamFence() {
 // dsts[0, nStream) and copied to the others.
 template <typename T, typename Fn>
 inline void reduceStreamLine(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t off,
-                             bool post, int nStream, const PreOps<T>* pre = nullptr) {
+                             bool finish, int nStream, const PreOps<T>* pre = nullptr) {
   constexpr int kElems = 64 / (int)sizeof(T);
   alignas(64) T acc[kElems];
   alignas(64) T x[kElems];
@@ -298,7 +307,7 @@ inline void reduceStreamLine(const Fn& fn, int nsrc, const T* const* srcs, int n
     }
     for (int j = 0; j < kElems; ++j) acc[j] = fn(acc[j], x[j]);
   }
-  if (post) {
+  if (finish) {
     for (int j = 0; j < kElems; ++j) acc[j] = fn.post(acc[j]);
   }
   for (int d = 0; d < ndst; ++d) {
@@ -309,14 +318,14 @@ inline void reduceStreamLine(const Fn& fn, int nsrc, const T* const* srcs, int n
 
 // Elements [off, off + len) of the sources, combined and finished, into acc.
 template <typename T, typename Fn>
-inline void combineBlock(const Fn& fn, int nsrc, const T* const* srcs, size_t off, size_t len, bool post, T* acc) {
+inline void combineBlock(const Fn& fn, int nsrc, const T* const* srcs, size_t off, size_t len, bool finish, T* acc) {
   if (nsrc >= 2) {
     reduce2(fn, acc, srcs[0] + off, srcs[1] + off, len);
   } else {
     std::memcpy(acc, srcs[0] + off, len * sizeof(T));
   }
   for (int s = 2; s < nsrc; ++s) reduceInto(fn, acc, srcs[s] + off, len);
-  if (post) postInPlace(fn, acc, len);
+  if (finish) postInPlace(fn, acc, len);
 }
 
 // Sums, products and averages of 16- and 8-bit floats: a block at a time in
@@ -340,7 +349,7 @@ constexpr bool kCombinesInBlocks =
 
 template <typename T, typename Fn>
   requires kCombinesInBlocks<T, Fn>
-inline void combineBlock(const Fn& fn, int nsrc, const T* const* srcs, size_t off, size_t len, bool post, T* acc) {
+inline void combineBlock(const Fn& fn, int nsrc, const T* const* srcs, size_t off, size_t len, bool finish, T* acc) {
   NarrowOp op = narrowOp(fn);
   if (nsrc >= 2) {
     combineNarrow(op, srcs[0] + off, srcs[1] + off, acc, len);
@@ -349,13 +358,13 @@ inline void combineBlock(const Fn& fn, int nsrc, const T* const* srcs, size_t of
   }
   for (int s = 2; s < nsrc; ++s) combineNarrow(op, acc, srcs[s] + off, acc, len);
   if constexpr (Fn::kHasPost) {
-    if (post) divideNarrow(acc, acc, len, fn.nranks);
+    if (finish) divideNarrow(acc, acc, len, fn.nranks);
   }
 }
 
 // combineBlock for a reduction with a pre-operation, applied to the sources `pre` names.
 template <typename T, typename Fn>
-inline void combineBlockPre(const Fn& fn, int nsrc, const T* const* srcs, size_t off, size_t len, bool post,
+inline void combineBlockPre(const Fn& fn, int nsrc, const T* const* srcs, size_t off, size_t len, bool finish,
                             const PreOps<T>& pre, T* acc) {
   for (int s = 0; s < nsrc; ++s) {
     const T* __restrict__ x = srcs[s] + off;
@@ -370,7 +379,7 @@ inline void combineBlockPre(const Fn& fn, int nsrc, const T* const* srcs, size_t
       reduceInto(fn, acc, x, len);
     }
   }
-  if (post) postInPlace(fn, acc, len);
+  if (finish) postInPlace(fn, acc, len);
 }
 
 // ... and for narrow floats: the own input scaled a block at a time (scaleNarrow), then added.
@@ -393,17 +402,17 @@ inline void combineBlockPre(const Fn&, int nsrc, const T* const* srcs, size_t of
 
 template <typename T, typename Fn>
 inline void reduceCopyBlocked(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                              size_t n, bool post, int nStream, const PreOps<T>* pre = nullptr) {
+                              size_t n, bool finish, int nStream, const PreOps<T>* pre = nullptr) {
   // In L1-sized blocks: accumulate, finish, then fan out.
   constexpr size_t kBlock = 4096 / sizeof(T) > 0 ? 4096 / sizeof(T) : 1;
   alignas(64) T acc[kBlock];
   for (size_t off = 0; off < n; off += kBlock) {
     size_t len = n - off < kBlock ? n - off : kBlock;
     if constexpr (Fn::kHasPre) {
-      if (pre && pre->mask) combineBlockPre(fn, nsrc, srcs, off, len, post, *pre, acc);
-      else combineBlock(fn, nsrc, srcs, off, len, post, acc);
+      if (pre && pre->mask) combineBlockPre(fn, nsrc, srcs, off, len, finish, *pre, acc);
+      else combineBlock(fn, nsrc, srcs, off, len, finish, acc);
     } else {
-      combineBlock(fn, nsrc, srcs, off, len, post, acc);
+      combineBlock(fn, nsrc, srcs, off, len, finish, acc);
     }
     for (int d = 0; d < ndst; ++d) {
       if (d < nStream) streamCopy(dsts[d] + off, acc, len * sizeof(T));
@@ -415,13 +424,13 @@ inline void reduceCopyBlocked(const Fn& fn, int nsrc, const T* const* srcs, int 
 // Elements [from, to) through reduceCopyBlocked.
 template <typename T, typename Fn>
 inline void reduceCopyBlockedRange(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                                   size_t from, size_t to, bool post, int nStream, const PreOps<T>* pre = nullptr) {
+                                   size_t from, size_t to, bool finish, int nStream, const PreOps<T>* pre = nullptr) {
   if (from >= to) return;
   const T* s[kMaxSrcs];
   T* d[kMaxDsts];
   for (int k = 0; k < nsrc; ++k) s[k] = srcs[k] + from;
   for (int k = 0; k < ndst; ++k) d[k] = dsts[k] + from;
-  reduceCopyBlocked(fn, nsrc, s, ndst, d, to - from, post, nStream, pre);
+  reduceCopyBlocked(fn, nsrc, s, ndst, d, to - from, finish, nStream, pre);
 }
 
 // Streamed outputs, in order or stretches interleaved (streamStretches()). Non-temporal stores must fill
@@ -432,7 +441,7 @@ inline void reduceCopyBlockedRange(const Fn& fn, int nsrc, const T* const* srcs,
 // False (nothing done) when they do not share it.
 template <typename T, typename Fn>
 inline bool reduceCopyStreamed(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n,
-                               bool post, int nStream, const PreOps<T>* pre = nullptr) {
+                               bool finish, int nStream, const PreOps<T>* pre = nullptr) {
   uintptr_t lineOffset = (uintptr_t)dsts[0] & 63;
   for (int d = 1; d < nStream; ++d) {
     if (((uintptr_t)dsts[d] & 63) != lineOffset) return false;
@@ -440,18 +449,18 @@ inline bool reduceCopyStreamed(const Fn& fn, int nsrc, const T* const* srcs, int
   constexpr size_t kLine = 64 / sizeof(T), kStretch = kStreamStretch / sizeof(T);
   size_t head = lineOffset ? (64 - lineOffset) / sizeof(T) : 0;
   if (head > n) head = n;
-  reduceCopyBlockedRange(fn, nsrc, srcs, ndst, dsts, 0, head, post, nStream, pre);
+  reduceCopyBlockedRange(fn, nsrc, srcs, ndst, dsts, 0, head, finish, nStream, pre);
   size_t i = head, stretches = streamStretches();
   for (; stretches > 1 && i + stretches * kStretch <= n; i += stretches * kStretch) {
     for (size_t l = 0; l < kStretch; l += kLine) {
       for (size_t p = 0; p < stretches; ++p) {
-        reduceStreamLine(fn, nsrc, srcs, ndst, dsts, i + p * kStretch + l, post, nStream, pre);
+        reduceStreamLine(fn, nsrc, srcs, ndst, dsts, i + p * kStretch + l, finish, nStream, pre);
       }
     }
   }
-  for (; i + kLine <= n; i += kLine) reduceStreamLine(fn, nsrc, srcs, ndst, dsts, i, post, nStream, pre);
+  for (; i + kLine <= n; i += kLine) reduceStreamLine(fn, nsrc, srcs, ndst, dsts, i, finish, nStream, pre);
   streamFence();
-  reduceCopyBlockedRange(fn, nsrc, srcs, ndst, dsts, i, n, post, nStream, pre);
+  reduceCopyBlockedRange(fn, nsrc, srcs, ndst, dsts, i, n, finish, nStream, pre);
   return true;
 }
 
@@ -480,41 +489,43 @@ inline void preReduce2(const Fn& fn, T* const* dsts, const T* const* srcs, const
 // their own (a scaled copy; two sources into one or two outputs; streamed outputs), the rest
 // in blocks. (Narrow floats always in blocks, with the CPU's vector instructions.)
 template <typename T, typename Fn>
-inline void reduceCopyPre(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n, bool post,
+inline void reduceCopyPre(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n, bool finish,
                           int nStream, const PreOps<T>& pre) {
   if constexpr (!kCombinesInBlocks<T, Fn>) {
-    if (nStream > 0 && reduceCopyStreamed(fn, nsrc, srcs, ndst, dsts, n, post, nStream, &pre)) return;
+    if (nStream > 0 && reduceCopyStreamed(fn, nsrc, srcs, ndst, dsts, n, finish, nStream, &pre)) return;
     bool distinct = true;  // (restrict loops need outputs that alias no source)
     for (int d = 0; d < ndst; ++d) distinct &= dsts[d] != srcs[0] && (nsrc < 2 || dsts[d] != srcs[1]);
-    if (nStream == 0 && !post && distinct && nsrc == 1) {
+    if (nStream == 0 && !finish && distinct && nsrc == 1) {
       for (int d = 0; d < ndst; ++d) {
         for (size_t i = 0; i < n; ++i) dsts[d][i] = fn.preWith(srcs[0][i], pre.scalar[0]);
       }
       return;
     }
-    if (nStream == 0 && !post && distinct && nsrc == 2 && ndst == 1) return preReduce2<1>(fn, dsts, srcs, pre, n);
-    if (nStream == 0 && !post && distinct && nsrc == 2 && ndst == 2) return preReduce2<2>(fn, dsts, srcs, pre, n);
+    if (nStream == 0 && !finish && distinct && nsrc == 2 && ndst == 1) return preReduce2<1>(fn, dsts, srcs, pre, n);
+    if (nStream == 0 && !finish && distinct && nsrc == 2 && ndst == 2) return preReduce2<2>(fn, dsts, srcs, pre, n);
   }
-  reduceCopyBlocked(fn, nsrc, srcs, ndst, dsts, n, post, nStream, &pre);
+  reduceCopyBlocked(fn, nsrc, srcs, ndst, dsts, n, finish, nStream, &pre);
 }
 
 // nStream: dsts[0, nStream) are outputs nobody reads during the operation (see streamCopy).
 template <typename T, typename Fn>
 inline void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                       size_t n, bool post, int nStream = 0, const PreOps<T>* pre = nullptr) {
+                       size_t n, bool finish, int nStream = 0, const PreOps<T>* pre = nullptr) {
   if (n == 0 || ndst == 0) return;
-  post = post && Fn::kHasPost;
+  finish = finish && Fn::kHasPost;
   if constexpr (Fn::kHasPre) {
-    if (pre && pre->mask) return reduceCopyPre(fn, nsrc, srcs, ndst, dsts, n, post, nStream, *pre);
+    if (pre && pre->mask) return reduceCopyPre(fn, nsrc, srcs, ndst, dsts, n, finish, nStream, *pre);
   }
   // (A plain copy takes streamCopy, below.)
-  bool reduces = nsrc >= 2 || post;
+  bool reduces = nsrc >= 2 || finish;
   if constexpr (kCombinesInBlocks<T, Fn>) {
-    if (nsrc == 2 && ndst == 1 && !post && nStream == 0) return combineNarrow(narrowOp(fn), srcs[0], srcs[1], dsts[0], n);
-    if (reduces) return reduceCopyBlocked(fn, nsrc, srcs, ndst, dsts, n, post, nStream);
+    if (nsrc == 2 && ndst == 1 && !finish && nStream == 0) {
+      return combineNarrow(narrowOp(fn), srcs[0], srcs[1], dsts[0], n);
+    }
+    if (reduces) return reduceCopyBlocked(fn, nsrc, srcs, ndst, dsts, n, finish, nStream);
   }
-  if (nStream > 0 && reduces && reduceCopyStreamed(fn, nsrc, srcs, ndst, dsts, n, post, nStream)) return;
-  if (nsrc == 1 && !post) {
+  if (nStream > 0 && reduces && reduceCopyStreamed(fn, nsrc, srcs, ndst, dsts, n, finish, nStream)) return;
+  if (nsrc == 1 && !finish) {
     for (int d = 0; d < ndst; ++d) {
       if (d < nStream && dsts[d] != srcs[0]) streamCopy(dsts[d], srcs[0], n * sizeof(T));
       else copyElems(dsts[d], srcs[0], n);
@@ -524,16 +535,16 @@ inline void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T
   if (nStream == 0) {
     bool distinct = true;  // restrict loops need outputs that alias no input
     for (int d = 0; d < ndst; ++d) distinct &= dsts[d] != srcs[0] && (nsrc < 2 || dsts[d] != srcs[1]);
-    if (nsrc == 2 && !post && distinct && ndst == 1) {
+    if (nsrc == 2 && !finish && distinct && ndst == 1) {
       reduce2(fn, dsts[0], srcs[0], srcs[1], n);
       return;
     }
-    if (nsrc == 2 && !post && distinct && ndst == 2) {
+    if (nsrc == 2 && !finish && distinct && ndst == 2) {
       reduce2x2(fn, dsts[0], dsts[1], srcs[0], srcs[1], n);
       return;
     }
   }
-  reduceCopyBlocked(fn, nsrc, srcs, ndst, dsts, n, post, nStream);
+  reduceCopyBlocked(fn, nsrc, srcs, ndst, dsts, n, finish, nStream);
 }
 
 #endif

@@ -1,61 +1,27 @@
 // Ring algorithms: every rank receives from its ring predecessor and sends to its successor.
 // Bandwidth-optimal (each rank sends (n-1)/n of the data per phase); latency grows with n.
 //
-// A channel works on its slice [chanOffset, chanOffset + chanCount) of the buffer, in loops
-// of n chunks of at most one step each, so successive chunks pipeline through the FIFO.
+// A channel works on its slice [chanOffset, chanOffset + chanCount) of the buffer: allreduce
+// in loops of n chunks of at most one step each (RingLoop), so successive chunks pipeline
+// through the FIFO; broadcast and reduce in pipeline pieces (pipelineStep); allgather and
+// reduce_scatter a step of every rank block at a time. (The step helpers: steps.h.)
 #pragma once
 
 #include "prims.h"
+#include "steps.h"
 
 namespace mncl::dev {
-
-MNCL_HOSTDEV size_t minSize(size_t a, size_t b) { return a < b ? a : b; }
-MNCL_HOSTDEV size_t divUp(size_t a, size_t b) { return (a + b - 1) / b; }
-
-// Calls f(offset, length) for each step-sized piece of [0, count), in order.
-template <typename F>
-MNCL_DEV void forEachStep(size_t step, size_t count, F f) {
-  for (size_t off = 0; off < count; off += step) f(off, minSize(step, count - off));
-}
-
-// The step for a message of `count` elements that crosses a pipeline `hops` connections deep.
-// Steps of a whole slot would cross the hops one after another; cut into `hops` pieces, every
-// hop works on a piece at once. Pieces stay at least the channel's pipelineChunkBytes (a
-// step's handshake must stay cheap next to its bytes) and at most a step, rounded to 64 bytes
-// so copies stay aligned. One hop has nothing to overlap: its steps stay whole.
-template <typename T>
-MNCL_HOSTDEV size_t pipelineStep(const ProtoSizes& sizes, size_t stepElems, size_t count, int hops) {
-  size_t align = 64 / sizeof(T);
-  size_t piece = divUp(divUp(count, (size_t)(hops > 1 ? hops : 1)), align) * align;
-  size_t smallest = sizes.pipelineChunkBytes / sizeof(T);
-  return minSize(stepElems, piece > smallest ? piece : smallest);
-}
-
-// The n chunks of one loop of a ring: chunk c covers [off(c), off(c) + len(c)).
-struct RingLoop {
-  size_t base, chunk, end;
-  MNCL_HOSTDEV size_t off(int c) const { return minSize(base + (size_t)c * chunk, end); }
-  MNCL_HOSTDEV size_t len(int c) const { return minSize(chunk, end - off(c)); }
-};
-
-// A chunk per rank, rounded to 64 bytes' worth of elements so copies stay aligned.
-template <typename T>
-MNCL_HOSTDEV size_t ringChunk(size_t remaining, int n, size_t stepElems) {
-  size_t align = 64 / sizeof(T);
-  size_t c = divUp(remaining, (size_t)n);
-  c = divUp(c, align) * align;
-  return minSize(c, stepElems);
-}
 
 template <template <class, class> class Prims, typename T, typename Fn>
 struct Ring {
   using Cx = PrimsContext<Fn>;
 
-  MNCL_DEV static int at(const DevChannel& ch, int pos) { return ch.ring[((pos % ch.nranks) + ch.nranks) % ch.nranks]; }
+  MNCL_DEV static int mod(int x, int n) { return ((x % n) + n) % n; }
+  // The rank at ring position pos (any integer: taken modulo the rank count).
+  MNCL_DEV static int at(const DevChannel& ch, int pos) { return ch.ring[mod(pos, ch.nranks)]; }
   MNCL_DEV static Prims<T, Fn> prims(Cx cx) {
     return Prims<T, Fn>(cx, PeerSet(at(cx.ch, cx.ch.ringPos - 1)), PeerSet(at(cx.ch, cx.ch.ringPos + 1)));
   }
-  MNCL_DEV static int mod(int x, int n) { return ((x % n) + n) % n; }
 
   // Reduce-scatter then allgather, both around the ring. The rank at ring position p
   // finishes chunk p, applies the post-operation and passes the result on.
@@ -74,7 +40,7 @@ struct Ring {
         c = mod(p - 1 - s, n);
         pr.recvReduceSend(src + L.off(c), L.len(c));
       }
-      pr.recvReduceCopySend(src + L.off(p), dst + L.off(p), L.len(p), true);
+      pr.recvReduceCopySend(src + L.off(p), dst + L.off(p), L.len(p), kFinish);
       for (int s = 1; s < n - 1; ++s) {
         c = mod(p - s, n);
         pr.recvCopySend(dst + L.off(c), L.len(c));
@@ -113,7 +79,7 @@ struct Ring {
     auto pr = Prims<T, Fn>(cx, PeerSet(isFirst ? -1 : at(ch, ch.ringPos - 1)), PeerSet(isRoot ? -1 : at(ch, ch.ringPos + 1)));
     size_t step = pipelineStep<T>(ch.sizes, pr.stepElems(), w.chanCount, ch.nranks - 1);
     forEachStep(step, w.chanCount, [&](size_t off, size_t len) {
-      if (isRoot) pr.recvReduceCopy(src + off, dst + off, len, true);
+      if (isRoot) pr.recvReduceCopy(src + off, dst + off, len, kFinish);
       else if (isFirst) pr.send(src + off, len);
       else pr.recvReduceSend(src + off, len);
     });
@@ -145,7 +111,7 @@ struct Ring {
     forEachStep(pr.stepElems(), w.chanCount, [&](size_t off, size_t len) {
       pr.send(src + (size_t)at(ch, ch.ringPos - 1) * w.count + off, len);
       for (int s = 1; s < n - 1; ++s) pr.recvReduceSend(src + (size_t)at(ch, ch.ringPos - 1 - s) * w.count + off, len);
-      pr.recvReduceCopy(src + (size_t)ch.rank * w.count + off, dst + off, len, true);
+      pr.recvReduceCopy(src + (size_t)ch.rank * w.count + off, dst + off, len, kFinish);
     });
   }
 };

@@ -13,7 +13,7 @@
 #pragma once
 
 #include "prims.h"
-#include "ring.h"
+#include "steps.h"
 
 namespace mncl::dev {
 
@@ -85,7 +85,10 @@ MNCL_HOSTDEV TreeNode channelTreeNode(const DevChannel& ch, int rank, int root, 
 template <template <class, class> class Prims, typename T, typename Fn>
 struct Tree {
   using Cx = PrimsContext<Fn>;
+  // Up runs kLag chunks ahead of down. A rank's chunks sent up and not yet back down (at most
+  // kLag + 1) then never fill the kSteps slots to its parent: a send up never waits on them.
   static constexpr size_t kLag = kSteps / 2;
+  static_assert(kLag + 1 <= (size_t)kSteps);
 
   MNCL_DEV static TreeNode node(const Cx& cx, int root) {
     return channelTreeNode(cx.ch, cx.ch.rank, root, cx.work.treeIndex);
@@ -107,7 +110,7 @@ struct Tree {
     if (t.parent < 0) {  // root: reduce the children's sums and send the result straight back
       auto pr = Prims<T, Fn>(cx, t.children, t.children);
       forEachStep(step(cx, pr, 2), w.chanCount, [&](size_t off, size_t len) {
-        pr.recvReduceCopySend(src + off, dst + off, len, true);
+        pr.recvReduceCopySend(src + off, dst + off, len, kFinish);
       });
       return;
     }
@@ -149,7 +152,7 @@ struct Tree {
     TreeNode t = node(cx, w.root);
     auto pr = Prims<T, Fn>(cx, t.children, PeerSet(t.parent));
     forEachStep(step(cx, pr, 1), w.chanCount, [&](size_t off, size_t len) {
-      if (t.parent < 0) pr.recvReduceCopy(src + off, dst + off, len, true);
+      if (t.parent < 0) pr.recvReduceCopy(src + off, dst + off, len, kFinish);
       else if (t.children.n == 0) pr.send(src + off, len);
       else pr.recvReduceSend(src + off, len);
     });

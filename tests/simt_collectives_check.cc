@@ -5,8 +5,9 @@
 // loop, thread 0 posts), its pointer steps and direct writes between ranks of one process
 // (as on one GPU), channels that each take a slice of the buffer, and the line protocols'
 // other collectives; on request also allreduces of 9 ranks (direct's most). Results are
-// checked against sums computed here; a rank missing until an abort, and ranks calling with
-// different counts, must stop every block. Exits 0 when every check passes.
+// checked against sums computed here; a rank missing until an abort, ranks calling with
+// different counts, and work the dispatch has no case for must stop every block. Exits 0 when
+// every check passes.
 //
 //   c++ -std=c++20 -O1 -pthread -DMNCL_SIMT_EMULATION -Icuda tests/simt_collectives_check.cc
 //   ./a.out [threads-per-block [most-ranks [9-ranks-too]]]
@@ -236,6 +237,40 @@ void checkMismatch(ProtoSizes sizes, int threads, Algo algo, bool directAccess) 
   }
 }
 
+// Work the dispatch has no case for (an algorithm without that collective, an algorithm or
+// a protocol past its enum's end) must stop every block, not return having done nothing.
+// (The dispatch says why on stderr.)
+void checkUndispatched(ProtoSizes sizes, int threads) {
+  struct Undispatched {
+    Coll coll;
+    Algo algo;
+    Proto proto;
+  };
+  for (Undispatched u : {Undispatched{Coll::allgather, Algo::tree, Proto::simple},
+                         Undispatched{Coll::reducescatter, Algo::tree, Proto::ll},
+                         Undispatched{Coll::allreduce, Algo::count, Proto::simple},
+                         Undispatched{Coll::broadcast, Algo::count, Proto::ll128}}) {
+    Ranks ranks(2, sizes, true);
+    size_t count = 1009;
+    std::vector<std::vector<float>> send(2, std::vector<float>(2 * count, 1.0f)), recv(2, std::vector<float>(2 * count));
+    std::vector<DevError> errors;
+    bool ran = runBlocks({&ranks}, threads, [&](int r, int) {
+      DevWork w = simpleAllreduce(Algo::ring, send[r], recv[r]);
+      w.coll = u.coll;
+      w.algo = u.algo;
+      w.proto = u.proto;
+      w.count = w.chanCount = count;
+      return runKernelBlockFor<float>(ranks.channels[r], w, &errors[r]);
+    }, errors);
+    ++checks;
+    if (ran) {
+      ++failures;
+      std::printf("FAIL undispatched: collective %d, algorithm %d, protocol %d completed instead of stopping\n",
+                  (int)u.coll, (int)u.algo, (int)u.proto);
+    }
+  }
+}
+
 }  // namespace mncl::dev
 
 int main(int argc, char** argv) {
@@ -283,6 +318,7 @@ int main(int argc, char** argv) {
     checkAbortWithMissingPeer(sizes, threads, algo);
     for (bool directAccess : {false, true}) checkMismatch(sizes, threads, algo, directAccess);
   }
+  checkUndispatched(sizes, threads);
   std::printf("%d checks, %d failed\n", checks, failures);
   return failures == 0 ? 0 : 1;
 }

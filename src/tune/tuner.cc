@@ -19,6 +19,9 @@ struct ProtoCost {
 const char* const kAlgoNames[] = {"ring", "tree", "direct"};
 const char* const kProtoNames[] = {"simple", "ll", "ll128"};
 const char* const kCollNames[] = {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "sendrecv"};
+static_assert(std::size(kAlgoNames) == (size_t)Algo::count);
+static_assert(std::size(kProtoNames) == (size_t)Proto::count);
+static_assert(std::size(kCollNames) == (size_t)Coll::count);
 
 // Cost of one step between two CPU ranks of this machine class (2-core x86 VM), per
 // protocol: a latency (us) and a per-channel bandwidth (GB/s), plus how much faster bytes
@@ -142,7 +145,7 @@ bool Tuner::available(Coll coll, Algo a) const {
 //   ring     allreduce 2(n-1) steps, 2(n-1)/n; allgather, reduce_scatter n-1, (n-1)/n;
 //            broadcast, reduce n-1 (pipelined), 1
 //   tree     allreduce 2d, 2 (CPUs: fitted 1.6); broadcast, reduce d, 1 (all cut into pieces
-//            that pipeline, cuda/ring.h's pipelineStep)
+//            that pipeline, cuda/steps.h's pipelineStep)
 //   direct   one-shot allreduce 1 step but n-1 sends, and every rank reduces all n inputs
 //            over the whole buffer: n (CPU: (2n+1)/4, see below); two-shot 2 steps, 2(n-1)/n;
 //            the others 1 step, (n-1)/n (broadcast and reduce: the root moves (n-1))
@@ -187,7 +190,10 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
         if (gpuPointerSteps_ && reduceAll && p == Proto::simple) factor *= 0.88;
       }
       break;
-    default: break;
+    default:
+      // An algorithm without a cost here would cost ~kBaseLatencyUs and win at every size:
+      // never choose it (where nothing else is allowed, chooseUncached fails the call).
+      return std::numeric_limits<double>::infinity();
   }
   const ProtoCost& c = table.proto[(int)p];
   double bw = c.bandwidthGBs * nch * 1e3;  // bytes per us
@@ -205,6 +211,7 @@ void Tuner::setPathBandwidth(double gbs) {
 // A plan in 12 bits: algorithm (2), protocol (2), variant (1), channels - 1 (7).
 namespace {
 constexpr int kPlanBits = 12;
+static_assert((int)Algo::count <= 4 && (int)Proto::count <= 4, "algorithm and protocol have 2 bits each in a plan");
 uint64_t packPlan(const Plan& p) {
   return (uint64_t)p.algo | (uint64_t)p.proto << 2 | (uint64_t)p.variant << 4 | (uint64_t)(p.nChannels - 1) << 5;
 }
