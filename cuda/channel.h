@@ -286,6 +286,7 @@ struct DevError {
   StepInfo expected{}, got{};
   int readErrno = 0;  // nonzero: reading `peer`'s memory for a pointer step failed (CPU)
   bool wrote = false;  // with readErrno: it was writing `peer`'s memory, for a direct write
+  const char* undispatched = nullptr;  // CPU: the work had no case in the device code (dispatch.h)
 };
 
 // One collective (or a channel's share of it).

@@ -19,10 +19,9 @@ namespace mncl::dev {
 
 // A work item that no case below runs: an algorithm, protocol or collective added to its enum
 // but not here, or a pairing the tuner never offers (Tuner::available), such as a tree
-// allgather. Stops loudly instead of returning with nothing done. DevError can only describe
-// a peer's mismatched step or a failed copy, so there is no record for this: a GPU traps (the
-// launch fails, and the context with it); a CPU says why on stderr and stops the operation,
-// which the host reports as an internal error.
+// allgather. Stops loudly instead of returning with nothing done: a GPU traps (the launch
+// fails, and the context with it); a CPU says why on stderr and in DevError::undispatched,
+// and stops the operation, which the host reports as an internal error naming the case.
 template <typename Fn>
 MNCL_DEV void failUndispatched(PrimsContext<Fn>& cx, const char* what) {
 #if defined(__CUDACC__)
@@ -34,6 +33,7 @@ MNCL_DEV void failUndispatched(PrimsContext<Fn>& cx, const char* what) {
     const DevWork& w = cx.work;
     std::fprintf(stderr, "minincl: rank %d: the device code has no %s for collective %d, algorithm %d, protocol %d\n",
                  cx.ch.rank, what, (int)w.coll, (int)w.algo, (int)w.proto);
+    if (cx.error && !cx.error->undispatched) cx.error->undispatched = what;
   }
   cx.waiter.aborted = true;
 #endif

@@ -54,6 +54,10 @@ std::string readFailureMessage(int rank, const dev::DevError& e) {
 }  // namespace
 
 std::pair<mnclResult_t, std::string> deviceErrorMessage(Comm& comm, const dev::DevError& e) {
+  if (e.undispatched) {
+    return {mnclInternalError, "rank " + std::to_string(comm.rank()) + ": the device code has no " + e.undispatched +
+                                   ": the tuner chose an algorithm without that case (cuda/dispatch.h)"};
+  }
   // A peer that failed mid-operation leaves partial steps behind: that is its failure
   // showing, not a mismatched call.
   std::string why = comm.peerFailure(e.peer);
@@ -264,7 +268,7 @@ void runChannel(CommLaunch& plan, int c) {
   // A mismatch (or a failed read) found by the device code fails the communicator at once:
   // the call's other channels may be waiting for steps that never come (a recv longer than
   // its send spreads over more channels than the send), and the failure ends their waits.
-  if (!res.ok && res.error.peer >= 0) {
+  if (!res.ok && (res.error.peer >= 0 || res.error.undispatched)) {
     auto [code, message] = deviceErrorMessage(*plan.comm, res.error);
     plan.comm->fail(code, message);
   }
