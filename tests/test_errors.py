@@ -978,7 +978,9 @@ def test_a_call_timeout_names_a_rank_whose_heartbeat_stopped(monkeypatch: pytest
     story = info.value.results[0]
     assert story.startswith("Timeout after "), story
     assert re.search(r"rank 1: [^;]*, its heartbeat still for [0-9.]+ s \(stopped\?\)", story), story
-    assert story.endswith("A rank whose heartbeat stopped holds the others (MININCL_TIMEOUT ends the wait for it)"), story
+    assert story.endswith("A rank whose heartbeat stopped holds the others (MININCL_TIMEOUT ends the wait for it)"), (
+        story
+    )
 
 
 def test_a_mismatch_in_the_last_call_before_destroy_is_reported(capfd: pytest.CaptureFixture[str]) -> None:
@@ -987,3 +989,11 @@ def test_a_mismatch_in_the_last_call_before_destroy_is_reported(capfd: pytest.Ca
     assert minincl.launch(workers.broadcast_from_its_own_root_then_destroy, 2) == [[0.0] * 3, [1.0] * 3]
     err = capfd.readouterr().err
     assert "mismatched calls: rank " in err and "broadcast(count=3, float32, root=" in err, err
+
+
+def test_a_rank_whose_id_names_another_ids_root_is_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "5")
+    uid = bytearray(minincl.get_unique_id())
+    uid[8] ^= 1  # (the nonce: the same root address, another id)
+    with pytest.raises(minincl.InvalidUsage, match="wrong unique id: this bootstrap root serves another id"):
+        minincl.Communicator(2, bytes(uid), 1)

@@ -53,7 +53,10 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
         continue;  // not one of ours
       }
       if (h.magic != kIdMagic || h.nonce != nonce) {
-        reply(s, nonce, mnclInvalidUsage, "wrong magic or unique id: this connection did not come from a rank of this communicator", nullptr);
+        // (Echoing the rank's nonce: it is talking to a minincl root, of another id.)
+        reply(s, h.nonce, mnclInvalidUsage,
+              "wrong unique id: this bootstrap root serves another id (two jobs given the same root address?)",
+              nullptr);
         continue;
       }
       if (!started) deadline = deadlineIn(timeout);
