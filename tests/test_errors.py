@@ -781,7 +781,9 @@ def test_the_root_waits_for_its_first_rank_however_late(monkeypatch: pytest.Monk
     assert _join_all(uid, [(2, 0), (2, 1)]) == ["ok", "ok"]
 
 
-@pytest.mark.parametrize("answer", [b"HTTP/1.0 400 Bad Request\r\n\r\n" + bytes(range(256)) * 2, b""])
+@pytest.mark.parametrize(
+    "answer", [b"HTTP/1.0 400 Bad Request\r\n\r\n" + bytes(range(256)) * 2, b""], ids=["garbage", "closed"]
+)
 def test_another_program_on_the_root_port_is_named(monkeypatch: pytest.MonkeyPatch, answer: bytes) -> None:
     import socket
 
