@@ -1,4 +1,5 @@
 // The C API: thin wrappers that turn exceptions into mnclResult_t and keep the message.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -76,9 +77,21 @@ mnclResult_t guarded(F&& f) {
   }
 }
 
+// Communicators whose init this thread's open group started; its end waits for them.
+thread_local std::vector<std::pair<mnclComm_t, std::shared_ptr<Outcome>>> tlsGroupInits;
+
+// Whether this thread's open group started `comm`'s init: then the communicator is in
+// progress until the group ends, even once its init thread is done (a call on it must not
+// depend on how fast the peers' inits were).
+bool initInOpenGroup(mnclComm_t comm) {
+  return std::any_of(tlsGroupInits.begin(), tlsGroupInits.end(), [comm](const auto& s) { return s.first == comm; });
+}
+
 Comm& use(mnclComm_t comm) {
   MNCL_CHECK(comm, mnclInvalidArgument, "the communicator is null");
-  switch (comm->init.load(std::memory_order_acquire)) {
+  Init state = comm->init.load(std::memory_order_acquire);
+  if (state != Init::failed && !tlsGroupInits.empty() && initInOpenGroup(comm)) state = Init::running;
+  switch (state) {
     case Init::running:
       throwError(mnclInProgress, "the communicator is still initializing (a nonblocking init: call "
                                  "mnclCommGetAsyncError until it returns mnclSuccess; an init inside a group: "
@@ -89,9 +102,6 @@ Comm& use(mnclComm_t comm) {
   MNCL_CHECK(comm->impl, mnclInvalidArgument, "the communicator was destroyed");
   return *comm->impl;
 }
-
-// Communicators whose init this thread's open group started; its end waits for them.
-thread_local std::vector<std::pair<mnclComm_t, std::shared_ptr<Outcome>>> tlsGroupInits;
 
 // The communicators this thread's open group recorded calls on, each held (inUse) until the
 // group ends.

@@ -220,7 +220,10 @@ def test_group_inits_the_ranks_from_one_thread(lib: Any) -> None:
         assert lib.mnclGroupStart() == 0
         for r, c in enumerate(comms):
             assert lib.mnclCommInitRank(ctypes.byref(c), 3, uid, r) == 0
-        x = np.ones(4, np.float32)  # a call before the group's end finds its communicator unmade
+        # A call before the group's end finds its communicator unmade, even once the inits
+        # (which run on threads of their own) are done: it used to depend on their speed.
+        time.sleep(0.5)
+        x = np.ones(4, np.float32)
         p = x.ctypes.data_as(ctypes.c_void_p)
         assert lib.mnclAllReduce(p, p, ctypes.c_size_t(4), FLOAT32, SUM, comms[0], None) == MNCL_IN_PROGRESS
         assert "use the communicator after mnclGroupEnd" in lib.mnclGetLastError(None).decode()
