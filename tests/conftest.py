@@ -26,6 +26,21 @@ try:
 except ImportError:  # pragma: no cover - CI installs torch
     torch = None
 
+
+@pytest.fixture(autouse=True)
+def no_group_left_open() -> Iterator[None]:
+    """A test that leaves a group open on this thread turns every later call on it into a
+    recorded one (one such failure once failed 27 tests after it): end it, and fail the test
+    that left it."""
+    yield
+    depth = minincl._core._group_depth()
+    for _ in range(depth):
+        with contextlib.suppress(minincl.Error):
+            minincl._core.group_end()
+    if depth:
+        pytest.fail(f"the test left {depth} group(s) open on this thread")
+
+
 SLOT_BYTES = 16 * 1024
 NCHANNELS = 2
 

@@ -897,6 +897,7 @@ PYBIND11_MODULE(_core, m) {
     groupStart();
     if (groupDepth() == 1) tlsGroup = new PyGroup();
   });
+  m.def("_group_depth", [] { return groupDepth(); }, "How many groups this thread has open (for tests).");
   m.def("group_end", [] {
     std::unique_ptr<PyGroup> group;
     if (groupDepth() == 1) {
