@@ -197,24 +197,30 @@ class group(contextlib.ContextDecorator):  # noqa: N801 - used as a function: `w
         _core.group_end()
 
 
-def _first_env(*names: str) -> str | None:
+def _first_set(*names: str) -> tuple[str, str] | None:
+    """(name, value) of the first of `names` set to something in the environment."""
     for n in names:
         v = os.environ.get(n)
-        if v not in (None, ""):
-            return v
+        if v:
+            return n, v
     return None
+
+
+def _first_env(*names: str) -> str | None:
+    found = _first_set(*names)
+    return found[1] if found else None
 
 
 def _int_from_env(*names: str) -> int | None:
     """The first of `names` that is set, as an integer; InvalidArgument naming it if it is not one."""
-    for n in names:
-        v = os.environ.get(n)
-        if v not in (None, ""):
-            try:
-                return int(v)
-            except ValueError:
-                raise InvalidArgument(f"init_from_env: {n}={v!r} is not an integer") from None
-    return None
+    found = _first_set(*names)
+    if found is None:
+        return None
+    name, value = found
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidArgument(f"init_from_env: {name}={value!r} is not an integer") from None
 
 
 def _first_slurm_host(nodelist: str) -> str:

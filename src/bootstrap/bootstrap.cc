@@ -38,13 +38,17 @@ RootHello helloFrom(const UniqueIdData& id, int rank, int nranks) {
 
 }  // namespace
 
-Bootstrap::Bootstrap(const UniqueIdData& id, int rank, int nranks)
-    : rank_(rank), nranks_(nranks), magic_(id.nonce ^ kIdMagic), timeout_(bootstrapTimeout()) {
+void Bootstrap::checkArguments(const UniqueIdData& id, int rank, int nranks) {
   MNCL_CHECK(id.magic == kIdMagic, mnclInvalidArgument,
         "the unique id is not a minincl unique id (wrong magic): pass the bytes of mnclGetUniqueId / get_unique_id()");
   MNCL_CHECK(nranks >= 1, mnclInvalidArgument, "nranks must be at least 1, got " + std::to_string(nranks));
   MNCL_CHECK(rank >= 0 && rank < nranks, mnclInvalidArgument,
         "rank " + std::to_string(rank) + " is out of range for nranks=" + std::to_string(nranks));
+}
+
+Bootstrap::Bootstrap(const UniqueIdData& id, int rank, int nranks)
+    : rank_(rank), nranks_(nranks), magic_(id.nonce ^ kIdMagic), timeout_(bootstrapTimeout()) {
+  checkArguments(id, rank, nranks);
   registerWithRoot(id);
   if (nranks_ > 1) connectRing();
 }

@@ -43,6 +43,9 @@ SockAddr startRoot(const SockAddr& bind, uint64_t nonce);
 class Bootstrap {
  public:
   Bootstrap(const UniqueIdData& id, int rank, int nranks);
+  // The id's magic, nranks >= 1 and rank in range (the constructor checks them too; a caller
+  // that reports a failed init checks first, so that a bad rank is told to the others).
+  static void checkArguments(const UniqueIdData& id, int rank, int nranks);
   // For a rank whose init failed before it joined (a bad device, say): tells the root, which
   // fails every other rank's init at once with `message` (mnclRemoteError) instead of letting
   // them wait MININCL_BOOTSTRAP_TIMEOUT for this one. Best effort: never throws.

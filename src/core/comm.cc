@@ -78,8 +78,7 @@ dev::ProtoSizes protoSizesFromEnv(bool onGpu) {
 Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommOptions& options)
     : rank_(rank), nranks_(nranks), device_(device), options_(options) {
   try {
-    MNCL_CHECK(rank >= 0 && rank < nranks, mnclInvalidArgument,
-          "rank " + std::to_string(rank) + " is out of range for nranks=" + std::to_string(nranks));
+    Bootstrap::checkArguments(id, rank, nranks);
     prepareDevice();
     setCallTimeout(env::seconds("MININCL_CALL_TIMEOUT", 0));
     cpuBindRequested();  // (checked here for every rank, threads too: only processes bind)
