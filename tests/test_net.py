@@ -453,6 +453,23 @@ def test_a_lost_host_is_an_error_on_the_others(tmp_path: Path, how: str) -> None
     assert time.monotonic() - t0 < 30
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_a_rank_stopped_past_the_timeout_learns_why_its_peers_gave_up(tmp_path: Path, nranks: int) -> None:
+    """Rank 1 stops (SIGSTOP) between calls; rank 0 times out, destroys its communicator, and
+    resumes it. Rank 1 then reads rank 0's reported failure, though its socket had filled
+    with rank 0's heartbeats meanwhile, not a lost connection; and it says that it stopped."""
+    got = launch_as_hosts(
+        workers.freeze_then_resume, nranks, 1, str(tmp_path), env={"MININCL_TIMEOUT": "2"}, timeout=60
+    )
+    assert sorted(got) == list(range(nranks)), got
+    assert got[0][1].startswith("Timeout after") and "rank 1 (pid" in got[0][1], got
+    ok, story = got[1]
+    assert ok and story.startswith("RemoteError after"), story
+    assert re.search(r"rank \d \(pid \d+\) failed: rank 1 \(pid \d+\) has shown no sign of life", story), story
+    assert re.search(r"this process did not run for \d+\.\d s just before: stopped", story), story
+    assert "network connection" not in story, story
+
+
 @pytest.mark.parametrize("congestion", [None, "reno", "system"])
 def test_data_sockets_use_the_congestion_control_asked_for(congestion: str | None, tmp_path: Path) -> None:
     """cubic by default (BBR, some hosts' default, slowed transfers down for good once a

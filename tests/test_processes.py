@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -86,6 +87,20 @@ def test_peer_killed_mid_collective_raises_on_survivors(monkeypatch: pytest.Monk
     assert elapsed < 30
     assert workers.shm_segments() == before
     assert os.environ.get("MININCL_TIMEOUT") == "3"
+
+
+def test_a_rank_stopped_past_the_timeout_says_so_when_it_resumes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Rank 1 stops (SIGSTOP) between calls; rank 0 times out, destroys its communicator, and
+    resumes it. Rank 1's error names rank 0's reason and says that this process stopped; its
+    own stale view of rank 0's heartbeat is no reason for a Timeout of its own."""
+    monkeypatch.setenv("MININCL_TIMEOUT", "2")
+    stories = minincl.launch(workers.freeze_then_resume, 2, 1, str(tmp_path), timeout=60)
+    assert stories[0].startswith("Timeout after") and "rank 1 (pid" in stories[0], stories
+    assert stories[1].startswith("RemoteError after"), stories
+    assert re.search(r"rank 0 \(pid \d+\) failed: rank 1 \(pid \d+\) has shown no sign of life", stories[1]), stories
+    assert re.search(r"this process did not run for \d+\.\d s just before: stopped", stories[1]), stories
 
 
 def test_cpu_bind_puts_each_rank_process_on_its_own_core(monkeypatch: pytest.MonkeyPatch) -> None:

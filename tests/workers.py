@@ -842,6 +842,34 @@ def stop_mid_run(
     return "no error"
 
 
+def freeze_then_resume(comm: minincl.Communicator, victim: int, flags: str, elems: int = 1 << 12) -> str:
+    """The victim stops itself (SIGSTOP) between calls; the others' calls time out, they
+    destroy their communicators, and the last of them to do so resumes the victim (SIGCONT),
+    whose next calls must then fail naming why. Returns how this rank's calls ended."""
+    x = np.ones(elems, np.float32)
+    for _ in range(3):
+        comm.allreduce(x)
+    if comm.rank == victim:
+        with open(os.path.join(flags, "victim"), "w") as f:
+            f.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        for _ in range(100000):
+            comm.allreduce(x)
+    except minincl.Error as e:
+        story = f"{type(e).__name__} after {time.monotonic() - t0:.2f}s: {e}"
+    else:
+        story = "no error"
+    if comm.rank != victim:
+        comm.destroy()
+        open(os.path.join(flags, str(comm.rank)), "w").close()
+        if len(os.listdir(flags)) == comm.nranks:  # (the victim's file and every survivor's)
+            with open(os.path.join(flags, "victim")) as f:
+                os.kill(int(f.read()), signal.SIGCONT)
+    return story
+
+
 def abort_mid_calls(_launched: minincl.Communicator, kind: str, reps: int, seed: int) -> dict[str, int]:
     """`reps` times: 2 ranks as threads loop `kind` calls (barrier, allreduce, or a grouped
     send and recv), and this thread aborts rank 0 at a random moment. How the ranks' loops

@@ -91,7 +91,7 @@ void Monitor::checkCallTimeout(double now) {
   if (now - timedCallSince_ < limit) return;
   bool anyStopped = false;
   std::string where = whereRanksAre(now, &anyStopped);
-  comm_.fail(mnclTimeout, "call timeout: rank " + std::to_string(comm_.rank()) + " has been " +
+  fail(mnclTimeout, "call timeout: rank " + std::to_string(comm_.rank()) + " has been " +
                               activityOf(comm_.region_->ctrl()->calls) + " for more than " + formatSeconds(limit) +
                               " (" + kWhereTheLimitIsSet + "); " + where +
                               whatHoldsIt(anyStopped, ". A rank behind the others has not reached this call"));
@@ -110,7 +110,7 @@ void Monitor::checkGpuCallTimeout(double now) {
   }
   bool anyStopped = false;
   std::string where = whereRanksAre(now, &anyStopped);
-  comm_.fail(mnclTimeout, "call timeout: rank " + std::to_string(comm_.rank()) + "'s kernel for " + what +
+  fail(mnclTimeout, "call timeout: rank " + std::to_string(comm_.rank()) + "'s kernel for " + what +
                               " has not finished " + formatSeconds(limit) + " after it was queued (" +
                               kWhereTheLimitIsSet + "); " + where +
                               whatHoldsIt(anyStopped, ". A rank behind the others has not made this call (or work "

@@ -48,7 +48,7 @@ void Monitor::checkDeadlock(double now) {
       if (mask >> p & 1) peers += (peers.empty() ? "" : ", ") + std::to_string(p);
     }
     std::optional<LoggedCall> ours = loggedCall(mine, s);
-    comm_.fail(mnclInvalidUsage, "deadlock: rank " + std::to_string(r) + " waits in sends or receives with rank(s) " +
+    fail(mnclInvalidUsage, "deadlock: rank " + std::to_string(r) + " waits in sends or receives with rank(s) " +
                                      peers + ", which are inside collective call " + std::to_string(s) +
                                      (ours ? " (" + describeCall(*ours) + ")" : std::string()) + ", which rank " +
                                      std::to_string(r) + " has not made; every rank must make the same calls in the same order");
@@ -174,7 +174,7 @@ void Monitor::checkWaitCycle(double now) {
                                     "receives that wait for a rank inside a collective call come after it on every rank)"
                                   : "order them so that each receive's send comes first on the other rank, or post "
                                     "both halves of an exchange together (sendrecv, or one minincl.group())";
-  comm_.fail(mnclInvalidUsage, "deadlock in sends and receives: " + waits +
+  fail(mnclInvalidUsage, "deadlock in sends and receives: " + waits +
                                    "; each is inside its call, so none posts what the next one waits for: " + advice);
 }
 

@@ -40,6 +40,7 @@ std::chrono::steady_clock::time_point Monitor::timeoutFromNow() {
 
 Monitor::Monitor(Comm& comm) : comm_(comm), timeout_(timeoutSeconds()), watch_(comm.nranks()) {
   double now = nowSeconds();
+  lastTick_ = now;
   for (auto& w : watch_) w.lastChange = now;
   thread_ = std::thread([this] { loop(); });
 }
@@ -62,6 +63,7 @@ void Monitor::loop() {
     if (comm_.failed()) continue;  // already stopping; nothing new to learn
     comm_.checkGpuErrors();
     double now = nowSeconds();
+    noteOwnStall(now);
     for (int r = 0; r < comm_.nranks(); ++r) {
       if (r != comm_.rank()) checkPeer(r, now);
     }
@@ -72,6 +74,31 @@ void Monitor::loop() {
   }
 }
 
+// This process did not run for a while (SIGSTOP, a debugger, a suspended machine): the peers'
+// heartbeats and waits it could not watch meanwhile are timed afresh (their stale look is no
+// sign of a hang), and errors found soon after say that it stopped, since its peers may have
+// given up on it.
+void Monitor::noteOwnStall(double now) {
+  double gap = now - lastTick_;
+  lastTick_ = now;
+  if (gap < std::min(1.0, timeout_ / 2)) return;
+  stall_ = gap;
+  stallEnded_ = now;
+  for (auto& w : watch_) w.lastChange = w.blockedSince = now;
+  myCallSince_ = cycleSince_ = now;
+}
+
+void Monitor::fail(mnclResult_t code, const std::string& message) {
+  char note[192] = "";
+  if (stall_ >= timeout_ && nowSeconds() - stallEnded_ < 2 * timeout_ + 1) {
+    std::snprintf(note, sizeof(note),
+                  " (this process did not run for %.1f s just before: stopped, or in a debugger? Its peers may have "
+                  "given up on it after MININCL_TIMEOUT, %g s)",
+                  stall_, timeout_);
+  }
+  comm_.fail(code, message + note);
+}
+
 void Monitor::checkPeer(int r, double now) {
   const PeerInfo& peer = comm_.peers_[r];
   RankCtrl* ctrl = comm_.peerRegions_[r]->ctrl();
@@ -79,7 +106,7 @@ void Monitor::checkPeer(int r, double now) {
   std::string who = "rank " + std::to_string(r) + " (pid " + std::to_string(peer.pid) + ")";
   uint32_t state = dev::loadAcquire(&ctrl->state);
   if (state == RankCtrl::kFailed) {
-    comm_.fail(mnclRemoteError, who + " failed: " + std::string(ctrl->failMessage));
+    fail(mnclRemoteError, who + " failed: " + std::string(ctrl->failMessage));
     return;
   }
   bool sameProcess = peer.pid == comm_.peers_[comm_.rank()].pid && peer.hostHash == comm_.peers_[comm_.rank()].hostHash;
@@ -88,7 +115,7 @@ void Monitor::checkPeer(int r, double now) {
     // (A GPU call returns at once: what may still wait on the peer is its kernel.)
     bool waiting = comm_.callsInside_.load() > 0 || comm_.gpuWorkPending();
     if (waiting && now - w.leftSince > timeout_) {
-      comm_.fail(mnclRemoteError, who + " destroyed its communicator (or its process exited) while this rank was "
+      fail(mnclRemoteError, who + " destroyed its communicator (or its process exited) while this rank was "
                                         "still waiting on it");
     }
     return;
@@ -99,7 +126,7 @@ void Monitor::checkPeer(int r, double now) {
   // connections close, and its mirrored state says so.)
   bool sameHost = peer.hostHash == comm_.peers_[comm_.rank()].hostHash;
   if (sameHost && processGone(peer.pid)) {
-    comm_.fail(mnclRemoteError, who + " exited (or was killed) without destroying its communicator");
+    fail(mnclRemoteError, who + " exited (or was killed) without destroying its communicator");
     return;
   }
   uint64_t beat = dev::loadAcquire(&ctrl->heartbeat);
@@ -107,7 +134,7 @@ void Monitor::checkPeer(int r, double now) {
     w.lastBeat = beat;
     w.lastChange = now;
   } else if (now - w.lastChange > timeout_) {
-    comm_.fail(mnclTimeout, who + " has shown no sign of life for " + std::to_string((int)timeout_) +
+    fail(mnclTimeout, who + " has shown no sign of life for " + std::to_string((int)timeout_) +
                                 " s (MININCL_TIMEOUT); it is hung or unreachable");
   }
 }
@@ -118,7 +145,7 @@ void Monitor::checkPeer(int r, double now) {
 bool Monitor::checkCalls(int r) {
   std::string mismatch = comm_.loggedCallMismatch(r);
   if (mismatch.empty()) return false;
-  comm_.fail(mnclInvalidUsage, mismatch);
+  fail(mnclInvalidUsage, mismatch);
   return true;
 }
 
@@ -145,7 +172,7 @@ void Monitor::checkP2pBalance() {
             std::to_string(before[r].recvs);
   }
   std::optional<LoggedCall> call = loggedCall(comm_.region_->ctrl()->calls, s);
-  comm_.fail(mnclInvalidUsage, "unmatched sends and receives before collective call " + std::to_string(s) +
+  fail(mnclInvalidUsage, "unmatched sends and receives before collective call " + std::to_string(s) +
                                    (call ? " (" + describeCall(*call) + ")" : std::string()) + ": the ranks posted " +
                                    std::to_string(sends) + " send(s) but " + std::to_string(recvs) +
                                    " receive(s) before it (sends, receives: " + each + (comm_.nranks() > 8 ? "; ..." : "") +

@@ -30,6 +30,8 @@
 #include <thread>
 #include <vector>
 
+#include "minincl.h"
+
 namespace mncl {
 
 class Comm;
@@ -47,6 +49,8 @@ class Monitor {
 
  private:
   void loop();
+  void noteOwnStall(double now);
+  void fail(mnclResult_t code, const std::string& message);  // comm_.fail, with a stall's note
   void checkPeer(int r, double now);
   bool checkCalls(int r);
   void checkP2pBalance();
@@ -87,7 +91,9 @@ class Monitor {
   double myCallSince_ = 0;
   uint64_t timedCall_ = 0;  // this rank's call the call timeout runs for, and since when
   double timedCallSince_ = 0;
-  uint64_t balancedUpTo_ = 0;  // the newest collective call whose sends and receives paired up
+  uint64_t balancedUpTo_ = 0;
+  double lastTick_ = 0;
+  double stall_ = 0, stallEnded_ = -1e9;  // this process's last stall, and when it ended  // the newest collective call whose sends and receives paired up
   std::mutex mutex_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -72,22 +73,30 @@ struct NetProxy::StepHeader {
   uint64_t outputOffset, opFirstStep;
 };
 
-// Our state of a control socket: the block we send, the block we receive into, and the copy
-// of the peer's RankCtrl it feeds.
+// A control message: a beat (the sender's heartbeat and state), then the rest (its failure and
+// its call log, some 3.5 KiB) only when that changed since the last message it sent. An idle
+// rank sends 16 bytes a tick, so a peer that stops reading (a stopped process) takes minutes
+// to fill our socket, and the failure we report in the meantime still reaches it.
 struct NetProxy::CtrlMessage {
-  uint64_t heartbeat;
-  uint32_t state, failCode;
+  struct Beat {
+    uint64_t heartbeat;
+    uint32_t state;
+    uint32_t full;  // the rest follows
+  } beat;
+  uint32_t failCode;
   char failMessage[sizeof(RankCtrl::failMessage)];
-  CallLog calls;  // (sent with every heartbeat: the peer's monitor compares them with its own)
+  CallLog calls;  // (the peer's monitor compares it with its own)
 };
 
+// Our state of a control socket: the message we send, the one we receive into, and the copy
+// of the peer's RankCtrl it feeds.
 struct NetProxy::CtrlLink {
   int peer;
   Socket sock;
   bool closed = false;  // the peer closed it (after saying it left, or see lost)
   bool lost = false;    // the peer failed or vanished: its data links stop too
   CtrlMessage out{}, in{};
-  size_t outDone = 0, inDone = 0;
+  size_t outBytes = 0, outDone = 0, inDone = 0;
   bool outPending = false;
   uint64_t lastBeat = ~uint64_t{0};
   uint32_t lastState = ~0u;
@@ -571,53 +580,88 @@ bool NetProxy::progressCtrl(CtrlLink& c) {
   uint64_t beat = dev::loadAcquire(&own->heartbeat);
   uint32_t state = dev::loadAcquire(&own->state);
   if (!c.outPending && (beat != c.lastBeat || state != c.lastState)) {
-    c.out.heartbeat = beat;
-    c.out.state = state;
-    c.out.failCode = own->failCode;
-    std::memcpy(c.out.failMessage, own->failMessage, sizeof(c.out.failMessage));
-    c.out.failMessage[sizeof(c.out.failMessage) - 1] = '\0';
-    copyCallLog(own->calls, c.out.calls);
+    constexpr size_t kCtrlRest = offsetof(CtrlMessage, failCode);  // where the rest starts
+    CtrlMessage now{};
+    now.failCode = own->failCode;
+    std::memcpy(now.failMessage, own->failMessage, sizeof(now.failMessage));
+    now.failMessage[sizeof(now.failMessage) - 1] = '\0';
+    copyCallLog(own->calls, now.calls);
+    bool changed = std::memcmp(reinterpret_cast<char*>(&now) + kCtrlRest, reinterpret_cast<char*>(&c.out) + kCtrlRest,
+                               sizeof(CtrlMessage) - kCtrlRest) != 0;
+    if (changed) std::memcpy(reinterpret_cast<char*>(&c.out) + kCtrlRest, reinterpret_cast<char*>(&now) + kCtrlRest,
+                             sizeof(CtrlMessage) - kCtrlRest);
+    c.out.beat = {beat, state, changed || state != c.lastState};
+    c.outBytes = c.out.beat.full ? sizeof(CtrlMessage) : sizeof(CtrlMessage::Beat);
     c.lastBeat = beat;
     c.lastState = state;
     c.outDone = 0;
     c.outPending = true;
   }
   if (c.outPending) {
-    iovec iov{reinterpret_cast<char*>(&c.out) + c.outDone, sizeof(CtrlMessage) - c.outDone};
+    iovec iov{reinterpret_cast<char*>(&c.out) + c.outDone, c.outBytes - c.outDone};
     ssize_t r = sendSome(c.sock.fd(), &iov, 1);
     if (r < 0) {
       peerLost(c.peer, closedReason(errno));
-      c.closed = true;
       return true;
     }
     c.outDone += (size_t)r;
-    c.outPending = c.outDone < sizeof(CtrlMessage);
+    c.outPending = c.outDone < c.outBytes;
     moved |= r > 0;
   }
-  ssize_t r = recvSome(c.sock.fd(), reinterpret_cast<char*>(&c.in) + c.inDone, sizeof(CtrlMessage) - c.inDone);
+  ssize_t r = receiveCtrl(c);
   if (r < 0) {  // (a goodbye after the peer said it left or failed; otherwise it vanished)
-    if (dev::loadAcquire(&c.mirror->ctrl()->state) == RankCtrl::kRunning) peerLost(c.peer, closedReason(errno));
+    int err = errno;
     c.closed = true;
+    if (dev::loadAcquire(&c.mirror->ctrl()->state) == RankCtrl::kRunning) peerLost(c.peer, closedReason(err));
     return true;
-  }
-  c.inDone += (size_t)r;
-  if (c.inDone == sizeof(CtrlMessage)) {
-    RankCtrl* m = c.mirror->ctrl();
-    m->failCode = c.in.failCode;
-    std::memcpy(m->failMessage, c.in.failMessage, sizeof(m->failMessage));
-    m->failMessage[sizeof(m->failMessage) - 1] = '\0';
-    copyCallLog(c.in.calls, m->calls);
-    if (dev::loadAcquire(&m->state) != RankCtrl::kFailed) dev::storeRelease(&m->state, c.in.state);
-    dev::storeRelease(&m->heartbeat, c.in.heartbeat);
-    c.inDone = 0;
   }
   return moved || r > 0;
 }
 
-// The peer is gone (or broke the wire format): its mirror says it failed, unless it already
-// said it left or failed, and the Monitor turns that into this rank's error.
+// Reads what the peer's control link holds, into its mirror: bytes read, 0 if none were
+// there, -1 if it closed or failed (errno set, as recvSome).
+ssize_t NetProxy::receiveCtrl(CtrlLink& c) {
+  constexpr size_t kBeat = sizeof(CtrlMessage::Beat);
+  size_t bytes = c.inDone < kBeat || !c.in.beat.full ? kBeat : sizeof(CtrlMessage);
+  ssize_t r = recvSome(c.sock.fd(), reinterpret_cast<char*>(&c.in) + c.inDone, bytes - c.inDone);
+  if (r <= 0) return r;
+  c.inDone += (size_t)r;
+  if (c.inDone < bytes || (bytes == kBeat && c.in.beat.full)) return r;
+  RankCtrl* m = c.mirror->ctrl();
+  if (c.in.beat.full) {
+    m->failCode = c.in.failCode;
+    std::memcpy(m->failMessage, c.in.failMessage, sizeof(m->failMessage));
+    m->failMessage[sizeof(m->failMessage) - 1] = '\0';
+    copyCallLog(c.in.calls, m->calls);
+  }
+  if (dev::loadAcquire(&m->state) != RankCtrl::kFailed) dev::storeRelease(&m->state, c.in.beat.state);
+  dev::storeRelease(&m->heartbeat, c.in.beat.heartbeat);
+  c.inDone = 0;
+  return r;
+}
+
+// Before a lost connection makes the peer failed, what it said last: its control link may
+// still hold the failure it reported before it closed (queued behind heartbeats while this
+// process was stopped, or arriving after its data links closed: sockets close in no order).
+// Reads until the peer's state is no longer "running", the link closes, or a moment passes.
+void NetProxy::readLastWords(CtrlLink& c) {
+  Deadline deadline = deadlineIn(0.2);
+  while (!c.closed && dev::loadAcquire(&c.mirror->ctrl()->state) == RankCtrl::kRunning) {
+    ssize_t r = receiveCtrl(c);
+    if (r < 0) c.closed = true;
+    if (r != 0) continue;
+    int ms = (int)std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    pollfd fd{c.sock.fd(), POLLIN, 0};
+    if (ms <= 0 || ::poll(&fd, 1, ms) <= 0) return;
+  }
+}
+
+// The peer is gone (or broke the wire format): its mirror says it failed, unless it said it
+// left or failed (before, or in its last words), and the Monitor turns that into this rank's
+// error.
 void NetProxy::peerLost(int peer, const std::string& why) {
   CtrlLink& c = ctrlOf(peer);
+  readLastWords(c);
   c.lost = c.closed = true;
   RankCtrl* m = c.mirror->ctrl();
   if (dev::loadAcquire(&m->state) != RankCtrl::kRunning) return;

@@ -103,6 +103,8 @@ class NetProxy {
   void aimSimpleStep(DataLink& l);
   char* landing(const DataLink& l) const;
   bool progressCtrl(CtrlLink& c);
+  ssize_t receiveCtrl(CtrlLink& c);
+  void readLastWords(CtrlLink& c);
   void publish(DataLink& l);
   void sleep();
   void flush();
