@@ -619,6 +619,33 @@ def test_sends_and_receives_that_wait_longer_than_a_second_are_no_deadlock(case:
     assert case_on_ranks(workers.p2p_ring, 3, case, processes) == ["ok"] * 3
 
 
+LEFT_BEFORE = {
+    "collective": (
+        "after 1 collective call(s): this rank is in call 2 (allreduce(count=16, float32, sum)), which it never made"
+    ),
+    "recv": "having posted 0 send(s) to this rank, which waits on its receive 1 from it",
+    "long send": "having posted 0 receive(s) from this rank, whose send 1 to it cannot end without one",
+}
+
+
+@pytest.mark.parametrize("case", sorted(LEFT_BEFORE))
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_a_rank_that_left_before_a_call_it_never_made_fails_the_wait_at_once(
+    monkeypatch: pytest.MonkeyPatch, case: str, processes: bool
+) -> None:
+    """Rank 1 destroys its communicator; rank 0 then waits on it in a call rank 1 never made.
+    Nothing can end that wait, so rank 0 raises at once, saying which call (before, it waited
+    MININCL_TIMEOUT, here 60 s, for a peer that might still have done its part)."""
+    monkeypatch.setenv("MININCL_TIMEOUT", "60")
+    results = case_on_ranks(workers.leave_early, 3, case, processes)
+    assert results[1] == "left" and (case == "collective" or results[2] == "no call"), results
+    # (In the allreduce, ranks 0 and 2 each find it, or learn it from the other.)
+    for story in [results[0], results[2]] if case == "collective" else [results[0]]:
+        assert story.startswith("RemoteError: rank "), results
+        assert re.search(r"rank 1 \(pid \d+\) destroyed its communicator \(or its process exited\) ", story), story
+        assert LEFT_BEFORE[case] in story, story
+
+
 @pytest.mark.parametrize("case", ["collective", "recv"])
 @pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
 def test_a_call_past_its_timeout_fails_naming_where_every_rank_is(case: str, processes: bool) -> None:

@@ -870,6 +870,30 @@ def freeze_then_resume(comm: minincl.Communicator, victim: int, flags: str, elem
     return story
 
 
+def leave_early(comm: minincl.Communicator, case: str) -> str:
+    """After one allreduce, rank 1 destroys its communicator, and rank 0 waits on it: in an
+    allreduce ("collective"), a receive from it ("recv"), or a send to it longer than their
+    connections hold ("long send"); the other ranks make the allreduce too, or no call. How
+    each rank's call ended."""
+    x = np.ones(16, np.float32)
+    comm.allreduce(x)
+    if comm.rank == 1:
+        comm.destroy()
+        return "left"
+    if comm.rank > 1 and case != "collective":
+        return "no call"
+    try:
+        if case == "collective":
+            comm.allreduce(x)
+        elif case == "recv":
+            comm.recv(np.empty(7, np.float32), 1)
+        else:
+            comm.send(np.ones(4 << 20, np.float32), 1)
+    except minincl.Error as e:
+        return f"{type(e).__name__}: {e}"
+    return "ok"
+
+
 def abort_mid_calls(_launched: minincl.Communicator, kind: str, reps: int, seed: int) -> dict[str, int]:
     """`reps` times: 2 ranks as threads loop `kind` calls (barrier, allreduce, or a grouped
     send and recv), and this thread aborts rank 0 at a random moment. How the ranks' loops

@@ -114,9 +114,13 @@ void Monitor::checkPeer(int r, double now) {
     if (w.leftSince < 0) w.leftSince = now;
     // (A GPU call returns at once: what may still wait on the peer is its kernel.)
     bool waiting = comm_.callsInside_.load() > 0 || comm_.gpuWorkPending();
-    if (waiting && now - w.leftSince > timeout_) {
+    if (!waiting) return;
+    std::string never = callThePeerNeverMade(r);
+    if (!never.empty()) {
+      fail(mnclRemoteError, who + " destroyed its communicator (or its process exited) " + never);
+    } else if (now - w.leftSince > timeout_) {  // (it made our call: it may have done its part)
       fail(mnclRemoteError, who + " destroyed its communicator (or its process exited) while this rank was "
-                                        "still waiting on it");
+                                  "still waiting on it");
     }
     return;
   }
@@ -137,6 +141,37 @@ void Monitor::checkPeer(int r, double now) {
     fail(mnclTimeout, who + " has shown no sign of life for " + std::to_string((int)timeout_) +
                                 " s (MININCL_TIMEOUT); it is hung or unreachable");
   }
+}
+
+// Whether this rank waits in a call that peer r, which left, never made: a collective call
+// after its last, or a receive beyond the sends it posted to this rank. Then nothing can end
+// the wait, and the peer's leaving is an error at once; says so, or returns "".
+std::string Monitor::callThePeerNeverMade(int r) const {
+  const CallLog& mine = comm_.region_->ctrl()->calls;
+  const CallLog& theirs = comm_.peerRegions_[r]->ctrl()->calls;
+  // (A GPU communicator's calls return at once and log no activity: its kernels wait.)
+  CallActivity me = comm_.onGpu() ? CallActivity{0, Inside::collectives, 0}
+                                  : callActivity(mine).value_or(CallActivity{});
+  bool inCollective = me.inside == Inside::collectives || me.inside == Inside::both;
+  uint64_t made = dev::loadAcquire(&mine.made), theirMade = dev::loadAcquire(&theirs.made);
+  if (inCollective && made > theirMade) {
+    std::optional<LoggedCall> call = loggedCall(mine, made);
+    return "after " + std::to_string(theirMade) + " collective call(s): this rank is in call " + std::to_string(made) +
+           (call ? " (" + describeCall(*call) + ")" : std::string()) + ", which it never made";
+  }
+  bool inP2p = me.inside == Inside::sendsAndReceives || me.inside == Inside::both;
+  int rank = comm_.rank();
+  if (!inP2p || !(me.peers >> r & 1) || r >= kP2pPeers || rank >= kP2pPeers) return "";
+  PeerP2p ours = peerP2p(mine, r), its = peerP2p(theirs, rank);
+  if (ours.recvs > its.sends) {
+    return "having posted " + std::to_string(its.sends) + " send(s) to this rank, which waits on its receive " +
+           std::to_string(ours.recvs) + " from it";
+  }
+  if (ours.lastLongSend > its.recvs) {
+    return "having posted " + std::to_string(its.recvs) + " receive(s) from this rank, whose send " +
+           std::to_string(ours.lastLongSend) + " to it cannot end without one";
+  }
+  return "";
 }
 
 // Whether peer r made a collective call other than ours under the same number (it then fails

@@ -4,8 +4,9 @@
 //  - the peer failed (aborted, or hit an error)     -> RemoteError naming it, at once;
 //  - the peer's process is gone (same host)         -> RemoteError, at once;
 //  - the peer's heartbeat stopped for MININCL_TIMEOUT -> Timeout;
-//  - the peer destroyed its communicator while this rank is still inside a call for
-//    MININCL_TIMEOUT                                 -> RemoteError;
+//  - the peer destroyed its communicator while this rank is inside a call the peer never
+//    made (a later collective, a receive beyond its sends) -> RemoteError, at once; inside
+//    another call (the peer may have done its part) for MININCL_TIMEOUT -> RemoteError;
 //  - the peer made another collective call than ours under the same number (see
 //    call_log.h)                                     -> InvalidUsage naming both, at once;
 //  - the ranks' sends and receives before a collective call they all made do not pair up
@@ -18,7 +19,9 @@
 //  - this rank's call has lasted longer than the communicator's call timeout (on a GPU: a
 //    launch has not finished that long after it was queued; off by default: see
 //    Comm::callTimeout)                              -> Timeout saying where each rank is.
-// fail() sets the abort word, so every spin loop of this rank stops within microseconds.
+// fail() sets the abort word, so every spin loop of this rank stops within microseconds. An
+// error found just after this process stalled past MININCL_TIMEOUT (SIGSTOP, a debugger)
+// says so: its peers may have given up on it.
 #pragma once
 
 #include <chrono>
@@ -53,6 +56,7 @@ class Monitor {
   void fail(mnclResult_t code, const std::string& message);  // comm_.fail, with a stall's note
   void checkPeer(int r, double now);
   bool checkCalls(int r);
+  std::string callThePeerNeverMade(int r) const;
   void checkP2pBalance();
   void checkDeadlock(double now);
   std::optional<uint64_t> blockedBehind(int r, uint64_t collective) const;
