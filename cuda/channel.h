@@ -37,9 +37,13 @@ static_assert(sizeof(StepInfo) == 8 * kLLHeaderLines, "an LL header line carries
 // Control words of one connection, each on its own cache line (they are written by different
 // sides). Lives, with the FIFOs, in the receiver's memory.
 struct ConnCtrl {
+  // The FIFO protocol: a connection needs only these three.
   alignas(128) uint64_t tail;  // Simple: steps the sender has filled (release)
   alignas(128) uint64_t head;  // all protocols: steps the receiver has consumed (only frees slots)
   alignas(128) StepInfo info[kSteps];
+
+  // Shortcuts around the FIFO's copies, each where the two ends can take it (prims_simple.h
+  // shows the FIFO first, then each of them).
   // Simple, pointer steps: where a step's data is. 0: in the FIFO slot, as usual.
   // Otherwise its address in the sender's memory, which the sender keeps unchanged until the
   // receiver has consumed the step, so the receiver reads it there: one copy instead of two.
@@ -92,7 +96,13 @@ constexpr uint64_t kNotOutput = ~uint64_t{0};
 
 // One direction of a (peer, channel) connection, as the device addresses it.
 struct ConnFifo {
+  // The FIFO: its control words and its slots, one array per protocol.
   ConnCtrl* ctrl = nullptr;
+  char* simple = nullptr;          // kSteps * simpleSlotBytes
+  LLLine* ll = nullptr;            // kSteps * llSlotLines
+  LL128Line* ll128 = nullptr;      // kSteps * ll128SlotLines
+
+  // What the shortcuts around it need.
   int32_t peerPid = 0;             // the process of the peer at the other end, 0 if it is this one
   // The peer's window as mapped in this process, and where it lies in the peer's: a receiving
   // end reads pointer steps into it here, a sending end makes direct writes into it here.
@@ -114,9 +124,6 @@ struct ConnFifo {
   // addresses it) this end read ahead through the kernel into readAheadInto, during the
   // operation whose first step from the sender is readAheadOp - 1 (0: none).
   uint64_t readAheadOp = 0, readAheadFrom = 0, readAheadTo = 0, readAheadInto = 0;
-  char* simple = nullptr;          // kSteps * simpleSlotBytes
-  LLLine* ll = nullptr;            // kSteps * llSlotLines
-  LL128Line* ll128 = nullptr;      // kSteps * ll128SlotLines
 
   // The peer's `bytes` at `at` (as the peer addresses them) as this process addresses them:
   // the same address (the peer is this process), or through our mapping of its window;
@@ -159,6 +166,7 @@ enum TracePoint {
 };
 
 struct DevChannel {
+  // Who the channel is, its connections and step counts, its ring: what every schedule uses.
   int id = 0;
   int rank = 0, nranks = 1;
   ConnFifo* sendTo = nullptr;       // [nranks], indexed by peer rank
@@ -179,6 +187,8 @@ struct DevChannel {
   int ranksPerHost = 0;
   ProtoSizes sizes{};
   const uint32_t* abortFlag = nullptr;
+
+  // How its waits behave on this machine.
   // GPU: some connection's memory (or peer) is outside this GPU (pinned host memory, another
   // GPU), so flags need system-wide fences; false when every peer shares this GPU's memory.
   bool systemScope = true;
@@ -186,6 +196,8 @@ struct DevChannel {
   // its own (a yield only adds latency), short when threads outnumber cores (the peer we
   // wait for may need our core to run at all). GPU: hot spins before a wait starts sleeping.
   uint32_t spinBudget = 200;
+
+  // The shortcuts around the FIFO's copies (see ConnCtrl), and their counters.
   // Pointer steps posted during the current operation: before it returns, the channel waits
   // until its receivers have consumed them (the user may reuse the buffers right after).
   bool pointerStepsPosted = false;

@@ -23,6 +23,17 @@ enum class Proto : uint8_t { simple, ll, ll128, count };
 
 MNCL_HOSTDEV bool isBitwise(RedOp op) { return op == RedOp::band || op == RedOp::bor || op == RedOp::bxor; }
 
+// The shapes of the collectives' buffers, in blocks of a call's `count` elements: allgather
+// receives one block from each rank, reduce_scatter sends one to each; the others' buffers
+// are one block. Whether a collective reduces (and so takes an op).
+MNCL_HOSTDEV bool reduces(Coll c) { return c == Coll::allreduce || c == Coll::reduce || c == Coll::reducescatter; }
+MNCL_HOSTDEV size_t sendBlocks(Coll c, int nranks) { return c == Coll::reducescatter ? (size_t)nranks : 1; }
+MNCL_HOSTDEV size_t recvBlocks(Coll c, int nranks) { return c == Coll::allgather ? (size_t)nranks : 1; }
+// The blocks the whole operation moves: the size the tuner weighs.
+MNCL_HOSTDEV size_t opBlocks(Coll c, int nranks) {
+  return c == Coll::allgather || c == Coll::reducescatter ? (size_t)nranks : 1;
+}
+
 MNCL_HOSTDEV size_t dataTypeSize(DataType t) {
   switch (t) {
     case DataType::i8: case DataType::u8: case DataType::f8e4m3: case DataType::f8e5m2: return 1;

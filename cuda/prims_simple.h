@@ -308,7 +308,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
 
   MNCL_DEV uint64_t outputBytes() const {
     const DevWork& w = cx_.work;
-    return (w.coll == Coll::allgather ? w.count * (uint64_t)cx_.ch.nranks : w.count) * sizeof(T);
+    return w.count * recvBlocks(w.coll, cx_.ch.nranks) * sizeof(T);
   }
 
   // Where a step we send lies in the output (bytes from its start), if it is final output

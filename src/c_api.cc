@@ -492,7 +492,7 @@ static mnclResult_t coll(Coll c, const void* send, void* recv, size_t count, mnc
     Comm& cm = hold.comm();
     checkStream(cm, stream);
     CollCall call{c, send, recv, count, dataTypeOf(dt), RedOp::sum, root, stream};
-    if (c != Coll::broadcast && c != Coll::allgather) resolveOp(comm, op, call);
+    if (reduces(c)) resolveOp(comm, op, call);
     enqueueColl(cm, call);
   });
 }

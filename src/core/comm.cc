@@ -103,7 +103,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   int want = onGpu() ? gpuChannelsWanted(host.ranksOnDevice) : channelsWanted(cores / host.localRanks);
   peers_[rank].nChannels = want;
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));  // (re-shares the rest unchanged)
-  int nch = want;
+  int nch = want;  // (the fewest any rank wants: every rank runs every channel)
   for (const PeerInfo& p : peers_) nch = std::min(nch, (int)p.nChannels);
 
   // (A network proxy is one more busy thread per rank: it needs a core as a channel does.)
@@ -116,14 +116,14 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   mapPeerRegions();
   // Other ranks' channels share this rank's cores: a thread that waits must yield soon.
   bool channelsShareCores = !onGpu() && host.localRanks * nch > cores;
-  if (host.anyNet) startNetProxy(id, layout, channelsShareCores);
+  if (host.anyNet) startNetProxy(id, layout, nch, channelsShareCores);
   peerFifos_ = peerRegions_;
   if (onGpu()) openPeerGpuRegions();
   bootstrap_->barrier();  // everyone has mapped everything: the names can go
   if (shm) shm->unlink();
   if (window_) window_->unlink();
 
-  setupChannels(mine.sizes);
+  setupChannels(nch, mine.sizes);
   setSpinBudgets(channelsShareCores, host.anyNet);
   connect(layout);
   startTunerAndThreads(nch, mine);
@@ -304,7 +304,7 @@ void Comm::startTunerAndThreads(int nch, const PeerInfo& mine) {
 
 // Connects to the peers reached over the network and starts the thread that moves their
 // steps. Their control blocks are mirrors the proxy keeps from their messages.
-void Comm::startNetProxy(const UniqueIdData& id, const RegionLayout& layout, bool sharesCores) {
+void Comm::startNetProxy(const UniqueIdData& id, const RegionLayout& layout, int nch, bool sharesCores) {
   NetProxy::Setup s;
   s.sharesCores = sharesCores;
   s.rank = rank_;
@@ -314,8 +314,7 @@ void Comm::startNetProxy(const UniqueIdData& id, const RegionLayout& layout, boo
     s.listeners.push_back(peers_[r].netAddr.toSockAddr());
   }
   s.listener = &netListener_;
-  s.nChannels = std::min(peers_[0].nChannels, 64);
-  for (const PeerInfo& p : peers_) s.nChannels = std::min(s.nChannels, (int)p.nChannels);
+  s.nChannels = nch;
   s.layout = &layout;
   s.regionBase = region_->base();
   s.own = region_->ctrl();
@@ -338,9 +337,7 @@ void Comm::startNetProxy(const UniqueIdData& id, const RegionLayout& layout, boo
   }
 }
 
-void Comm::setupChannels(const dev::ProtoSizes& sizes) {
-  int nch = std::min(peers_[0].nChannels, 64);
-  for (const PeerInfo& p : peers_) nch = std::min(nch, (int)p.nChannels);
+void Comm::setupChannels(int nch, const dev::ProtoSizes& sizes) {
   int perHost = onGpu() ? 0 : topo::ranksPerHost(topoPlan_);  // (GPU communicators span no hosts)
   for (int c = 0; c < nch; ++c) {
     auto ch = std::make_unique<Channel>();

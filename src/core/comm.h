@@ -233,7 +233,7 @@ class Comm {
   int gpuChannelsWanted(int ranksOnDevice) const;
   int withinChannelBounds(int want, int most) const;  // options_' bounds, checked against `most`
   void logPlan() const;
-  void setupChannels(const dev::ProtoSizes& sizes);
+  void setupChannels(int nch, const dev::ProtoSizes& sizes);
   void connect(const RegionLayout& layout);
   void createGpuRegion(size_t bytes);
   void openPeerGpuRegions();
@@ -241,7 +241,7 @@ class Comm {
   void checkGpuErrors();  // the monitor's poll: a kernel's error record becomes the comm's error
   void enablePointerSteps();
   void enableGpuPointerSteps();
-  void startNetProxy(const UniqueIdData& id, const RegionLayout& layout, bool sharesCores);
+  void startNetProxy(const UniqueIdData& id, const RegionLayout& layout, int nch, bool sharesCores);
   void warnOfUnreportedMismatch() const;
   void leave();
 

@@ -111,8 +111,7 @@ void checkOverlap(Comm& comm, const CollCall& c) {
   if (c.count == 0 || !c.send || !c.recv || !sendUsed || !recvUsed) return;
   size_t bytes = c.count * dataTypeSize(c.dtype), n = (size_t)comm.nranks();
   auto s = (uintptr_t)c.send, r = (uintptr_t)c.recv;
-  size_t sendBytes = c.coll == Coll::reducescatter ? bytes * n : bytes;
-  size_t recvBytes = c.coll == Coll::allgather ? bytes * n : bytes;
+  size_t sendBytes = bytes * sendBlocks(c.coll, (int)n), recvBytes = bytes * recvBlocks(c.coll, (int)n);
   bool inPlace = c.coll == Coll::allgather       ? s == r + me * bytes
                  : c.coll == Coll::reducescatter ? r == s + me * bytes
                                                  : s == r;
@@ -128,15 +127,13 @@ void checkOverlap(Comm& comm, const CollCall& c) {
 
 void validate(Comm& comm, const CollCall& c) {
   checkUsable(comm);
-  bool reduces = c.coll == Coll::allreduce || c.coll == Coll::reduce || c.coll == Coll::reducescatter;
-  checkTypeOp(c.dtype, c.op, reduces);
+  checkTypeOp(c.dtype, c.op, reduces(c.coll));
   if (c.coll == Coll::broadcast || c.coll == Coll::reduce) {
     MNCL_CHECK(c.root >= 0 && c.root < comm.nranks(), mnclInvalidArgument,
           std::string(collName(c.coll)) + ": root " + std::to_string(c.root) + " is out of range for " +
               std::to_string(comm.nranks()) + " ranks");
   }
-  bool blocked = c.coll == Coll::allgather || c.coll == Coll::reducescatter;
-  checkBytes(collName(c.coll), c.count, c.dtype, blocked ? (size_t)comm.nranks() : 1);
+  checkBytes(collName(c.coll), c.count, c.dtype, opBlocks(c.coll, comm.nranks()));
   if (c.count > 0) {
     MNCL_CHECK(c.recv != nullptr || (c.coll == Coll::reduce && comm.rank() != c.root), mnclInvalidArgument,
           std::string(collName(c.coll)) + ": the receive buffer is null");
@@ -476,9 +473,8 @@ void recordOrRun(const Recorded& r) {
 
 // A collective call as every rank must make it: the reduction and root only where they matter.
 LoggedCall loggedCallOf(const CollCall& c) {
-  bool reduces = c.coll == Coll::allreduce || c.coll == Coll::reduce || c.coll == Coll::reducescatter;
   bool rooted = c.coll == Coll::broadcast || c.coll == Coll::reduce;
-  return {(uint8_t)c.coll, (uint8_t)c.dtype, reduces ? (uint8_t)c.op : (uint8_t)0, rooted ? c.root : 0, c.count};
+  return {(uint8_t)c.coll, (uint8_t)c.dtype, reduces(c.coll) ? (uint8_t)c.op : (uint8_t)0, rooted ? c.root : 0, c.count};
 }
 
 }  // namespace

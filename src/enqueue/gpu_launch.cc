@@ -131,8 +131,7 @@ int threadsForBytes(size_t perChannel) {
 }
 
 int threadsFor(const Comm& comm, const CollCall& c, int nChannels) {
-  bool perRank = c.coll == Coll::allgather || c.coll == Coll::reducescatter;  // count is one rank's block
-  size_t bytes = c.count * dataTypeSize(c.dtype) * (perRank ? (size_t)comm.nranks() : 1);
+  size_t bytes = c.count * dataTypeSize(c.dtype) * opBlocks(c.coll, comm.nranks());
   return threadsForBytes(bytes / (size_t)std::max(nChannels, 1));
 }
 

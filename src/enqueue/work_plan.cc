@@ -9,10 +9,6 @@
 
 namespace mncl {
 
-namespace {
-bool reducesValues(Coll c) { return c == Coll::allreduce || c == Coll::reducescatter || c == Coll::reduce; }
-}  // namespace
-
 // Outputs at least this big (per rank) are written with non-temporal stores on the CPU: far
 // past the per-core caches they would only evict the FIFOs the operation streams through.
 // Measured on a 2-core Intel VM: a gain from 32 MiB on, a loss at 8 MiB. On a 2-core AMD
@@ -29,7 +25,7 @@ size_t streamOutputBytes(Coll c) {
     }
     return std::pair{copies, reductions};
   }();
-  return reducesValues(c) ? sizes.second : sizes.first;
+  return reduces(c) ? sizes.second : sizes.first;
 }
 
 void applyStreamStretchesSetting() {
@@ -64,10 +60,10 @@ namespace {
 // when it does not (1.1-2.1x, inputs rewritten before each call): the kernel's worst case is
 // the bounded one (bench/RESULTS.md, twenty-second session).
 bool readByKernel(const CollCall& c, size_t recvBytes) {
-  bool reduces = c.coll == Coll::allreduce || c.coll == Coll::reducescatter;
+  bool reducedOnEveryRank = c.coll == Coll::allreduce || c.coll == Coll::reducescatter;
   bool allgatherReads = !dev::cpuIsIntel() || recvBytes < 2 * streamOutputBytes(c.coll);
   return c.coll == Coll::broadcast || (c.coll == Coll::allgather && allgatherReads) ||
-         (reduces && recvBytes < streamOutputBytes(c.coll));
+         (reducedOnEveryRank && recvBytes < streamOutputBytes(c.coll));
 }
 bool writeByKernel(const CollCall& c, size_t recvBytes, bool inPlace) {
   return c.coll == Coll::broadcast ||
@@ -142,7 +138,7 @@ void checkSelfPairs(int rank, const std::vector<const P2pCall*>& sends, const st
 bool copyWithoutPeers(const Comm& comm, const CollCall& c) { return c.count > 0 && comm.nranks() == 1; }
 
 bool scalesWithoutPeers(const Comm& comm, const CollCall& c) {
-  return copyWithoutPeers(comm, c) && reducesValues(c.coll) && c.op == RedOp::premulsum;
+  return copyWithoutPeers(comm, c) && reduces(c.coll) && c.op == RedOp::premulsum;
 }
 
 // What every channel's work item for the call holds: the call itself, all of it.
@@ -166,11 +162,10 @@ dev::DevWork workWithoutPeers(const CollCall& c) { return workOfCall(c); }
 int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out) {
   if (c.count == 0 || comm.nranks() == 1) return 0;
   size_t sz = dataTypeSize(c.dtype);
-  size_t blockBytes = c.count * sz * (c.coll == Coll::allgather || c.coll == Coll::reducescatter ? comm.nranks() : 1);
-  Plan p = comm.tuner().choose(c.coll, blockBytes);
+  Plan p = comm.tuner().choose(c.coll, c.count * sz * opBlocks(c.coll, comm.nranks()));
   size_t share = alignedShare(c.count, p.nChannels, sz);
-  size_t sendBytes = c.count * sz * (c.coll == Coll::reducescatter ? comm.nranks() : 1);
-  size_t recvBytes = c.count * sz * (c.coll == Coll::allgather ? comm.nranks() : 1);
+  size_t sendBytes = c.count * sz * sendBlocks(c.coll, comm.nranks());
+  size_t recvBytes = c.count * sz * recvBlocks(c.coll, comm.nranks());
   bool sendIsReadOnly = !overlaps(c.send, sendBytes, c.recv, recvBytes);
   for (int ch = 0; ch < p.nChannels; ++ch) {
     size_t off = std::min(c.count, (size_t)ch * share);
