@@ -948,6 +948,25 @@ def test_unknown_protocol_name_is_a_clear_error(monkeypatch: pytest.MonkeyPatch)
         minincl.Communicator.init_all(1)
 
 
+def test_an_error_message_with_bytes_that_are_not_utf8_is_still_minincls_error() -> None:
+    """A setting's bytes reach the message as they are; Python shows what is not UTF-8 as
+    U+FFFD rather than raise UnicodeDecodeError in place of minincl's error."""
+    os.environb[b"MININCL_PROTO"] = b"f\xffst"
+    try:
+        with pytest.raises(minincl.InvalidArgument, match='unknown name "f\ufffdst"'):
+            minincl.Communicator.init_all(1)
+    finally:
+        del os.environb[b"MININCL_PROTO"]
+
+
+def test_a_used_unique_id_times_out_saying_a_root_serves_one_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    uid = minincl.get_unique_id()
+    assert _join_all(uid, [(2, 0), (2, 1)]) == ["ok", "ok"]
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "1")
+    with pytest.raises(minincl.Timeout, match="did another communicator's init already use this id"):
+        minincl.Communicator(2, uid, 1)
+
+
 def test_split_into_groups_by_color_and_key() -> None:
     comms = minincl.Communicator.init_all(5)
     try:
