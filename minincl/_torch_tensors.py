@@ -78,10 +78,13 @@ def reducible(t: torch.Tensor, op: Op, call: str) -> tuple[torch.Tensor, Op]:
         raise TypeError(
             f"minincl backend: {call} with ReduceOp.{str(op).upper()} needs integer or bool tensors, not {t.dtype}"
         )
+    if t.dtype.is_complex:
+        t = complex_as_real(t, op, call)
     if t.dtype not in REDUCIBLE_DTYPES:
         raise TypeError(
             f"minincl backend: {call} cannot reduce {t.dtype} tensors; supported: int8, uint8, "
-            "int32, uint32, int64, uint64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2, bool"
+            "int32, uint32, int64, uint64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2, bool, "
+            "and complex64, complex128 with SUM, AVG or PREMUL_SUM (a real factor)"
         )
     if isinstance(op, PreMulSum) and isinstance(op.scalar, torch.Tensor):
         # A factor tensor of the data's type and device is read where it lies when the
@@ -90,6 +93,22 @@ def reducible(t: torch.Tensor, op: Op, call: str) -> tuple[torch.Tensor, Op]:
         same = f.dtype == t.dtype and f.device == t.device and f.numel() == 1
         op = PreMulSum(f.reshape(1) if same else f.item())
     return t, op
+
+
+def complex_as_real(t: torch.Tensor, op: Op, call: str) -> torch.Tensor:
+    """A complex tensor as its real and imaginary parts, which SUM, AVG and a real PREMUL_SUM
+    reduce one by one (as torch's all_reduce does for every backend); the other ops do not
+    act on complex numbers part by part."""
+    factor = op.scalar if isinstance(op, PreMulSum) else None
+    complex_factor = isinstance(factor, complex) or (isinstance(factor, torch.Tensor) and factor.is_complex())
+    real_factor = isinstance(op, PreMulSum) and not complex_factor
+    if op not in ("sum", "avg") and not real_factor:
+        label = "PREMUL_SUM with a complex factor" if isinstance(op, PreMulSum) else f"ReduceOp.{str(op).upper()}"
+        raise TypeError(
+            f"minincl backend: {call} with {label} on {t.dtype} tensors: complex numbers reduce with SUM, AVG "
+            "or PREMUL_SUM by a real factor"
+        )
+    return torch.view_as_real(t)
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:

@@ -107,6 +107,28 @@ def _broadcast(rank: int) -> Result:
     return [f, i16, c]
 
 
+def _complex_reductions(rank: int) -> Result:
+    """reduce, reduce_scatter_tensor and reduce_scatter of complex numbers: part by part (SUM,
+    AVG), as torch's all_reduce does for every backend."""
+    c = torch.complex(values(rank), -2 * values(rank))
+    dist.reduce(c, dst=0, op=dist.ReduceOp.SUM)
+    block = torch.empty(2, dtype=torch.complex128)
+    whole = torch.complex(values(rank, 2 * WORLD, torch.float64), values(rank + 1, 2 * WORLD, torch.float64))
+    reduce_scatter_single(block, whole, op=dist.ReduceOp.AVG)
+    listed = torch.empty(3, dtype=torch.complex64)
+    dist.reduce_scatter(listed, [torch.complex(values(rank, 3), values(rank + q, 3)) for q in range(WORLD)])
+    return [c if rank == 0 else torch.zeros(0), block, listed]
+
+
+def _want_complex(rank: int) -> Result:
+    s = all_values().sum(0)
+    re = all_values(2 * WORLD).mean(0)
+    im = torch.stack([values(q + 1, 2 * WORLD, torch.float64) for q in range(WORLD)]).mean(0)
+    whole_avg = torch.complex(re, im).chunk(WORLD)[rank]
+    listed = torch.stack([torch.complex(values(p, 3), values(p + rank, 3)) for p in range(WORLD)]).sum(0)
+    return [torch.complex(s, -2 * s).to(torch.complex64) if rank == 0 else torch.zeros(0), whole_avg, listed]
+
+
 def _reduce(rank: int) -> Result:
     t = values(rank, dtype=torch.int64)
     dist.reduce(t, dst=0, op=dist.ReduceOp.SUM)
@@ -420,6 +442,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
         ],
     ),
     "reduce": (_reduce, lambda r: _want_sum(r, dtype=torch.int64) if r == 0 else torch.zeros(0)),
+    "complex_reductions": (_complex_reductions, _want_complex),
     "all_gather": (_all_gather, lambda r: [values(q) for q in range(WORLD)]),
     "all_gather_into_tensor": (
         _all_gather_into_tensor,
@@ -627,6 +650,8 @@ def test_bitwise_ops_on_floats_are_refused(single_rank: Any) -> None:
 def test_unsupported_dtype_and_device_are_clear(single_rank: Any) -> None:
     with pytest.raises(TypeError, match="cannot reduce torch.int16"):
         dist.all_reduce(torch.ones(2, dtype=torch.int16))
+    with pytest.raises(TypeError, match="reduce with ReduceOp.MAX on torch.complex64 tensors: complex numbers reduce"):
+        dist.reduce(torch.ones(2, dtype=torch.complex64), dst=0, op=dist.ReduceOp.MAX)
     with pytest.raises(minincl.InvalidUsage, match="meta tensors"):
         dist.all_reduce(torch.ones(2, device="meta"))
     with pytest.raises(TypeError, match="dense"):  # (it failed deep inside, naming a memory format)
