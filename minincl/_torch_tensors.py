@@ -141,6 +141,12 @@ def stage(t: torch.Tensor, receives: bool = True) -> Staged:
     d = t.detach()  # minincl refuses to write behind autograd's back; a detached alias is fine
     if d.is_contiguous():
         return Staged(d)
+    if receives and torch._debug_has_internal_overlap(d) == 1:  # (1: some elements share memory)
+        raise ValueError(
+            f"minincl backend: an output tensor (shape {tuple(d.shape)}, strides {d.stride()}) whose elements "
+            "share memory, as an expand()ed one's do: the results would overwrite each other; give a tensor with "
+            "memory of its own (.clone())"
+        )
     return Staged(d.contiguous(), d if receives else None)
 
 

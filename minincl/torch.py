@@ -265,9 +265,12 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         return self.reduce_scatter_single_coalesced([output], [input], opts)
 
     def reduce_scatter_single_coalesced(
-        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        opts: Any = None,
+        call: str = "reduce_scatter_tensor",
     ) -> MinincclWork:
-        call = "reduce_scatter_tensor"
         name = op_name(opts.reduceOp if opts is not None else ReduceOp.SUM, call)
         outs = [stage(t) for t in outputs]
         ins = [stage(t, receives=False) for t in inputs]
@@ -290,7 +293,8 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         out, parts = outputs[0], input_lists[0]
         if all(p.numel() == out.numel() for p in parts):
             # torch.cat makes the one contiguous send buffer reduce_scatter wants.
-            return self.reduce_scatter_single(out, torch.cat([p.reshape(-1) for p in parts]), opts)
+            whole = torch.cat([p.reshape(-1) for p in parts])
+            return self.reduce_scatter_single_coalesced([out], [whole], opts, call="reduce_scatter")
         return self._uneven_reduce_scatter(out, parts, opts)
 
     def _uneven_reduce_scatter(self, out: torch.Tensor, parts: list[torch.Tensor], opts: Any) -> MinincclWork:

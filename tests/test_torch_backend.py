@@ -652,6 +652,14 @@ def test_unsupported_dtype_and_device_are_clear(single_rank: Any) -> None:
         dist.all_reduce(torch.ones(2, dtype=torch.int16))
     with pytest.raises(TypeError, match="reduce with ReduceOp.MAX on torch.complex64 tensors: complex numbers reduce"):
         dist.reduce(torch.ones(2, dtype=torch.complex64), dst=0, op=dist.ReduceOp.MAX)
+    with pytest.raises(TypeError, match="minincl backend: reduce_scatter with ReduceOp.MIN on torch.complex64"):
+        dist.reduce_scatter(
+            torch.ones(2, dtype=torch.complex64), [torch.ones(2, dtype=torch.complex64)], op=dist.ReduceOp.MIN
+        )
+    with pytest.raises(
+        ValueError, match=r"an output tensor \(shape \(4,\), strides \(0,\)\) whose elements share memory"
+    ):
+        dist.broadcast(torch.zeros(1).expand(4), src=0)
     with pytest.raises(minincl.InvalidUsage, match="meta tensors"):
         dist.all_reduce(torch.ones(2, device="meta"))
     with pytest.raises(TypeError, match="dense"):  # (it failed deep inside, naming a memory format)
