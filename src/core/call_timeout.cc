@@ -92,9 +92,9 @@ void Monitor::checkCallTimeout(double now) {
   bool anyStopped = false;
   std::string where = whereRanksAre(now, &anyStopped);
   fail(mnclTimeout, "call timeout: rank " + std::to_string(comm_.rank()) + " has been " +
-                              activityOf(comm_.region_->ctrl()->calls) + " for more than " + formatSeconds(limit) +
-                              " (" + kWhereTheLimitIsSet + "); " + where +
-                              whatHoldsIt(anyStopped, ". A rank behind the others has not reached this call"));
+                        activityOf(comm_.region_->ctrl()->calls) + " for more than " + formatSeconds(limit) +
+                        " (" + kWhereTheLimitIsSet + "); " + where +
+                        whatHoldsIt(anyStopped, ". A rank behind the others has not reached this call"));
 }
 
 void Monitor::checkGpuCallTimeout(double now) {
@@ -111,10 +111,10 @@ void Monitor::checkGpuCallTimeout(double now) {
   bool anyStopped = false;
   std::string where = whereRanksAre(now, &anyStopped);
   fail(mnclTimeout, "call timeout: rank " + std::to_string(comm_.rank()) + "'s kernel for " + what +
-                              " has not finished " + formatSeconds(limit) + " after it was queued (" +
-                              kWhereTheLimitIsSet + "); " + where +
-                              whatHoldsIt(anyStopped, ". A rank behind the others has not made this call (or work "
-                                                      "queued before it on its stream took that long)"));
+                        " has not finished " + formatSeconds(limit) + " after it was queued (" +
+                        kWhereTheLimitIsSet + "); " + where +
+                        whatHoldsIt(anyStopped, ". A rank behind the others has not made this call (or work "
+                                                "queued before it on its stream took that long)"));
 #else
   (void)now;
 #endif

@@ -49,9 +49,9 @@ void Monitor::checkDeadlock(double now) {
     }
     std::optional<LoggedCall> ours = loggedCall(mine, s);
     fail(mnclInvalidUsage, "deadlock: rank " + std::to_string(r) + " waits in sends or receives with rank(s) " +
-                                     peers + ", which are inside collective call " + std::to_string(s) +
-                                     (ours ? " (" + describeCall(*ours) + ")" : std::string()) + ", which rank " +
-                                     std::to_string(r) + " has not made; every rank must make the same calls in the same order");
+                               peers + ", which are inside collective call " + std::to_string(s) +
+                               (ours ? " (" + describeCall(*ours) + ")" : std::string()) + ", which rank " +
+                               std::to_string(r) + " has not made; every rank must make the same calls in the same order");
     return;
   }
 }
@@ -175,7 +175,7 @@ void Monitor::checkWaitCycle(double now) {
                                   : "order them so that each receive's send comes first on the other rank, or post "
                                     "both halves of an exchange together (sendrecv, or one minincl.group())";
   fail(mnclInvalidUsage, "deadlock in sends and receives: " + waits +
-                                   "; each is inside its call, so none posts what the next one waits for: " + advice);
+                             "; each is inside its call, so none posts what the next one waits for: " + advice);
 }
 
 }  // namespace mncl

@@ -120,7 +120,7 @@ void Monitor::checkPeer(int r, double now) {
       fail(mnclRemoteError, who + " destroyed its communicator (or its process exited) " + never);
     } else if (now - w.leftSince > timeout_) {  // (it made our call: it may have done its part)
       fail(mnclRemoteError, who + " destroyed its communicator (or its process exited) while this rank was "
-                                  "still waiting on it");
+                            "still waiting on it");
     }
     return;
   }
@@ -139,7 +139,7 @@ void Monitor::checkPeer(int r, double now) {
     w.lastChange = now;
   } else if (now - w.lastChange > timeout_) {
     fail(mnclTimeout, who + " has shown no sign of life for " + std::to_string((int)timeout_) +
-                                " s (MININCL_TIMEOUT); it is hung or unreachable");
+                          " s (MININCL_TIMEOUT); it is hung or unreachable");
   }
 }
 
@@ -208,10 +208,10 @@ void Monitor::checkP2pBalance() {
   }
   std::optional<LoggedCall> call = loggedCall(comm_.region_->ctrl()->calls, s);
   fail(mnclInvalidUsage, "unmatched sends and receives before collective call " + std::to_string(s) +
-                                   (call ? " (" + describeCall(*call) + ")" : std::string()) + ": the ranks posted " +
-                                   std::to_string(sends) + " send(s) but " + std::to_string(recvs) +
-                                   " receive(s) before it (sends, receives: " + each + (comm_.nranks() > 8 ? "; ..." : "") +
-                                   "); every send needs its receive before either rank's next collective call");
+                             (call ? " (" + describeCall(*call) + ")" : std::string()) + ": the ranks posted " +
+                             std::to_string(sends) + " send(s) but " + std::to_string(recvs) +
+                             " receive(s) before it (sends, receives: " + each + (comm_.nranks() > 8 ? "; ..." : "") +
+                             "); every send needs its receive before either rank's next collective call");
 }
 
 }  // namespace mncl

@@ -95,9 +95,9 @@ class Monitor {
   double myCallSince_ = 0;
   uint64_t timedCall_ = 0;  // this rank's call the call timeout runs for, and since when
   double timedCallSince_ = 0;
-  uint64_t balancedUpTo_ = 0;
-  double lastTick_ = 0;
-  double stall_ = 0, stallEnded_ = -1e9;  // this process's last stall, and when it ended  // the newest collective call whose sends and receives paired up
+  uint64_t balancedUpTo_ = 0;  // the newest collective call whose sends and receives paired up
+  double lastTick_ = 0;         // when the loop last looked (a long gap: this process stalled)
+  double stall_ = 0, stallEnded_ = -1e9;  // this process's last stall, and when it ended
   std::mutex mutex_;
   std::condition_variable cv_;
   bool stop_ = false;
