@@ -36,15 +36,17 @@ constexpr int kMaxGpuP2pOps = 56;
 struct P2pOp {
   bool isSend;
   bool pointerSteps;    // a send may go as pointer steps and direct writes (see planP2pOps)
-  bool started;         // it has begun: firstStep is set (and a recv's buffer published)
-  bool moved;           // it moved a step (a zero-byte op moves one)
+  // Thread 0's progress (bits, so that an op stays 64 bytes: see kMaxGpuP2pOps).
+  bool started : 1;     // it has begun: firstStep is set (and a recv's buffer published)
+  bool moved : 1;       // it moved a step (a zero-byte op moves one)
+  bool midStep : 1;     // recv: reading a pointer step in pieces (stepAt, stepLen: the rest)
+  bool written : 1;     // the step is a direct write: the sender put it in the receiver's buffer
+  DataType dtype;
   int peer;
   char* buf;            // this channel's share of the user buffer
   uint64_t bytes;       // this channel's share
   uint64_t totalBytes;  // the whole op, for the match check
-  DataType dtype;
-  bool midStep;         // recv: reading a pointer step in pieces (stepAt, stepLen: the rest)
-  bool written;         // the step is a direct write: the sender put it in the receiver's buffer
+  int32_t tag;          // the caller's (0 by default), which the match check compares too
   // The step thread 0 let go: its length, and a send's posted address or where a recv's
   // data lies (0: in the FIFO slot).
   uint32_t stepLen;
@@ -54,6 +56,7 @@ struct P2pOp {
 
   MNCL_HOSTDEV bool finished() const { return moved && done == bytes; }
 };
+static_assert(sizeof(P2pOp) == 64, "kMaxGpuP2pOps ops must fit a kernel's 4 KiB of arguments");
 
 struct P2pEngine {
   DevChannel& ch;
@@ -70,7 +73,7 @@ struct P2pEngine {
     s.count = op.totalBytes;
     s.coll = (uint8_t)Coll::sendrecv;
     s.dtype = (uint8_t)op.dtype;
-    s.root = -1;
+    s.root = op.tag;  // (a send/recv has no root: its step carries the tag there)
     return s;
   }
 

@@ -45,6 +45,11 @@ from ._torch_work import Lane, MinincclWork
 from .errors import InvalidUsage, Timeout
 
 BACKEND_NAME = "minincl"
+# scatter and gather are sends and receives tagged with what they are and their root (a tag
+# minus the root), so that ranks that disagree on either fail where their steps meet instead
+# of pairing one call's sends with another's receives. (User tags pair as the user set them.)
+SCATTER_TAG = -(1 << 30)
+GATHER_TAG = -(1 << 29)
 
 Body = Callable[[Communicator], object]  # (what it returns is dropped)
 
@@ -418,9 +423,9 @@ class ProcessGroupMinincl(dist.ProcessGroup):
 
         def body(comm: Communicator) -> None:
             with group():
-                comm.send(send, root)
+                comm.send(send, root, tag=GATHER_TAG - root)
                 for r, o in enumerate(outs):
-                    comm.recv(as_bytes(o.buf), r)
+                    comm.recv(as_bytes(o.buf), r, tag=GATHER_TAG - root)
 
         outputs = output_lists[0] if me == root else []
         return self._new_op("gather", outputs + inputs, outputs, body, _outputs_after(outs), opts=opts)
@@ -433,8 +438,8 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         def body(comm: Communicator) -> None:
             with group():
                 for r, s in enumerate(sends):
-                    comm.send(s, r)
-                comm.recv(as_bytes(out.buf), root)
+                    comm.send(s, r, tag=SCATTER_TAG - root)
+                comm.recv(as_bytes(out.buf), root, tag=SCATTER_TAG - root)
 
         inputs = input_lists[0] if me == root else []
         return self._new_op("scatter", outputs + inputs, outputs, body, _outputs_after([out]), opts=opts)
@@ -449,7 +454,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
 
         def body(comm: Communicator) -> None:
             for b in bufs:
-                comm.send(b, dst)
+                comm.send(b, dst, tag=tag)
 
         return self._new_op("send", tensors, tensors, body, deferred=True, p2p=True)
 
@@ -459,7 +464,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
 
         def body(comm: Communicator) -> None:
             for b in bufs:
-                comm.recv(b, src)
+                comm.recv(b, src, tag=tag)
 
         return self._new_op("recv", tensors, tensors, body, _outputs_after(staged), deferred=True, p2p=True)
 
@@ -490,7 +495,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
             src = _wait_for_sender(comm, limit)
             source.append(src)
             for b in bufs:
-                comm.recv(b, src)
+                comm.recv(b, src, tag=tag)
 
         work = self._new_op("recv", tensors, tensors, body, _outputs_after(staged), p2p=True)
         work._source = source

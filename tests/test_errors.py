@@ -418,6 +418,57 @@ def test_mismatched_send_recv_sizes_fail_both_sides_and_write_nothing(
     assert r0.startswith("RemoteError") and "rank 1" in r0, r0
 
 
+@pytest.mark.parametrize("count", [3, 300000])
+def test_sends_and_receives_pair_in_order_and_their_tags_must_agree(pair: Any, count: int) -> None:
+    """Rank 0 sends tagged 1 then 2; rank 1 receives tagged 1 then 2 (each gets its data),
+    then, in a second round, tagged 2 first: that pair's tags differ, and the receiver says so
+    and writes nothing. A send to self checks its tag against the receive too."""
+    first, second = np.full(count, -1, np.float32), np.full(count, -1, np.float32)
+
+    def body(c: Any) -> str:
+        try:
+            with minincl.group():
+                if c.rank == 0:
+                    c.send(np.full(count, 1, np.float32), 1, tag=1)
+                    c.send(np.full(count, 2, np.float32), 1, tag=2)
+                else:
+                    c.recv(first, 0, tag=1)
+                    c.recv(second, 0, tag=2)
+            if c.rank == 1:
+                np.testing.assert_array_equal(first, np.full(count, 1, np.float32))
+                np.testing.assert_array_equal(second, np.full(count, 2, np.float32))
+                first.fill(-1)
+            with minincl.group():
+                if c.rank == 0:
+                    c.send(np.full(count, 1, np.float32), 1, tag=1)
+                else:
+                    c.recv(first, 0, tag=2)
+        except minincl.Error as e:
+            return f"{type(e).__name__}: {e}"
+        return "ok"
+
+    r0, r1 = run_ranks(pair, body)
+    want = f"posted a recv of {4 * count} bytes (float32) with tag 2 from rank 0, but rank 0 sent {4 * count} bytes"
+    assert r1.startswith("InvalidUsage: mismatched send/recv: rank 1") and want in r1 and "with tag 1" in r1, r1
+    np.testing.assert_array_equal(first, np.full(count, -1, np.float32))
+    assert r0 == "ok" or r0.startswith("RemoteError"), r0
+
+
+def test_a_send_to_self_and_its_receive_must_agree_on_the_tag() -> None:
+    (c,) = minincl.Communicator.init_all(1)
+    try:
+        with (
+            pytest.raises(
+                minincl.InvalidUsage, match="send to self with tag 3 does not match the recv from self with tag 4"
+            ),
+            minincl.group(),
+        ):
+            c.send(np.ones(2, np.float32), 0, tag=3)
+            c.recv(np.empty(2, np.float32), 0, tag=4)
+    finally:
+        c.destroy()
+
+
 def test_a_failed_call_returns_its_buffers_only_once_no_peer_reads_them() -> None:
     """Rank 0's call differs; ranks 1 and 2 match each other, and rank 2 reads rank 1's
     pointer steps while rank 1 fails (on rank 0's steps) and frees its buffers. Rank 1 now

@@ -6,6 +6,7 @@ values computed here in one process; DDP training is compared with the same run 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -622,6 +623,50 @@ def test_recv_from_any_source() -> None:
     assert out["got"] == {r: [float(r)] * 3 for r in range(1, world)}, out
     assert out["async"] == [world - 1, [10.0 * (world - 1)] * 3], out
     assert out["nobody"].startswith("Timeout: minincl backend: recv from any source: no rank sent to rank 0"), out
+
+
+def disagreement(case: str) -> str:
+    """This rank's story of "tags": sends tagged 1 and 2 received as 2 then 1 (rank 0 to
+    1); or "roots": a scatter whose ranks each pass themselves as the root, then a gather to
+    rank 0."""
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("minincl", timeout=timedelta(seconds=20))
+    try:
+        if case == "tags":
+            a, b = torch.zeros(2), torch.zeros(2)
+            works = []
+            if rank == 0:
+                works = [dist.isend(torch.ones(2), 1, tag=1), dist.isend(torch.full((2,), 2.0), 1, tag=2)]
+            elif rank == 1:
+                works = [dist.irecv(a, 0, tag=2), dist.irecv(b, 0, tag=1)]
+            for w in works:
+                w.wait()
+        else:
+            got = torch.zeros(2)
+            dist.scatter(got, [torch.full((2,), 10.0 * rank + r) for r in range(3)], src=rank)  # (a user's mistake)
+            gathered = [torch.zeros(2) for _ in range(3)] if rank == 0 else None
+            dist.gather(torch.full((2,), float(rank)), gathered, dst=0)
+        dist.barrier()
+    except Exception as e:  # noqa: BLE001 - for the test to inspect
+        return f"{type(e).__name__}: {e}"
+    finally:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    return "ok"
+
+
+@pytest.mark.parametrize("case", ["tags", "roots"])
+def test_ranks_that_disagree_on_tags_or_roots_fail_instead_of_pairing_the_wrong_data(case: str) -> None:
+    """The receive tagged 2 meets the send tagged 1: it names both tags (gloo matches by
+    tag; minincl pairs in order, and says so). The scatter's sends, each rank's to the others,
+    carry their root in their tag: the gather's receives meet them and fail, where they used
+    to take their data (gloo times out)."""
+    outs = run_local(disagreement, 3, case, timeout=120)
+    assert all(o != "ok" for o in outs), outs
+    if case == "tags":
+        assert "with tag 2 from rank 0, but rank 0 sent 8 bytes (uint8) with tag 1" in outs[1], outs
+    else:  # (the gather's tag, GATHER_TAG - 0, met a scatter's)
+        assert any("mismatched send/recv" in o and "with tag -536870912" in o for o in outs), outs
 
 
 def init_mixed(spec: str) -> str:

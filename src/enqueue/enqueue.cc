@@ -37,9 +37,12 @@ std::string describe(const dev::StepInfo& s, bool ours) {
 std::string mismatchMessage(int rank, const dev::DevError& e) {
   std::string me = "rank " + std::to_string(rank), peer = "rank " + std::to_string(e.peer);
   if (e.expected.coll == (uint8_t)Coll::sendrecv && e.got.coll == (uint8_t)Coll::sendrecv) {
+    bool tags = e.expected.root != e.got.root;  // (StepInfo::root carries a send/recv's tag)
+    auto tag = [&](int32_t t) { return tags ? " with tag " + std::to_string(t) : std::string(); };
     return "mismatched send/recv: " + me + " posted a recv of " + std::to_string(e.expected.count) + " bytes (" +
-           dataTypeName((DataType)e.expected.dtype) + ") from " + peer + ", but " + peer + " sent " +
-           std::to_string(e.got.count) + " bytes (" + dataTypeName((DataType)e.got.dtype) + ")";
+           dataTypeName((DataType)e.expected.dtype) + ")" + tag(e.expected.root) + " from " + peer + ", but " + peer +
+           " sent " + std::to_string(e.got.count) + " bytes (" + dataTypeName((DataType)e.got.dtype) + ")" +
+           tag(e.got.root) + (tags ? ": a send and its receive pair in the order they are posted, and their tags must agree" : "");
   }
   return "mismatched calls: " + me + " called " + describe(e.expected, true) + " but " + peer + " called " + describe(e.got, false) +
          "; every rank must make the same collective calls in the same order";

@@ -35,6 +35,7 @@ struct P2pCall {
   DataType dtype;
   int peer;
   void* stream = nullptr;  // GPU: as CollCall::stream
+  int32_t tag = 0;         // must equal the other end's: a send and its receive pair in order
 };
 
 // Validate (throwing InvalidArgument / InvalidUsage before anything is written), then run

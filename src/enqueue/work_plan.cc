@@ -116,6 +116,7 @@ void planP2pOps(Comm& comm, const P2pCall& c, std::vector<std::vector<dev::P2pOp
     op.bytes = split.bytesOn(ch, bytes);
     op.totalBytes = bytes;
     op.dtype = c.dtype;
+    op.tag = c.tag;
     op.pointerSteps = !comm.onGpu();  // (never measured on a GPU)
     perChannel[(split.first + ch) % comm.nChannels()].push_back(op);
   }
@@ -132,6 +133,9 @@ void checkSelfPairs(int rank, const std::vector<const P2pCall*>& sends, const st
     MNCL_CHECK(sb == rb && s.dtype == r.dtype, mnclInvalidUsage,
           "send to self of " + std::to_string(sb) + " bytes (" + dataTypeName(s.dtype) + ") does not match the recv from self of " +
               std::to_string(rb) + " bytes (" + dataTypeName(r.dtype) + ")");
+    MNCL_CHECK(s.tag == r.tag, mnclInvalidUsage,
+               "send to self with tag " + std::to_string(s.tag) + " does not match the recv from self with tag " +
+                   std::to_string(r.tag) + ": a send and its receive pair in the order they are posted");
   }
 }
 

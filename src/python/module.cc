@@ -299,10 +299,11 @@ class PyComm {
                [=](Comm& cm, void* st) { enqueueAlltoAll(cm, sp, rp, per, t, st); });
   }
 
-  py::object send(py::object buf, int peer, bool asyncOp, py::object stream) {
+  py::object send(py::object buf, int peer, bool asyncOp, py::object stream, int tag) {
     ArrayView b = py_arrays::view(buf, false, "buf");
     checkDevice(b, "buf");
     P2pCall c{true, b.data, b.count, b.dtype, peer};
+    c.tag = tag;
     return run(
         asyncOp, stream, py::none(), {b.keepAlive},
         [c](Comm& cm, void* st) mutable {
@@ -312,10 +313,11 @@ class PyComm {
         buf);
   }
 
-  py::object recv(py::object buf, int peer, bool asyncOp, py::object stream) {
+  py::object recv(py::object buf, int peer, bool asyncOp, py::object stream, int tag) {
     ArrayView b = py_arrays::view(buf, true, "buf");
     checkDevice(b, "buf");
     P2pCall c{false, b.data, b.count, b.dtype, peer};
+    c.tag = tag;
     return run(asyncOp, stream, buf, {b.keepAlive}, [c](Comm& cm, void* st) mutable {
       c.stream = st;
       enqueueP2p(cm, c);
@@ -777,8 +779,8 @@ const Signature kReduce("reduce", {"send", "recv=None", "op='sum'", "root=0", "a
 const Signature kAllgather("allgather", {"send", "recv=None", "async_op=False", "stream=None"});
 const Signature kReduceScatter("reduce_scatter", {"send", "recv=None", "op='sum'", "async_op=False", "stream=None"});
 const Signature kAlltoall("alltoall", {"send", "recv=None", "async_op=False", "stream=None"});
-const Signature kSend("send", {"buf", "peer", "async_op=False", "stream=None"});
-const Signature kRecv("recv", {"buf", "peer", "async_op=False", "stream=None"});
+const Signature kSend("send", {"buf", "peer", "async_op=False", "stream=None", "tag=0"});
+const Signature kRecv("recv", {"buf", "peer", "async_op=False", "stream=None", "tag=0"});
 const Signature kSendrecv("sendrecv", {"send", "recv", "peer", "recv_peer=None", "async_op=False", "stream=None"});
 
 // What each method does with its parsed arguments.
@@ -801,10 +803,10 @@ py::object alltoallWith(PyComm& c, const Args& a) {
   return c.alltoall(a.object(0), a.object(1), a.flag(2), a.object(3));
 }
 py::object sendWith(PyComm& c, const Args& a) {
-  return c.send(a.object(0), a.integer(1), a.flag(2), a.object(3));
+  return c.send(a.object(0), a.integer(1), a.flag(2), a.object(3), a.integer(4));
 }
 py::object recvWith(PyComm& c, const Args& a) {
-  return c.recv(a.object(0), a.integer(1), a.flag(2), a.object(3));
+  return c.recv(a.object(0), a.integer(1), a.flag(2), a.object(3), a.integer(4));
 }
 py::object sendrecvWith(PyComm& c, const Args& a) {
   return c.sendrecv(a.object(0), a.object(1), a.integer(2), a.object(3), a.flag(4), a.object(5));
