@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import FakeProcessGroup
 from torch.distributed import ReduceOp
 
 from ._comm import Communicator, get_unique_id, group
@@ -106,6 +107,10 @@ class ProcessGroupMinincl(dist.ProcessGroup):
             # ranks only, and a lazy init would then wait for ranks that never come.
             index = torch.cuda.current_device()
             self._comms["cuda"] = self._join("cuda", f"cuda:{index}")
+        for device in self._comms:
+            self._register_backend(
+                torch.device(device), dist.ProcessGroup.BackendType.CUSTOM, _device_marker(rank, size)
+            )
 
     # ---- setup ----
 
@@ -613,6 +618,21 @@ def _wait_for_sender(comm: Communicator, limit: float) -> int:
         time.sleep(pause)
         pause = min(pause * 2, 1e-3)
     return src
+
+
+def _device_marker(rank: int, size: int) -> Any:
+    """A stand-in backend that tells torch which device types the group serves.
+
+    torch lists a group's devices (``pg._device_types``: object collectives, ``dcp.async_save``,
+    ``_get_object_coll_device``) from the backends registered with it, and a backend cannot be
+    written in Python. Every call reaches this group's own methods; a torch path that would call
+    the registered backend directly raises (``error_on_collective``) instead of silently doing
+    nothing, as the fake backend otherwise does.
+    """
+    fake: Any = FakeProcessGroup  # (torch's type stubs predate its options)
+    options = fake.Options()
+    options.error_on_collective = True
+    return fake._create_internal(rank, size, options)
 
 
 def _create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> ProcessGroupMinincl:

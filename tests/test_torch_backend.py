@@ -718,6 +718,33 @@ def test_unsupported_dtype_and_device_are_clear(single_rank: Any) -> None:
             single_rank._device_of("allreduce", [on_gpu])
 
 
+def test_torch_sees_the_device_types_the_group_serves(single_rank: Any) -> None:
+    """torch asks a group which devices it serves (object collectives, dcp.async_save). The
+    marker registered for it never runs a collective: it fails instead of doing nothing."""
+    assert single_rank._device_types == [torch.device("cpu")]
+    assert dist.distributed_c10d._get_object_coll_device(single_rank) == "cpu"
+    assert dist.distributed_c10d._device_capability(single_rank) == ["cpu"]
+    with pytest.raises(RuntimeError, match="collective operation error"):
+        single_rank._get_backend(torch.device("cpu")).allreduce([torch.ones(2)]).wait()
+
+
+def async_checkpoint(directory: str) -> list[bool]:
+    """Save a state with dcp.async_save (it needs a group serving the CPU), load it back."""
+    import torch.distributed.checkpoint as dcp
+
+    dist.init_process_group("minincl")
+    state = {"w": torch.arange(6.0), "b": torch.full((3,), 2.5, dtype=torch.bfloat16)}
+    dcp.async_save(state, checkpoint_id=directory).result()
+    loaded = {"w": torch.zeros(6), "b": torch.zeros(3, dtype=torch.bfloat16)}
+    dcp.load(loaded, checkpoint_id=directory)
+    dist.destroy_process_group()
+    return [torch.equal(loaded[k], state[k]) for k in state]
+
+
+def test_async_checkpoint_round_trip(tmp_path: Path) -> None:
+    assert run_local(async_checkpoint, WORLD, str(tmp_path), timeout=120) == [[True, True]] * WORLD
+
+
 # ---- a rank that dies ----
 
 
