@@ -136,7 +136,7 @@ def stage(t: torch.Tensor, receives: bool = True) -> Staged:
     if t.layout != torch.strided:
         raise TypeError(
             f"minincl backend: a {t.layout} tensor; minincl's calls take dense (strided) tensors: "
-            "convert it (.to_dense()), or use gloo for sparse gradients"
+            "convert it (.to_dense()); all_reduce also takes sparse COO tensors"
         )
     d = t.detach()  # minincl refuses to write behind autograd's back; a detached alias is fine
     if d.is_contiguous():

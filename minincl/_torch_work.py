@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .errors import Timeout
+from ._torch_errors import Timeout, as_backend_error
 
 Job = Callable[[], None]
 
@@ -33,8 +33,9 @@ class MinincclWork(dist._Work):
     """What an operation of the minincl process group returns.
 
     ``wait()`` blocks until the operation ran and re-raises its error (a ``minincl.RemoteError``
-    when a peer died, ...). ``get_future()`` gives the ``torch.futures.Future`` that DDP chains
-    its callbacks on; its value is the list of output tensors, as with gloo and NCCL.
+    when a peer died, ...; each also a ``torch.distributed.DistBackendError``, as NCCL raises).
+    ``get_future()`` gives the ``torch.futures.Future`` that DDP chains its callbacks on; its
+    value is the list of output tensors, as with gloo and NCCL.
     ``start`` (for deferred point-to-point ops) is called before anything waits on the work.
     """
 
@@ -63,7 +64,7 @@ class MinincclWork(dist._Work):
 
     def _finish(self, error: BaseException | None) -> None:
         with _LAZY:
-            self._error = error
+            self._error = None if error is None else as_backend_error(error)
             self._done = True
             event, future = self._event, self._future
         if future is not None:

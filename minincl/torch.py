@@ -41,6 +41,7 @@ from torch.distributed import ReduceOp
 from ._comm import Communicator, get_unique_id, group
 from ._core import build_info
 from ._torch_launch import LocalRunError, free_port, run_local
+from ._torch_sparse import summed_over_ranks
 from ._torch_tensors import Op, Staged, as_bytes, op_name, reducible, stage
 from ._torch_work import Lane, MinincclWork
 from .errors import InvalidUsage, Timeout
@@ -262,7 +263,31 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         return self._new_op(call, tensors, tensors, body, _outputs_after(staged), opts=opts)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> MinincclWork:  # type: ignore[override]
+        if any(t.layout == torch.sparse_coo for t in tensors):
+            return self._sparse_allreduce(tensors, opts)
         return self._reduce_op("allreduce", tensors, opts, lambda c, b, o: c.allreduce(b, op=o))
+
+    def _sparse_allreduce(self, tensors: list[torch.Tensor], opts: Any) -> MinincclWork:
+        """Sums sparse COO tensors (on the CPU) over the ranks, as gloo does: each tensor is
+        replaced by the coalesced sum (``_torch_sparse``)."""
+        call = "allreduce of sparse tensors"
+        if op_name(opts.reduceOp if opts is not None else ReduceOp.SUM, call) != "sum":
+            raise ValueError(f"minincl backend: {call} takes ReduceOp.SUM only (as with gloo)")
+        for t in tensors:
+            if t.layout != torch.sparse_coo or t.device.type != "cpu":
+                raise TypeError(
+                    f"minincl backend: {call}: a {t.layout} tensor on {t.device}; it takes sparse COO tensors "
+                    "on the CPU, all of them (move a CUDA one to the CPU, or use .to_dense())"
+                )
+        mine = [t.detach().coalesce() for t in tensors]
+
+        def body(comm: Communicator) -> None:
+            for t, m in zip(tensors, mine):
+                total = summed_over_ranks(comm, m)
+                with torch.no_grad():
+                    t.copy_(total)  # (a sparse copy_ takes the other's indices and values)
+
+        return self._new_op(call, tensors, tensors, body, opts=opts)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> MinincclWork:
         return self._reduce_op("allreduce_coalesced", tensors, opts, lambda c, b, o: c.allreduce(b, op=o))

@@ -2,8 +2,8 @@
 
 Each program is a seeded sequence of calls, the same on every rank: every collective with
 random types, shapes (0, 1, primes), reductions, roots, non-contiguous tensors, async calls
-waited in shuffled order, coalesced calls, a subgroup, object collectives and point-to-point
-batches. gloo is the reference: an independent implementation of the same API.
+waited in shuffled order, sparse all_reduce, coalesced calls, a subgroup, object collectives
+and point-to-point batches. gloo is the reference: an independent implementation of the same API.
 """
 
 from __future__ import annotations
@@ -68,6 +68,21 @@ class Program:
         if work is not None:
             work.wait()
         return x
+
+    def op_sparse_all_reduce(self, i: int) -> Any:
+        """SUM of sparse COO tensors with repeated indices; some ranks may have none."""
+        rows, cols = self.shape
+        g = torch.Generator().manual_seed(i * 131 + self.rank)
+        nnz = int(torch.randint(0, 6, (1,), generator=g)) if rows else 0
+        at = torch.stack(
+            [torch.randint(0, max(rows, 1), (nnz,), generator=g), torch.randint(0, cols, (nnz,), generator=g)]
+        )
+        dtype = torch.float32 if self.dtype == torch.float16 else self.dtype  # (gloo cannot add float16 ones)
+        x = torch.sparse_coo_tensor(at, values((nnz,), dtype, self.rank, i), self.shape)
+        work = dist.all_reduce(x, async_op=self.strided)
+        if work is not None:
+            work.wait()
+        return [x.to_dense(), x.is_coalesced()]
 
     def op_broadcast(self, i: int) -> Any:
         x = self.t(i, strided=True)

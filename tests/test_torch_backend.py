@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Union
 
+import numpy as np
 import pytest
 
 import minincl
@@ -687,6 +688,68 @@ def test_a_group_mixing_minincl_with_another_backend_is_refused(spec: str) -> No
         assert "dist.new_group(backend='minincl')" in message
 
 
+# ---- sparse all_reduce (nn.Embedding(sparse=True) gradients) ----
+
+# (shape, sparse dimensions, dtype, non-zeros of rank 0, 1, 2, async_op)
+SPARSE_CASES = [
+    ((13, 5), 2, torch.float32, (6, 0, 9), False),  # repeated indices; rank 1 has none
+    ((11,), 1, torch.int64, (3, 4, 5), True),
+    ((7, 4), 1, torch.float64, (5, 2, 3), False),  # hybrid: each non-zero is a row of 4
+    ((0, 3), 2, torch.float32, (0, 0, 0), False),
+    ((1000, 16), 1, torch.bfloat16, (40, 30, 20), True),
+    ((9, 2), 2, torch.float16, (4, 4, 4), False),  # (gloo cannot add float16 sparse tensors)
+    ((6, 6), 2, torch.int8, (0, 0, 0), True),  # no rank has any
+]
+
+
+def sparse_input(case: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank `rank`'s indices (sparse dims x non-zeros) and values in case `case`: small
+    integers, so sums are exact in every dtype."""
+    shape, sparse_dims, _, nnz, _ = SPARSE_CASES[case]
+    rng = np.random.default_rng(100 * case + rank)
+    n = nnz[rank]
+    indices = np.stack([rng.integers(0, max(d, 1), n) for d in shape[:sparse_dims]]).reshape(sparse_dims, n)
+    values = rng.integers(1, 4, (n, *shape[sparse_dims:]))
+    return indices, values
+
+
+def sparse_sums() -> dict[str, Any]:
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("minincl")
+    sums = []
+    for case, (shape, _, dtype, _, async_op) in enumerate(SPARSE_CASES):
+        indices, values = sparse_input(case, rank)
+        t = torch.sparse_coo_tensor(torch.from_numpy(indices), torch.from_numpy(values).to(dtype), shape)
+        work = dist.all_reduce(t, async_op=async_op)
+        if work is not None:
+            work.wait()
+        sums.append(
+            {"dense": t.to_dense().to(torch.float64).numpy(), "dtype": str(t.dtype), "coalesced": t.is_coalesced()}
+        )
+    mismatch = outcome_of(lambda: str(dist.all_reduce(torch.ones(4 + rank).to_sparse())))
+    dist.destroy_process_group()
+    return {"sums": sums, "mismatch": mismatch}
+
+
+def test_sparse_all_reduce_sums_every_rank_s_tensor() -> None:
+    """As with gloo: each rank's tensor becomes the coalesced sum of every rank's."""
+    ranks = 3
+    got = run_local(sparse_sums, ranks, timeout=120)
+    for case, (shape, _, dtype, _, _) in enumerate(SPARSE_CASES):
+        want = np.zeros(shape)
+        for r in range(ranks):
+            indices, values = sparse_input(case, r)
+            np.add.at(want, tuple(indices), values)
+        for r in range(ranks):
+            s = got[r]["sums"][case]
+            assert s["dtype"] == str(dtype) and s["coalesced"], (case, r, s)
+            np.testing.assert_array_equal(s["dense"], want, err_msg=f"case {case}, rank {r}")
+    for r in range(ranks):
+        m = got[r]["mismatch"]
+        assert m["type"] == "InvalidArgument", m
+        assert "rank 1 gave shape (5,) with 1 sparse dimension(s), torch.float32, rank 0 shape (4,)" in m["message"], m
+
+
 def test_bitwise_ops_on_floats_are_refused(single_rank: Any) -> None:
     with pytest.raises(TypeError, match="reduce with ReduceOp.BXOR needs integer or bool tensors, not torch.float32"):
         dist.reduce(torch.ones(2), dst=0, op=dist.ReduceOp.BXOR)
@@ -708,7 +771,11 @@ def test_unsupported_dtype_and_device_are_clear(single_rank: Any) -> None:
     with pytest.raises(minincl.InvalidUsage, match="meta tensors"):
         dist.all_reduce(torch.ones(2, device="meta"))
     with pytest.raises(TypeError, match="dense"):  # (it failed deep inside, naming a memory format)
-        dist.all_reduce(torch.ones(2).to_sparse())
+        dist.broadcast(torch.ones(2).to_sparse(), src=0)
+    with pytest.raises(TypeError, match="a torch.sparse_csr tensor; minincl's calls take dense"):
+        dist.all_reduce(torch.ones(2, 2).to_sparse_csr())
+    with pytest.raises(ValueError, match="allreduce of sparse tensors takes ReduceOp.SUM only"):
+        dist.all_reduce(torch.ones(2).to_sparse(), op=dist.ReduceOp.MAX)
     with pytest.raises(TypeError, match="of torch.float32 into a torch.float64 output"):  # (bytes were reinterpreted)
         dist.all_gather_into_tensor(torch.zeros(2, dtype=torch.float64), torch.ones(4))
     if not minincl.build_info()["cuda"]:
@@ -754,7 +821,12 @@ def outcome_of(call: Callable[[], str]) -> dict[str, Any]:
     try:
         return {"type": "none", "message": call()}
     except Exception as e:  # noqa: BLE001 - written for the test to inspect
-        return {"type": type(e).__name__, "message": str(e)}
+        is_minincl_error = isinstance(e, minincl.Error)
+        return {
+            "type": type(e).__name__,
+            "message": str(e),
+            "torch": isinstance(e, dist.DistBackendError) and is_minincl_error,
+        }
 
 
 def die_or_notice(out: str) -> None:
@@ -787,6 +859,7 @@ def test_dead_peer_raises_through_work_wait(tmp_path: Path) -> None:
         run_local(die_or_notice, WORLD, str(out), timeout=90)
     outcome = json.loads(out.read_text())
     assert outcome["type"] in ("RemoteError", "Timeout"), outcome
+    assert outcome["torch"], outcome  # (a DistBackendError, as NCCL raises, and a minincl.Error)
     assert outcome["seconds"] < 60, outcome
 
 
@@ -808,7 +881,7 @@ def test_receives_waiting_on_each_other_raise_instead_of_hanging() -> None:
     """gloo and NCCL wait here until the process group's timeout (minutes); minincl names the
     cycle after a second."""
     outcomes = run_local(recv_first, WORLD, timeout=90)
-    assert all(o["type"] in ("InvalidUsage", "RemoteError") for o in outcomes), outcomes
+    assert all(o["type"] in ("InvalidUsage", "RemoteError") and o["torch"] for o in outcomes), outcomes
     assert any(
         "deadlock in sends and receives: " in o["message"] and "waits for rank 1 to send" in o["message"]
         for o in outcomes
@@ -836,9 +909,33 @@ def test_the_process_group_timeout_limits_a_call() -> None:
     gives 30 minutes); minincl's error says where each rank is."""
     waiting, late = run_local(late_rank_1, WORLD, timeout=90)
     assert waiting["type"] == "Timeout", waiting  # (before rank 1 came: it would have succeeded)
+    assert waiting["torch"] and late["torch"], (waiting, late)
     assert "for more than 1 s" in waiting["message"], waiting
     assert "rank 1: in no call" in waiting["message"], waiting
     assert late["type"] == "RemoteError" and "call timeout" in late["message"], late
+
+
+def wait_briefly_then_fully() -> dict[str, Any]:
+    """Rank 1 joins an all_reduce 2 s late; rank 0 first waits on it for 0.2 s, then fully."""
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("minincl")
+    if rank == 1:
+        time.sleep(2)
+    t = torch.full((10,), float(rank + 1))
+    work = dist.all_reduce(t, async_op=True)
+    assert work is not None
+    brief = outcome_of(lambda: str(work.wait(timedelta(seconds=0.2))))
+    work.wait()
+    dist.destroy_process_group()
+    return {"brief": brief, "sum": t.tolist()}
+
+
+def test_a_wait_with_a_timeout_raises_and_a_later_wait_still_gets_the_result() -> None:
+    """work.wait(timeout) limits one wait, not the operation, as with NCCL."""
+    first, second = run_local(wait_briefly_then_fully, WORLD, timeout=90)
+    assert first["brief"]["type"] == "Timeout" and first["brief"]["torch"], first
+    assert "did not finish within 0.2 s" in first["brief"]["message"], first
+    assert first["sum"] == second["sum"] == [3.0] * 10, (first, second)
 
 
 # ---- DDP: minincl and gloo train the same model to the same parameters ----
@@ -915,6 +1012,37 @@ def test_ddp_over_the_network_transport_matches_gloo(monkeypatch: pytest.MonkeyP
     """Every minincl connection over TCP, as between hosts."""
     monkeypatch.setenv("MININCL_TRANSPORT", "net")
     _check_same_training("cpu")
+
+
+def train_sparse_embedding(backend: str) -> dict[str, torch.Tensor]:
+    """4 DDP steps of a model whose embedding has sparse gradients (all_reduce of sparse
+    COO tensors: rows touched by either rank)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group(backend)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 8, sparse=True), torch.nn.Flatten(), torch.nn.Linear(24, 1))
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    ddp = DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(rank)
+    for _ in range(4):
+        opt.zero_grad()
+        ddp(torch.randint(0, 50, (5, 3), generator=gen)).square().sum().backward()
+        opt.step()
+    dist.destroy_process_group()
+    return {"start": start, "end": {k: v.detach() for k, v in model.state_dict().items()}}
+
+
+def test_ddp_with_sparse_gradients_matches_gloo() -> None:
+    ours = run_local(train_sparse_embedding, WORLD, "minincl", timeout=180)
+    gloo = run_local(train_sparse_embedding, WORLD, "gloo", timeout=180)
+    for rank in range(WORLD):
+        for key, value in gloo[rank]["end"].items():
+            assert_close(ours[rank]["end"][key], value, f"{key}, rank {rank}, minincl vs gloo", tol=1e-6)
+    weight = "0.weight"
+    assert (ours[0]["end"][weight] != ours[0]["start"][weight]).any(dim=1).sum() > 5, "few embedding rows trained"
 
 
 @pytest.mark.gpu

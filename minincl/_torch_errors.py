@@ -1,0 +1,55 @@
+"""minincl's errors, as the torch backend raises them: each is also a
+``torch.distributed.DistBackendError``, what code written for NCCL catches when a collective
+fails (a dead peer, a timeout, an abort), while ``except minincl.Timeout`` still works.
+Argument errors stay as they are (``minincl.InvalidArgument`` is a ``ValueError``)."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from . import errors
+
+
+class Error(errors.Error, dist.DistBackendError):
+    """A minincl.Error raised by the torch backend."""
+
+
+class InvalidUsage(errors.InvalidUsage, dist.DistBackendError):
+    """A minincl.InvalidUsage raised by the torch backend (mismatched calls across ranks, ...)."""
+
+
+class SystemError(errors.SystemError, dist.DistBackendError):
+    """A minincl.SystemError raised by the torch backend."""
+
+
+class RemoteError(errors.RemoteError, dist.DistBackendError):
+    """A minincl.RemoteError raised by the torch backend."""
+
+
+class Timeout(errors.Timeout, dist.DistBackendError):
+    """A minincl.Timeout raised by the torch backend."""
+
+
+class Aborted(errors.Aborted, dist.DistBackendError):
+    """A minincl.Aborted raised by the torch backend."""
+
+
+_AS_BACKEND_ERROR: dict[type[BaseException], type[BaseException]] = {
+    errors.Error: Error,
+    errors.InvalidUsage: InvalidUsage,
+    errors.SystemError: SystemError,
+    errors.RemoteError: RemoteError,
+    errors.Timeout: Timeout,
+    errors.Aborted: Aborted,
+}
+
+
+def as_backend_error(error: BaseException) -> BaseException:
+    """`error` as its DistBackendError flavour, with the same message and traceback (anything
+    else, returned as it is)."""
+    flavour = _AS_BACKEND_ERROR.get(type(error))
+    if flavour is None:
+        return error
+    same = flavour(*error.args)
+    same.__cause__, same.__context__ = error.__cause__, error.__context__
+    return same.with_traceback(error.__traceback__)
