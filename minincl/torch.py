@@ -387,7 +387,34 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     def allgather(  # type: ignore[override]
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
     ) -> MinincclWork:
+        outs, inp = output_lists[0], inputs[0]
+        if len(inputs) == 1 and any(o.numel() != inp.numel() for o in outs):
+            return self._uneven_allgather(outs, inp, opts)
         return self.allgather_coalesced(output_lists, inputs, opts)
+
+    def _uneven_allgather(self, outs: list[torch.Tensor], inp: torch.Tensor, opts: Any) -> MinincclWork:
+        """Outputs of different sizes (as NCCL allows; gloo refuses them): rank r's input
+        reaches every rank's ``outs[r]`` by a broadcast from root r; the broadcasts run as one
+        group."""
+        call, me = "allgather (outputs of different sizes)", self.rank()
+        if len(outs) != self.size() or outs[me].numel() != inp.numel():
+            raise ValueError(
+                f"minincl backend: {call}: {len(outs)} outputs for {self.size()} ranks, this rank's of "
+                f"{outs[me].numel() if me < len(outs) else 'no'} elements for an input of {inp.numel()}; "
+                "give one output per rank, this rank's the size of its input"
+            )
+        if any(o.dtype != inp.dtype for o in outs):
+            raise TypeError(f"minincl backend: {call} of {inp.dtype} into outputs of {[o.dtype for o in outs]}")
+        staged = [stage(o) for o in outs]
+        send = as_bytes(stage(inp, receives=False).buf)
+        recvs = [as_bytes(s.buf) for s in staged]
+
+        def body(comm: Communicator) -> None:
+            with group():
+                for root, recv in enumerate(recvs):
+                    comm.broadcast(send if root == me else recv, recv, root=root)
+
+        return self._new_op(call, [*outs, inp], outs, body, _outputs_after(staged), opts=opts)
 
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None

@@ -143,6 +143,15 @@ def _all_gather(rank: int) -> Result:
     return outs
 
 
+def _all_gather_uneven(rank: int) -> Result:
+    """Outputs of different sizes, as NCCL's all_gather allows: rank 0's is empty, the last a
+    strided view."""
+    outs = [torch.empty(7 * q, dtype=torch.bfloat16) for q in range(WORLD - 1)]
+    outs.append(torch.empty(2 * 7 * (WORLD - 1), dtype=torch.bfloat16)[::2])
+    dist.all_gather(outs, values(rank, 7 * rank, torch.bfloat16))
+    return outs
+
+
 def _all_gather_into_tensor(rank: int) -> Result:
     out = torch.empty(WORLD * 6, dtype=torch.bfloat16)
     all_gather_single(out, values(rank, dtype=torch.bfloat16))
@@ -152,6 +161,13 @@ def _all_gather_into_tensor(rank: int) -> Result:
 def _reduce_scatter(rank: int) -> Result:
     out = torch.empty(3)
     dist.reduce_scatter(out, list(values(rank).chunk(WORLD)), op=dist.ReduceOp.MAX)
+    return out
+
+
+def _reduce_scatter_uneven(rank: int) -> Result:
+    """Rank q's share has 3 + 2q elements (gloo requires equal shares; minincl reduces to each root)."""
+    out = torch.empty(3 + 2 * rank, dtype=torch.int32)
+    dist.reduce_scatter(out, [values(rank + q, 3 + 2 * q, torch.int32) for q in range(WORLD)], op=dist.ReduceOp.PRODUCT)
     return out
 
 
@@ -446,6 +462,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
     "reduce": (_reduce, lambda r: _want_sum(r, dtype=torch.int64) if r == 0 else torch.zeros(0)),
     "complex_reductions": (_complex_reductions, _want_complex),
     "all_gather": (_all_gather, lambda r: [values(q) for q in range(WORLD)]),
+    "all_gather_uneven": (_all_gather_uneven, lambda r: [values(q, 7 * q, torch.bfloat16) for q in range(WORLD)]),
     "all_gather_into_tensor": (
         _all_gather_into_tensor,
         lambda r: torch.cat([values(q, dtype=torch.bfloat16) for q in range(WORLD)]),
@@ -453,6 +470,10 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
     "reduce_scatter": (
         _reduce_scatter,
         lambda r: all_values().max(0).values.float().chunk(WORLD)[r],
+    ),
+    "reduce_scatter_uneven": (
+        _reduce_scatter_uneven,
+        lambda r: torch.stack([values(p + r, 3 + 2 * r, torch.int32) for p in range(WORLD)]).prod(0, dtype=torch.int32),
     ),
     "reduce_scatter_tensor-avg": (
         _reduce_scatter_tensor,
