@@ -389,6 +389,20 @@ def _functional(rank: int) -> Result:
     return [funcol.wait_tensor(t) for t in out]
 
 
+def _compiled_functional(rank: int) -> Result:
+    """Functional collectives inside torch.compile (one graph: dynamo traces them as
+    _c10d_functional ops, which reach the group through torch's dispatcher)."""
+    import torch.distributed._functional_collectives as funcol
+
+    world = dist.group.WORLD
+
+    def step(x: torch.Tensor) -> list[torch.Tensor]:
+        summed = funcol.all_reduce(x * 2, "sum", world)
+        return [summed + 1, funcol.all_gather_tensor(x, 0, world)]
+
+    return torch.compile(step, backend="aot_eager", fullgraph=True)(values(rank))
+
+
 def _group_names(rank: int) -> Result:
     """Each group answers to the name torch registered it under, and torch resolves it back."""
     from torch.distributed.distributed_c10d import _resolve_process_group, _world
@@ -527,6 +541,10 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
             torch.cat([values(q) for q in range(WORLD)]),
             all_values(2 * WORLD).max(0).values.float().chunk(WORLD)[r],
         ],
+    ),
+    "compiled_functional_collectives": (
+        _compiled_functional,
+        lambda r: [_want_sum(r) * 2 + 1, torch.cat([values(q) for q in range(WORLD)])],
     ),
     "group_names": (_group_names, lambda r: torch.ones(6, dtype=torch.bool)),
 }
