@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import FakeProcessGroup
 from torch.distributed import ReduceOp
 
+from . import _torch_call_forms as call_forms
 from ._comm import Communicator, get_unique_id, group
 from ._core import build_info
 from ._torch_launch import LocalRunError, free_port, run_local
@@ -262,7 +263,10 @@ class ProcessGroupMinincl(dist.ProcessGroup):
 
         return self._new_op(call, tensors, tensors, body, _outputs_after(staged), opts=opts)
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> MinincclWork:  # type: ignore[override]
+    def allreduce(  # type: ignore[override]
+        self, tensors: list[torch.Tensor], opts: Any = None, op: Any = None, timeout: Any = None
+    ) -> MinincclWork:
+        tensors, opts = call_forms.allreduce(tensors, opts, op)
         if any(t.layout == torch.sparse_coo for t in tensors):
             return self._sparse_allreduce(tensors, opts)
         return self._reduce_op("allreduce", tensors, opts, lambda c, b, o: c.allreduce(b, op=o))
@@ -292,7 +296,10 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> MinincclWork:
         return self._reduce_op("allreduce_coalesced", tensors, opts, lambda c, b, o: c.allreduce(b, op=o))
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> MinincclWork:  # type: ignore[override]
+    def reduce(  # type: ignore[override]
+        self, tensors: list[torch.Tensor], opts: Any = None, op: Any = None, timeout: Any = None, root: Any = None
+    ) -> MinincclWork:
+        tensors, opts = call_forms.reduce(tensors, opts, op, root)
         root = opts.rootRank
         return self._reduce_op("reduce", tensors, opts, lambda c, b, o: c.reduce(b, op=o, root=root))
 
@@ -323,8 +330,15 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         return self._new_op(call, outputs + inputs, outputs, body, _outputs_after(outs), opts=opts)
 
     def reduce_scatter(  # type: ignore[override]
-        self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
+        self,
+        outputs: list[torch.Tensor],
+        input_lists: list[list[torch.Tensor]],
+        opts: Any = None,
+        op: Any = None,
+        timeout: Any = None,
     ) -> MinincclWork:
+        input_lists, outputs = call_forms.one_each(input_lists, outputs)
+        opts = call_forms.options(opts, dist.ReduceScatterOptions, reduceOp=call_forms.reduce_op(opts, op))
         out, parts = outputs[0], input_lists[0]
         if all(p.numel() == out.numel() for p in parts):
             # torch.cat makes the one contiguous send buffer reduce_scatter wants.
@@ -353,8 +367,11 @@ class ProcessGroupMinincl(dist.ProcessGroup):
 
     # ---- copies ----
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> MinincclWork:  # type: ignore[override]
-        root = opts.rootRank if opts is not None else 0
+    def broadcast(  # type: ignore[override]
+        self, tensors: list[torch.Tensor], opts: Any = None, timeout: Any = None, root: Any = None
+    ) -> MinincclWork:
+        tensors, opts = call_forms.broadcast(tensors, opts, root)
+        root = opts.rootRank
         staged = [stage(t) for t in tensors]
         bufs = [as_bytes(s.buf) for s in staged]
 
@@ -385,8 +402,9 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         return self._new_op("all_gather_into_tensor", outputs + inputs, outputs, body, _outputs_after(outs), opts=opts)
 
     def allgather(  # type: ignore[override]
-        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None, timeout: Any = None
     ) -> MinincclWork:
+        output_lists, inputs = call_forms.one_each(output_lists, inputs)
         outs, inp = output_lists[0], inputs[0]
         if len(inputs) == 1 and any(o.numel() != inp.numel() for o in outs):
             return self._uneven_allgather(outs, inp, opts)
@@ -436,14 +454,16 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         outputs = [t for outs in output_lists for t in outs]
         return self._new_op("allgather", outputs + inputs, outputs, body, after, opts=opts)
 
-    def all_to_all_single(
+    def all_to_all_single(  # type: ignore[override]
         self,
         output: torch.Tensor,
         input: torch.Tensor,
         output_split_sizes: list[int] | None,
         input_split_sizes: list[int] | None,
         opts: Any = None,
+        timeout: Any = None,
     ) -> MinincclWork:
+        opts = call_forms.options(opts, dist.AllToAllOptions)
         out, inp = stage(output), stage(input, receives=False)
         if not output_split_sizes and not input_split_sizes:
             send, recv = as_bytes(inp.buf), as_bytes(out.buf)
@@ -466,14 +486,26 @@ class ProcessGroupMinincl(dist.ProcessGroup):
             opts=opts,
         )
 
-    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> MinincclWork:
+    def alltoall(  # type: ignore[override]
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None, timeout: Any = None
+    ) -> MinincclWork:
+        opts = call_forms.options(opts, dist.AllToAllOptions)
         outs = [stage(t) for t in outputs]
         sends = [as_bytes(stage(t, receives=False).buf) for t in inputs]
         recvs = [as_bytes(o.buf) for o in outs]
         body = _exchange(sends, recvs)
         return self._new_op("all_to_all", outputs + inputs, outputs, body, _outputs_after(outs), opts=opts)
 
-    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> MinincclWork:  # type: ignore[override]
+    def gather(  # type: ignore[override]
+        self,
+        output_lists: list[list[torch.Tensor]],
+        inputs: list[torch.Tensor],
+        opts: Any = None,
+        timeout: Any = None,
+        root: Any = None,
+    ) -> MinincclWork:
+        output_lists, inputs = call_forms.one_each(output_lists, inputs)
+        opts = call_forms.rooted(opts, root, dist.GatherOptions)
         root, me = opts.rootRank, self.rank()
         outs = [stage(t) for t in output_lists[0]] if me == root else []
         send = as_bytes(stage(inputs[0], receives=False).buf)
@@ -487,7 +519,16 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         outputs = output_lists[0] if me == root else []
         return self._new_op("gather", outputs + inputs, outputs, body, _outputs_after(outs), opts=opts)
 
-    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any) -> MinincclWork:  # type: ignore[override]
+    def scatter(  # type: ignore[override]
+        self,
+        outputs: list[torch.Tensor],
+        input_lists: list[list[torch.Tensor]],
+        opts: Any = None,
+        timeout: Any = None,
+        root: Any = None,
+    ) -> MinincclWork:
+        input_lists, outputs = call_forms.one_each(input_lists, outputs)
+        opts = call_forms.rooted(opts, root, dist.ScatterOptions)
         root, me = opts.rootRank, self.rank()
         out = stage(outputs[0])
         sends = [as_bytes(stage(t, receives=False).buf) for t in input_lists[0]] if me == root else []
@@ -501,7 +542,8 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         inputs = input_lists[0] if me == root else []
         return self._new_op("scatter", outputs + inputs, outputs, body, _outputs_after([out]), opts=opts)
 
-    def barrier(self, opts: Any = None) -> MinincclWork:
+    def barrier(self, opts: Any = None, timeout: Any = None) -> MinincclWork:  # type: ignore[override]
+        opts = call_forms.options(opts, dist.BarrierOptions)
         return self._new_op("barrier", [], [], lambda comm: comm.barrier(), opts=opts)
 
     # ---- point to point (deferred: see the module's docstring) ----
@@ -570,13 +612,14 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
 
-    def alltoall_base(
+    def alltoall_base(  # type: ignore[override]
         self,
         output: torch.Tensor,
         input: torch.Tensor,
         output_split_sizes: list[int],
         input_split_sizes: list[int],
         opts: Any = None,
+        timeout: Any = None,
     ) -> MinincclWork:
         return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts)
 

@@ -252,6 +252,40 @@ def _gather_scatter(rank: int) -> Result:
     return [*(gathered or []), part]
 
 
+def _short_forms(rank: int) -> Result:
+    """The process group's own methods in the short forms torch's C++ ProcessGroup offers
+    (one tensor, loose root and op), as DDP calls ``process_group.allreduce(tensor)``."""
+    pg: Any = dist.group.WORLD
+    total, most, copy, reduced = values(rank), values(rank), values(rank) * 10, values(rank, dtype=torch.int64)
+    gathered = [torch.empty(6) for _ in range(WORLD)]
+    share, at_1, part = torch.empty(3), [torch.empty(6) for _ in range(WORLD)] if rank == 1 else [], torch.empty(6)
+    works = [
+        pg.allreduce(total),
+        pg.allreduce([most], dist.ReduceOp.MAX),
+        pg.broadcast(copy, 1),
+        pg.reduce(reduced, 0, dist.ReduceOp.SUM),
+        pg.allgather(gathered, values(rank)),
+        pg.reduce_scatter(share, list(values(rank).chunk(WORLD)), dist.ReduceOp.MAX),
+        pg.gather(at_1, values(rank), 1),
+        pg.scatter(part, [values(q) * 7 for q in range(WORLD)] if rank == 0 else [], 0),
+        pg.barrier(),
+    ]
+    for work in works:
+        work.wait()
+    return [total, most, copy, reduced if rank == 0 else torch.zeros(0), *gathered, share, *at_1, part]
+
+
+def _want_short_forms(rank: int) -> Result:
+    maxima = all_values().max(0).values.float()
+    reduced = _want_sum(rank, dtype=torch.int64) if rank == 0 else torch.zeros(0)
+    gathered = [values(q) for q in range(WORLD)]
+    return (
+        [_want_sum(rank), maxima, values(1) * 10, reduced, *gathered, maxima.chunk(WORLD)[rank]]
+        + (gathered if rank == 1 else [])
+        + [values(rank) * 7]
+    )
+
+
 def _non_contiguous(rank: int) -> Result:
     m = values(rank, 12).reshape(3, 4)
     view = m.t()  # transposed: not contiguous; the result must land in m
@@ -517,6 +551,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
         _gather_scatter,
         lambda r: ([values(q) for q in range(WORLD)] if r == 1 else []) + [values(r) * 7],
     ),
+    "short_forms": (_short_forms, _want_short_forms),
     "non_contiguous": (_non_contiguous, _want_non_contiguous),
     "async_future": (_async_future, lambda r: [_want_sum(r), _want_sum(r) * 2]),
     "collective_in_a_callback": (_collective_in_a_callback, lambda r: [_want_sum(r)] * 3 + [_want_sum(r) * 2]),
@@ -1082,6 +1117,49 @@ def test_ddp_with_sparse_gradients_matches_gloo() -> None:
             assert_close(ours[rank]["end"][key], value, f"{key}, rank {rank}, minincl vs gloo", tol=1e-6)
     weight = "0.weight"
     assert (ours[0]["end"][weight] != ours[0]["start"][weight]).any(dim=1).sum() > 5, "few embedding rows trained"
+
+
+def train_uneven_with_join_and_zero(backend: str) -> dict[str, torch.Tensor]:
+    """DDP's Join: rank r runs 3 + 2r steps (the others shadow the missing all_reduces), with
+    unused parameters and a no_sync step; then ZeroRedundancyOptimizer (Adam state sharded
+    over the ranks, parameters broadcast from their owners, the state consolidated to rank 0)."""
+    from torch.distributed.algorithms.join import Join
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group(backend)
+    torch.manual_seed(0)
+    used, unused = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)), torch.nn.Linear(4, 1)
+    model = torch.nn.ModuleList([used, unused])
+    ddp = DistributedDataParallel(used, find_unused_parameters=True)
+    sgd = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    x = torch.arange(8.0).reshape(2, 4) * (rank + 1) / 8
+    with Join([ddp]):
+        for step in range(3 + 2 * rank):
+            sgd.zero_grad()
+            if step == 1:
+                with ddp.no_sync():  # (gradients accumulate locally, then go out with the next step's)
+                    ddp(x).sum().backward()
+            ddp(x).square().sum().backward()
+            sgd.step()
+    zero = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
+    for _ in range(3):
+        zero.zero_grad()
+        ddp(x).square().sum().backward()
+        zero.step()
+    zero.consolidate_state_dict(to=0)
+    dist.destroy_process_group()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_ddp_join_with_uneven_inputs_and_zero_match_gloo() -> None:
+    ours = run_local(train_uneven_with_join_and_zero, 3, "minincl", timeout=180)
+    gloo = run_local(train_uneven_with_join_and_zero, 3, "gloo", timeout=180)
+    for rank in range(3):
+        for key, value in gloo[rank].items():
+            assert_close(ours[rank][key], value, f"{key}, rank {rank}, minincl vs gloo", tol=1e-6)
+            assert_close(ours[rank][key], ours[0][key], f"{key}, rank {rank} vs rank 0", tol=0.0)
 
 
 @pytest.mark.gpu
