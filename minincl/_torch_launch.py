@@ -1,7 +1,9 @@
 """Run a function on N local processes set up as torchrun would (for examples and tests).
 
 Each process gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and a free MASTER_PORT, so
-``dist.init_process_group(backend)`` with the default ``env://`` works inside it.
+``dist.init_process_group(backend)`` with the default ``env://`` works inside it; and, as
+torchrun does for several processes, one PyTorch thread each unless OMP_NUM_THREADS says
+otherwise (each rank's own thread pool, a thread per core, would overload the machine).
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ def _child(fn: Callable[..., Any], rank: int, nranks: int, port: int, args: tupl
             "MASTER_PORT": str(port),
         }
     )
+    if nranks > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
     try:
         results.put((rank, True, _pack(fn(*args))))
     except BaseException as e:  # noqa: BLE001 - reported to the parent

@@ -903,6 +903,31 @@ def outcome_of(call: Callable[[], str]) -> dict[str, Any]:
         }
 
 
+def rank_setup() -> dict[str, Any]:
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS")
+    return {"env": {n: os.environ.get(n) for n in names}, "threads": torch.get_num_threads()}
+
+
+@pytest.mark.parametrize("omp_threads", [None, "2"])
+def test_run_local_sets_up_ranks_as_torchrun_does(monkeypatch: pytest.MonkeyPatch, omp_threads: str | None) -> None:
+    """torchrun gives each of several processes one PyTorch thread unless OMP_NUM_THREADS is set."""
+    if omp_threads is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp_threads)
+    got = run_local(rank_setup, 3, timeout=120)
+    threads = omp_threads or "1"
+    for rank, g in enumerate(got):
+        assert g["env"] == {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "3",
+            "LOCAL_WORLD_SIZE": "3",
+            "OMP_NUM_THREADS": threads,
+        }, g
+        assert g["threads"] == int(threads), g
+
+
 def die_or_notice(out: str) -> None:
     rank = int(os.environ["RANK"])
     dist.init_process_group("minincl")
