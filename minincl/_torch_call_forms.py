@@ -49,7 +49,7 @@ def reduce_op(given: Any, op: Any) -> Any:
     return given if isinstance(given, (ReduceOp, ReduceOp.RedOpType)) else op
 
 
-def root(given: Any, root: int | None) -> int | None:
+def root_rank(given: Any, root: int | None) -> int | None:
     """The root a short form names: positionally where options would be, or as ``root=``."""
     return given if isinstance(given, int) and not isinstance(given, bool) else root
 
@@ -58,14 +58,15 @@ def allreduce(tensors: Any, opts: Any, op: Any) -> tuple[list[torch.Tensor], Any
     return listed(tensors), options(opts, dist.AllreduceOptions, reduceOp=reduce_op(opts, op))
 
 
-def broadcast(tensors: Any, opts: Any, root_: int | None) -> tuple[list[torch.Tensor], Any]:
-    return listed(tensors), options(opts, dist.BroadcastOptions, rootRank=root(opts, root_))
+def broadcast(tensors: Any, opts: Any, root: int | None) -> tuple[list[torch.Tensor], Any]:
+    return listed(tensors), options(opts, dist.BroadcastOptions, rootRank=root_rank(opts, root))
 
 
-def reduce(tensors: Any, opts: Any, op: Any, root_: int | None) -> tuple[list[torch.Tensor], Any]:
-    return listed(tensors), options(opts, dist.ReduceOptions, rootRank=root(opts, root_), reduceOp=op)
+def reduce(tensors: Any, opts: Any, op: Any, root: int | None) -> tuple[list[torch.Tensor], Any]:
+    """``pg.reduce(tensor, root, op)``: the root stands where options would, the op after it."""
+    return listed(tensors), options(opts, dist.ReduceOptions, rootRank=root_rank(opts, root), reduceOp=op)
 
 
-def rooted(opts: Any, root_: int | None, make: Callable[[], Any]) -> Any:
+def rooted(opts: Any, root: int | None, make: Callable[[], Any]) -> Any:
     """gather's and scatter's options."""
-    return options(opts, make, rootRank=root(opts, root_))
+    return options(opts, make, rootRank=root_rank(opts, root))

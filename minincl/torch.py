@@ -275,7 +275,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         """Sums sparse COO tensors (on the CPU) over the ranks, as gloo does: each tensor is
         replaced by the coalesced sum (``_torch_sparse``)."""
         call = "allreduce of sparse tensors"
-        if op_name(opts.reduceOp if opts is not None else ReduceOp.SUM, call) != "sum":
+        if op_name(opts.reduceOp, call) != "sum":
             raise ValueError(f"minincl backend: {call} takes ReduceOp.SUM only (as with gloo)")
         for t in tensors:
             if t.layout != torch.sparse_coo or t.device.type != "cpu":
