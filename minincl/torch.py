@@ -130,6 +130,13 @@ class ProcessGroupMinincl(dist.ProcessGroup):
             comm.call_timeout = self._timeout.total_seconds()
         return _DeviceComm(comm, Lane(f"minincl-{key}-rank{self.rank()}", inline=key == "cuda"))
 
+    def set_timeout(self, timeout: timedelta) -> None:
+        """A new limit on how long any call of this group may wait (gloo's and NCCL's
+        timeout; torch's ``_set_pg_timeout`` reaches only those two, so call this directly)."""
+        self._timeout = timeout
+        for dc in self._all_comms():
+            dc.comm.call_timeout = timeout.total_seconds()
+
     @staticmethod
     def _cuda_unavailable_reason() -> str | None:
         if not build_info()["cuda"]:

@@ -987,10 +987,15 @@ def test_receives_waiting_on_each_other_raise_instead_of_hanging() -> None:
     ), outcomes
 
 
-def late_rank_1() -> dict[str, Any]:
-    """Rank 1 stays out of an all_reduce for 4 s, alive, under a 1 s process-group timeout."""
+def late_rank_1(set_later: bool) -> dict[str, Any]:
+    """Rank 1 stays out of an all_reduce for 4 s, alive, under a 1 s process-group timeout
+    (`set_later`: given by ``set_timeout`` after an init with torch's default)."""
     rank = int(os.environ["RANK"])
-    dist.init_process_group("minincl", timeout=timedelta(seconds=1))
+    if set_later:
+        dist.init_process_group("minincl")
+        dist.group.WORLD.set_timeout(timedelta(seconds=1))  # type: ignore[union-attr]
+    else:
+        dist.init_process_group("minincl", timeout=timedelta(seconds=1))
     if rank == 1:
         time.sleep(4)
 
@@ -1003,10 +1008,11 @@ def late_rank_1() -> dict[str, Any]:
     return outcome
 
 
-def test_the_process_group_timeout_limits_a_call() -> None:
+@pytest.mark.parametrize("set_later", [False, True])
+def test_the_process_group_timeout_limits_a_call(set_later: bool) -> None:
     """As with gloo, a call waiting longer than the group's timeout raises (by default torch
     gives 30 minutes); minincl's error says where each rank is."""
-    waiting, late = run_local(late_rank_1, WORLD, timeout=90)
+    waiting, late = run_local(late_rank_1, WORLD, set_later, timeout=90)
     assert waiting["type"] == "Timeout", waiting  # (before rank 1 came: it would have succeeded)
     assert waiting["torch"] and late["torch"], (waiting, late)
     assert "for more than 1 s" in waiting["message"], waiting
