@@ -28,8 +28,9 @@ def listed(tensors: Any) -> list[torch.Tensor]:
 
 
 def one_each(many: Any, one: Any) -> tuple[Any, Any]:
-    """(outputs, inputs) as lists of one entry each, where `one` is a single tensor (the
-    short forms of allgather, gather, scatter and reduce_scatter)."""
+    """(`many`, `one`) each in a list of one entry where `one` is a single tensor: the short
+    forms of allgather and gather (a list of outputs, one input) and of scatter and
+    reduce_scatter (a list of inputs, one output)."""
     return ([many], [one]) if isinstance(one, torch.Tensor) else (many, one)
 
 

@@ -124,18 +124,21 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         else:
             uid = bytes(self._store.get(store_key))
         comm = Communicator(self.size(), uid, self.rank(), device=device)
+        self._limit_calls(comm)
+        return _DeviceComm(comm, Lane(f"minincl-{key}-rank{self.rank()}", inline=key == "cuda"))
+
+    def _limit_calls(self, comm: Communicator) -> None:
         if isinstance(self._timeout, timedelta):
             # A call waiting longer fails, as gloo's do; on a GPU, a kernel that long unfinished
             # (NCCL's watchdog).
             comm.call_timeout = self._timeout.total_seconds()
-        return _DeviceComm(comm, Lane(f"minincl-{key}-rank{self.rank()}", inline=key == "cuda"))
 
     def set_timeout(self, timeout: timedelta) -> None:
         """A new limit on how long any call of this group may wait (gloo's and NCCL's
         timeout; torch's ``_set_pg_timeout`` reaches only those two, so call this directly)."""
         self._timeout = timeout
         for dc in self._all_comms():
-            dc.comm.call_timeout = timeout.total_seconds()
+            self._limit_calls(dc.comm)
 
     @staticmethod
     def _cuda_unavailable_reason() -> str | None:

@@ -1152,8 +1152,10 @@ def test_ddp_with_sparse_gradients_matches_gloo() -> None:
 
 def train_uneven_with_join_and_zero(backend: str) -> dict[str, torch.Tensor]:
     """DDP's Join: rank r runs 3 + 2r steps (the others shadow the missing all_reduces), with
-    unused parameters and a no_sync step; then ZeroRedundancyOptimizer (Adam state sharded
-    over the ranks, parameters broadcast from their owners, the state consolidated to rank 0)."""
+    find_unused_parameters (the joined ranks then all_reduce their map of used parameters
+    through ``process_group.allreduce(tensor)``) and a no_sync step; then
+    ZeroRedundancyOptimizer (Adam state sharded over the ranks, parameters broadcast from their
+    owners, the state consolidated to rank 0). A module outside DDP stays as it was."""
     from torch.distributed.algorithms.join import Join
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
