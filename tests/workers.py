@@ -849,10 +849,20 @@ def freeze_then_resume(comm: minincl.Communicator, victim: int, flags: str, elem
     x = np.ones(elems, np.float32)
     for _ in range(3):
         comm.allreduce(x)
+    # The victim stops only once every other rank's calls have ended: a call can end on the
+    # victim before its proxy thread has sent the last step (over TCP), and a victim stopped
+    # then would hang that call on the others, not the next one.
+    ended = flags + ".ended"
+    os.makedirs(ended, exist_ok=True)
     if comm.rank == victim:
+        deadline = time.monotonic() + 30
+        while len(os.listdir(ended)) < comm.nranks - 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
         with open(os.path.join(flags, "victim"), "w") as f:
             f.write(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGSTOP)
+    else:
+        open(os.path.join(ended, str(comm.rank)), "w").close()
     t0 = time.monotonic()
     try:
         for _ in range(100000):
