@@ -151,6 +151,38 @@ class Communicator:
     @overload
     def alltoall(self, send: Any, recv: Any = None, *, async_op: Literal[True], stream: Any = None) -> Work: ...
 
+    # gather: recv is used at the root only (a new array there when None; None elsewhere).
+    # scatter: send is read at the root only; elsewhere it may be None (then pass recv), or
+    # give a new recv its shape.
+    @overload
+    def gather(
+        self, send: _Array, recv: None = None, root: int = 0, async_op: Literal[False] = False, stream: Any = None
+    ) -> _Array | None: ...
+    @overload
+    def gather(
+        self, send: Any, recv: _Array, root: int = 0, async_op: Literal[False] = False, stream: Any = None
+    ) -> _Array: ...
+    @overload
+    def gather(
+        self, send: Any, recv: Any = None, root: int = 0, *, async_op: Literal[True], stream: Any = None
+    ) -> Work: ...
+    @overload
+    def scatter(
+        self, send: _Array, recv: None = None, root: int = 0, async_op: Literal[False] = False, stream: Any = None
+    ) -> _Array: ...
+    @overload
+    def scatter(
+        self, send: Any = None, *, recv: _Array, root: int = 0, async_op: Literal[False] = False, stream: Any = None
+    ) -> _Array: ...
+    @overload
+    def scatter(
+        self, send: Any, recv: _Array, root: int = 0, async_op: Literal[False] = False, stream: Any = None
+    ) -> _Array: ...
+    @overload
+    def scatter(
+        self, send: Any = None, recv: Any = None, root: int = 0, *, async_op: Literal[True], stream: Any = None
+    ) -> Work: ...
+
     # Point to point. A send and its receive pair in the order they are posted; their tags (C
     # ints, 0 by default) must agree, or both ends raise InvalidUsage naming them.
     @overload

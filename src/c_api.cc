@@ -563,6 +563,24 @@ mnclResult_t mnclAlltoAll(const void* s, void* r, size_t n, mnclDataType_t t, mn
   });
 }
 
+mnclResult_t mnclGather(const void* s, void* r, size_t n, mnclDataType_t t, int root, mnclComm_t c, void* st) {
+  return guarded([&] {
+    CallHold hold(c);
+    Comm& cm = hold.comm();
+    checkStream(cm, st);
+    enqueueGather(cm, s, r, n, dataTypeOf(t), root, st);
+  });
+}
+
+mnclResult_t mnclScatter(const void* s, void* r, size_t n, mnclDataType_t t, int root, mnclComm_t c, void* st) {
+  return guarded([&] {
+    CallHold hold(c);
+    Comm& cm = hold.comm();
+    checkStream(cm, st);
+    enqueueScatter(cm, s, r, n, dataTypeOf(t), root, st);
+  });
+}
+
 mnclResult_t mnclSend(const void* buf, size_t n, mnclDataType_t t, int peer, mnclComm_t c, void* st) {
   return guarded([&] {
     CallHold hold(c);

@@ -1,7 +1,7 @@
 """The C API's NCCL-shaped extras, called through ctypes on CPU communicators: mnclBcast,
-mnclCommInitRankConfig and configs in mnclCommSplit (channel bounds, nonblocking init, refused
-settings), inits inside a group, mnclCommFinalize, mnclCommCuDevice and the queries' null
-checks. Results are checked against NumPy; channel counts against what init logs
+mnclGather, mnclScatter, mnclCommInitRankConfig and configs in mnclCommSplit (channel bounds,
+nonblocking init, refused settings), inits inside a group, mnclCommFinalize, mnclCommCuDevice
+and the queries' null checks. Results are checked against NumPy; channel counts against what init logs
 (MININCL_DEBUG=INFO)."""
 
 from __future__ import annotations
@@ -130,6 +130,47 @@ def test_bcast_is_an_in_place_broadcast(lib: Any, count: int) -> None:
         assert lib.mnclGroupEnd() == 0, lib.mnclGetLastError(None)
         for b in bufs:
             np.testing.assert_array_equal(b, np.arange(count, dtype=np.float32))
+    finally:
+        destroy(lib, comms)
+
+
+@pytest.mark.parametrize("count", [0, 1, 1009, 300_007])
+def test_gather_and_scatter(lib: Any, count: int) -> None:
+    """mnclGather to root 2 (in place there), then mnclScatter from root 0, as NCCL 2.28's:
+    every rank from one thread in a group; the buffers used at the root only are null elsewhere."""
+    arr = (ctypes.c_void_p * 3)()
+    assert lib.mnclCommInitAll(arr, 3, None) == 0
+    comms = [ctypes.c_void_p(arr[r]) for r in range(3)]
+
+    def ptr(a: np.ndarray) -> Any:
+        return a.ctypes.data_as(ctypes.c_void_p)
+
+    try:
+        inputs = [np.arange(count, dtype=np.float32) + 1000 * r for r in range(3)]
+        gathered = np.full(3 * count, -1.0, np.float32)
+        gathered[2 * count :] = inputs[2]
+        sends = [ptr(inputs[0]), ptr(inputs[1]), ptr(gathered[2 * count :])]
+        assert lib.mnclGroupStart() == 0
+        for r, c in enumerate(comms):
+            recv = ptr(gathered) if r == 2 else None
+            assert lib.mnclGather(sends[r], recv, ctypes.c_size_t(count), FLOAT32, 2, c, None) == 0
+        assert lib.mnclGroupEnd() == 0, lib.mnclGetLastError(None)
+        np.testing.assert_array_equal(gathered, np.concatenate(inputs))
+
+        blocks, parts = gathered[::-1].copy(), [np.full(count, -1.0, np.float32) for _ in range(3)]
+        assert lib.mnclGroupStart() == 0
+        for r, c in enumerate(comms):
+            send = ptr(blocks) if r == 0 else None
+            assert lib.mnclScatter(send, ptr(parts[r]), ctypes.c_size_t(count), FLOAT32, 0, c, None) == 0
+        assert lib.mnclGroupEnd() == 0, lib.mnclGetLastError(None)
+        np.testing.assert_array_equal(np.concatenate(parts), blocks)
+
+        rc = lib.mnclGather(sends[0], None, ctypes.c_size_t(count or 1), FLOAT32, 0, comms[0], None)
+        assert rc == MNCL_INVALID_ARGUMENT
+        assert b"gather: the receive buffer is null on the root (rank 0)" in lib.mnclGetLastError(comms[0])
+        rc = lib.mnclScatter(None, None, ctypes.c_size_t(1), FLOAT32, 3, comms[0], None)
+        assert rc == MNCL_INVALID_ARGUMENT
+        assert b"scatter: root 3 is out of range for 3 ranks" in lib.mnclGetLastError(comms[0])
     finally:
         destroy(lib, comms)
 

@@ -508,8 +508,9 @@ def test_mismatched_collectives_are_named(pair: Any) -> None:
     assert all(r != "ok" for r in results)
 
 
-# Calls that run as other calls inside (a barrier as an allreduce of one int32, an alltoall
-# as receives) are named as the user made them: (rank 0's call, rank 1's, both names).
+# Calls that run as other calls inside (a barrier as an allreduce of one int32; an alltoall,
+# a gather or a scatter as sends and receives) are named as the user made them: (rank 0's
+# call, rank 1's, both names).
 def _x(n: int = 8) -> Any:
     return np.ones(n, np.float32)
 
@@ -525,6 +526,16 @@ CALLS_RUN_AS_OTHERS = {
         lambda c: c.alltoall(_x()),
         lambda c: c.alltoall(_x(16)),
         ["alltoall(count=4", "alltoall(count=8"],
+    ),
+    "gather vs allreduce": (
+        lambda c: c.gather(_x(), root=0),
+        lambda c: c.allreduce(_x()),
+        ["gather(count=8, float32, root=0)", "allreduce("],
+    ),
+    "scatter vs alltoall": (
+        lambda c: c.scatter(recv=_x(), root=1),
+        lambda c: c.alltoall(_x()),
+        ["scatter(count=8, float32, root=1)", "alltoall(count=4"],
     ),
     "alltoall vs send": (
         lambda c: c.alltoall(_x()),

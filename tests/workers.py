@@ -68,7 +68,13 @@ def all_collectives(comm: minincl.Communicator, counts: list[int]) -> int:
             np.testing.assert_array_equal(rs, np.add.reduce(np.stack(inputs), axis=0, dtype=dtype))
             a2a = comm.alltoall(big[r])
             np.testing.assert_array_equal(a2a, np.concatenate([inputs[q] for q in range(n)]))
-            checks += 7
+            gathered = comm.gather(inputs[r], root=n - 1)
+            if r == n - 1:
+                np.testing.assert_array_equal(gathered, np.concatenate(inputs))
+            blocks = np.concatenate([inputs[q] * 2 for q in range(n)])
+            part = comm.scatter(blocks if r == 1 % n else None, np.empty_like(inputs[r]), root=1 % n)
+            np.testing.assert_array_equal(part, inputs[r] * 2)
+            checks += 9
     with minincl.group():
         out = np.zeros(1000, np.float64)
         comm.send(np.full(1000, r, np.float64), (r + 1) % n)
@@ -166,19 +172,30 @@ def mismatched_allgathers_on_threads(_launched: minincl.Communicator, rounds: in
 
 
 # (collective, count, dtype, root, op) of one rank's call in random_mismatched_calls.
-FUZZ_CALLS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "barrier", "ring")
+FUZZ_CALLS = (
+    "allreduce",
+    "broadcast",
+    "reduce",
+    "allgather",
+    "reduce_scatter",
+    "alltoall",
+    "gather",
+    "scatter",
+    "barrier",
+    "ring",
+)
 FUZZ_COUNTS = (0, 1, 7, 1000, 16384, 100003, 1 << 20)
 
 
 def fuzz_call(comm: minincl.Communicator, kind: str, count: int, dtype: str, root: int, op: str) -> None:
     n = comm.nranks
-    x = np.ones(count * (n if kind in ("reduce_scatter", "alltoall") else 1), dtype)
+    x = np.ones(count * (n if kind in ("reduce_scatter", "alltoall", "scatter") else 1), dtype)
     if kind in ("allreduce", "reduce_scatter"):
         getattr(comm, kind)(x, op=op)
     elif kind == "reduce":
         comm.reduce(x, root=root, op=op)
-    elif kind == "broadcast":
-        comm.broadcast(x, root=root)
+    elif kind in ("broadcast", "gather", "scatter"):
+        getattr(comm, kind)(x, root=root)
     elif kind in ("allgather", "alltoall"):
         getattr(comm, kind)(x)
     elif kind == "barrier":
@@ -200,7 +217,10 @@ def logged_alike(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
         return False
     if a[0] == "barrier":
         return True
-    rooted, reduced = a[0] in ("broadcast", "reduce"), a[0] in ("allreduce", "reduce", "reduce_scatter")
+    rooted, reduced = (
+        a[0] in ("broadcast", "reduce", "gather", "scatter"),
+        a[0] in ("allreduce", "reduce", "reduce_scatter"),
+    )
     return a[1:3] == b[1:3] and (not rooted or a[3] == b[3]) and (not reduced or a[4] == b[4])
 
 

@@ -113,11 +113,17 @@ void copyCallLog(const CallLog& from, CallLog& to) {
 
 std::string describeCall(const LoggedCall& c, const char* algo) {
   if (c.kind == kBarrierCall) return "barrier()";
-  std::string name = c.kind == kAlltoallCall ? "alltoall" : collName((Coll)c.kind);
+  bool rootedExchange = c.kind == kGatherCall || c.kind == kScatterCall;
+  std::string name = c.kind == kAlltoallCall ? "alltoall"
+                     : c.kind == kGatherCall ? "gather"
+                     : c.kind == kScatterCall ? "scatter"
+                                             : collName((Coll)c.kind);
   std::string d = name + "(count=" + std::to_string(c.count) + ", " + dataTypeName((DataType)c.dtype);
   bool reduces = c.kind == (uint8_t)Coll::allreduce || c.kind == (uint8_t)Coll::reduce || c.kind == (uint8_t)Coll::reducescatter;
   if (reduces) d += std::string(", ") + redOpName((RedOp)c.op);
-  if (c.kind == (uint8_t)Coll::broadcast || c.kind == (uint8_t)Coll::reduce) d += ", root=" + std::to_string(c.root);
+  if (c.kind == (uint8_t)Coll::broadcast || c.kind == (uint8_t)Coll::reduce || rootedExchange) {
+    d += ", root=" + std::to_string(c.root);
+  }
   return d + (algo ? std::string(", ") + algo : "") + ")";
 }
 

@@ -17,14 +17,18 @@ namespace mncl {
 // One logged call, as every rank must make it: what, how many elements of which type, and,
 // where they matter, the reduction and the root (0 where they do not).
 struct LoggedCall {
-  uint8_t kind;  // a Coll, kAlltoallCall or kBarrierCall
+  uint8_t kind;  // a Coll, or a k...Call below
   uint8_t dtype, op;
   int32_t root;
   uint64_t count;
   bool operator==(const LoggedCall&) const = default;
 };
-constexpr uint8_t kAlltoallCall = 0x40;  // (alltoall is a group of sends and receives, no Coll)
-constexpr uint8_t kBarrierCall = 0x41;   // (a barrier is an allreduce of one int32 on the CPU)
+// The calls that run as groups of sends and receives (no Coll), and the barrier (an allreduce
+// of one int32 on the CPU):
+constexpr uint8_t kAlltoallCall = 0x40;
+constexpr uint8_t kBarrierCall = 0x41;
+constexpr uint8_t kGatherCall = 0x42;
+constexpr uint8_t kScatterCall = 0x43;
 
 // The last kCallLogSize calls of a rank, in shared memory: written by the rank, read by its
 // peers' monitors (and its network proxy, which sends them on). Each entry is three words;

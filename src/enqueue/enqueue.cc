@@ -71,7 +71,7 @@ std::pair<mnclResult_t, std::string> deviceErrorMessage(Comm& comm, const dev::D
   std::string logged = comm.loggedCallMismatch(e.peer);
   if (!logged.empty()) return {mnclInvalidUsage, logged};
   std::string message = mismatchMessage(comm.rank(), e), inside = comm.collectiveInside();
-  if (!inside.empty() && message.rfind("mismatched send/recv", 0) == 0) {  // the receives of an alltoall
+  if (!inside.empty() && message.rfind("mismatched send/recv", 0) == 0) {  // (an alltoall, gather or scatter)
     message += " (rank " + std::to_string(comm.rank()) + " was inside " + inside + ")";
   }
   return {mnclInvalidUsage, message};
@@ -318,7 +318,7 @@ struct Recorded {
   bool isP2p;
   CollCall coll;
   P2pCall p2p;
-  bool ofAlltoall = false;  // a send or receive of an alltoall: part of a collective call
+  bool ofCollective = false;  // a send or receive of an alltoall, gather or scatter: part of a collective call
   uint64_t callNumber = 0;  // a collective's number in its communicator's call log (GPU: see GpuCall)
 };
 
@@ -347,7 +347,7 @@ void runRecordedOnGpu(std::vector<Recorded>& calls) {
 // What a call is inside, for its communicator's call log (sends and receives with ranks
 // from 64 on count as both: the log's peer mask ends there).
 std::pair<Inside, uint64_t> insideOf(const Recorded& r) {
-  if (!r.isP2p || r.ofAlltoall) return {Inside::collectives, 0};
+  if (!r.isP2p || r.ofCollective) return {Inside::collectives, 0};
   if (r.p2p.peer >= 64) return {Inside::both, 0};
   return {Inside::sendsAndReceives, uint64_t{1} << r.p2p.peer};
 }
@@ -552,6 +552,70 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
     throw;
   }
   groupEnd();
+}
+
+namespace {
+
+// Gather and scatter: the root exchanges a block with every rank (itself included: a copy on
+// its channels), every other rank one block with the root. `blocks` is the root's buffer of
+// nranks blocks (a gather's recv, a scatter's send), `own` a rank's one block (a gather's
+// send, a scatter's recv). In place, `own` is the root's block of `blocks`: it stays there.
+void enqueueRootedExchange(Comm& comm, bool gather, const void* blocks, const void* own, size_t count, DataType dtype,
+                           int root, void* stream) {
+  std::string what = gather ? "gather" : "scatter";
+  checkUsable(comm);
+  checkTypeOp(dtype, RedOp::sum, false);
+  int me = comm.rank(), n = comm.nranks();
+  checkBytes(what.c_str(), count, dtype, (size_t)n);
+  MNCL_CHECK(root >= 0 && root < n, mnclInvalidArgument,
+             what + ": root " + std::to_string(root) + " is out of range for " + std::to_string(n) + " ranks");
+  size_t bytes = count * dataTypeSize(dtype);
+  bool atRoot = me == root;
+  const char *ownName = gather ? "send" : "receive", *blocksName = gather ? "receive" : "send";
+  MNCL_CHECK(!bytes || own, mnclInvalidArgument, what + ": the " + ownName + " buffer is null");
+  MNCL_CHECK(!bytes || !atRoot || blocks, mnclInvalidArgument,
+             what + ": the " + blocksName + " buffer is null on the root (rank " + std::to_string(root) + ")");
+  auto b = (uintptr_t)blocks, o = (uintptr_t)own;
+  bool inPlace = atRoot && bytes && o == b + root * bytes;
+  bool overlap = atRoot && bytes && o < b + bytes * n && b < o + bytes;
+  MNCL_CHECK(!overlap || inPlace, mnclInvalidArgument,
+             what + ": the send and receive buffers overlap without being in place; in place, " +
+                 (gather ? "send is the root's block of recv (recv + root * count)"
+                         : "recv is the root's block of send (send + root * count)") +
+                 "; otherwise use separate buffers");
+  comm.logCall({gather ? kGatherCall : kScatterCall, (uint8_t)dtype, 0, root, count});
+  auto post = [&](bool isSend, const void* buf, int peer) {
+    P2pCall c{isSend, const_cast<void*>(buf), count, dtype, peer, stream};
+    validate(comm, c);
+    recordOrRun({&comm, true, {}, c, true});
+  };
+  groupStart();
+  try {
+    if (!atRoot) post(gather, own, root);
+    for (int p = 0; p < n && atRoot; ++p) {
+      const char* block = (const char*)blocks + (size_t)p * bytes;
+      if (p != root) {
+        post(!gather, block, p);
+      } else if (!inPlace) {
+        post(true, gather ? own : block, root);
+        post(false, gather ? block : own, root);
+      }
+    }
+  } catch (...) {
+    groupEnd();
+    throw;
+  }
+  groupEnd();
+}
+
+}  // namespace
+
+void enqueueGather(Comm& comm, const void* send, void* recv, size_t count, DataType dtype, int root, void* stream) {
+  enqueueRootedExchange(comm, true, recv, send, count, dtype, root, stream);
+}
+
+void enqueueScatter(Comm& comm, const void* send, void* recv, size_t count, DataType dtype, int root, void* stream) {
+  enqueueRootedExchange(comm, false, send, recv, count, dtype, root, stream);
 }
 
 void groupStart() { ++tlsGroupDepth; }

@@ -48,6 +48,13 @@ void enqueueSendRecv(Comm& comm, const P2pCall& send, const P2pCall& recv);
 // a mismatch names it as the caller made it).
 void enqueueBarrier(Comm& comm, int32_t* word);
 void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, DataType dtype, void* stream = nullptr);
+// `count` elements from every rank into root's recv, rank-major (recv is used at the root
+// only); in place when send is the root's block of recv. Scatter: block r of root's send
+// (used at the root only) into rank r's recv; in place when recv is the root's block of send.
+void enqueueGather(Comm& comm, const void* send, void* recv, size_t count, DataType dtype, int root,
+                   void* stream = nullptr);
+void enqueueScatter(Comm& comm, const void* send, void* recv, size_t count, DataType dtype, int root,
+                    void* stream = nullptr);
 
 void groupStart();
 void groupEnd();  // runs everything recorded since the outermost groupStart

@@ -203,6 +203,14 @@ mnclResult_t mnclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
 /* count elements to every rank: sendbuff and recvbuff hold nranks * count elements. */
 mnclResult_t mnclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                           mnclDataType_t datatype, mnclComm_t comm, void* stream);
+/* count elements from every rank into root's recvbuff (nranks * count elements, rank-major;
+ * used at the root only). In place when sendbuff == recvbuff + root * count. */
+mnclResult_t mnclGather(const void* sendbuff, void* recvbuff, size_t count,
+                        mnclDataType_t datatype, int root, mnclComm_t comm, void* stream);
+/* Block r of root's sendbuff (nranks * count elements; used at the root only) into rank r's
+ * recvbuff (count elements). In place when recvbuff == sendbuff + root * count. */
+mnclResult_t mnclScatter(const void* sendbuff, void* recvbuff, size_t count,
+                         mnclDataType_t datatype, int root, mnclComm_t comm, void* stream);
 mnclResult_t mnclSend(const void* sendbuff, size_t count, mnclDataType_t datatype, int peer,
                       mnclComm_t comm, void* stream);
 mnclResult_t mnclRecv(void* recvbuff, size_t count, mnclDataType_t datatype, int peer,

@@ -11,6 +11,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <thread>
 #include <unordered_map>
@@ -297,6 +298,60 @@ class PyComm {
     DataType t = s.dtype;
     return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
                [=](Comm& cm, void* st) { enqueueAlltoAll(cm, sp, rp, per, t, st); });
+  }
+
+  // recv is used at the root only (a new array there when None); elsewhere it is returned as given.
+  py::object gather(py::object send, py::object recv, int root, bool asyncOp, py::object stream) {
+    ArrayView s = py_arrays::view(send, false, "send");
+    checkDevice(s, "send");
+    void* rp = nullptr;
+    py::object recvKeep = py::none();
+    if (rank_ == root) {
+      if (recv.is_none()) recv = py_arrays::emptyLike(send, gatheredShape(s.shape));
+      ArrayView r = py_arrays::view(recv, true, "recv");
+      checkDevice(r, "recv");
+      checkCounts("gather", s, r, s.count * (size_t)nranks_);
+      rp = r.data;
+      recvKeep = r.keepAlive;
+    }
+    const void* sp = s.data;
+    size_t count = s.count;
+    DataType t = s.dtype;
+    return run(
+        asyncOp, stream, recv, {s.keepAlive, recvKeep},
+        [=](Comm& cm, void* st) { enqueueGather(cm, sp, rp, count, t, root, st); }, send);
+  }
+
+  // send is read at the root only; elsewhere it may be None, or give a new recv its shape
+  // (recv None: send's shape with nranks times fewer elements, as at the root).
+  py::object scatter(py::object send, py::object recv, int root, bool asyncOp, py::object stream) {
+    size_t n = (size_t)nranks_;
+    bool atRoot = rank_ == root;
+    std::optional<ArrayView> s;
+    if (atRoot || recv.is_none()) {
+      if (send.is_none()) {
+        throwError(mnclInvalidArgument, atRoot ? "scatter: send is None on the root (rank " + std::to_string(root) + ")"
+                                               : std::string("scatter: send and recv are both None: pass recv"));
+      }
+      s = py_arrays::view(send, false, "send");
+      checkDevice(*s, "send");
+      if (recv.is_none()) {
+        if (s->count % n != 0) {
+          throwError(mnclInvalidArgument, "scatter: send has " + std::to_string(s->count) + " elements, not a multiple of " +
+                                              std::to_string(n) + " ranks");
+        }
+        recv = py_arrays::emptyLike(send, scatteredShape(s->shape, s->count, n));
+      }
+    }
+    ArrayView r = py_arrays::view(recv, true, "recv");
+    checkDevice(r, "recv");
+    if (atRoot) checkCounts("scatter", r, *s, r.count * n, "send");
+    const void* sp = atRoot ? s->data : nullptr;
+    void* rp = r.data;
+    size_t count = r.count;
+    DataType t = r.dtype;
+    return run(asyncOp, stream, recv, {atRoot ? s->keepAlive : py::none(), r.keepAlive},
+               [=](Comm& cm, void* st) { enqueueScatter(cm, sp, rp, count, t, root, st); });
   }
 
   py::object send(py::object buf, int peer, bool asyncOp, py::object stream, int tag) {
@@ -779,6 +834,8 @@ const Signature kReduce("reduce", {"send", "recv=None", "op='sum'", "root=0", "a
 const Signature kAllgather("allgather", {"send", "recv=None", "async_op=False", "stream=None"});
 const Signature kReduceScatter("reduce_scatter", {"send", "recv=None", "op='sum'", "async_op=False", "stream=None"});
 const Signature kAlltoall("alltoall", {"send", "recv=None", "async_op=False", "stream=None"});
+const Signature kGather("gather", {"send", "recv=None", "root=0", "async_op=False", "stream=None"});
+const Signature kScatter("scatter", {"send=None", "recv=None", "root=0", "async_op=False", "stream=None"});
 const Signature kSend("send", {"buf", "peer", "async_op=False", "stream=None", "tag=0"});
 const Signature kRecv("recv", {"buf", "peer", "async_op=False", "stream=None", "tag=0"});
 const Signature kSendrecv("sendrecv", {"send", "recv", "peer", "recv_peer=None", "async_op=False", "stream=None"});
@@ -801,6 +858,12 @@ py::object reduceScatterWith(PyComm& c, const Args& a) {
 }
 py::object alltoallWith(PyComm& c, const Args& a) {
   return c.alltoall(a.object(0), a.object(1), a.flag(2), a.object(3));
+}
+py::object gatherWith(PyComm& c, const Args& a) {
+  return c.gather(a.object(0), a.object(1), a.integer(2), a.flag(3), a.object(4));
+}
+py::object scatterWith(PyComm& c, const Args& a) {
+  return c.scatter(a.object(0), a.object(1), a.integer(2), a.flag(3), a.object(4));
 }
 py::object sendWith(PyComm& c, const Args& a) {
   return c.send(a.object(0), a.integer(1), a.flag(2), a.object(3), a.integer(4));
@@ -826,6 +889,10 @@ void bindCalls(py::handle comm) {
             "Reduces send (nranks blocks) over the ranks, block r into rank r's recv (a new array when None).");
   addMethod(comm, kAlltoall, method<kAlltoall, alltoallWith>,
             "Block p of send to rank p, block q of recv from rank q (a new array when None); returns recv.");
+  addMethod(comm, kGather, method<kGather, gatherWith>,
+            "Every rank's send, rank-major, into root's recv (a new array at the root when None); returns recv.");
+  addMethod(comm, kScatter, method<kScatter, scatterWith>,
+            "Block r of root's send (nranks blocks) into rank r's recv (a new array when None); returns recv.");
   addMethod(comm, kSend, method<kSend, sendWith>, "Sends buf to rank peer (which calls recv).");
   addMethod(comm, kRecv, method<kRecv, recvWith>,
             "Receives into buf from rank peer (which calls send); returns buf.");
