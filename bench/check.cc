@@ -82,7 +82,7 @@ void fillInput(const Options& opt, const Shape& shape, int rank, void* hostSend)
 }
 
 size_t countWrong(const Options& opt, const Shape& shape, int rank, int nranks, const void* hostRecv) {
-  if (opt.coll == Coll::Reduce && rank != opt.root) return 0;
+  if ((opt.coll == Coll::Reduce || opt.coll == Coll::Gather) && rank != opt.root) return 0;
   return withType(opt.dtype, [&]<typename T>() -> size_t {
     const T* got = static_cast<const T*>(hostRecv);
     size_t s = shape.paramCount, wrong = 0;
@@ -93,7 +93,9 @@ size_t countWrong(const Options& opt, const Shape& shape, int rank, int nranks, 
         case Coll::Reduce: want = reference<T>(opt.op, nranks, k); break;
         case Coll::ReduceScatter: want = reference<T>(opt.op, nranks, static_cast<size_t>(rank) * s + k); break;
         case Coll::Broadcast: want = fromDouble<T>(pattern(opt.root, k)); break;
-        case Coll::AllGather: want = fromDouble<T>(pattern(static_cast<int>(k / s), k % s)); break;
+        case Coll::AllGather:
+        case Coll::Gather: want = fromDouble<T>(pattern(static_cast<int>(k / s), k % s)); break;
+        case Coll::Scatter: want = fromDouble<T>(pattern(opt.root, static_cast<size_t>(rank) * s + k)); break;
         case Coll::AlltoAll:
           want = fromDouble<T>(pattern(static_cast<int>(k / s), static_cast<size_t>(rank) * s + k % s));
           break;

@@ -21,6 +21,12 @@ Shape shapeFor(Coll coll, size_t bytes, size_t typeSize, int nranks) {
     case Coll::AlltoAll:
       count -= count % n;
       return {count * typeSize, count, count / n, count, count};
+    case Coll::Gather:
+      count -= count % n;
+      return {count * typeSize, count, count / n, count / n, count};
+    case Coll::Scatter:
+      count -= count % n;
+      return {count * typeSize, count, count / n, count, count / n};
     default:
       return {count * typeSize, count, count, count, count};
   }
@@ -32,12 +38,16 @@ double busFactor(Coll coll, int nranks) {
     case Coll::AllReduce: return 2.0 * (n - 1) / n;
     case Coll::AllGather:
     case Coll::ReduceScatter:
-    case Coll::AlltoAll: return (n - 1) / n;
+    case Coll::AlltoAll:
+    case Coll::Gather:
+    case Coll::Scatter: return (n - 1) / n;
     default: return 1.0;
   }
 }
 
-bool hasRoot(Coll coll) { return coll == Coll::Broadcast || coll == Coll::Reduce; }
+bool hasRoot(Coll coll) {
+  return coll == Coll::Broadcast || coll == Coll::Reduce || coll == Coll::Gather || coll == Coll::Scatter;
+}
 
 bool reduces(Coll coll) {
   return coll == Coll::AllReduce || coll == Coll::Reduce || coll == Coll::ReduceScatter;
@@ -86,6 +96,8 @@ mnclResult_t runCollective(const Options& opt, const Shape& shape, const void* s
     case Coll::Broadcast: return mnclBroadcast(send, recv, c, opt.dtype, opt.root, comm, stream);
     case Coll::AllGather: return mnclAllGather(send, recv, c, opt.dtype, comm, stream);
     case Coll::AlltoAll: return mnclAlltoAll(send, recv, c, opt.dtype, comm, stream);
+    case Coll::Gather: return mnclGather(send, recv, c, opt.dtype, opt.root, comm, stream);
+    case Coll::Scatter: return mnclScatter(send, recv, c, opt.dtype, opt.root, comm, stream);
     case Coll::SendRecv: {
       mnclResult_t rc = mnclGroupStart();
       if (rc != mnclSuccess) return rc;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 
 #include "dtype.h"
@@ -12,8 +13,8 @@
 namespace perf {
 namespace {
 
-constexpr const char* kCollNames[] = {"allreduce", "broadcast",    "reduce",  "allgather",
-                                      "reduce_scatter", "alltoall", "sendrecv"};
+constexpr const char* kCollNames[] = {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
+                                      "alltoall",  "sendrecv",  "gather", "scatter"};  // (Coll's order)
 // -o's names and the ops they stand for.
 struct OpName {
   const char* name;
@@ -27,7 +28,7 @@ constexpr OpName kOps[] = {{"sum", mnclSum},         {"prod", mnclProd}, {"max",
   std::fprintf(code ? stderr : stdout,
                "usage: %s [collective] (-t N | -p N) [options]\n"
                "  collective   allreduce (default) | broadcast | reduce | allgather |\n"
-               "               reduce_scatter | alltoall | sendrecv (or -k NAME)\n"
+               "               reduce_scatter | alltoall | gather | scatter | sendrecv (or -k NAME)\n"
                "  -t N         N ranks as threads of this process (mnclCommInitAll)\n"
                "  -g           with -t N: one thread drives all N ranks, each call a group of\n"
                "               every rank's call (as nccl-tests with -g); ranks on one GPU share\n"
@@ -43,7 +44,7 @@ constexpr OpName kOps[] = {{"sum", mnclSum},         {"prod", mnclProd}, {"max",
                "  -o OP        sum | prod | max | min | avg | premulsum | band | bor | bxor\n"
                "               (default sum; the bitwise ones on integer types)\n"
                "  -d TYPE      int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2\n"
-               "  -r ROOT      root for broadcast and reduce (default 0)\n"
+               "  -r ROOT      root for broadcast, reduce, gather and scatter (default 0)\n"
                "  -a 0|1|2|3   time reported: rank 0 | mean | min | max over ranks (default 1)\n"
                "  -A ALGO      sets MININCL_ALGO (ring, tree, direct)\n"
                "  -P PROTO     sets MININCL_PROTO (simple, ll, ll128)\n"
@@ -54,7 +55,7 @@ constexpr OpName kOps[] = {{"sum", mnclSum},         {"prod", mnclProd}, {"max",
 }
 
 Coll parseColl(const char* name, const char* prog) {
-  for (int i = 0; i < 7; ++i) {
+  for (int i = 0; i < (int)std::size(kCollNames); ++i) {
     if (std::strcmp(name, kCollNames[i]) == 0) return static_cast<Coll>(i);
   }
   std::fprintf(stderr, "%s: unknown collective '%s'\n", prog, name);

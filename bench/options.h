@@ -8,7 +8,7 @@
 
 namespace perf {
 
-enum class Coll { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AlltoAll, SendRecv };
+enum class Coll { AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AlltoAll, SendRecv, Gather, Scatter };
 
 struct Options {
   Coll coll = Coll::AllReduce;

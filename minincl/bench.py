@@ -13,7 +13,21 @@ import numpy as np
 from ._comm import Communicator, group, launch
 from ._core import PreMulSum
 
-COLLECTIVES = ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "sendrecv"]
+COLLECTIVES = [
+    "allreduce",
+    "broadcast",
+    "reduce",
+    "allgather",
+    "reduce_scatter",
+    "alltoall",
+    "gather",
+    "scatter",
+    "sendrecv",
+]
+# The collectives whose size (nccl-tests' column) is nranks blocks of `count` elements, and
+# those with a root.
+BLOCKED = ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
 DTYPES = {
     "int8": np.int8,
     "uint8": np.uint8,
@@ -84,7 +98,7 @@ def bus_factor(coll: str, n: int) -> float:
     """nccl-tests' bus bandwidth factors: what each rank's links carry relative to the size."""
     if coll == "allreduce":
         return 2 * (n - 1) / n
-    if coll in ("allgather", "reduce_scatter", "alltoall"):
+    if coll in BLOCKED:
         return (n - 1) / n
     return 1.0
 
@@ -144,8 +158,10 @@ def _expected(cfg: Config, comm: Communicator, count: int, dtype: Any) -> np.nda
         return red[r * count : (r + 1) * count] if cfg.coll == "reduce_scatter" else red
     if cfg.coll == "broadcast":
         return _pattern(cfg.root, count, dtype)
-    if cfg.coll == "allgather":
+    if cfg.coll in ("allgather", "gather"):
         return np.concatenate([_pattern(q, count, dtype) for q in range(n)])
+    if cfg.coll == "scatter":
+        return _pattern(cfg.root, count * n, dtype)[r * count : (r + 1) * count]
     if cfg.coll == "alltoall":
         return np.concatenate([_pattern(q, count * n, dtype)[r * count : (r + 1) * count] for q in range(n)])
     return _pattern((r - 1) % n, count, dtype)  # sendrecv
@@ -167,6 +183,10 @@ def _run_one(cfg: Config, comm: Communicator, send: np.ndarray, recv: np.ndarray
         comm.reduce_scatter(send, recv, op)
     elif cfg.coll == "alltoall":
         comm.alltoall(send, recv)
+    elif cfg.coll == "gather":
+        comm.gather(send, recv, cfg.root)
+    elif cfg.coll == "scatter":
+        comm.scatter(send, recv, cfg.root)
     else:
         n, r = comm.nranks, comm.rank
         with group():
@@ -176,10 +196,10 @@ def _run_one(cfg: Config, comm: Communicator, send: np.ndarray, recv: np.ndarray
 
 def _buffers(cfg: Config, n: int, rank: int, nbytes: int, dtype: Any) -> tuple[int, np.ndarray, np.ndarray]:
     item = np.dtype(dtype).itemsize
-    if cfg.coll in ("allgather",):
+    if cfg.coll in ("allgather", "gather"):
         count = nbytes // item // n
         return count, _pattern(rank, count, dtype), np.zeros(count * n, dtype)
-    if cfg.coll in ("reduce_scatter",):
+    if cfg.coll in ("reduce_scatter", "scatter"):
         count = nbytes // item // n
         return count, _pattern(rank, count * n, dtype), np.zeros(count, dtype)
     if cfg.coll == "alltoall":
@@ -229,7 +249,7 @@ def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, i
         if cfg.check:
             recv[...] = 0
             _run_one(cfg, comm, send, recv)
-            if cfg.coll == "reduce" and comm.rank != cfg.root:
+            if cfg.coll in ("reduce", "gather") and comm.rank != cfg.root:
                 pass
             else:
                 want = _expected(cfg, comm, count, dtype).astype(np.float64)
@@ -238,7 +258,7 @@ def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, i
                 wrong[0] = int(np.count_nonzero(~(np.abs(got - want) <= tol * np.abs(want))))  # (NaN: wrong)
             comm.allreduce(wrong, op="sum")
         row = (
-            count * np.dtype(dtype).itemsize * (n if cfg.coll in ("allgather", "reduce_scatter", "alltoall") else 1),
+            count * np.dtype(dtype).itemsize * (n if cfg.coll in BLOCKED else 1),
             count,
             float(elapsed[0]),
             int(wrong[0]) if cfg.check else -1,
@@ -286,13 +306,13 @@ def bench_gpu_ranks(comms: list[Communicator], cfg: Config) -> list[tuple[int, i
                 r.fill(0)
             step(sends, recvs)
             for c in comms:
-                if cfg.coll == "reduce" and c.rank != cfg.root:
+                if cfg.coll in ("reduce", "gather") and c.rank != cfg.root:
                     continue
                 want = _expected(cfg, c, count, dtype)
                 got = cp.asnumpy(recvs[c.rank]).reshape(-1)[: want.size]
                 wrong += int(np.count_nonzero(got != want))
         row = (
-            count * np.dtype(dtype).itemsize * (n if cfg.coll in ("allgather", "reduce_scatter", "alltoall") else 1),
+            count * np.dtype(dtype).itemsize * (n if cfg.coll in BLOCKED else 1),
             count,
             secs,
             wrong,
@@ -325,7 +345,7 @@ def _row(cfg: Config, n: int, row: tuple[int, int, float, int]) -> str:
     algbw = nbytes / secs / 1e9 if secs > 0 else 0.0
     busbw = algbw * bus_factor(cfg.coll, n)
     redop = _redop(cfg)
-    root = str(cfg.root) if cfg.coll in ("broadcast", "reduce") else "-1"
+    root = str(cfg.root) if cfg.coll in ROOTED else "-1"
     wrong_s = "N/A" if wrong < 0 else str(wrong)
     return (
         f"  {nbytes:>12} {count:>12} {cfg.dtype:>13} {redop:>9} {root:>5} {secs * 1e6:>10.2f} "

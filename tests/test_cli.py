@@ -20,13 +20,16 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         )
 
 
-@pytest.mark.parametrize("collective", ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall"])
+@pytest.mark.parametrize(
+    "collective", ["allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather", "scatter"]
+)
 def test_bench_checks_every_row_against_numpy(collective: str) -> None:
-    out = run_cli("bench", collective, "--ranks", "3", "-b", "8", "-e", "256K", "-f", "8", "--check", "--iters", "3")
+    args = ("--ranks", "3", "-b", "8", "-e", "256K", "-f", "8", "--check", "--iters", "3", "--root", "1")
+    out = run_cli("bench", collective, *args)
     assert out.returncode == 0, out.stdout + out.stderr
     rows = [line.split() for line in out.stdout.splitlines() if line.strip() and not line.startswith("#")]
     sizes = [int(r[0]) for r in rows]
-    # allgather, reduce_scatter and alltoall round a size down to whole blocks per rank
+    # allgather, reduce_scatter, alltoall, gather and scatter round a size down to whole blocks per rank
     assert all(0 <= want - got < 3 * 4 for got, want in zip(sizes, [8, 64, 512, 4096, 32768, 262144])), sizes
     assert len(sizes) == 6
     assert all(r[-1] == "0" for r in rows), out.stdout  # the #wrong column

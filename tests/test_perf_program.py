@@ -36,6 +36,8 @@ def table_rows(out: str) -> list[list[str]]:
         ("broadcast", ["-p", "3"], "double", "sum"),
         ("alltoall", ["-t", "4"], "int32", "sum"),
         ("sendrecv", ["-t", "2"], "half", "sum"),
+        ("gather", ["-p", "3"], "uint8", "sum"),
+        ("scatter", ["-t", "3", "-g"], "int64", "sum"),
     ],
 )
 def test_perf_checks_every_size_without_a_wrong_element(
@@ -61,10 +63,12 @@ def test_perf_checks_every_size_without_a_wrong_element(
         dtype,
         "-o",
         op,
+        "-r",
+        "1",
     )
     assert run.returncode == 0, run.stdout + run.stderr
     rows = table_rows(run.stdout)
-    element = {"float": 4, "bfloat16": 2, "int8": 1, "double": 8, "int32": 4, "half": 2}[dtype]
+    element = {"float": 4, "bfloat16": 2, "int8": 1, "uint8": 1, "double": 8, "int32": 4, "int64": 8, "half": 2}[dtype]
     nranks = int(ranks[1])
     # Sizes 8 B, 128 B, ... 512 KiB (16x steps up to 1 MiB), each rounded down to whole elements
     # per rank (per pair of ranks for an alltoall) as nccl-tests does; a size that rounds to
