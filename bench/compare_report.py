@@ -184,9 +184,9 @@ def section_markdown(results: Results, libraries: list[Any], plots: list[str], m
         "per size warm-up calls, then "
         "repetitions of a fixed call count (the slowest rank counts, median repetition); "
         "libraries alternate order between rounds; figures are medians over rounds. "
-        "busbw uses nccl-tests' factors (allreduce 2(n-1)/n, allgather, reduce_scatter and alltoall "
-        "(n-1)/n, broadcast 1; sendrecv 1: each rank sends the size to its partner and receives as "
-        "much, MPI_Sendrecv). Latency is per call, from Python."
+        "busbw uses nccl-tests' factors (allreduce 2(n-1)/n; allgather, reduce_scatter, alltoall, gather "
+        "and scatter (n-1)/n; broadcast 1; sendrecv 1: each rank sends the size to its partner and receives as "
+        "much, MPI_Sendrecv). Broadcast, gather and scatter have root 0. Latency is per call, from Python."
     )
     lines.append("")
     for coll in results.collectives:

@@ -419,6 +419,30 @@ def test_alltoall(gpus: GpuPool, cp: Any, nranks: int) -> None:
         comms[0].alltoall(x, x)
 
 
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_gather_and_scatter(gpus: GpuPool, cp: Any, nranks: int) -> None:
+    """Every rank's calls in one group: a gather to the last rank (in place there) and a
+    scatter from rank 1, int32, against NumPy."""
+    comms = gpus.get(nranks)
+    g, s = nranks - 1, 1
+    for count in (1, 1009, 300_007):
+        inputs = [np.arange(count, dtype=np.int32) * 10 + r for r in range(nranks)]
+        whole = cp.full(count * nranks, -1, cp.int32)
+        whole[g * count : (g + 1) * count] = cp.asarray(inputs[g])
+        sends = [cp.asarray(x) for x in inputs]
+        sends[g] = whole[g * count : (g + 1) * count]  # (in place: the root's block of recv)
+        blocks = np.concatenate(inputs)[::-1].copy()
+        on_gpu = cp.asarray(blocks)
+        parts = [cp.full(count, -1, cp.int32) for _ in range(nranks)]
+        with minincl.group():
+            for c in comms:
+                c.gather(sends[c.rank], whole if c.rank == g else None, root=g)
+                c.scatter(on_gpu if c.rank == s else None, parts[c.rank], root=s)
+        np.testing.assert_array_equal(cp.asnumpy(whole), np.concatenate(inputs), err_msg=f"count {count}")
+        for r in range(nranks):
+            np.testing.assert_array_equal(cp.asnumpy(parts[r]), blocks[r * count : (r + 1) * count])
+
+
 @pytest.mark.parametrize("nranks", [2, 4, 8])
 def test_every_type_default_tuner(gpus: GpuPool, nranks: int) -> None:
     """All ten types under the tuner's own choice (the full build compiles every (op, type))."""

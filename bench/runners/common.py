@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
-COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter", "sendrecv", "alltoall")
+COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter", "sendrecv", "alltoall", "gather", "scatter")
 ITEM_BYTES = 4  # float32 everywhere, op sum
 CSV_HEADER = "library,collective,size_bytes,latency_us,busbw_gbps"
 
@@ -53,10 +53,10 @@ def iterations(cfg: RunConfig, size: int) -> int:
 def counts(collective: str, size: int, nranks: int) -> tuple[int, int]:
     """(send elements, receive elements) per rank for a message of `size` bytes (nccl-tests)."""
     count = size // ITEM_BYTES
-    if collective == "allgather":
+    if collective in ("allgather", "gather"):
         count -= count % nranks
         return count // nranks, count
-    if collective == "reduce_scatter":
+    if collective in ("reduce_scatter", "scatter"):
         count -= count % nranks
         return count, count // nranks
     if collective == "alltoall":
@@ -67,7 +67,7 @@ def counts(collective: str, size: int, nranks: int) -> tuple[int, int]:
 def bus_factor(collective: str, nranks: int) -> float:
     if collective == "allreduce":
         return 2 * (nranks - 1) / nranks
-    if collective in ("allgather", "reduce_scatter", "alltoall"):
+    if collective in ("allgather", "reduce_scatter", "alltoall", "gather", "scatter"):
         return (nranks - 1) / nranks
     return 1.0
 

@@ -39,6 +39,12 @@ def make_op(collective: str, send: torch.Tensor, recv: torch.Tensor) -> Callable
         return lambda: dist.all_gather_into_tensor(recv, send)
     if collective == "alltoall":
         return lambda: dist.all_to_all_single(recv, send)
+    if collective == "gather":  # (into views of one tensor, at the root only)
+        blocks = list(recv.chunk(dist.get_world_size())) if dist.get_rank() == 0 else None
+        return lambda: dist.gather(send, blocks, dst=0)
+    if collective == "scatter":
+        parts = list(send.chunk(dist.get_world_size())) if dist.get_rank() == 0 else None
+        return lambda: dist.scatter(recv, parts, src=0)
     if collective == "sendrecv":  # an exchange with the partner rank
         return lambda: exchange(send, recv)
     return lambda: dist.reduce_scatter_tensor(recv, send)

@@ -30,6 +30,10 @@ def make_op(comm: minincl.Communicator, collective: str, send: np.ndarray, recv:
         return lambda: comm.allgather(send, recv)
     if collective == "alltoall":
         return lambda: comm.alltoall(send, recv)
+    if collective == "gather":
+        return lambda: comm.gather(send, recv, 0)
+    if collective == "scatter":
+        return lambda: comm.scatter(send, recv, 0)
     if collective == "sendrecv":  # an exchange with the partner rank, as MPI_Sendrecv
         return lambda: comm.sendrecv(send, recv, comm.rank ^ 1)
     return lambda: comm.reduce_scatter(send, recv)

@@ -26,6 +26,10 @@ def make_op(comm: MPI.Comm, collective: str, send: np.ndarray, recv: np.ndarray)
         return lambda: comm.Allgather(send, recv)
     if collective == "alltoall":
         return lambda: comm.Alltoall(send, recv)
+    if collective == "gather":  # (every rank has the receive buffer; the root's is written)
+        return lambda: comm.Gather(send, recv, root=0)
+    if collective == "scatter":
+        return lambda: comm.Scatter(send, recv, root=0)
     if collective == "sendrecv":  # an exchange with the partner rank
         peer = comm.Get_rank() ^ 1
         return lambda: comm.Sendrecv(send, peer, 0, recv, peer, 0)
