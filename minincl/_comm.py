@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Union
 
@@ -166,6 +167,13 @@ class Communicator(_core.Communicator):
         if info is None:
             return None
         nranks, uid, rank = info
+        return type(self)(nranks, uid, rank, self.device)
+
+    def shrink(self, exclude: Iterable[int]) -> Communicator:
+        """A new communicator of this one's ranks but ``exclude``, in rank order (as
+        ncclCommShrink). Every rank kept calls it with the same ranks; the excluded ones do not,
+        and need not be alive: it works on a communicator that failed because a peer died."""
+        nranks, uid, rank = self._shrink_info([int(r) for r in exclude])
         return type(self)(nranks, uid, rank, self.device)
 
     def topology(self) -> Topology:

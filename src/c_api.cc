@@ -363,6 +363,31 @@ mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newc
   });
 }
 
+mnclResult_t mnclCommShrink(mnclComm_t comm, int* excludeRanksList, int excludeRanksCount, mnclComm_t* newcomm,
+                            void* config, int shrinkFlags) {
+  return guarded([&] {
+    MNCL_CHECK(newcomm != nullptr, mnclInvalidArgument, "newcomm is null");
+    *newcomm = nullptr;
+    MNCL_CHECK(excludeRanksCount >= 0 && (excludeRanksCount == 0 || excludeRanksList), mnclInvalidArgument,
+               "shrink: excludeRanksList is null or excludeRanksCount negative");
+    MNCL_CHECK(shrinkFlags == MNCL_SHRINK_DEFAULT || shrinkFlags == MNCL_SHRINK_ABORT, mnclInvalidArgument,
+               "shrink: shrinkFlags must be MNCL_SHRINK_DEFAULT or MNCL_SHRINK_ABORT, not " + std::to_string(shrinkFlags));
+    CallHold hold(comm);
+    Comm& parent = hold.comm();
+    WaitCancel cancel(&comm->cancelWaits);
+    CommOptions options = config ? optionsFrom(static_cast<const mnclConfig_t*>(config)) : parent.options();
+    MNCL_CHECK(!config || static_cast<const mnclConfig_t*>(config)->blocking != 0, mnclInvalidArgument,
+               "config.blocking = 0: minincl's shrink always blocks; set blocking to 1 (or leave it undefined)");
+    if (shrinkFlags == MNCL_SHRINK_ABORT) parent.abort();
+    int n = 0, r = 0;
+    UniqueIdData id{};
+    parent.shrinkInfo(std::vector<int>(excludeRanksList, excludeRanksList + excludeRanksCount), &n, &r, &id);
+    auto c = std::make_unique<mnclComm>();
+    c->impl = std::make_unique<Comm>(id, r, n, parent.device(), options);
+    *newcomm = c.release();
+  });
+}
+
 mnclResult_t mnclCommDestroy(mnclComm_t comm) {
   return guarded([&] {
     if (comm) release(comm);

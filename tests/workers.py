@@ -1098,3 +1098,17 @@ def call_sequence(comm: minincl.Communicator, seed: int, steps: int, windows: bo
                 comm.recv(out, (me - 1) % n)
             check(what, out, inputs[(me - 1) % n])
     return wrong
+
+
+def shrink_after_a_death(comm: minincl.Communicator, victim: int, flags: str) -> tuple[str, int, int, list[float], Any]:
+    """The victim kills itself between calls; the others' calls fail, and they shrink it
+    away: (how their calls ended, new rank, new size, an allreduce and an allgather on the
+    new communicator)."""
+    ended = stop_mid_run(comm, victim, flags, signal.SIGKILL, 1 << 10, 100000)
+    with comm.shrink([victim]) as new:
+        x = np.full(3, comm.rank + 1, np.float32)
+        new.allreduce(x)
+        ranks = new.allgather(np.array([comm.rank], np.int64))
+        new.barrier()
+    comm.destroy()
+    return ended.split(" ")[0], new.rank, new.nranks, x.tolist(), ranks.tolist()

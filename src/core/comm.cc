@@ -775,6 +775,58 @@ bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdDa
   return true;
 }
 
+// The lowest rank kept starts the new group's root and sends its id to the others; first each
+// of them sends it the exclude list it was given (its length and a hash), so that ranks that
+// disagree fail, naming who, instead of making communicators that never meet.
+void Comm::shrinkInfo(std::vector<int> exclude, int* newRanks, int* newRank, UniqueIdData* id) {
+  std::sort(exclude.begin(), exclude.end());
+  exclude.erase(std::unique(exclude.begin(), exclude.end()), exclude.end());
+  for (int r : exclude) {
+    MNCL_CHECK(r >= 0 && r < nranks_, mnclInvalidArgument,
+               "shrink: rank " + std::to_string(r) + " is out of range for " + std::to_string(nranks_) + " ranks");
+    MNCL_CHECK(r != rank_, mnclInvalidArgument,
+               "shrink: rank " + std::to_string(r) + " excludes itself; excluded ranks do not call shrink");
+  }
+  std::vector<int> kept;
+  for (int r = 0; r < nranks_; ++r) {
+    if (!std::binary_search(exclude.begin(), exclude.end(), r)) kept.push_back(r);
+  }
+  *newRanks = (int)kept.size();
+  *newRank = (int)(std::find(kept.begin(), kept.end(), rank_) - kept.begin());
+  struct Excluded {
+    uint64_t count, hash;
+    bool operator==(const Excluded&) const = default;
+  } mine{exclude.size(), 14695981039346656037ull};
+  for (int r : exclude) mine.hash = (mine.hash ^ (uint64_t)r) * 1099511628211ull;  // (FNV-1a)
+  int tag = 1000 + splits_++, leader = kept[0];
+  if (leader != rank_) {
+    bootstrap_->send(leader, tag, &mine, sizeof(mine));
+    bootstrap_->recv(leader, tag, id, sizeof(*id));
+    MNCL_CHECK(id->magic == kIdMagic, mnclInvalidUsage,
+               "shrink: the ranks kept were given different ranks to exclude (rank " + std::to_string(leader) +
+                   ", the lowest kept, compared them): every rank kept must pass the same ones");
+    return;
+  }
+  std::string others;
+  for (size_t i = 1; i < kept.size(); ++i) {
+    Excluded theirs{};
+    bootstrap_->recv(kept[i], tag, &theirs, sizeof(theirs));
+    if (!(theirs == mine)) others += (others.empty() ? "" : ", ") + std::to_string(kept[i]);
+  }
+  *id = UniqueIdData{};
+  if (others.empty()) {
+    std::random_device rd;
+    uint64_t nonce = ((uint64_t)rd() << 32) ^ rd();
+    id->magic = kIdMagic;
+    id->nonce = nonce;
+    id->root = WireAddr::from(startRoot(bootstrap_->localAddress(), nonce));
+  }
+  for (size_t i = 1; i < kept.size(); ++i) bootstrap_->send(kept[i], tag, id, sizeof(*id));
+  MNCL_CHECK(others.empty(), mnclInvalidUsage,
+             "shrink: rank(s) " + others + " were given other ranks to exclude than rank " + std::to_string(rank_) +
+                 " was: every rank kept must pass the same ones");
+}
+
 std::string Comm::peerFailure(int r) const {
   const RankCtrl* ctrl = peerRegions_[r]->ctrl();
   if (dev::loadAcquire(&ctrl->state) != RankCtrl::kFailed) return "";

@@ -155,6 +155,10 @@ class Comm {
   // group); otherwise the new group's size, this rank's place in it and its unique id (the
   // group's first rank starts its root and sends the id to the others).
   bool splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdData* id);
+  // mnclCommShrink's rendezvous: every rank but `exclude` (which need not be alive, and do
+  // not call) forms a new group, in rank order. Works on a failed communicator: it needs
+  // only the bootstrap's sockets between the ranks kept.
+  void shrinkInfo(std::vector<int> exclude, int* newRanks, int* newRank, UniqueIdData* id);
 
   // GPU: whether this communicator's last kernel may still be running.
   bool gpuWorkPending() const;

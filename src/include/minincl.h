@@ -151,6 +151,16 @@ mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist);
  * for its peers (it returns mnclAborted). */
 #define MNCL_SPLIT_NOCOLOR (-1)
 mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newcomm, void* config);
+/* Every rank of comm but the excludeRanksCount in excludeRanksList forms a new communicator,
+ * in rank order (as NCCL 2.27's ncclCommShrink). Every rank kept calls it with the same
+ * ranks; the excluded ones do not, and need not be alive: it works on a communicator that
+ * failed because a peer died. shrinkFlags MNCL_SHRINK_ABORT first stops comm's calls still
+ * running on other threads (as mnclCommAbort, without freeing comm: destroy it afterwards).
+ * config as mnclCommSplit's. */
+#define MNCL_SHRINK_DEFAULT 0x00
+#define MNCL_SHRINK_ABORT 0x01
+mnclResult_t mnclCommShrink(mnclComm_t comm, int* excludeRanksList, int excludeRanksCount, mnclComm_t* newcomm,
+                            void* config, int shrinkFlags);
 /* Destroy waits for calls running on comm in other threads to end (stopping one still
  * waiting for its peers after MININCL_TIMEOUT); abort first stops them (they return
  * mnclAborted), so a watchdog thread may abort a communicator whose calls hang.

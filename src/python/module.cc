@@ -460,23 +460,15 @@ class PyComm {
 
   // (new nranks, unique id, new rank) of the group this rank joins, or None for color < 0.
   py::object splitInfo(int color, int key) {
-    int n = 0, r = 0;
-    UniqueIdData id{};
-    // Ctrl-C while the other ranks are awaited cancels the rendezvous's socket waits and
-    // fails this communicator (its ranks are somewhere inside the split).
-    std::atomic<bool> cancel{false};
-    py_interrupt::InterruptibleCall interruptible([&](const std::string& why) {
-      cancel = true;
-      failInside(why);  // (from inside withLive)
+    return rendezvous([&](Comm& cm, int* n, int* r, UniqueIdData* id) { return cm.splitInfo(color, key, n, r, id); });
+  }
+
+  // (new nranks, unique id, new rank) of the group of every rank but `exclude`.
+  py::object shrinkInfo(const std::vector<int>& exclude) {
+    return rendezvous([&](Comm& cm, int* n, int* r, UniqueIdData* id) {
+      cm.shrinkInfo(exclude, n, r, id);
+      return true;
     });
-    bool joined = interruptible.withoutGil([&] {
-      WaitCancel cancelWaits(&cancel);
-      return withLive([&](Comm& cm) { return cm.splitInfo(color, key, &n, &r, &id); });
-    });
-    if (!joined) return py::none();
-    char bytes[MNCL_UNIQUE_ID_BYTES] = {};
-    std::memcpy(bytes, &id, sizeof(id));
-    return py::make_tuple(n, py::bytes(bytes, sizeof(bytes)), r);
   }
 
   // How init ordered the rings (see Communicator.topology()).
@@ -577,6 +569,29 @@ class PyComm {
   }
 
  private:
+  // A split's or shrink's rendezvous, `f(comm, &nranks, &rank, &id)`: (nranks, unique id,
+  // rank) of the new group, or None where f returns false. Ctrl-C while the other ranks are
+  // awaited cancels the rendezvous's socket waits and fails this communicator (its ranks are
+  // somewhere inside the rendezvous).
+  template <typename F>
+  py::object rendezvous(F f) {
+    int n = 0, r = 0;
+    UniqueIdData id{};
+    std::atomic<bool> cancel{false};
+    py_interrupt::InterruptibleCall interruptible([&](const std::string& why) {
+      cancel = true;
+      failInside(why);  // (from inside withLive)
+    });
+    bool joined = interruptible.withoutGil([&] {
+      WaitCancel cancelWaits(&cancel);
+      return withLive([&](Comm& cm) { return f(cm, &n, &r, &id); });
+    });
+    if (!joined) return py::none();
+    char bytes[MNCL_UNIQUE_ID_BYTES] = {};
+    std::memcpy(bytes, &id, sizeof(id));
+    return py::make_tuple(n, py::bytes(bytes, sizeof(bytes)), r);
+  }
+
   // Frees the communicator once no call uses it: calls on other threads, and queued
   // async_op ones, end first. One still waiting for its peers after MININCL_TIMEOUT is
   // stopped (it raises Aborted): its peers may never come, and destroy() must not hang.
@@ -997,6 +1012,7 @@ PYBIND11_MODULE(_core, m) {
            "Returns once every rank has called it (on a CUDA communicator, once every rank's thread has: "
            "streams are not synchronized).")
       .def("_split_info", &PyComm::splitInfo, py::arg("color"), py::arg("key"))
+      .def("_shrink_info", &PyComm::shrinkInfo, py::arg("exclude"))
       .def("stats", &PyComm::stats,
            "Counters: channels; pointer_steps, steps whose data a receiver read straight from this rank's buffers; "
            "direct_writes, steps written straight into a receiver's output; network_steps_landed, steps from "
