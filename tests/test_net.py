@@ -453,6 +453,29 @@ def test_a_lost_host_is_an_error_on_the_others(tmp_path: Path, how: str) -> None
     assert time.monotonic() - t0 < 30
 
 
+@pytest.mark.parametrize("how", ["killed", "hung"])
+def test_the_other_hosts_shrink_a_lost_one_away(tmp_path: Path, how: str) -> None:
+    """As above, then the survivors make a communicator of their own (Communicator.shrink)
+    and run calls on it over the network."""
+    sig = signal.SIGKILL if how == "killed" else signal.SIGSTOP
+    got = launch_as_hosts(
+        workers.shrink_after_a_death,
+        3,
+        1,
+        str(tmp_path),
+        int(sig),
+        env={"MININCL_TIMEOUT": "2"},
+        timeout=60,
+        reporting=2,
+    )
+    assert sorted(got) == [0, 2], got
+    for old, (ok, result) in got.items():
+        assert ok, result
+        ended, rank, nranks, summed, ranks = result
+        assert ended in ("RemoteError", "Timeout") and (rank, nranks) == (old // 2, 2), result
+        assert summed == [4.0] * 3 and ranks == [0, 2], result
+
+
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_a_rank_stopped_past_the_timeout_learns_why_its_peers_gave_up(tmp_path: Path, nranks: int) -> None:
     """Rank 1 stops (SIGSTOP) between calls; rank 0 times out, destroys its communicator, and

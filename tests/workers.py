@@ -1100,11 +1100,13 @@ def call_sequence(comm: minincl.Communicator, seed: int, steps: int, windows: bo
     return wrong
 
 
-def shrink_after_a_death(comm: minincl.Communicator, victim: int, flags: str) -> tuple[str, int, int, list[float], Any]:
-    """The victim kills itself between calls; the others' calls fail, and they shrink it
-    away: (how their calls ended, new rank, new size, an allreduce and an allgather on the
-    new communicator)."""
-    ended = stop_mid_run(comm, victim, flags, signal.SIGKILL, 1 << 10, 100000)
+def shrink_after_a_death(
+    comm: minincl.Communicator, victim: int, flags: str, sig: int = signal.SIGKILL
+) -> tuple[str, int, int, list[float], Any]:
+    """The victim kills (or stops) itself between calls; the others' calls fail, and they
+    shrink it away: (how their calls ended, new rank, new size, an allreduce and an allgather
+    on the new communicator)."""
+    ended = stop_mid_run(comm, victim, flags, sig, 1 << 10, 100000)
     with comm.shrink([victim]) as new:
         x = np.full(3, comm.rank + 1, np.float32)
         new.allreduce(x)
