@@ -556,21 +556,18 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
 
 namespace {
 
-// Gather and scatter: the root exchanges a block with every rank (itself included: a copy on
-// its channels), every other rank one block with the root. `blocks` is the root's buffer of
-// nranks blocks (a gather's recv, a scatter's send), `own` a rank's one block (a gather's
-// send, a scatter's recv). In place, `own` is the root's block of `blocks`: it stays there.
-void enqueueRootedExchange(Comm& comm, bool gather, const void* blocks, const void* own, size_t count, DataType dtype,
-                           int root, void* stream) {
+// Gather's and scatter's checks (see enqueueRootedExchange); whether the root's call is in place.
+bool checkRootedExchange(Comm& comm, bool gather, const void* blocks, const void* own, size_t count, DataType dtype,
+                         int root) {
   std::string what = gather ? "gather" : "scatter";
   checkUsable(comm);
   checkTypeOp(dtype, RedOp::sum, false);
-  int me = comm.rank(), n = comm.nranks();
+  int n = comm.nranks();
   checkBytes(what.c_str(), count, dtype, (size_t)n);
   MNCL_CHECK(root >= 0 && root < n, mnclInvalidArgument,
              what + ": root " + std::to_string(root) + " is out of range for " + std::to_string(n) + " ranks");
   size_t bytes = count * dataTypeSize(dtype);
-  bool atRoot = me == root;
+  bool atRoot = comm.rank() == root;
   const char *ownName = gather ? "send" : "receive", *blocksName = gather ? "receive" : "send";
   MNCL_CHECK(!bytes || own, mnclInvalidArgument, what + ": the " + ownName + " buffer is null");
   MNCL_CHECK(!bytes || !atRoot || blocks, mnclInvalidArgument,
@@ -583,6 +580,18 @@ void enqueueRootedExchange(Comm& comm, bool gather, const void* blocks, const vo
                  (gather ? "send is the root's block of recv (recv + root * count)"
                          : "recv is the root's block of send (send + root * count)") +
                  "; otherwise use separate buffers");
+  return inPlace;
+}
+
+// Gather and scatter: the root exchanges a block with every rank (itself included: a copy on
+// its channels), every other rank one block with the root. `blocks` is the root's buffer of
+// nranks blocks (a gather's recv, a scatter's send), `own` a rank's one block (a gather's
+// send, a scatter's recv). In place, `own` is the root's block of `blocks`: it stays there.
+void enqueueRootedExchange(Comm& comm, bool gather, const void* blocks, const void* own, size_t count, DataType dtype,
+                           int root, void* stream) {
+  bool inPlace = checkRootedExchange(comm, gather, blocks, own, count, dtype, root);
+  bool atRoot = comm.rank() == root;
+  size_t bytes = count * dataTypeSize(dtype);
   comm.logCall({gather ? kGatherCall : kScatterCall, (uint8_t)dtype, 0, root, count});
   auto post = [&](bool isSend, const void* buf, int peer) {
     P2pCall c{isSend, const_cast<void*>(buf), count, dtype, peer, stream};
@@ -592,7 +601,7 @@ void enqueueRootedExchange(Comm& comm, bool gather, const void* blocks, const vo
   groupStart();
   try {
     if (!atRoot) post(gather, own, root);
-    for (int p = 0; p < n && atRoot; ++p) {
+    for (int p = 0; p < comm.nranks() && atRoot; ++p) {
       const char* block = (const char*)blocks + (size_t)p * bytes;
       if (p != root) {
         post(!gather, block, p);
