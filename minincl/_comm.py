@@ -172,7 +172,10 @@ class Communicator(_core.Communicator):
     def shrink(self, exclude: Iterable[int]) -> Communicator:
         """A new communicator of this one's ranks but ``exclude``, in rank order (as
         ncclCommShrink). Every rank kept calls it with the same ranks; the excluded ones do not,
-        and need not be alive: it works on a communicator that failed because a peer died."""
+        and need not be alive: it works on a communicator that failed because a peer died.
+        (This communicator stays as it is: destroy it afterwards. mnclCommShrink's
+        MNCL_SHRINK_ABORT has no counterpart here: a call waiting on a dead rank fails at
+        once, one waiting on a hung rank after MININCL_TIMEOUT.)"""
         nranks, uid, rank = self._shrink_info([int(r) for r in exclude])
         return type(self)(nranks, uid, rank, self.device)
 

@@ -378,10 +378,10 @@ mnclResult_t mnclCommShrink(mnclComm_t comm, int* excludeRanksList, int excludeR
     CommOptions options = config ? optionsFrom(static_cast<const mnclConfig_t*>(config)) : parent.options();
     MNCL_CHECK(!config || static_cast<const mnclConfig_t*>(config)->blocking != 0, mnclInvalidArgument,
                "config.blocking = 0: minincl's shrink always blocks; set blocking to 1 (or leave it undefined)");
-    if (shrinkFlags == MNCL_SHRINK_ABORT) parent.abort();
     int n = 0, r = 0;
     UniqueIdData id{};
-    parent.shrinkInfo(std::vector<int>(excludeRanksList, excludeRanksList + excludeRanksCount), &n, &r, &id);
+    std::vector<int> exclude(excludeRanksList, excludeRanksList + excludeRanksCount);
+    parent.shrinkInfo(exclude, shrinkFlags == MNCL_SHRINK_ABORT, &n, &r, &id);
     auto c = std::make_unique<mnclComm>();
     c->impl = std::make_unique<Comm>(id, r, n, parent.device(), options);
     *newcomm = c.release();

@@ -47,9 +47,12 @@ def test_gather(comms_of: Any, nranks: int, dtype: str) -> None:
                     assert_same(given, want, dtype)
                     assert_same(new, want, dtype)
                     assert_same(whole, want, dtype)
-                else:
+                else:  # (nothing but this rank's own block of `whole` was ever written)
                     assert new is None
-                    assert (as_numpy(given) == as_numpy(empty(1, dtype))[0]).all()
+                    unwritten = as_numpy(empty(1, dtype))[0]
+                    assert (as_numpy(given) == unwritten).all()
+                    rest = np.delete(as_numpy(whole), np.arange(r * count, (r + 1) * count))
+                    assert (rest == unwritten).all()
 
 
 @pytest.mark.parametrize("nranks", NRANKS)
@@ -71,16 +74,17 @@ def test_scatter(comms_of: Any, nranks: int, dtype: str) -> None:
                 whole = make(blocks, dtype) if c.rank == root else empty(count * nranks, dtype)
                 mine = whole[c.rank * count : (c.rank + 1) * count] if c.rank == root else empty(count, dtype)
                 c.scatter(whole if c.rank == root else None, mine, root=root)
-                return out is given, given, new, (mine, send)
+                return out is given, given, new, (mine, send, whole)
 
-            for r, (same, given, new, (mine, send)) in enumerate(run_ranks(comms, body)):
+            for r, (same, given, new, (mine, send, whole)) in enumerate(run_ranks(comms, body)):
                 want = blocks[r * count : (r + 1) * count]
                 assert same
                 assert_same(given, want, dtype)
                 assert_same(new, want, dtype)
                 assert_same(mine, want, dtype)
-                if r == root:
+                if r == root:  # (send is only read: the in-place one too)
                     assert_same(send, blocks, dtype)
+                    assert_same(whole, blocks, dtype)
 
 
 @pytest.mark.parametrize("nranks", [2, 3])

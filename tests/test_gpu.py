@@ -421,8 +421,8 @@ def test_alltoall(gpus: GpuPool, cp: Any, nranks: int) -> None:
 
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_gather_and_scatter(gpus: GpuPool, cp: Any, nranks: int) -> None:
-    """Every rank's calls in one group: a gather to the last rank (in place there) and a
-    scatter from rank 1, int32, against NumPy."""
+    """Every rank's calls in one group: gathers to the last rank (in place there) and to rank
+    0 (out of place), scatters from rank 1 (out of place, then in place), int32, against NumPy."""
     comms = gpus.get(nranks)
     g, s = nranks - 1, 1
     for count in (1, 1009, 300_007):
@@ -434,13 +434,26 @@ def test_gather_and_scatter(gpus: GpuPool, cp: Any, nranks: int) -> None:
         blocks = np.concatenate(inputs)[::-1].copy()
         on_gpu = cp.asarray(blocks)
         parts = [cp.full(count, -1, cp.int32) for _ in range(nranks)]
+        apart = cp.full(count * nranks, -1, cp.int32)  # (out of place: the root copies its own block)
+        own = [cp.full(count, -1, cp.int32) for _ in range(nranks)]
         with minincl.group():
             for c in comms:
                 c.gather(sends[c.rank], whole if c.rank == g else None, root=g)
                 c.scatter(on_gpu if c.rank == s else None, parts[c.rank], root=s)
+                c.gather(cp.asarray(inputs[c.rank]), apart if c.rank == 0 else None, root=0)
+                # In place at the root: recv is its block of send.
+                c.scatter(
+                    on_gpu if c.rank == s else None,
+                    on_gpu[s * count : (s + 1) * count] if c.rank == s else own[c.rank],
+                    root=s,
+                )
         np.testing.assert_array_equal(cp.asnumpy(whole), np.concatenate(inputs), err_msg=f"count {count}")
+        np.testing.assert_array_equal(cp.asnumpy(apart), np.concatenate(inputs), err_msg=f"count {count}")
+        np.testing.assert_array_equal(cp.asnumpy(on_gpu), blocks)
         for r in range(nranks):
             np.testing.assert_array_equal(cp.asnumpy(parts[r]), blocks[r * count : (r + 1) * count])
+            if r != s:
+                np.testing.assert_array_equal(cp.asnumpy(own[r]), blocks[r * count : (r + 1) * count])
 
 
 @pytest.mark.parametrize("nranks", [2, 4, 8])

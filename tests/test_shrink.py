@@ -18,7 +18,8 @@ from conftest import run_ranks
 import minincl
 from minincl import LaunchError
 
-MNCL_INVALID_ARGUMENT, MNCL_INVALID_USAGE, FLOAT32, SUM = 4, 5, 7, 0
+MNCL_INVALID_ARGUMENT, MNCL_ABORTED, FLOAT32, SUM = 4, 9, 7, 0
+MNCL_SHRINK_DEFAULT, MNCL_SHRINK_ABORT = 0, 1
 
 
 def test_the_survivors_of_a_dead_rank_shrink_it_away(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -55,28 +56,56 @@ def test_live_ranks_left_out_do_not_call_and_the_parent_still_works() -> None:
         assert results[1] is None and results[3] is None
         assert results[0] == (0, 2, [0.0, 4.0, 8.0, 12.0])
         assert results[2] == (1, 2, [0.0, 4.0, 8.0, 12.0])
-        # The parent is as it was: all four ranks still make calls on it.
+        # The parent is as it was: all four ranks still make calls on it, and split it (whose
+        # rendezvous tags must not have moved on the ranks kept alone).
         sums = run_ranks(comms, lambda c: c.allreduce(np.full(2, c.rank, np.int32)).tolist())
         assert sums == [[6, 6]] * 4
+
+        def split_then_sum(c: Any) -> list[int]:
+            with c.split(c.rank % 2) as half:
+                return half.allreduce(np.full(2, c.rank, np.int32)).tolist()
+
+        assert run_ranks(comms, split_then_sum) == [[2, 2], [4, 4], [2, 2], [4, 4]]
+
+        def shrink_again(c: Any) -> int | None:  # (rank 1, left out before, now the lowest kept)
+            if c.rank == 0:
+                return None
+            with c.shrink([0]) as new:
+                return int(new.allreduce(np.ones(1, np.int64))[0])
+
+        assert run_ranks(comms, shrink_again) == [None, 3, 3, 3]
     finally:
         for c in comms:
             c.destroy()
 
 
-def test_wrong_exclude_lists_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "20")
+def test_wrong_exclude_lists_are_refused() -> None:
     comms = minincl.Communicator.init_all(4)
     try:
         with pytest.raises(minincl.InvalidArgument, match="shrink: rank 0 excludes itself"):
             comms[0].shrink([0])
         with pytest.raises(minincl.InvalidArgument, match="shrink: rank 4 is out of range for 4 ranks"):
             comms[0].shrink([4])
-        # Ranks 0 and 1 leave out rank 3, rank 2 leaves out ranks 1 and 3: rank 0, the lowest
-        # kept in either view, compares what they were given; rank 3 makes no call.
-        given = {0: [3], 1: [3], 2: [1, 3]}
+    finally:
+        for c in comms:
+            c.destroy()
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {0: [3], 1: [3], 2: [1, 3]},  # the same lowest rank kept: it names who differs
+        {0: [2, 3], 1: [0, 3]},  # different lowest ranks kept: each waits for another leader
+        {0: [3], 1: [3], 2: [7]},  # rank 2's list is refused at once; the others wait for it
+    ],
+)
+def test_ranks_that_disagree_fail(monkeypatch: pytest.MonkeyPatch, given: dict[int, list[int]]) -> None:
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "3")
+    comms = minincl.Communicator.init_all(4)
+    try:
 
         def body(c: Any) -> str:
-            if c.rank == 3:
+            if c.rank not in given:
                 return ""
             try:
                 c.shrink(given[c.rank])
@@ -84,19 +113,27 @@ def test_wrong_exclude_lists_are_refused(monkeypatch: pytest.MonkeyPatch) -> Non
                 return f"{type(e).__name__}: {e}"
             return "ok"
 
-        results = run_ranks(comms, body)
-        assert "InvalidUsage: shrink: rank(s) 2 were given other ranks to exclude than rank 0 was" in results[0], (
-            results
-        )
+        t0 = time.monotonic()
+        results = [r for r in run_ranks(comms, body) if r]
+        assert time.monotonic() - t0 < 30
         assert all(
-            r.startswith("InvalidUsage: shrink: the ranks kept were given different ranks") for r in results[1:3]
+            r.startswith(("InvalidUsage: shrink:", "InvalidArgument: shrink:", "Timeout: shrink:")) for r in results
         )
+        if 2 in given and given[2] == [7]:
+            assert "shrink: rank 7 is out of range for 4 ranks" in results[2]
+        if 2 in given and given[2] == [1, 3]:
+            assert "were given other ranks to exclude than rank 0 was" in results[0], results
+        waited = [r for r in results if r.startswith("Timeout")]
+        assert all("every rank kept must call shrink with the same ranks to exclude" in r for r in waited), results
     finally:
         for c in comms:
             c.destroy()
 
 
 def test_c_api_shrink() -> None:
+    """3 ranks; rank 1 is left out and makes no call. Rank 0 has an allreduce hung on another
+    thread (rank 1 never joins it) and shrinks with MNCL_SHRINK_ABORT, which stops it; rank 2
+    shrinks with MNCL_SHRINK_DEFAULT. The new communicator's allreduce is right."""
     lib = ctypes.CDLL(minincl._c_library.library_path())
     lib.mnclGetLastError.restype = ctypes.c_char_p
     arr = (ctypes.c_void_p * 3)()
@@ -108,17 +145,34 @@ def test_c_api_shrink() -> None:
         rc = lib.mnclCommShrink(comms[0], exclude, 1, ctypes.byref(news[0]), None, 7)
         assert rc == MNCL_INVALID_ARGUMENT
         assert b"shrinkFlags must be MNCL_SHRINK_DEFAULT or MNCL_SHRINK_ABORT, not 7" in lib.mnclGetLastError(None)
-        codes = [-1] * 3
+        bad = (ctypes.c_int * 1)(5)  # (refused before the abort: the parent is untouched)
+        assert (
+            lib.mnclCommShrink(comms[0], bad, 1, ctypes.byref(news[0]), None, MNCL_SHRINK_ABORT)
+            == MNCL_INVALID_ARGUMENT
+        )
+        state = ctypes.c_int(-1)
+        assert lib.mnclCommGetAsyncError(comms[0], ctypes.byref(state)) == 0 and state.value == 0
+
+        hung = np.ones(5, np.float32)
+        codes = {}
+
+        def allreduce_that_hangs() -> None:
+            p = hung.ctypes.data_as(ctypes.c_void_p)
+            codes["allreduce"] = lib.mnclAllReduce(p, p, ctypes.c_size_t(5), FLOAT32, SUM, comms[0], None)
 
         def shrink(r: int, flags: int) -> None:
             codes[r] = lib.mnclCommShrink(comms[r], exclude, 1, ctypes.byref(news[r]), None, flags)
 
-        threads = [threading.Thread(target=shrink, args=(r, r // 2)) for r in (0, 2)]  # (DEFAULT, ABORT)
-        for t in threads:
+        waiting = threading.Thread(target=allreduce_that_hangs)
+        waiting.start()
+        time.sleep(0.2)
+        assert "allreduce" not in codes  # (still waiting for ranks 1 and 2)
+        threads = [threading.Thread(target=shrink, args=a) for a in ((0, MNCL_SHRINK_ABORT), (2, MNCL_SHRINK_DEFAULT))]
+        for t in [*threads]:
             t.start()
-        for t in threads:
+        for t in [waiting, *threads]:
             t.join(60)
-        assert codes[0] == codes[2] == 0, lib.mnclGetLastError(None)
+        assert codes == {"allreduce": MNCL_ABORTED, 0: 0, 2: 0}, (codes, lib.mnclGetLastError(None))
         xs = [np.full(5, r + 1, np.float32) for r in (0, 2)]
         assert lib.mnclGroupStart() == 0
         for x, new in zip(xs, (news[0], news[2])):

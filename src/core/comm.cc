@@ -776,44 +776,66 @@ bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdDa
 }
 
 // The lowest rank kept starts the new group's root and sends its id to the others; first each
-// of them sends it the exclude list it was given (its length and a hash), so that ranks that
-// disagree fail, naming who, instead of making communicators that never meet.
-void Comm::shrinkInfo(std::vector<int> exclude, int* newRanks, int* newRank, UniqueIdData* id) {
-  std::sort(exclude.begin(), exclude.end());
-  exclude.erase(std::unique(exclude.begin(), exclude.end()), exclude.end());
+// of them sends it the ranks it was told to exclude (a byte per rank), so that ranks that
+// disagree fail, naming who, instead of making communicators that never meet. (Ranks that
+// disagree on the lowest rank kept wait for a leader that never answers: the bootstrap
+// timeout ends that, with a message saying what to check.) Each leader-member pair tags its
+// exchange with the shrinks that pair made so far: ranks left out of one shrink make no
+// exchange, so a count over all shrinks would differ from rank to rank.
+void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* newRanks, int* newRank, UniqueIdData* id) {
+  std::vector<uint8_t> excluded(nranks_, 0);
   for (int r : exclude) {
     MNCL_CHECK(r >= 0 && r < nranks_, mnclInvalidArgument,
                "shrink: rank " + std::to_string(r) + " is out of range for " + std::to_string(nranks_) + " ranks");
     MNCL_CHECK(r != rank_, mnclInvalidArgument,
                "shrink: rank " + std::to_string(r) + " excludes itself; excluded ranks do not call shrink");
+    excluded[r] = 1;
   }
+  if (abortFirst) abort();  // (only once the arguments are known good)
   std::vector<int> kept;
   for (int r = 0; r < nranks_; ++r) {
-    if (!std::binary_search(exclude.begin(), exclude.end(), r)) kept.push_back(r);
+    if (!excluded[r]) kept.push_back(r);
   }
   *newRanks = (int)kept.size();
   *newRank = (int)(std::find(kept.begin(), kept.end(), rank_) - kept.begin());
-  struct Excluded {
-    uint64_t count, hash;
-    bool operator==(const Excluded&) const = default;
-  } mine{exclude.size(), 14695981039346656037ull};
-  for (int r : exclude) mine.hash = (mine.hash ^ (uint64_t)r) * 1099511628211ull;  // (FNV-1a)
-  int tag = 1000 + splits_++, leader = kept[0];
-  if (leader != rank_) {
-    bootstrap_->send(leader, tag, &mine, sizeof(mine));
-    bootstrap_->recv(leader, tag, id, sizeof(*id));
-    MNCL_CHECK(id->magic == kIdMagic, mnclInvalidUsage,
-               "shrink: the ranks kept were given different ranks to exclude (rank " + std::to_string(leader) +
-                   ", the lowest kept, compared them): every rank kept must pass the same ones");
-    return;
+  shrinksWith_.resize(nranks_, 0);
+  auto tagWith = [&](int peer) { return kShrinkTags + shrinksWith_[peer]++; };
+  int leader = kept[0];
+  try {
+    if (leader != rank_) {
+      int tag = tagWith(leader);
+      bootstrap_->send(leader, tag, excluded.data(), excluded.size());
+      bootstrap_->recv(leader, tag, id, sizeof(*id));
+    } else {
+      shrinkAsLeader(kept, excluded, id, tagWith);
+    }
+  } catch (const Error& e) {
+    throw Error(e.code(), "shrink: " + std::string(e.what()) +
+                              " (every rank kept must call shrink with the same ranks to exclude, and a rank that "
+                              "died or will not call must be among them)");
   }
+  MNCL_CHECK(id->magic == kIdMagic, mnclInvalidUsage,
+             "shrink: the ranks kept were given different ranks to exclude (rank " + std::to_string(leader) +
+                 ", the lowest kept, compared them): every rank kept must pass the same ones");
+}
+
+void Comm::shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_t>& excluded, UniqueIdData* id,
+                          const std::function<int(int)>& tagWith) {
+  std::vector<int> tags(kept.size());
   std::string others;
-  for (size_t i = 1; i < kept.size(); ++i) {
-    Excluded theirs{};
-    bootstrap_->recv(kept[i], tag, &theirs, sizeof(theirs));
-    if (!(theirs == mine)) others += (others.empty() ? "" : ", ") + std::to_string(kept[i]);
-  }
   *id = UniqueIdData{};
+  size_t heard = 1;
+  try {
+    for (; heard < kept.size(); ++heard) {
+      tags[heard] = tagWith(kept[heard]);
+      std::vector<uint8_t> theirs(excluded.size());
+      bootstrap_->recv(kept[heard], tags[heard], theirs.data(), theirs.size());
+      if (theirs != excluded) others += (others.empty() ? "" : ", ") + std::to_string(kept[heard]);
+    }
+  } catch (const Error&) {  // (a rank kept never came: those that did fail now, not at their timeout)
+    for (size_t i = 1; i < heard; ++i) bootstrap_->send(kept[i], tags[i], id, sizeof(*id));
+    throw;
+  }
   if (others.empty()) {
     std::random_device rd;
     uint64_t nonce = ((uint64_t)rd() << 32) ^ rd();
@@ -821,9 +843,9 @@ void Comm::shrinkInfo(std::vector<int> exclude, int* newRanks, int* newRank, Uni
     id->nonce = nonce;
     id->root = WireAddr::from(startRoot(bootstrap_->localAddress(), nonce));
   }
-  for (size_t i = 1; i < kept.size(); ++i) bootstrap_->send(kept[i], tag, id, sizeof(*id));
+  for (size_t i = 1; i < kept.size(); ++i) bootstrap_->send(kept[i], tags[i], id, sizeof(*id));
   MNCL_CHECK(others.empty(), mnclInvalidUsage,
-             "shrink: rank(s) " + others + " were given other ranks to exclude than rank " + std::to_string(rank_) +
+             "rank(s) " + others + " were given other ranks to exclude than rank " + std::to_string(rank_) +
                  " was: every rank kept must pass the same ones");
 }
 

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <functional>
 #include <vector>
 
 #include "../../cuda/channel.h"
@@ -157,8 +158,9 @@ class Comm {
   bool splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdData* id);
   // mnclCommShrink's rendezvous: every rank but `exclude` (which need not be alive, and do
   // not call) forms a new group, in rank order. Works on a failed communicator: it needs
-  // only the bootstrap's sockets between the ranks kept.
-  void shrinkInfo(std::vector<int> exclude, int* newRanks, int* newRank, UniqueIdData* id);
+  // only the bootstrap's sockets between the ranks kept. `abortFirst`: abort() once the
+  // arguments are checked (MNCL_SHRINK_ABORT).
+  void shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* newRanks, int* newRank, UniqueIdData* id);
 
   // GPU: whether this communicator's last kernel may still be running.
   bool gpuWorkPending() const;
@@ -216,6 +218,10 @@ class Comm {
   bool overNetwork(int r) const { return netPeer_[r] != 0; }
 
  private:
+  // shrinkInfo's part on the lowest rank kept: compares the others' excluded ranks with its
+  // own and sends each the new group's id (its magic 0 where they disagree).
+  void shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_t>& excluded, UniqueIdData* id,
+                      const std::function<int(int)>& tagWith);
   // Before the bootstrap: the device is one, and usable (GPU: current, with the abort word in
   // pinned memory). A failure here is told to the other ranks (Bootstrap::reportInitFailure).
   void prepareDevice();
@@ -260,6 +266,9 @@ class Comm {
   std::atomic<int> callsInside_{0};
   std::atomic<double> callTimeout_{0};  // see callTimeout()
   int splits_ = 0;  // tags bootstrap messages of successive splits apart
+  // Shrinks made with each rank (see shrinkInfo), which tag their bootstrap messages.
+  static constexpr int kShrinkTags = 1 << 20;
+  std::vector<int> shrinksWith_;
   int gpuReadablePeers_ = 0;  // GPU: peers whose kernels read this rank's buffers
   bool oversubscribed_ = false;  // CPU: this host's ranks have more channels than it has cores
   bool p2pSpread_ = false;       // see p2pSpread()

@@ -592,24 +592,26 @@ void enqueueRootedExchange(Comm& comm, bool gather, const void* blocks, const vo
   bool inPlace = checkRootedExchange(comm, gather, blocks, own, count, dtype, root);
   bool atRoot = comm.rank() == root;
   size_t bytes = count * dataTypeSize(dtype);
-  comm.logCall({gather ? kGatherCall : kScatterCall, (uint8_t)dtype, 0, root, count});
+  // (Every send and receive checked before the call is logged and any of them recorded.)
+  std::vector<P2pCall> calls;
   auto post = [&](bool isSend, const void* buf, int peer) {
-    P2pCall c{isSend, const_cast<void*>(buf), count, dtype, peer, stream};
-    validate(comm, c);
-    recordOrRun({&comm, true, {}, c, true});
+    calls.push_back({isSend, const_cast<void*>(buf), count, dtype, peer, stream});
+    validate(comm, calls.back());
   };
+  if (!atRoot) post(gather, own, root);
+  for (int p = 0; p < comm.nranks() && atRoot; ++p) {
+    const char* block = (const char*)blocks + (size_t)p * bytes;
+    if (p != root) {
+      post(!gather, block, p);
+    } else if (!inPlace) {
+      post(true, gather ? own : block, root);
+      post(false, gather ? block : own, root);
+    }
+  }
+  comm.logCall({gather ? kGatherCall : kScatterCall, (uint8_t)dtype, 0, root, count});
   groupStart();
   try {
-    if (!atRoot) post(gather, own, root);
-    for (int p = 0; p < comm.nranks() && atRoot; ++p) {
-      const char* block = (const char*)blocks + (size_t)p * bytes;
-      if (p != root) {
-        post(!gather, block, p);
-      } else if (!inPlace) {
-        post(true, gather ? own : block, root);
-        post(false, gather ? block : own, root);
-      }
-    }
+    for (const P2pCall& c : calls) recordOrRun({&comm, true, {}, c, true});
   } catch (...) {
     groupEnd();
     throw;

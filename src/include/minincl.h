@@ -155,8 +155,9 @@ mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newc
  * in rank order (as NCCL 2.27's ncclCommShrink). Every rank kept calls it with the same
  * ranks; the excluded ones do not, and need not be alive: it works on a communicator that
  * failed because a peer died. shrinkFlags MNCL_SHRINK_ABORT first stops comm's calls still
- * running on other threads (as mnclCommAbort, without freeing comm: destroy it afterwards).
- * config as mnclCommSplit's. */
+ * running on other threads (as mnclCommAbort, without freeing comm: destroy it afterwards;
+ * like any failure of a rank, the abort fails comm on its peers too, the excluded ones
+ * included). config as mnclCommSplit's. */
 #define MNCL_SHRINK_DEFAULT 0x00
 #define MNCL_SHRINK_ABORT 0x01
 mnclResult_t mnclCommShrink(mnclComm_t comm, int* excludeRanksList, int excludeRanksCount, mnclComm_t* newcomm,

@@ -466,7 +466,7 @@ class PyComm {
   // (new nranks, unique id, new rank) of the group of every rank but `exclude`.
   py::object shrinkInfo(const std::vector<int>& exclude) {
     return rendezvous([&](Comm& cm, int* n, int* r, UniqueIdData* id) {
-      cm.shrinkInfo(exclude, n, r, id);
+      cm.shrinkInfo(exclude, false, n, r, id);
       return true;
     });
   }
