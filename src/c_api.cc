@@ -264,6 +264,17 @@ void fillId(mnclUniqueId* out, const SockAddr& addr, uint64_t nonce, bool rankZe
   std::memcpy(out->internal, &d, sizeof(d));
 }
 
+// A call of sends and receives: enqueue(comm) on the held communicator, its stream checked.
+template <typename Enqueue>
+mnclResult_t sendsAndReceives(mnclComm_t c, void* stream, Enqueue enqueue) {
+  return guarded([&] {
+    CallHold hold(c);
+    Comm& cm = hold.comm();
+    checkStream(cm, stream);
+    enqueue(cm);
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -580,48 +591,21 @@ mnclResult_t mnclReduceScatter(const void* s, void* r, size_t n, mnclDataType_t 
 }
 
 mnclResult_t mnclAlltoAll(const void* s, void* r, size_t n, mnclDataType_t t, mnclComm_t c, void* st) {
-  return guarded([&] {
-    CallHold hold(c);
-    Comm& cm = hold.comm();
-    checkStream(cm, st);
-    enqueueAlltoAll(cm, s, r, n, dataTypeOf(t), st);
-  });
+  return sendsAndReceives(c, st, [&](Comm& cm) { enqueueAlltoAll(cm, s, r, n, dataTypeOf(t), st); });
 }
-
 mnclResult_t mnclGather(const void* s, void* r, size_t n, mnclDataType_t t, int root, mnclComm_t c, void* st) {
-  return guarded([&] {
-    CallHold hold(c);
-    Comm& cm = hold.comm();
-    checkStream(cm, st);
-    enqueueGather(cm, s, r, n, dataTypeOf(t), root, st);
-  });
+  return sendsAndReceives(c, st, [&](Comm& cm) { enqueueGather(cm, s, r, n, dataTypeOf(t), root, st); });
 }
-
 mnclResult_t mnclScatter(const void* s, void* r, size_t n, mnclDataType_t t, int root, mnclComm_t c, void* st) {
-  return guarded([&] {
-    CallHold hold(c);
-    Comm& cm = hold.comm();
-    checkStream(cm, st);
-    enqueueScatter(cm, s, r, n, dataTypeOf(t), root, st);
-  });
+  return sendsAndReceives(c, st, [&](Comm& cm) { enqueueScatter(cm, s, r, n, dataTypeOf(t), root, st); });
 }
-
 mnclResult_t mnclSend(const void* buf, size_t n, mnclDataType_t t, int peer, mnclComm_t c, void* st) {
-  return guarded([&] {
-    CallHold hold(c);
-    Comm& cm = hold.comm();
-    checkStream(cm, st);
+  return sendsAndReceives(c, st, [&](Comm& cm) {
     enqueueP2p(cm, {true, const_cast<void*>(buf), n, dataTypeOf(t), peer, st});
   });
 }
-
 mnclResult_t mnclRecv(void* buf, size_t n, mnclDataType_t t, int peer, mnclComm_t c, void* st) {
-  return guarded([&] {
-    CallHold hold(c);
-    Comm& cm = hold.comm();
-    checkStream(cm, st);
-    enqueueP2p(cm, {false, buf, n, dataTypeOf(t), peer, st});
-  });
+  return sendsAndReceives(c, st, [&](Comm& cm) { enqueueP2p(cm, {false, buf, n, dataTypeOf(t), peer, st}); });
 }
 
 mnclResult_t mnclGroupStart(void) {
