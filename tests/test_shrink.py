@@ -125,6 +125,14 @@ def test_ranks_that_disagree_fail(monkeypatch: pytest.MonkeyPatch, given: dict[i
             assert "were given other ranks to exclude than rank 0 was" in results[0], results
         waited = [r for r in results if r.startswith("Timeout")]
         assert all("every rank kept must call shrink with the same ranks to exclude" in r for r in waited), results
+
+        def agree(c: Any) -> int | None:  # (then a shrink the ranks agree on works)
+            if c.rank == 3:
+                return None
+            with c.shrink([3]) as new:
+                return int(new.allreduce(np.ones(1, np.int32))[0])
+
+        assert run_ranks(comms, agree) == [3, 3, 3, None]
     finally:
         for c in comms:
             c.destroy()

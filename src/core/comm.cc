@@ -779,9 +779,12 @@ bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdDa
 // of them sends it the ranks it was told to exclude (a byte per rank), so that ranks that
 // disagree fail, naming who, instead of making communicators that never meet. (Ranks that
 // disagree on the lowest rank kept wait for a leader that never answers: the bootstrap
-// timeout ends that, with a message saying what to check.) Each leader-member pair tags its
-// exchange with the shrinks that pair made so far: ranks left out of one shrink make no
-// exchange, so a count over all shrinks would differ from rank to rank.
+// timeout ends that, with a message saying what to check, and so does a rank kept that
+// never comes, on every rank.) Each leader-member pair tags its exchange with the exchanges
+// that pair completed so far (ranks left out of one shrink make none, so a count over all
+// shrinks would differ from rank to rank); an exchange that timed out counts on neither
+// side, so the ranks can try again. (A member's message that its leader never read, the
+// leader having timed out on another, is what the leader reads on the next try.)
 void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* newRanks, int* newRank, UniqueIdData* id) {
   std::vector<uint8_t> excluded(nranks_, 0);
   for (int r : exclude) {
@@ -799,15 +802,15 @@ void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* new
   *newRanks = (int)kept.size();
   *newRank = (int)(std::find(kept.begin(), kept.end(), rank_) - kept.begin());
   shrinksWith_.resize(nranks_, 0);
-  auto tagWith = [&](int peer) { return kShrinkTags + shrinksWith_[peer]++; };
   int leader = kept[0];
   try {
     if (leader != rank_) {
-      int tag = tagWith(leader);
+      int tag = kShrinkTags + shrinksWith_[leader];
       bootstrap_->send(leader, tag, excluded.data(), excluded.size());
       bootstrap_->recv(leader, tag, id, sizeof(*id));
+      ++shrinksWith_[leader];
     } else {
-      shrinkAsLeader(kept, excluded, id, tagWith);
+      shrinkAsLeader(kept, excluded, id);
     }
   } catch (const Error& e) {
     throw Error(e.code(), "shrink: " + std::string(e.what()) +
@@ -819,22 +822,15 @@ void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* new
                  ", the lowest kept, compared them): every rank kept must pass the same ones");
 }
 
-void Comm::shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_t>& excluded, UniqueIdData* id,
-                          const std::function<int(int)>& tagWith) {
+void Comm::shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_t>& excluded, UniqueIdData* id) {
   std::vector<int> tags(kept.size());
   std::string others;
   *id = UniqueIdData{};
-  size_t heard = 1;
-  try {
-    for (; heard < kept.size(); ++heard) {
-      tags[heard] = tagWith(kept[heard]);
-      std::vector<uint8_t> theirs(excluded.size());
-      bootstrap_->recv(kept[heard], tags[heard], theirs.data(), theirs.size());
-      if (theirs != excluded) others += (others.empty() ? "" : ", ") + std::to_string(kept[heard]);
-    }
-  } catch (const Error&) {  // (a rank kept never came: those that did fail now, not at their timeout)
-    for (size_t i = 1; i < heard; ++i) bootstrap_->send(kept[i], tags[i], id, sizeof(*id));
-    throw;
+  for (size_t i = 1; i < kept.size(); ++i) {
+    tags[i] = kShrinkTags + shrinksWith_[kept[i]];
+    std::vector<uint8_t> theirs(excluded.size());
+    bootstrap_->recv(kept[i], tags[i], theirs.data(), theirs.size());
+    if (theirs != excluded) others += (others.empty() ? "" : ", ") + std::to_string(kept[i]);
   }
   if (others.empty()) {
     std::random_device rd;
@@ -843,7 +839,10 @@ void Comm::shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_
     id->nonce = nonce;
     id->root = WireAddr::from(startRoot(bootstrap_->localAddress(), nonce));
   }
-  for (size_t i = 1; i < kept.size(); ++i) bootstrap_->send(kept[i], tags[i], id, sizeof(*id));
+  for (size_t i = 1; i < kept.size(); ++i) {
+    bootstrap_->send(kept[i], tags[i], id, sizeof(*id));
+    ++shrinksWith_[kept[i]];
+  }
   MNCL_CHECK(others.empty(), mnclInvalidUsage,
              "rank(s) " + others + " were given other ranks to exclude than rank " + std::to_string(rank_) +
                  " was: every rank kept must pass the same ones");

@@ -9,7 +9,6 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <functional>
 #include <vector>
 
 #include "../../cuda/channel.h"
@@ -220,8 +219,7 @@ class Comm {
  private:
   // shrinkInfo's part on the lowest rank kept: compares the others' excluded ranks with its
   // own and sends each the new group's id (its magic 0 where they disagree).
-  void shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_t>& excluded, UniqueIdData* id,
-                      const std::function<int(int)>& tagWith);
+  void shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_t>& excluded, UniqueIdData* id);
   // Before the bootstrap: the device is one, and usable (GPU: current, with the abort word in
   // pinned memory). A failure here is told to the other ranks (Bootstrap::reportInitFailure).
   void prepareDevice();
@@ -266,7 +264,8 @@ class Comm {
   std::atomic<int> callsInside_{0};
   std::atomic<double> callTimeout_{0};  // see callTimeout()
   int splits_ = 0;  // tags bootstrap messages of successive splits apart
-  // Shrinks made with each rank (see shrinkInfo), which tag their bootstrap messages.
+  // Shrink exchanges completed with each rank (see shrinkInfo): they tag the next one's
+  // bootstrap messages.
   static constexpr int kShrinkTags = 1 << 20;
   std::vector<int> shrinksWith_;
   int gpuReadablePeers_ = 0;  // GPU: peers whose kernels read this rank's buffers
