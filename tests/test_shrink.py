@@ -32,8 +32,8 @@ def test_the_survivors_of_a_dead_rank_shrink_it_away(monkeypatch: pytest.MonkeyP
     assert "rank 2: process killed by SIGKILL" in str(info.value)
     survivors = info.value.results
     assert sorted(survivors) == [0, 1, 3], survivors
-    for old, (ended, rank, nranks, summed, ranks) in survivors.items():
-        assert ended == "RemoteError", ended
+    for old, (ended, lost, rank, nranks, summed, ranks) in survivors.items():
+        assert ended == "RemoteError" and lost == [2], (ended, lost)
         assert (rank, nranks) == ([0, 1, 3].index(old), 3)
         assert summed == [1.0 + 2.0 + 4.0] * 3
         assert ranks == [0, 1, 3]
@@ -74,6 +74,28 @@ def test_live_ranks_left_out_do_not_call_and_the_parent_still_works() -> None:
                 return int(new.allreduce(np.ones(1, np.int64))[0])
 
         assert run_ranks(comms, shrink_again) == [None, 3, 3, 3]
+    finally:
+        for c in comms:
+            c.destroy()
+
+
+def test_lost_ranks_are_those_that_left() -> None:
+    """Threads of one process: a rank that destroyed its communicator is lost to the others
+    (its process lives on: test_the_survivors_of_a_dead_rank_shrink_it_away has one that died)."""
+    comms = minincl.Communicator.init_all(3)
+    try:
+        assert [c.lost_ranks() for c in comms] == [[], [], []]
+        comms[1].destroy()
+        assert comms[0].lost_ranks() == [1] and comms[2].lost_ranks() == [1]
+        with pytest.raises(minincl.InvalidUsage, match="destroyed"):
+            comms[1].lost_ranks()
+        lost = run_ranks([comms[0], comms[2]], lambda c: c.lost_ranks())
+        news = run_ranks([comms[0], comms[2]], lambda c: c.shrink(lost[0]))
+        try:
+            assert run_ranks(news, lambda c: c.allreduce(np.ones(2, np.int8)).tolist()) == [[2, 2]] * 2
+        finally:
+            for c in news:
+                c.destroy()
     finally:
         for c in comms:
             c.destroy()

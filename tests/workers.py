@@ -1102,15 +1102,20 @@ def call_sequence(comm: minincl.Communicator, seed: int, steps: int, windows: bo
 
 def shrink_after_a_death(
     comm: minincl.Communicator, victim: int, flags: str, sig: int = signal.SIGKILL
-) -> tuple[str, int, int, list[float], Any]:
+) -> tuple[str, list[int], int, int, list[float], Any]:
     """The victim kills (or stops) itself between calls; the others' calls fail, and they
-    shrink it away: (how their calls ended, new rank, new size, an allreduce and an allgather
-    on the new communicator)."""
+    shrink it away: (how their calls ended, the ranks they saw lost, new rank, new size, an
+    allreduce and an allgather on the new communicator). A killed victim's loss may reach a
+    rank through another survivor's failure before its own sight of it: allow a second."""
     ended = stop_mid_run(comm, victim, flags, sig, 1 << 10, 100000)
+    lost, deadline = comm.lost_ranks(), time.monotonic() + 1
+    while sig == signal.SIGKILL and victim not in lost and time.monotonic() < deadline:
+        time.sleep(0.01)
+        lost = comm.lost_ranks()
     with comm.shrink([victim]) as new:
         x = np.full(3, comm.rank + 1, np.float32)
         new.allreduce(x)
         ranks = new.allgather(np.array([comm.rank], np.int64))
         new.barrier()
     comm.destroy()
-    return ended.split(" ")[0], new.rank, new.nranks, x.tolist(), ranks.tolist()
+    return ended.split(" ")[0], lost, new.rank, new.nranks, x.tolist(), ranks.tolist()

@@ -848,6 +848,20 @@ void Comm::shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_
                  " was: every rank kept must pass the same ones");
 }
 
+std::vector<int> Comm::lostRanks() const {
+  std::vector<int> lost;
+  const PeerInfo& me = peers_[rank_];
+  for (int r = 0; r < nranks_; ++r) {
+    if (r == rank_) continue;
+    const PeerInfo& peer = peers_[r];
+    bool left = dev::loadAcquire(&peerRegions_[r]->ctrl()->state) == RankCtrl::kLeft;
+    bool exited = peer.hostHash == me.hostHash && peer.pid != me.pid && processGone(peer.pid);
+    bool cut = overNetwork(r) && netProxy_ && netProxy_->lost(r);
+    if (left || exited || cut) lost.push_back(r);
+  }
+  return lost;
+}
+
 std::string Comm::peerFailure(int r) const {
   const RankCtrl* ctrl = peerRegions_[r]->ctrl();
   if (dev::loadAcquire(&ctrl->state) != RankCtrl::kFailed) return "";

@@ -160,6 +160,9 @@ class Comm {
   // only the bootstrap's sockets between the ranks kept. `abortFirst`: abort() once the
   // arguments are checked (MNCL_SHRINK_ABORT).
   void shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* newRanks, int* newRank, UniqueIdData* id);
+  // The ranks this rank has seen go: they destroyed their communicator, their process exited
+  // (on this host), or their network connection broke. (Not a hung rank: it may come back.)
+  std::vector<int> lostRanks() const;
 
   // GPU: whether this communicator's last kernel may still be running.
   bool gpuWorkPending() const;

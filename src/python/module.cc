@@ -463,6 +463,10 @@ class PyComm {
     return rendezvous([&](Comm& cm, int* n, int* r, UniqueIdData* id) { return cm.splitInfo(color, key, n, r, id); });
   }
 
+  std::vector<int> lostRanks() {
+    return withLive([](Comm& cm) { return cm.lostRanks(); });
+  }
+
   // (new nranks, unique id, new rank) of the group of every rank but `exclude`.
   py::object shrinkInfo(const std::vector<int>& exclude) {
     return rendezvous([&](Comm& cm, int* n, int* r, UniqueIdData* id) {
@@ -1013,6 +1017,9 @@ PYBIND11_MODULE(_core, m) {
            "streams are not synchronized).")
       .def("_split_info", &PyComm::splitInfo, py::arg("color"), py::arg("key"))
       .def("_shrink_info", &PyComm::shrinkInfo, py::arg("exclude"))
+      .def("lost_ranks", &PyComm::lostRanks,
+           "The ranks this rank has seen go: they destroyed their communicator, their process exited (on "
+           "this host), or their network connection broke; not a hung rank. (For shrink.)")
       .def("stats", &PyComm::stats,
            "Counters: channels; pointer_steps, steps whose data a receiver read straight from this rank's buffers; "
            "direct_writes, steps written straight into a receiver's output; network_steps_landed, steps from "

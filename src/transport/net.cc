@@ -136,6 +136,7 @@ struct NetProxy::DataLink {
 };
 
 NetProxy::NetProxy(Setup setup) : setup_(std::move(setup)) {
+  lost_ = std::make_unique<std::atomic<bool>[]>(setup_.listeners.size());  // (value-initialized: false)
   const RegionLayout& layout = *setup_.layout;
   setup_.layout = nullptr;  // (the caller's, for this constructor only)
   sizes_ = layout.sizes();
@@ -663,6 +664,7 @@ void NetProxy::peerLost(int peer, const std::string& why) {
   CtrlLink& c = ctrlOf(peer);
   readLastWords(c);
   c.lost = c.closed = true;
+  lost_[peer].store(true, std::memory_order_release);
   RankCtrl* m = c.mirror->ctrl();
   if (dev::loadAcquire(&m->state) != RankCtrl::kRunning) return;
   m->failCode = mnclRemoteError;

@@ -83,6 +83,8 @@ class NetProxy {
   size_t mostHeldPerChannel() const { return mostHeldPerChannel_; }
   // Simple steps received straight into their receiver's output (a counter, for tests).
   uint64_t landedSteps() const { return landedSteps_.load(std::memory_order_relaxed); }
+  // Whether `peer`'s connection broke (or it sent garbage): it failed or vanished.
+  bool lost(int peer) const { return lost_[peer].load(std::memory_order_acquire); }
 
  private:
   struct StepHeader;
@@ -122,6 +124,7 @@ class NetProxy {
   int wakeFd_ = -1;
   std::atomic<bool> sleeping_{false}, stop_{false};
   std::atomic<uint64_t> landedSteps_{0};
+  std::unique_ptr<std::atomic<bool>[]> lost_;  // [rank]: see lost()
   std::thread thread_;
 };
 
