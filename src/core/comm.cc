@@ -803,6 +803,7 @@ void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* new
   *newRank = (int)(std::find(kept.begin(), kept.end(), rank_) - kept.begin());
   shrinksWith_.resize(nranks_, 0);
   int leader = kept[0];
+  std::string differ;  // (the leader: the ranks whose excluded ranks differ from its own)
   try {
     if (leader != rank_) {
       int tag = kShrinkTags + shrinksWith_[leader];
@@ -810,19 +811,22 @@ void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* new
       bootstrap_->recv(leader, tag, id, sizeof(*id));
       ++shrinksWith_[leader];
     } else {
-      shrinkAsLeader(kept, excluded, id);
+      differ = shrinkAsLeader(kept, excluded, id);
     }
   } catch (const Error& e) {
     throw Error(e.code(), "shrink: " + std::string(e.what()) +
                               " (every rank kept must call shrink with the same ranks to exclude, and a rank that "
                               "died or will not call must be among them)");
   }
+  MNCL_CHECK(differ.empty(), mnclInvalidUsage,
+             "shrink: rank(s) " + differ + " were given other ranks to exclude than rank " + std::to_string(rank_) +
+                 " was: every rank kept must pass the same ones");
   MNCL_CHECK(id->magic == kIdMagic, mnclInvalidUsage,
              "shrink: the ranks kept were given different ranks to exclude (rank " + std::to_string(leader) +
                  ", the lowest kept, compared them): every rank kept must pass the same ones");
 }
 
-void Comm::shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_t>& excluded, UniqueIdData* id) {
+std::string Comm::shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_t>& excluded, UniqueIdData* id) {
   std::vector<int> tags(kept.size());
   std::string others;
   *id = UniqueIdData{};
@@ -843,9 +847,7 @@ void Comm::shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_
     bootstrap_->send(kept[i], tags[i], id, sizeof(*id));
     ++shrinksWith_[kept[i]];
   }
-  MNCL_CHECK(others.empty(), mnclInvalidUsage,
-             "rank(s) " + others + " were given other ranks to exclude than rank " + std::to_string(rank_) +
-                 " was: every rank kept must pass the same ones");
+  return others;
 }
 
 std::vector<int> Comm::lostRanks() const {

@@ -221,8 +221,9 @@ class Comm {
 
  private:
   // shrinkInfo's part on the lowest rank kept: compares the others' excluded ranks with its
-  // own and sends each the new group's id (its magic 0 where they disagree).
-  void shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_t>& excluded, UniqueIdData* id);
+  // own and sends each the new group's id (its magic 0 where they disagree); returns the
+  // ranks that disagree ("" if none).
+  std::string shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_t>& excluded, UniqueIdData* id);
   // Before the bootstrap: the device is one, and usable (GPU: current, with the abort word in
   // pinned memory). A failure here is told to the other ranks (Bootstrap::reportInitFailure).
   void prepareDevice();
