@@ -677,7 +677,8 @@ void Comm::leave() {
   if (dev::loadAcquire(&ctrl->state) == RankCtrl::kRunning) dev::storeRelease(&ctrl->state, (uint32_t)RankCtrl::kLeft);
 }
 
-void Comm::fail(mnclResult_t code, const std::string& message) {
+void Comm::fail(mnclResult_t code, const std::string& what) {
+  std::string message = what + (monitor_ ? monitor_->stallNote() : std::string());
   {
     std::lock_guard<std::mutex> lock(errorMutex_);
     if (error_ != mnclSuccess) return;

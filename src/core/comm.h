@@ -108,7 +108,8 @@ class Comm {
   bool failed() const { return dev::loadRelaxed(abort_) != 0; }
 
   // Puts the communicator in the error state (first caller's reason wins), stops in-flight
-  // work and tells the peers. Later calls on it raise the same error.
+  // work and tells the peers. Later calls on it raise the same error. (The message gets a
+  // note where this process did not run for a while just before: see Monitor::stallNote.)
   void fail(mnclResult_t code, const std::string& message);
   mnclResult_t asyncError() const;
   std::string errorMessage() const;

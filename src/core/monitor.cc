@@ -88,15 +88,21 @@ void Monitor::noteOwnStall(double now) {
   myCallSince_ = cycleSince_ = now;
 }
 
-void Monitor::fail(mnclResult_t code, const std::string& message) {
-  char note[192] = "";
-  if (stall_ >= timeout_ && nowSeconds() - stallEnded_ < 2 * timeout_ + 1) {
-    std::snprintf(note, sizeof(note),
-                  " (this process did not run for %.1f s just before: stopped, or in a debugger? Its peers may have "
-                  "given up on it after MININCL_TIMEOUT, %g s)",
-                  stall_, timeout_);
+void Monitor::fail(mnclResult_t code, const std::string& message) { comm_.fail(code, message); }
+
+std::string Monitor::stallNote() const {
+  double now = nowSeconds(), stall = stall_, ended = stallEnded_;
+  if (now - lastTick_ >= timeout_) {  // a stall this loop has not looked past yet
+    stall = now - lastTick_;
+    ended = now;
   }
-  comm_.fail(code, message + note);
+  if (stall < timeout_ || now - ended >= 2 * timeout_ + 1) return "";
+  char note[192];
+  std::snprintf(note, sizeof(note),
+                " (this process did not run for %.1f s just before: stopped, or in a debugger? Its peers may have "
+                "given up on it after MININCL_TIMEOUT, %g s)",
+                stall, timeout_);
+  return note;
 }
 
 void Monitor::checkPeer(int r, double now) {

@@ -24,6 +24,7 @@
 // says so: its peers may have given up on it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -49,11 +50,15 @@ class Monitor {
   ~Monitor();
   static double timeoutSeconds();  // MININCL_TIMEOUT, default 5 s
   static std::chrono::steady_clock::time_point timeoutFromNow();  // now + MININCL_TIMEOUT
+  // What an error found now adds when this process did not run for MININCL_TIMEOUT or more
+  // just before (SIGSTOP, a debugger): its peers may have given up on it. "" otherwise. Any
+  // thread: a call that learns of a peer's failure may run before this loop's next look.
+  std::string stallNote() const;
 
  private:
   void loop();
   void noteOwnStall(double now);
-  void fail(mnclResult_t code, const std::string& message);  // comm_.fail, with a stall's note
+  void fail(mnclResult_t code, const std::string& message);  // comm_.fail (which adds stallNote)
   void checkPeer(int r, double now);
   bool checkCalls(int r);
   std::string callThePeerNeverMade(int r) const;
@@ -96,8 +101,9 @@ class Monitor {
   uint64_t timedCall_ = 0;  // this rank's call the call timeout runs for, and since when
   double timedCallSince_ = 0;
   uint64_t balancedUpTo_ = 0;  // the newest collective call whose sends and receives paired up
-  double lastTick_ = 0;         // when the loop last looked (a long gap: this process stalled)
-  double stall_ = 0, stallEnded_ = -1e9;  // this process's last stall, and when it ended
+  // When the loop last looked (a long gap: this process stalled); this process's last stall,
+  // and when it ended. (Atomic: stallNote reads them from other threads.)
+  std::atomic<double> lastTick_{0}, stall_{0}, stallEnded_{-1e9};
   std::mutex mutex_;
   std::condition_variable cv_;
   bool stop_ = false;
