@@ -24,10 +24,11 @@ COLLECTIVES = [
     "scatter",
     "sendrecv",
 ]
-# The collectives whose size (nccl-tests' column) is nranks blocks of `count` elements, and
-# those with a root.
+# The collectives whose size (nccl-tests' column) is nranks blocks of `count` elements, those
+# with a root, and those whose output only the root gets (the check skips the others).
 BLOCKED = ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")
 ROOTED = ("broadcast", "reduce", "gather", "scatter")
+TO_ROOT = ("reduce", "gather")
 DTYPES = {
     "int8": np.int8,
     "uint8": np.uint8,
@@ -249,7 +250,7 @@ def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, i
         if cfg.check:
             recv[...] = 0
             _run_one(cfg, comm, send, recv)
-            if cfg.coll in ("reduce", "gather") and comm.rank != cfg.root:
+            if cfg.coll in TO_ROOT and comm.rank != cfg.root:
                 pass
             else:
                 want = _expected(cfg, comm, count, dtype).astype(np.float64)
@@ -306,7 +307,7 @@ def bench_gpu_ranks(comms: list[Communicator], cfg: Config) -> list[tuple[int, i
                 r.fill(0)
             step(sends, recvs)
             for c in comms:
-                if cfg.coll in ("reduce", "gather") and c.rank != cfg.root:
+                if cfg.coll in TO_ROOT and c.rank != cfg.root:
                     continue
                 want = _expected(cfg, c, count, dtype)
                 got = cp.asnumpy(recvs[c.rank]).reshape(-1)[: want.size]
