@@ -92,11 +92,14 @@ void Monitor::fail(mnclResult_t code, const std::string& message) { comm_.fail(c
 
 std::string Monitor::stallNote() const {
   double now = nowSeconds(), stall = stall_, ended = stallEnded_;
-  if (now - lastTick_ >= timeout_) {  // a stall this loop has not looked past yet
+  // (Half the timeout: the peers time our heartbeat from the last one that reached them,
+  // which may be older than this loop's last look, so a stop they gave up on can look
+  // shorter than MININCL_TIMEOUT here.)
+  if (now - lastTick_ >= timeout_ / 2) {  // a stall this loop has not looked past yet
     stall = now - lastTick_;
     ended = now;
   }
-  if (stall < timeout_ || now - ended >= 2 * timeout_ + 1) return "";
+  if (stall < timeout_ / 2 || now - ended >= 2 * timeout_ + 1) return "";
   char note[192];
   std::snprintf(note, sizeof(note),
                 " (this process did not run for %.1f s just before: stopped, or in a debugger? Its peers may have "

@@ -50,8 +50,8 @@ class Monitor {
   ~Monitor();
   static double timeoutSeconds();  // MININCL_TIMEOUT, default 5 s
   static std::chrono::steady_clock::time_point timeoutFromNow();  // now + MININCL_TIMEOUT
-  // What an error found now adds when this process did not run for MININCL_TIMEOUT or more
-  // just before (SIGSTOP, a debugger): its peers may have given up on it. "" otherwise. Any
+  // What an error found now adds when this process did not run for half MININCL_TIMEOUT or
+  // more just before (SIGSTOP, a debugger): its peers may have given up on it. "" otherwise. Any
   // thread: a call that learns of a peer's failure may run before this loop's next look.
   std::string stallNote() const;
 
