@@ -442,6 +442,15 @@ mnclResult_t mnclCommGetAsyncError(mnclComm_t comm, mnclResult_t* asyncError) {
   });
 }
 
+mnclResult_t mnclCommLostRanks(const mnclComm_t comm, int* ranks, int* count) {
+  return guarded([&] {
+    MNCL_CHECK(count != nullptr, mnclInvalidArgument, "count is null");
+    std::vector<int> lost = use(comm).lostRanks();
+    if (ranks) std::copy(lost.begin(), lost.end(), ranks);
+    *count = (int)lost.size();
+  });
+}
+
 mnclResult_t mnclCommCount(const mnclComm_t comm, int* count) {
   return answer(count, "count", [&] { return use(comm).nranks(); });
 }

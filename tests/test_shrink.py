@@ -18,7 +18,7 @@ from conftest import run_ranks
 import minincl
 from minincl import LaunchError
 
-MNCL_INVALID_ARGUMENT, MNCL_ABORTED, FLOAT32, SUM = 4, 9, 7, 0
+MNCL_INVALID_ARGUMENT, MNCL_ABORTED, INT32, FLOAT32, SUM = 4, 9, 2, 7, 0
 MNCL_SHRINK_DEFAULT, MNCL_SHRINK_ABORT = 0, 1
 
 
@@ -213,6 +213,55 @@ def test_c_api_shrink() -> None:
             np.testing.assert_array_equal(x, np.full(5, 4.0, np.float32))
         count = ctypes.c_int(0)
         assert lib.mnclCommCount(news[2], ctypes.byref(count)) == 0 and count.value == 2
+    finally:
+        for c in [*news, *comms]:
+            if c:
+                lib.mnclCommDestroy(c)
+
+
+def test_c_api_lost_ranks_feed_shrink() -> None:
+    """mnclCommLostRanks: 4 ranks, rank 2 destroys its communicator; the others list it (count
+    alone with NULL ranks too) and shrink it away with that list."""
+    lib = ctypes.CDLL(minincl._c_library.library_path())
+    lib.mnclGetLastError.restype = ctypes.c_char_p
+    arr = (ctypes.c_void_p * 4)()
+    assert lib.mnclCommInitAll(arr, 4, None) == 0
+    comms = [ctypes.c_void_p(arr[r]) for r in range(4)]
+    news = [ctypes.c_void_p() for _ in range(4)]
+    count = ctypes.c_int(-1)
+    try:
+        assert lib.mnclCommLostRanks(comms[0], None, ctypes.byref(count)) == 0 and count.value == 0
+        assert lib.mnclCommLostRanks(comms[0], None, None) == MNCL_INVALID_ARGUMENT
+        assert b"count is null" in lib.mnclGetLastError(None)
+        assert lib.mnclCommDestroy(comms[2]) == 0
+        comms[2] = ctypes.c_void_p()
+        lost: dict[int, list[int]] = {}
+        for r in (0, 1, 3):
+            ranks = (ctypes.c_int * 4)(-1, -1, -1, -1)
+            assert lib.mnclCommLostRanks(comms[r], ranks, ctypes.byref(count)) == 0
+            lost[r] = list(ranks[: count.value])
+            assert list(ranks[count.value :]) == [-1] * (4 - count.value)  # (nothing past the count written)
+        assert lost == {0: [2], 1: [2], 3: [2]}
+        codes = {}
+
+        def shrink(r: int) -> None:
+            exclude = (ctypes.c_int * len(lost[r]))(*lost[r])
+            codes[r] = lib.mnclCommShrink(comms[r], exclude, len(lost[r]), ctypes.byref(news[r]), None, 0)
+
+        threads = [threading.Thread(target=shrink, args=(r,)) for r in (0, 1, 3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert codes == {0: 0, 1: 0, 3: 0}, (codes, lib.mnclGetLastError(None))
+        xs = [np.full(3, r + 1, np.int32) for r in (0, 1, 3)]
+        assert lib.mnclGroupStart() == 0
+        for x, r in zip(xs, (0, 1, 3)):
+            p = x.ctypes.data_as(ctypes.c_void_p)
+            assert lib.mnclAllReduce(p, p, ctypes.c_size_t(3), INT32, SUM, news[r], None) == 0
+        assert lib.mnclGroupEnd() == 0, lib.mnclGetLastError(None)
+        for x in xs:
+            np.testing.assert_array_equal(x, np.full(3, 1 + 2 + 4, np.int32))
     finally:
         for c in [*news, *comms]:
             if c:
