@@ -517,6 +517,8 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         output_lists, inputs = call_forms.one_each(output_lists, inputs)
         opts = call_forms.rooted(opts, root, dist.GatherOptions)
         root, me = opts.rootRank, self.rank()
+        if me == root:
+            self._check_root_list("gather", "gather_list", output_lists[0], inputs[0])
         outs = [stage(t) for t in output_lists[0]] if me == root else []
         send = as_bytes(stage(inputs[0], receives=False).buf)
 
@@ -540,6 +542,8 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         input_lists, outputs = call_forms.one_each(input_lists, outputs)
         opts = call_forms.rooted(opts, root, dist.ScatterOptions)
         root, me = opts.rootRank, self.rank()
+        if me == root:
+            self._check_root_list("scatter", "scatter_list", input_lists[0], outputs[0])
         out = stage(outputs[0])
         sends = [as_bytes(stage(t, receives=False).buf) for t in input_lists[0]] if me == root else []
 
@@ -551,6 +555,20 @@ class ProcessGroupMinincl(dist.ProcessGroup):
 
         inputs = input_lists[0] if me == root else []
         return self._new_op("scatter", outputs + inputs, outputs, body, _outputs_after([out]), opts=opts)
+
+    def _check_root_list(self, call: str, name: str, tensors: list[torch.Tensor], own: torch.Tensor) -> None:
+        """The root's list of a gather or scatter: a tensor per rank, each of this rank's
+        tensor's type and size (as gloo asks), checked before any rank's data moves."""
+        if len(tensors) != self.size():
+            raise ValueError(
+                f"minincl backend: {call}: {name} has {len(tensors)} tensors for {self.size()} ranks; give one per rank"
+            )
+        for r, t in enumerate(tensors):
+            if t.dtype != own.dtype or t.numel() != own.numel():
+                raise ValueError(
+                    f"minincl backend: {call}: {name}[{r}] is {t.dtype} of {t.numel()} elements, but this rank's "
+                    f"tensor is {own.dtype} of {own.numel()}; every tensor of {name} must match it"
+                )
 
     def barrier(self, opts: Any = None, timeout: Any = None) -> MinincclWork:  # type: ignore[override]
         opts = call_forms.options(opts, dist.BarrierOptions)

@@ -625,6 +625,50 @@ def test_a_send_nobody_receives_before_a_collective_is_named(processes: bool) ->
     assert any(counted in r or ("mismatched calls" in r and "send of 2000 bytes" in r) for r in results), results
 
 
+def test_a_group_refused_on_one_rank_counts_none_of_its_sends_and_receives() -> None:
+    """Rank 0's group (a send to itself that its receive from itself does not match, and a
+    receive from rank 1) is refused there, so rank 1's send to rank 0 has no receive: the
+    allreduce after it fails on rank 0, naming the counts, instead of waiting for ever (the
+    refused receive, once counted, hid the unmatched send)."""
+    comms = minincl.Communicator.init_all(2)
+
+    def calls(c: minincl.Communicator) -> list[str]:
+        c.call_timeout = 30  # (a fault shows as a Timeout, not a hang)
+        out = []
+        try:
+            if c.rank == 0:
+                with minincl.group():
+                    c.send(np.ones(2, np.float32), 0)
+                    c.recv(np.zeros(3, np.float32), 0)
+                    c.recv(np.zeros(2, np.float32), 1)
+            else:
+                c.send(np.full(2, 7, np.float32), 0)
+            out.append("sent")
+        except minincl.Error as e:
+            out.append(f"{type(e).__name__}: {e}")
+        try:
+            c.allreduce(np.ones(1, np.float32))
+            out.append("allreduce returned")
+        except minincl.Error as e:
+            out.append(f"{type(e).__name__}: {e}")
+        return out
+
+    try:
+        results = run_ranks(comms, calls)
+    finally:
+        for c in comms:
+            c.destroy()
+    refused, after = results[0]
+    assert refused.startswith(
+        "InvalidUsage: send to self of 8 bytes (float32) does not match the recv from self of 12 bytes"
+    ), results
+    assert after.startswith(("InvalidUsage", "RemoteError")), results
+    assert (
+        "unmatched sends and receives before collective call 1 (allreduce(count=1, float32, sum)): the ranks posted "
+        "1 send(s) but 0 receive(s) before it (sends, receives: rank 0: 0, 0; rank 1: 1, 0)" in after
+    ), results
+
+
 # How a rank's wait in each cycle of workers.p2p_ring is named (rank r, the rank before it p).
 CYCLE_WAITS = {
     "recv first": "rank {r} waits for rank {p} to send (its receive 1 from rank {p}; rank {p} posted 0 send(s) to it)",

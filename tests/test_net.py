@@ -477,6 +477,19 @@ def test_the_other_hosts_shrink_a_lost_one_away(tmp_path: Path, how: str) -> Non
         assert summed == [4.0] * 3 and ranks == [0, 2], result
 
 
+def test_the_other_hosts_shrink_away_a_rank_that_aborted(tmp_path: Path) -> None:
+    """Rank 1 of 3 hosts aborts its communicator and lives on: its closed connection makes
+    the others list it in lost_ranks(), and they shrink it away."""
+    got = launch_as_hosts(workers.shrink_after_an_abort, 3, 1, timeout=60)
+    assert got[1] == (True, "aborted"), got
+    for old in (0, 2):
+        ok, result = got[old]
+        assert ok, result
+        ended, lost, rank, nranks, summed = result
+        assert ended == "RemoteError" and lost == [1], result
+        assert (rank, nranks, summed) == (old // 2, 2, [4.0] * 3), result
+
+
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_a_rank_stopped_past_the_timeout_learns_why_its_peers_gave_up(tmp_path: Path, nranks: int) -> None:
     """Rank 1 stops (SIGSTOP) between calls; rank 0 times out, destroys its communicator, and

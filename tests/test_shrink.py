@@ -87,6 +87,13 @@ def test_lost_ranks_are_those_that_left() -> None:
         assert [c.lost_ranks() for c in comms] == [[], [], []]
         comms[1].destroy()
         assert comms[0].lost_ranks() == [1] and comms[2].lost_ranks() == [1]
+        others = minincl.Communicator.init_all(3)
+        try:
+            others[2].abort()  # (its state says failed, not left: it is gone all the same)
+            assert others[0].lost_ranks() == [2] and others[1].lost_ranks() == [2]
+        finally:
+            for c in others:
+                c.destroy()
         with pytest.raises(minincl.InvalidUsage, match="destroyed"):
             comms[1].lost_ranks()
         lost = run_ranks([comms[0], comms[2]], lambda c: c.lost_ranks())
@@ -99,6 +106,17 @@ def test_lost_ranks_are_those_that_left() -> None:
     finally:
         for c in comms:
             c.destroy()
+
+
+def test_a_rank_that_aborted_is_lost_and_shrunk_away() -> None:
+    """3 processes; rank 1 aborts its communicator and its process lives on. The others' call
+    fails, lost_ranks() names rank 1, and shrink with that list works."""
+    got = minincl.launch(workers.shrink_after_an_abort, 3, 1, timeout=60)
+    assert got[1] == "aborted"
+    for old in (0, 2):
+        ended, lost, rank, nranks, summed = got[old]
+        assert ended == "RemoteError" and lost == [1], got[old]
+        assert (rank, nranks, summed) == (old // 2, 2, [4.0] * 3), got[old]
 
 
 def test_wrong_exclude_lists_are_refused() -> None:

@@ -829,6 +829,18 @@ def test_bitwise_ops_on_floats_are_refused(single_rank: Any) -> None:
         dist.reduce(torch.ones(2), dst=0, op=dist.ReduceOp.BXOR)
 
 
+def test_a_roots_wrong_gather_or_scatter_list_is_refused_before_data_moves(single_rank: Any) -> None:
+    """As gloo: a tensor per rank, each like the root's own (a wrong list at the root once
+    sent or received what it could, leaving the other ranks to fail at their next call)."""
+    with pytest.raises(ValueError, match="scatter: scatter_list has 2 tensors for 1 ranks; give one per rank"):
+        dist.scatter(torch.empty(2), [torch.ones(2), torch.ones(2)], src=0)
+    with pytest.raises(ValueError, match=r"gather: gather_list\[0\] is torch.float32 of 3 elements, but this rank's"):
+        dist.gather(torch.ones(2), [torch.empty(3)], dst=0)
+    out = [torch.empty(2)]
+    dist.gather(torch.full((2,), 3.0), out, dst=0)  # (the group still works)
+    assert out[0].tolist() == [3.0, 3.0]
+
+
 def test_unsupported_dtype_and_device_are_clear(single_rank: Any) -> None:
     with pytest.raises(TypeError, match="cannot reduce torch.int16"):
         dist.all_reduce(torch.ones(2, dtype=torch.int16))

@@ -1100,6 +1100,31 @@ def call_sequence(comm: minincl.Communicator, seed: int, steps: int, windows: bo
     return wrong
 
 
+def shrink_after_an_abort(comm: minincl.Communicator, victim: int) -> Any:
+    """The victim aborts its communicator and lives on (a moment: long enough for the others
+    to look); the others' allreduce fails, they wait (2 s at most) until lost_ranks() names
+    the victim, and shrink with that list: (how their call ended, the lost ranks, the new
+    communicator's rank, size and allreduce)."""
+    if comm.rank == victim:
+        comm.abort()
+        time.sleep(3)
+        return "aborted"
+    try:
+        comm.allreduce(np.ones(4, np.float32))
+        ended = "returned"
+    except minincl.Error as e:
+        ended = type(e).__name__
+    lost, deadline = comm.lost_ranks(), time.monotonic() + 2
+    while victim not in lost and time.monotonic() < deadline:
+        time.sleep(0.01)
+        lost = comm.lost_ranks()
+    with comm.shrink(lost) as new:
+        x = np.full(3, comm.rank + 1, np.float32)
+        new.allreduce(x)
+    comm.destroy()
+    return ended, lost, new.rank, new.nranks, x.tolist()
+
+
 def shrink_after_a_death(
     comm: minincl.Communicator, victim: int, flags: str, sig: int = signal.SIGKILL
 ) -> tuple[str, list[int], int, int, list[float], Any]:

@@ -674,6 +674,7 @@ void Comm::warnOfUnreportedMismatch() const {
 void Comm::leave() {
   if (!region_) return;
   RankCtrl* ctrl = region_->ctrl();
+  dev::storeRelease(&ctrl->destroyed, 1u);  // (a failed rank keeps its state, and so the reason peers read)
   if (dev::loadAcquire(&ctrl->state) == RankCtrl::kRunning) dev::storeRelease(&ctrl->state, (uint32_t)RankCtrl::kLeft);
 }
 
@@ -857,7 +858,8 @@ std::vector<int> Comm::lostRanks() const {
   for (int r = 0; r < nranks_; ++r) {
     if (r == rank_) continue;
     const PeerInfo& peer = peers_[r];
-    bool left = dev::loadAcquire(&peerRegions_[r]->ctrl()->state) == RankCtrl::kLeft;
+    const RankCtrl* ctrl = peerRegions_[r]->ctrl();
+    bool left = dev::loadAcquire(&ctrl->state) == RankCtrl::kLeft || dev::loadAcquire(&ctrl->destroyed) == 1;
     bool exited = peer.hostHash == me.hostHash && peer.pid != me.pid && processGone(peer.pid);
     bool cut = overNetwork(r) && netProxy_ && netProxy_->lost(r);
     if (left || exited || cut) lost.push_back(r);

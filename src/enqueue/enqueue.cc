@@ -405,7 +405,29 @@ void countGroupP2p(const std::vector<Recorded>& calls) {
   }
 }
 
+// A group's sends to self must pair with its recvs from self, per communicator: checked
+// before anything is counted, so that a group refused here counts on no peer's books (its
+// peers' sends to this rank then show as unmatched at the next call, instead of passing for
+// the refused recvs and leaving that call waiting).
+void checkGroupSelfPairs(const std::vector<Recorded>& calls) {
+  thread_local std::vector<const Comm*> comms;
+  thread_local std::vector<const P2pCall*> sends, recvs;
+  comms.clear();
+  for (const Recorded& r : calls) {
+    if (std::find(comms.begin(), comms.end(), r.comm) == comms.end()) comms.push_back(r.comm);
+  }
+  for (const Comm* comm : comms) {
+    sends.clear();
+    recvs.clear();
+    for (const Recorded& r : calls) {
+      if (r.comm == comm && r.isP2p && r.p2p.peer == comm->rank()) (r.p2p.isSend ? sends : recvs).push_back(&r.p2p);
+    }
+    checkSelfPairs(comm->rank(), sends, recvs);
+  }
+}
+
 void runRecorded(std::vector<Recorded>& calls) {
+  checkGroupSelfPairs(calls);
   countGroupP2p(calls);
   if (!calls.empty() && calls[0].comm->onGpu()) return runRecordedOnGpu(calls);
   // A plan per communicator, in the order of their first calls; reused from group to group
@@ -450,6 +472,7 @@ void recordOrRun(const Recorded& r) {
     return;
   }
   if (r.isP2p) {
+    if (r.p2p.peer == r.comm->rank()) checkGroupSelfPairs({r});  // (a lone one is refused)
     size_t bytes = r.p2p.count * dataTypeSize(r.p2p.dtype);
     r.comm->countP2p(r.p2p.isSend, r.p2p.peer, p2pSplit(*r.comm, bytes, r.p2p.peer).bytesOn(0, bytes));
   }

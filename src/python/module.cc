@@ -1018,7 +1018,7 @@ PYBIND11_MODULE(_core, m) {
       .def("_split_info", &PyComm::splitInfo, py::arg("color"), py::arg("key"))
       .def("_shrink_info", &PyComm::shrinkInfo, py::arg("exclude"))
       .def("lost_ranks", &PyComm::lostRanks,
-           "The ranks this rank has seen go: they destroyed their communicator, their process exited (on "
+           "The ranks this rank has seen go: they destroyed or aborted their communicator, their process exited (on "
            "this host), or their network connection broke; not a hung rank. (For shrink.)")
       .def("stats", &PyComm::stats,
            "Counters: channels; pointer_steps, steps whose data a receiver read straight from this rank's buffers; "

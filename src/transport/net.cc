@@ -613,6 +613,7 @@ bool NetProxy::progressCtrl(CtrlLink& c) {
   if (r < 0) {  // (a goodbye after the peer said it left or failed; otherwise it vanished)
     int err = errno;
     c.closed = true;
+    lost_[c.peer].store(true, std::memory_order_release);  // (gone either way: see lost())
     if (dev::loadAcquire(&c.mirror->ctrl()->state) == RankCtrl::kRunning) peerLost(c.peer, closedReason(err));
     return true;
   }

@@ -83,7 +83,8 @@ class NetProxy {
   size_t mostHeldPerChannel() const { return mostHeldPerChannel_; }
   // Simple steps received straight into their receiver's output (a counter, for tests).
   uint64_t landedSteps() const { return landedSteps_.load(std::memory_order_relaxed); }
-  // Whether `peer`'s connection broke (or it sent garbage): it failed or vanished.
+  // Whether `peer`'s control connection closed or broke (or it sent garbage): it destroyed
+  // or aborted its communicator, or vanished.
   bool lost(int peer) const { return lost_[peer].load(std::memory_order_acquire); }
 
  private:

@@ -23,6 +23,7 @@ struct RankCtrl {
   enum State : uint32_t { kRunning = 0, kFailed = 1, kLeft = 2 };
   alignas(128) uint64_t heartbeat;  // bumped by the rank's monitor thread
   alignas(128) uint32_t state;
+  uint32_t destroyed;               // 1 once the rank destroyed (or aborted) its communicator, whatever its state
   uint32_t failCode;                // an mnclResult_t when state == kFailed
   char failMessage[1024];           // (room for a deadlock message naming every wait)
   CallLog calls;                    // the collective calls the rank made last
