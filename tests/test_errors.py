@@ -771,6 +771,7 @@ def test_a_call_past_its_timeout_fails_naming_where_every_rank_is(case: str, pro
     assert fired and " for more than 0.5 s " in fired[0], results
     assert all(r.startswith(("Timeout", "RemoteError")) and "call timeout: rank " in r for r in results), results
     assert all("rank 1: in no call (1 collective call(s) made)" in r for r in results), results
+    assert not any("stopped" in r for r in results), results  # (every heartbeat went on; threads share theirs)
     # Each story is told by a rank whose timeout fired, inside its call. (Ranks 0 and 2 both
     # wait, and both timeouts may fire: the second may see the first already out, failed.)
     assert any(rank0 in r for r in results), results
@@ -778,6 +779,37 @@ def test_a_call_past_its_timeout_fails_naming_where_every_rank_is(case: str, pro
         teller = re.search(r"call timeout: rank (\d) has been", r)
         assert teller and f"rank {teller.group(1)}: inside " in r, r
         assert teller.group(1) != "0" or rank0 in r, r
+
+
+def test_a_call_timeout_says_which_rank_destroyed_its_communicator() -> None:
+    """Rank 1 gathers to rank 0 and destroys its communicator; rank 2 never calls. Rank 0's
+    call timeout names rank 1 as gone and rank 2 as not in the call, and calls no heartbeat
+    stopped (these ranks are threads of one live process)."""
+    comms = minincl.Communicator.init_all(3)
+
+    def calls(c: minincl.Communicator) -> str:
+        if c.rank == 2:
+            time.sleep(1.5)
+            return "slept"
+        c.call_timeout = 0.5
+        try:
+            c.gather(np.ones(4, np.float32), root=0)
+        except minincl.Error as e:
+            return f"{type(e).__name__}: {e}"
+        if c.rank == 1:
+            c.destroy()
+        return "gathered"
+
+    try:
+        results = run_ranks(comms, calls)
+    finally:
+        for c in comms:
+            c.destroy()
+    assert results[1:] == ["gathered", "slept"], results
+    story = results[0]
+    assert story.startswith("Timeout: call timeout: rank 0 has been inside collective call 1 (gather("), story
+    assert "rank 1: in no call (1 collective call(s) made), then it destroyed its communicator; " in story, story
+    assert "rank 2: in no call (0 collective call(s) made)" in story and "stopped" not in story, story
 
 
 def test_a_call_within_its_timeout_ends_normally() -> None:

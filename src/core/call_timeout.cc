@@ -126,12 +126,18 @@ std::string Monitor::whereRanksAre(double now, bool* anyStopped) const {
   std::string where;
   constexpr int kListed = 16;
   for (int r = 0; r < comm_.nranks(); ++r) {
-    double still = r == comm_.rank() ? 0 : now - watch_[r].lastChange;
+    const RankCtrl* ctrl = comm_.peerRegions_[r]->ctrl();
+    bool left = r != comm_.rank() &&
+                (dev::loadAcquire(&ctrl->state) == RankCtrl::kLeft || dev::loadAcquire(&ctrl->destroyed) == 1);
+    // (Only a running peer in another process has a heartbeat of its own that checkPeer times.)
+    bool beats = r != comm_.rank() && !left && !inThisProcess(r);
+    double still = beats ? now - watch_[r].lastChange : 0;
     bool stopped = still >= kStoppedAfterSeconds;
     *anyStopped |= stopped;
     if (r >= kListed) continue;
-    const CallLog& log = comm_.peerRegions_[r]->ctrl()->calls;
-    where += (r ? "; rank " : "rank ") + std::to_string(r) + ": " + (comm_.onGpu() ? progressOf(log) : activityOf(log));
+    where += (r ? "; rank " : "rank ") + std::to_string(r) + ": " +
+             (comm_.onGpu() ? progressOf(ctrl->calls) : activityOf(ctrl->calls));
+    if (left) where += ", then it destroyed its communicator";
     if (stopped) where += ", its heartbeat still for " + formatSeconds(std::round(still * 10) / 10) + " (stopped?)";
   }
   if (comm_.nranks() > kListed) where += "; ...";

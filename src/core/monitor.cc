@@ -108,6 +108,11 @@ std::string Monitor::stallNote() const {
   return note;
 }
 
+bool Monitor::inThisProcess(int r) const {
+  const PeerInfo &peer = comm_.peers_[r], &me = comm_.peers_[comm_.rank()];
+  return peer.pid == me.pid && peer.hostHash == me.hostHash;
+}
+
 void Monitor::checkPeer(int r, double now) {
   const PeerInfo& peer = comm_.peers_[r];
   RankCtrl* ctrl = comm_.peerRegions_[r]->ctrl();
@@ -118,7 +123,7 @@ void Monitor::checkPeer(int r, double now) {
     fail(mnclRemoteError, who + " failed: " + std::string(ctrl->failMessage));
     return;
   }
-  bool sameProcess = peer.pid == comm_.peers_[comm_.rank()].pid && peer.hostHash == comm_.peers_[comm_.rank()].hostHash;
+  bool sameProcess = inThisProcess(r);
   if (state == RankCtrl::kLeft) {
     if (w.leftSince < 0) w.leftSince = now;
     // (A GPU call returns at once: what may still wait on the peer is its kernel.)

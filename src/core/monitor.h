@@ -60,6 +60,7 @@ class Monitor {
   void noteOwnStall(double now);
   void fail(mnclResult_t code, const std::string& message);  // comm_.fail (which adds stallNote)
   void checkPeer(int r, double now);
+  bool inThisProcess(int r) const;  // (a thread of this process: its heartbeat is ours)
   bool checkCalls(int r);
   std::string callThePeerNeverMade(int r) const;
   void checkP2pBalance();
