@@ -119,6 +119,37 @@ def test_a_rank_that_aborted_is_lost_and_shrunk_away() -> None:
         assert (rank, nranks, summed) == (old // 2, 2, [4.0] * 3), got[old]
 
 
+@pytest.mark.parametrize(
+    ("victim", "first", "said"),
+    [
+        (3, {0: [], 1: [], 2: []}, "shrink: rank 3 is kept but gone (lost_ranks() lists it"),
+        (0, {1: [], 2: [], 3: []}, "shrink: rank 0 is kept but gone (lost_ranks() lists it)"),
+        (3, {0: [], 1: [3], 2: [3]}, "shrink: rank 3 is kept but gone (lost_ranks() lists it"),
+        (3, {0: [3], 1: [], 2: [3]}, "were given other ranks to exclude than rank 0"),
+    ],
+    ids=["all keep it", "the leader is gone", "the leader keeps it", "a member keeps it"],
+)
+def test_a_dead_rank_kept_fails_the_shrink_at_once_and_a_retry_works(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, victim: int, first: dict[int, list[int]], said: str
+) -> None:
+    """4 processes, the victim killed. A first shrink that keeps it can never complete: every
+    survivor fails at once (it waited MININCL_BOOTSTRAP_TIMEOUT before), the lowest rank kept
+    naming the rank gone or the ranks whose lists differ, the others what it found; then a
+    shrink that excludes it works."""
+    monkeypatch.setenv("MININCL_TIMEOUT", "5")
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "30")
+    with pytest.raises(LaunchError) as info:
+        minincl.launch(workers.shrink_with_a_wrong_list_first, 4, victim, str(tmp_path), first, timeout=120)
+    survivors = info.value.results
+    assert sorted(survivors) == sorted(first), survivors
+    kept = sorted(first)
+    for old, (ended, rank, nranks, summed) in survivors.items():
+        assert ended.startswith("InvalidUsage after 0."), (old, ended)  # (well within a second)
+        assert (rank, nranks, summed) == (kept.index(old), 3, [float(sum(r + 1 for r in kept))] * 3), survivors
+    assert any(said in ended for ended, *_ in survivors.values()), survivors
+    assert all("every rank kept must" in ended for ended, *_ in survivors.values()), survivors
+
+
 def test_wrong_exclude_lists_are_refused() -> None:
     comms = minincl.Communicator.init_all(4)
     try:

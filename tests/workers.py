@@ -1100,6 +1100,29 @@ def call_sequence(comm: minincl.Communicator, seed: int, steps: int, windows: bo
     return wrong
 
 
+def shrink_with_a_wrong_list_first(
+    comm: minincl.Communicator, victim: int, flags: str, first: dict[int, list[int]]
+) -> tuple[str, int, int, list[float]]:
+    """The victim kills itself between calls; each survivor first shrinks with its list in
+    `first` (one keeps the victim, or the lists differ), then with [victim]: (how the first
+    try ended, and how long it took; the new communicator's rank, size and allreduce)."""
+    stop_mid_run(comm, victim, flags, signal.SIGKILL, 1 << 10, 100000)
+    deadline = time.monotonic() + 2  # (the victim's loss seen here too, not only through a peer)
+    while victim not in comm.lost_ranks() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    try:
+        comm.shrink(first[comm.rank]).destroy()
+        ended = "shrunk"
+    except minincl.Error as e:
+        ended = f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
+    with comm.shrink([victim]) as new:
+        x = np.full(3, comm.rank + 1, np.float32)
+        new.allreduce(x)
+    comm.destroy()
+    return ended, new.rank, new.nranks, x.tolist()
+
+
 def shrink_after_an_abort(comm: minincl.Communicator, victim: int) -> Any:
     """The victim aborts its communicator and lives on (a moment: long enough for the others
     to look); the others' allreduce fails, they wait (2 s at most) until lost_ranks() names

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "../../cuda/arch.h"
 
@@ -91,11 +92,13 @@ double secondsLeft(Deadline d) {
 }
 
 thread_local const std::atomic<bool>* tlsCancel = nullptr;  // see WaitCancel
+thread_local const std::function<void()>* tlsCheck = nullptr;  // see WaitCheck
 
 // Throws mnclAborted if this thread's waits were cancelled. Runs the thread's long-wait hook
 // first (see dev::LongWaitHook: where Ctrl-C cancels a Python init).
 void checkCancel(const std::string& what) {
   if (dev::tlsLongWaitHook.fn) dev::tlsLongWaitHook.fn(dev::tlsLongWaitHook.arg);
+  if (tlsCheck) (*tlsCheck)();
   if (tlsCancel && tlsCancel->load(std::memory_order_acquire)) {
     throwError(mnclAborted, what + ": stopped, the communicator was aborted or destroyed during its init");
   }
@@ -105,6 +108,9 @@ void checkCancel(const std::string& what) {
 WaitCancel::WaitCancel(const std::atomic<bool>* flag) : previous_(tlsCancel) { tlsCancel = flag; }
 WaitCancel::~WaitCancel() { tlsCancel = previous_; }
 
+WaitCheck::WaitCheck(std::function<void()> check) : check_(std::move(check)), previous_(tlsCheck) { tlsCheck = &check_; }
+WaitCheck::~WaitCheck() { tlsCheck = previous_; }
+
 void Socket::waitFor(short events, Deadline deadline, const std::string& what) {
   for (;;) {
     checkCancel(what);
@@ -113,7 +119,7 @@ void Socket::waitFor(short events, Deadline deadline, const std::string& what) {
       throwError(mnclTimeout, what + " timed out (raise MININCL_BOOTSTRAP_TIMEOUT if ranks start slowly)");
     }
     pollfd p{fd_, events, 0};
-    int rc = ::poll(&p, 1, (int)std::min(left * 1000 + 1, tlsCancel || dev::tlsLongWaitHook.fn ? 100.0 : 1000.0));
+    int rc = ::poll(&p, 1, (int)std::min(left * 1000 + 1, tlsCancel || tlsCheck || dev::tlsLongWaitHook.fn ? 100.0 : 1000.0));
     if (rc > 0) return;
     if (rc < 0 && errno != EINTR) throwSystemError(what + ": poll()");
   }

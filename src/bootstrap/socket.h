@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace mncl {
@@ -45,6 +46,20 @@ class WaitCancel {
 
  private:
   const std::atomic<bool>* previous_;
+};
+
+// Runs `check` in this thread's socket waits (every 100 ms or so) while alive: it throws to
+// end a wait that can no longer succeed (a shrink waiting for a peer that is gone).
+class WaitCheck {
+ public:
+  explicit WaitCheck(std::function<void()> check);
+  ~WaitCheck();
+  WaitCheck(const WaitCheck&) = delete;
+  WaitCheck& operator=(const WaitCheck&) = delete;
+
+ private:
+  std::function<void()> check_;
+  const std::function<void()>* previous_;
 };
 
 class Socket {

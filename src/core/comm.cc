@@ -777,16 +777,23 @@ bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdDa
   return true;
 }
 
-// The lowest rank kept starts the new group's root and sends its id to the others; first each
-// of them sends it the ranks it was told to exclude (a byte per rank), so that ranks that
-// disagree fail, naming who, instead of making communicators that never meet. (Ranks that
-// disagree on the lowest rank kept wait for a leader that never answers: the bootstrap
-// timeout ends that, with a message saying what to check, and so does a rank kept that
-// never comes, on every rank.) Each leader-member pair tags its exchange with the exchanges
-// that pair completed so far (ranks left out of one shrink make none, so a count over all
-// shrinks would differ from rank to rank); an exchange that timed out counts on neither
-// side, so the ranks can try again. (A member's message that its leader never read, the
-// leader having timed out on another, is what the leader reads on the next try.)
+// The lowest rank kept (the leader) starts the new group's root and sends its id to the
+// others; first each of them sends it the ranks it was told to exclude (a byte per rank), so
+// that ranks that disagree fail, naming who, instead of making communicators that never meet.
+// A rank kept that is gone (lost_ranks() lists it) can never answer: the leader passes over
+// it and fails them all, naming it, and a leader that is gone fails its members at once.
+// (Ranks that disagree on the leader wait for one that never answers: the bootstrap timeout
+// ends that, with a message saying what to check, and so does a live rank kept that never
+// comes.) Each leader-member pair tags its exchange with the exchanges that pair completed
+// so far (ranks left out of one shrink make none, so a count over all shrinks would differ
+// from rank to rank); an exchange that timed out counts on neither side, so the ranks can try
+// again. (A member's message that its leader never read, the leader having timed out on
+// another, is what the leader reads on the next try.)
+struct Comm::ShrinkReply {
+  UniqueIdData id;       // magic 0: no communicator (the lists differ, or see lostRank)
+  int32_t lostRank = -1;  // a rank kept that the leader found gone
+};
+
 void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* newRanks, int* newRank, UniqueIdData* id) {
   std::vector<uint8_t> excluded(nranks_, 0);
   for (int r : exclude) {
@@ -805,66 +812,98 @@ void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* new
   *newRank = (int)(std::find(kept.begin(), kept.end(), rank_) - kept.begin());
   shrinksWith_.resize(nranks_, 0);
   int leader = kept[0];
+  ShrinkReply reply;
   std::string differ;  // (the leader: the ranks whose excluded ranks differ from its own)
   try {
     if (leader != rank_) {
+      WaitCheck whileTheLeaderLives([&] { failIfGone(leader); });
       int tag = kShrinkTags + shrinksWith_[leader];
       bootstrap_->send(leader, tag, excluded.data(), excluded.size());
-      bootstrap_->recv(leader, tag, id, sizeof(*id));
+      bootstrap_->recv(leader, tag, &reply, sizeof(reply));
       ++shrinksWith_[leader];
     } else {
-      differ = shrinkAsLeader(kept, excluded, id);
+      differ = shrinkAsLeader(kept, excluded, &reply);
     }
   } catch (const Error& e) {
     throw Error(e.code(), "shrink: " + std::string(e.what()) +
                               " (every rank kept must call shrink with the same ranks to exclude, and a rank that "
                               "died or will not call must be among them)");
   }
+  MNCL_CHECK(reply.lostRank < 0, mnclInvalidUsage,
+             "shrink: rank " + std::to_string(reply.lostRank) + " is kept but gone (lost_ranks() lists it" +
+                 (leader == rank_ ? "" : " on rank " + std::to_string(leader) + ", the lowest kept") +
+                 "): every rank kept must exclude it");
   MNCL_CHECK(differ.empty(), mnclInvalidUsage,
              "shrink: rank(s) " + differ + " were given other ranks to exclude than rank " + std::to_string(rank_) +
                  " was: every rank kept must pass the same ones");
-  MNCL_CHECK(id->magic == kIdMagic, mnclInvalidUsage,
+  MNCL_CHECK(reply.id.magic == kIdMagic, mnclInvalidUsage,
              "shrink: the ranks kept were given different ranks to exclude (rank " + std::to_string(leader) +
                  ", the lowest kept, compared them): every rank kept must pass the same ones");
+  *id = reply.id;
 }
 
-std::string Comm::shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_t>& excluded, UniqueIdData* id) {
+void Comm::failIfGone(int r) const {
+  MNCL_CHECK(!lost(r), mnclInvalidUsage,
+             "rank " + std::to_string(r) + " is kept but gone (lost_ranks() lists it): every rank kept must exclude it");
+}
+
+std::string Comm::shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_t>& excluded,
+                                 ShrinkReply* reply) {
   std::vector<int> tags(kept.size());
+  std::vector<bool> heard(kept.size(), false);
   std::string others;
-  *id = UniqueIdData{};
+  *reply = ShrinkReply{};
   for (size_t i = 1; i < kept.size(); ++i) {
     tags[i] = kShrinkTags + shrinksWith_[kept[i]];
     std::vector<uint8_t> theirs(excluded.size());
-    bootstrap_->recv(kept[i], tags[i], theirs.data(), theirs.size());
+    try {
+      WaitCheck whileItLives([&] { failIfGone(kept[i]); });
+      bootstrap_->recv(kept[i], tags[i], theirs.data(), theirs.size());
+    } catch (const Error&) {
+      if (!lost(kept[i])) throw;
+      if (reply->lostRank < 0) reply->lostRank = kept[i];
+      continue;
+    }
+    heard[i] = true;
     if (theirs != excluded) others += (others.empty() ? "" : ", ") + std::to_string(kept[i]);
   }
-  if (others.empty()) {
+  bool failed = !others.empty() || reply->lostRank >= 0;
+  if (!failed) {
     std::random_device rd;
     uint64_t nonce = ((uint64_t)rd() << 32) ^ rd();
-    id->magic = kIdMagic;
-    id->nonce = nonce;
-    id->root = WireAddr::from(startRoot(bootstrap_->localAddress(), nonce));
+    reply->id.magic = kIdMagic;
+    reply->id.nonce = nonce;
+    reply->id.root = WireAddr::from(startRoot(bootstrap_->localAddress(), nonce));
   }
   for (size_t i = 1; i < kept.size(); ++i) {
-    bootstrap_->send(kept[i], tags[i], id, sizeof(*id));
+    if (!heard[i]) continue;  // (gone)
+    try {
+      WaitCheck whileItLives([&] { failIfGone(kept[i]); });
+      bootstrap_->send(kept[i], tags[i], reply, sizeof(*reply));
+    } catch (const Error&) {
+      if (!failed) throw;  // (failing anyway: a rank that cannot hear it is not waiting)
+      continue;
+    }
     ++shrinksWith_[kept[i]];
   }
   return others;
 }
 
 std::vector<int> Comm::lostRanks() const {
-  std::vector<int> lost;
-  const PeerInfo& me = peers_[rank_];
+  std::vector<int> gone;
   for (int r = 0; r < nranks_; ++r) {
-    if (r == rank_) continue;
-    const PeerInfo& peer = peers_[r];
-    const RankCtrl* ctrl = peerRegions_[r]->ctrl();
-    bool left = dev::loadAcquire(&ctrl->state) == RankCtrl::kLeft || dev::loadAcquire(&ctrl->destroyed) == 1;
-    bool exited = peer.hostHash == me.hostHash && peer.pid != me.pid && processGone(peer.pid);
-    bool cut = overNetwork(r) && netProxy_ && netProxy_->lost(r);
-    if (left || exited || cut) lost.push_back(r);
+    if (r != rank_ && lost(r)) gone.push_back(r);
   }
-  return lost;
+  return gone;
+}
+
+bool Comm::lost(int r) const {
+  const PeerInfo &peer = peers_[r], &me = peers_[rank_];
+  const RankCtrl* ctrl = peerRegions_[r]->ctrl();
+  bool left = dev::loadAcquire(&ctrl->state) == RankCtrl::kLeft || dev::loadAcquire(&ctrl->destroyed) == 1;
+  bool exited = peer.hostHash == me.hostHash && peer.pid != me.pid && processGone(peer.pid);
+  bool cut = overNetwork(r) && netProxy_ && netProxy_->lost(r);
+  return left || exited || cut;
 }
 
 std::string Comm::peerFailure(int r) const {

@@ -161,9 +161,10 @@ class Comm {
   // only the bootstrap's sockets between the ranks kept. `abortFirst`: abort() once the
   // arguments are checked (MNCL_SHRINK_ABORT).
   void shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* newRanks, int* newRank, UniqueIdData* id);
-  // The ranks this rank has seen go: they destroyed their communicator, their process exited
-  // (on this host), or their network connection broke. (Not a hung rank: it may come back.)
+  // The ranks this rank has seen go: they destroyed or aborted their communicator, their
+  // process exited (on this host), or their network connection broke. (Not a hung rank: it may come back.)
   std::vector<int> lostRanks() const;
+  bool lost(int r) const;  // whether lostRanks() lists rank r
 
   // GPU: whether this communicator's last kernel may still be running.
   bool gpuWorkPending() const;
@@ -222,9 +223,12 @@ class Comm {
 
  private:
   // shrinkInfo's part on the lowest rank kept: compares the others' excluded ranks with its
-  // own and sends each the new group's id (its magic 0 where they disagree); returns the
+  // own and sends each the reply (the new group's id, or why there is none); returns the
   // ranks that disagree ("" if none).
-  std::string shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_t>& excluded, UniqueIdData* id);
+  struct ShrinkReply;
+  std::string shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_t>& excluded, ShrinkReply* reply);
+  // Throws InvalidUsage if rank r, kept by a shrink, is lost (it can never answer).
+  void failIfGone(int r) const;
   // Before the bootstrap: the device is one, and usable (GPU: current, with the abort word in
   // pinned memory). A failure here is told to the other ranks (Bootstrap::reportInitFailure).
   void prepareDevice();

@@ -157,7 +157,8 @@ mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newc
  * failed because a peer died. shrinkFlags MNCL_SHRINK_ABORT first stops comm's calls still
  * running on other threads (as mnclCommAbort, without freeing comm: destroy it afterwards;
  * like any failure of a rank, the abort fails comm on its peers too, the excluded ones
- * included). config as mnclCommSplit's. */
+ * included). Ranks kept that pass different lists, or keep a rank that is gone (see
+ * mnclCommLostRanks), fail with mnclInvalidUsage and may try again. config as mnclCommSplit's. */
 #define MNCL_SHRINK_DEFAULT 0x00
 #define MNCL_SHRINK_ABORT 0x01
 mnclResult_t mnclCommShrink(mnclComm_t comm, int* excludeRanksList, int excludeRanksCount, mnclComm_t* newcomm,
