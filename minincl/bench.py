@@ -29,6 +29,9 @@ COLLECTIVES = [
 BLOCKED = ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")
 ROOTED = ("broadcast", "reduce", "gather", "scatter")
 TO_ROOT = ("reduce", "gather")
+REDUCING = ("allreduce", "reduce", "reduce_scatter")
+# Made of sends and receives (as NCCL makes them): no algorithm or protocol to choose.
+OF_SENDS = ("alltoall", "gather", "scatter", "sendrecv")
 DTYPES = {
     "int8": np.int8,
     "uint8": np.uint8,
@@ -324,12 +327,14 @@ def bench_gpu_ranks(comms: list[Communicator], cfg: Config) -> list[tuple[int, i
 
 
 def _redop(cfg: Config) -> str:
-    return cfg.op if cfg.coll in ("allreduce", "reduce", "reduce_scatter") else "none"
+    return cfg.op if cfg.coll in REDUCING else "none"
 
 
 def _header(cfg: Config, n: int, where: str = "processes") -> str:
     algo = os.environ.get("MININCL_ALGO", "auto")
     proto = os.environ.get("MININCL_PROTO", "auto")
+    if cfg.coll in OF_SENDS:
+        algo, proto = "none (sends and receives)", "Simple"
     lines = [
         f"# minincl bench {cfg.coll}: {n} ranks ({where}), dtype {cfg.dtype}, op {_redop(cfg)}, "
         f"algo {algo}, proto {proto}, iters {cfg.iters or 'by size'}, warmup {cfg.warmup}",
@@ -395,9 +400,23 @@ def _default_device() -> str:
     return "cuda"
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuses --algo and --proto where nothing would take them. (--op and --root, like
+    nccl-tests' -o and -r, are for the collectives that have them: the table shows "none"
+    and -1 for the others.)"""
+    coll = args.collective
+    for option, value in (("--algo", args.algo), ("--proto", args.proto)):
+        if value and coll in OF_SENDS:
+            raise SystemExit(
+                f"minincl bench: {option} {value}: {coll} runs as sends and receives, which have no algorithm or "
+                f"protocol to choose ({option} is for the other collectives)"
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     if parse_size(args.minbytes) > parse_size(args.maxbytes):
         raise SystemExit(f"minincl bench: -b {args.minbytes} is above -e {args.maxbytes}")
+    _check_options(args)
     if args.device is None:
         args.device = _default_device()
     if args.algo:

@@ -75,6 +75,16 @@ def test_bench_names_no_op_for_collectives_without_one() -> None:
     out = run_cli("bench", "broadcast", "--ranks", "2", "-b", "8", "-e", "8", "--iters", "1")
     assert out.returncode == 0, out.stderr
     assert ", op none," in out.stdout.splitlines()[0], out.stdout
+    gather = run_cli("bench", "gather", "--ranks", "2", "-b", "8", "-e", "8", "--iters", "1")
+    assert gather.returncode == 0, gather.stderr
+    assert ", algo none (sends and receives), proto Simple," in gather.stdout.splitlines()[0], gather.stdout
+
+
+def test_bench_refuses_an_algorithm_for_collectives_made_of_sends() -> None:
+    # (It was ignored, and the table's header named it.)
+    out = run_cli("bench", "gather", "--ranks", "2", "-b", "8", "-e", "8", "--algo", "ring")
+    assert out.returncode != 0
+    assert "--algo ring: gather runs as sends and receives, which have no algorithm or protocol" in out.stderr
 
 
 @pytest.mark.parametrize("command", [["topo"], ["bench", "allreduce", "-b", "8", "-e", "1M", "--iters", "1"]])
