@@ -316,7 +316,7 @@ def _no_result_story(exitcode: int | None, fn_name: str) -> str:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = f"signal {-exitcode}"
-        oom = " (the out-of-memory killer?)" if exitcode == -signal.SIGKILL else ""
+        oom = " (kill -9, or the out-of-memory killer?)" if exitcode == -signal.SIGKILL else ""
         return f"process killed by {name}{oom} before it returned a result"
     return (
         f"process ended with exit code {exitcode} and no result (it failed before running {fn_name}, or "
