@@ -44,12 +44,27 @@ _AS_BACKEND_ERROR: dict[type[BaseException], type[BaseException]] = {
 }
 
 
+# Advice in minincl's messages that a torch program follows in torch's terms.
+_IN_TORCH_TERMS = {
+    "(sendrecv, or one minincl.group())": "(dist.batch_isend_irecv, or isend and irecv before either wait)",
+}
+
+
+def _in_torch_terms(args: tuple[object, ...]) -> tuple[object, ...]:
+    if not args or not isinstance(args[0], str):
+        return args
+    message = args[0]
+    for minincls, torchs in _IN_TORCH_TERMS.items():
+        message = message.replace(minincls, torchs)
+    return (message, *args[1:])
+
+
 def as_backend_error(error: BaseException) -> BaseException:
-    """`error` as its DistBackendError flavour, with the same message and traceback (anything
-    else, returned as it is)."""
+    """`error` as its DistBackendError flavour, with the same message (its advice in torch's
+    terms) and traceback (anything else, returned as it is)."""
     flavour = _AS_BACKEND_ERROR.get(type(error))
     if flavour is None:
         return error
-    same = flavour(*error.args)
+    same = flavour(*_in_torch_terms(error.args))
     same.__cause__, same.__context__ = error.__cause__, error.__context__
     return same.with_traceback(error.__traceback__)

@@ -702,8 +702,8 @@ def test_recv_from_any_source() -> None:
 
 def disagreement(case: str) -> str:
     """This rank's story of "tags": sends tagged 1 and 2 received as 2 then 1 (rank 0 to
-    1); or "roots": a scatter whose ranks each pass themselves as the root, then a gather to
-    rank 0."""
+    1); "roots": a scatter whose ranks each pass themselves as the root, then a gather to
+    rank 0; or "receives first": ranks 0 and 1 each receive from the other before sending."""
     rank = int(os.environ["RANK"])
     dist.init_process_group("minincl", timeout=timedelta(seconds=20))
     try:
@@ -716,6 +716,10 @@ def disagreement(case: str) -> str:
                 works = [dist.irecv(a, 0, tag=2), dist.irecv(b, 0, tag=1)]
             for w in works:
                 w.wait()
+        elif case == "receives first":
+            if rank < 2:
+                dist.recv(torch.zeros(2), 1 - rank)
+                dist.send(torch.ones(2), 1 - rank)
         else:
             got = torch.zeros(2)
             dist.scatter(got, [torch.full((2,), 10.0 * rank + r) for r in range(3)], src=rank)  # (a user's mistake)
@@ -730,15 +734,20 @@ def disagreement(case: str) -> str:
     return "ok"
 
 
-@pytest.mark.parametrize("case", ["tags", "roots"])
+@pytest.mark.parametrize("case", ["tags", "roots", "receives first"])
 def test_ranks_that_disagree_on_tags_or_roots_fail_instead_of_pairing_the_wrong_data(case: str) -> None:
     """The receive tagged 2 meets the send tagged 1: it names both tags (gloo matches by
     tag; minincl pairs in order, and says so). The scatter's sends, each rank's to the others,
     carry their root in their tag: the gather's receives meet them and fail, where they used
-    to take their data (gloo times out)."""
+    to take their data (gloo times out). Receives that wait for each other are a deadlock,
+    with advice in torch's terms."""
     outs = run_local(disagreement, 3, case, timeout=120)
     assert all(o != "ok" for o in outs), outs
-    if case == "tags":
+    if case == "receives first":
+        assert any("deadlock in sends and receives: " in o for o in outs[:2]), outs
+        assert all("minincl.group" not in o for o in outs), outs
+        assert any("(dist.batch_isend_irecv, or isend and irecv before either wait)" in o for o in outs), outs
+    elif case == "tags":
         assert "with tag 2 from rank 0, but rank 0 sent 8 bytes (uint8) with tag 1" in outs[1], outs
     else:  # (the gather's tag, GATHER_TAG - 0, met a scatter's)
         assert any("mismatched send/recv" in o and "with tag -536870912" in o for o in outs), outs
