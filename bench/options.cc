@@ -90,6 +90,19 @@ size_t parseSize(const std::string& text) {
   return static_cast<size_t>(value * static_cast<double>(unit));
 }
 
+namespace {
+// A whole integer from `lo` to `hi` ("3abc" is not 3).
+int parseInt(const std::string& text, int lo, int hi) {
+  size_t used = 0;
+  long value = std::stol(text, &used);
+  if (used != text.size()) throw std::invalid_argument("'" + text + "' is not an integer");
+  if (value < lo || value > hi) {
+    throw std::invalid_argument(text + " is not from " + std::to_string(lo) + " to " + std::to_string(hi));
+  }
+  return static_cast<int>(value);
+}
+}  // namespace
+
 Options parseOptions(int argc, char** argv) {
   Options o;
   const char* prog = argv[0];
@@ -106,21 +119,21 @@ Options parseOptions(int argc, char** argv) {
       std::string arg = optarg ? optarg : "";
       switch (c) {
         case 'k': o.coll = parseColl(optarg, prog); break;
-        case 't': o.nThreads = std::stoi(arg); break;
+        case 't': o.nThreads = parseInt(arg, 1, 1 << 16); break;
         case 'g': o.grouped = true; break;
-        case 'p': o.nProcs = std::stoi(arg); break;
+        case 'p': o.nProcs = parseInt(arg, 1, 1 << 16); break;
         case 'b': o.minBytes = parseSize(arg); break;
         case 'e': o.maxBytes = parseSize(arg); break;
         case 'f': o.factor = std::stod(arg); break;
         case 'i': o.stepBytes = parseSize(arg); break;
-        case 'n': o.iters = std::stoi(arg); break;
-        case 'w': o.warmup = std::stoi(arg); break;
-        case 'c': o.check = std::stoi(arg) != 0; break;
-        case 'r': o.root = std::stoi(arg); break;
-        case 'a': o.average = std::stoi(arg); break;
+        case 'n': o.iters = parseInt(arg, 1, 1 << 30); break;
+        case 'w': o.warmup = parseInt(arg, 0, 1 << 30); break;
+        case 'c': o.check = parseInt(arg, 0, 1) != 0; break;
+        case 'r': o.root = parseInt(arg, 0, 1 << 16); break;
+        case 'a': o.average = parseInt(arg, 0, 3); break;
         case 'A': o.algo = arg; break;
         case 'P': o.proto = arg; break;
-        case 'C': o.nChannels = std::stoi(arg); break;
+        case 'C': o.nChannels = parseInt(arg, 1, 64); break;
         case 'D': o.device = arg; break;
         case 'o': {
           bool found = false;

@@ -14,12 +14,13 @@ void printHeader(const Options& opt, int nranks) {
     const char* v = std::getenv(name);
     return v && *v ? v : "auto";
   };
-  std::printf("# minincl-perf %s: %d ranks as %s on %s, minBytes %zu maxBytes %zu step: %s%s%g, "
+  char step[48];  // (nccl-tests' "+N" for -i N, "xF" for -f F)
+  if (opt.stepBytes) std::snprintf(step, sizeof(step), "+%zu", opt.stepBytes);
+  else std::snprintf(step, sizeof(step), "x%g", opt.factor);
+  std::printf("# minincl-perf %s: %d ranks as %s on %s, minBytes %zu maxBytes %zu step: %s, "
               "warmup iters: %d iters: %d, validation: %d\n",
               collName(opt.coll), nranks, opt.grouped ? "one thread's groups" : opt.nThreads > 0 ? "threads" : "processes", opt.device.c_str(),
-              opt.minBytes, opt.maxBytes, opt.stepBytes ? "+" : "x",
-              opt.stepBytes ? std::to_string(opt.stepBytes).c_str() : "",
-              opt.stepBytes ? 0.0 : opt.factor, opt.warmup, opt.iters, opt.check ? 1 : 0);
+              opt.minBytes, opt.maxBytes, step, opt.warmup, opt.iters, opt.check ? 1 : 0);
   std::printf("# MININCL_ALGO %s, MININCL_PROTO %s, MININCL_NCHANNELS %s; pid %d\n#\n", env("MININCL_ALGO"),
               env("MININCL_PROTO"), env("MININCL_NCHANNELS"), static_cast<int>(getpid()));
   std::printf("#%11s %13s %9s %9s %6s %9s %8s %8s %7s\n", "size", "count", "type", "redop", "root",

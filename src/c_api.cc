@@ -357,6 +357,7 @@ mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newc
   return guarded([&] {
     MNCL_CHECK(newcomm != nullptr, mnclInvalidArgument, "newcomm is null");
     *newcomm = nullptr;
+    checkNoOpenGroup("mnclCommSplit");
     CallHold hold(comm);
     Comm& parent = hold.comm();
     WaitCancel cancel(&comm->cancelWaits);  // (abort stops the rendezvous and the new comm's init)
@@ -379,6 +380,7 @@ mnclResult_t mnclCommShrink(mnclComm_t comm, int* excludeRanksList, int excludeR
   return guarded([&] {
     MNCL_CHECK(newcomm != nullptr, mnclInvalidArgument, "newcomm is null");
     *newcomm = nullptr;
+    checkNoOpenGroup("mnclCommShrink");
     MNCL_CHECK(excludeRanksCount >= 0 && (excludeRanksCount == 0 || excludeRanksList), mnclInvalidArgument,
                "shrink: excludeRanksList is null or excludeRanksCount negative");
     MNCL_CHECK(shrinkFlags == MNCL_SHRINK_DEFAULT || shrinkFlags == MNCL_SHRINK_ABORT, mnclInvalidArgument,

@@ -130,6 +130,27 @@ def test_time_limits_in_the_environment_are_checked_where_they_are_set(monkeypat
             minincl.Communicator.init_all(2)
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("MININCL_CALL_TIMEOUT", "-1", "MININCL_CALL_TIMEOUT: a call timeout must be 0 (none) or a positive number"),
+        ("MININCL_LL128_SLOT_LINES", "-5", "MININCL_LL128_SLOT_LINES from 4 to 1M"),  # (wrapped to 4294967291)
+        ("MININCL_LL_SLOT_LINES", "5000000", "MININCL_LL_SLOT_LINES must be from 16 to 4M"),
+        ("MININCL_SIMPLE_SLOT_BYTES", "-4096", 'MININCL_SIMPLE_SLOT_BYTES="-4096" is not a size'),
+        ("MININCL_SIMPLE_SLOT_BYTES", "2G", "MININCL_SIMPLE_SLOT_BYTES must be a multiple of 4096, at most 1G"),
+        ("MININCL_PIPELINE_CHUNK_BYTES", "99999999999G", 'MININCL_PIPELINE_CHUNK_BYTES="99999999999G" is not a size'),
+        ("MININCL_WINDOW_BYTES", "-1", 'MININCL_WINDOW_BYTES="-1" is not a size'),  # (accepted by threads)
+    ],
+)
+def test_sizes_in_the_environment_are_checked_before_they_are_used(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, said: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(minincl.InvalidArgument) as info:
+        minincl.Communicator.init_all(2)
+    assert said in str(info.value), str(info.value)
+
+
 def test_cpu_binding_other_than_0_or_1_is_refused_at_init(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MININCL_CPU_BIND", "2")
     with pytest.raises(minincl.LaunchError, match="MININCL_CPU_BIND must be 0 .* or 1 .*, not 2"):
@@ -457,6 +478,10 @@ def test_sends_and_receives_pair_in_order_and_their_tags_must_agree(pair: Any, c
 def test_a_send_to_self_and_its_receive_must_agree_on_the_tag() -> None:
     (c,) = minincl.Communicator.init_all(1)
     try:
+        with pytest.raises(minincl.InvalidUsage, match=r"a send to self \(rank 0\) outside a group never meets"):
+            c.send(np.ones(2, np.float32), 0)
+        with pytest.raises(minincl.InvalidUsage, match=r"a recv from self \(rank 0\) outside a group never meets"):
+            c.recv(np.ones(2, np.float32), 0)
         with (
             pytest.raises(
                 minincl.InvalidUsage, match="send to self with tag 3 does not match the recv from self with tag 4"

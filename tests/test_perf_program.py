@@ -83,3 +83,24 @@ def test_perf_names_a_wrong_option(tmp_path: Path):
     run = perf(tmp_path, "allreduce", "-t", "2", "-d", "complex128")
     assert run.returncode != 0
     assert "complex128" in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize(
+    "options,said",
+    [
+        (["-t", "3abc"], "bad value for -t: '3abc' is not an integer"),  # (ran as -t 3)
+        (["-t", "2", "-C", "0"], "bad value for -C: 0 is not from 1 to 64"),  # (ignored)
+        (["-t", "2", "-c", "7"], "bad value for -c: 7 is not from 0 to 1"),  # (taken as 1)
+        (["-t", "2", "-b", "-8"], "bad value for -b: bad size '-8'"),
+    ],
+)
+def test_perf_refuses_what_it_ignored_or_misread(tmp_path: Path, options: list[str], said: str):
+    run = perf(tmp_path, "allreduce", *options)
+    assert run.returncode != 0
+    assert said in run.stderr, run.stderr
+
+
+def test_perf_header_says_an_additive_step(tmp_path: Path):
+    run = perf(tmp_path, "allreduce", "-t", "2", "-b", "8", "-e", "16", "-i", "8", "-n", "1", "-w", "0")
+    assert run.returncode == 0, run.stderr
+    assert "step: +8, warmup" in run.stdout.splitlines()[0], run.stdout  # (it said +80)

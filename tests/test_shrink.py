@@ -18,7 +18,7 @@ from conftest import run_ranks
 import minincl
 from minincl import LaunchError
 
-MNCL_INVALID_ARGUMENT, MNCL_ABORTED, INT32, FLOAT32, SUM = 4, 9, 2, 7, 0
+MNCL_INVALID_ARGUMENT, MNCL_INVALID_USAGE, MNCL_ABORTED, INT32, FLOAT32, SUM = 4, 5, 9, 2, 7, 0
 MNCL_SHRINK_DEFAULT, MNCL_SHRINK_ABORT = 0, 1
 
 
@@ -153,6 +153,10 @@ def test_a_dead_rank_kept_fails_the_shrink_at_once_and_a_retry_works(
 def test_wrong_exclude_lists_are_refused() -> None:
     comms = minincl.Communicator.init_all(4)
     try:
+        with minincl.group():  # (one thread would wait for itself: refused at once)
+            for what in (lambda: comms[0].shrink([3]), lambda: comms[0].split(0)):
+                with pytest.raises(minincl.InvalidUsage, match="split and shrink inside a group is not supported"):
+                    what()
         with pytest.raises(minincl.InvalidArgument, match="shrink: rank 0 excludes itself"):
             comms[0].shrink([0])
         with pytest.raises(minincl.InvalidArgument, match="shrink: rank 4 is out of range for 4 ranks"):
@@ -221,6 +225,12 @@ def test_c_api_shrink() -> None:
     news = [ctypes.c_void_p() for _ in range(3)]
     exclude = (ctypes.c_int * 1)(1)
     try:
+        assert lib.mnclGroupStart() == 0  # (one thread splitting or shrinking several ranks waits for itself)
+        rc = lib.mnclCommShrink(comms[0], exclude, 1, ctypes.byref(news[0]), None, 0)
+        split = lib.mnclCommSplit(comms[0], 0, 0, ctypes.byref(news[0]), None)
+        assert lib.mnclGroupEnd() == 0
+        assert rc == split == MNCL_INVALID_USAGE and not news[0]
+        assert b"mnclCommSplit inside a group is not supported" in lib.mnclGetLastError(None)
         rc = lib.mnclCommShrink(comms[0], exclude, 1, ctypes.byref(news[0]), None, 7)
         assert rc == MNCL_INVALID_ARGUMENT
         assert b"shrinkFlags must be MNCL_SHRINK_DEFAULT or MNCL_SHRINK_ABORT, not 7" in lib.mnclGetLastError(None)

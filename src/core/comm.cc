@@ -56,20 +56,25 @@ int cpuCount() {
 // FIFO sizes. A GPU step is worth more bytes: its flag round trip costs microseconds.
 dev::ProtoSizes protoSizesFromEnv(bool onGpu) {
   dev::ProtoSizes s{};
-  s.simpleSlotBytes = (uint32_t)env::bytes("MININCL_SIMPLE_SLOT_BYTES", onGpu ? 512 << 10 : 128 << 10);
+  // (Each checked before it is narrowed: a negative one wrapped into a region of terabytes.)
+  int64_t simpleSlot = env::bytes("MININCL_SIMPLE_SLOT_BYTES", onGpu ? 512 << 10 : 128 << 10);
+  MNCL_CHECK(simpleSlot >= 4096 && simpleSlot <= (1 << 30) && simpleSlot % 4096 == 0, mnclInvalidArgument,
+             "MININCL_SIMPLE_SLOT_BYTES must be a multiple of 4096, at most 1G");
+  s.simpleSlotBytes = (uint32_t)simpleSlot;
   // GPU: a step of LL is one pass of a whole block (512 threads x 4 lines in flight each);
   // LL128 four passes (64 lines x 4 per pass). Steps of a few KiB made LL step-bound there.
-  s.llSlotLines = (uint32_t)env::integer("MININCL_LL_SLOT_LINES", onGpu ? 2048 : 512);
-  s.ll128SlotLines = (uint32_t)env::integer("MININCL_LL128_SLOT_LINES", onGpu ? 1024 : 256);
+  int64_t llLines = env::integer("MININCL_LL_SLOT_LINES", onGpu ? 2048 : 512);
+  int64_t ll128Lines = env::integer("MININCL_LL128_SLOT_LINES", onGpu ? 1024 : 256);
+  MNCL_CHECK(llLines >= 16 && llLines <= (1 << 22) && ll128Lines >= 4 && ll128Lines <= (1 << 20), mnclInvalidArgument,
+             "MININCL_LL_SLOT_LINES must be from 16 to 4M and MININCL_LL128_SLOT_LINES from 4 to 1M");
+  s.llSlotLines = (uint32_t)llLines;
+  s.ll128SlotLines = (uint32_t)ll128Lines;
   // CPU: a piece of 1/8 slot (16 KiB) keeps a 4-rank tree allreduce busy at 64 KiB (19-21 us
   // against 29-30 uncut). GPU: uncut until measured there (a step costs several us).
-  s.pipelineChunkBytes =
-      (uint32_t)env::bytes("MININCL_PIPELINE_CHUNK_BYTES", onGpu ? s.simpleSlotBytes : s.simpleSlotBytes / 8);
-  MNCL_CHECK(s.simpleSlotBytes >= 4096 && s.simpleSlotBytes % 4096 == 0, mnclInvalidArgument,
-        "MININCL_SIMPLE_SLOT_BYTES must be a multiple of 4096");
-  MNCL_CHECK(s.pipelineChunkBytes >= 64, mnclInvalidArgument, "MININCL_PIPELINE_CHUNK_BYTES must be at least 64");
-  MNCL_CHECK(s.llSlotLines >= 16 && s.ll128SlotLines >= 4, mnclInvalidArgument,
-        "MININCL_LL_SLOT_LINES must be at least 16 and MININCL_LL128_SLOT_LINES at least 4");
+  int64_t chunk = env::bytes("MININCL_PIPELINE_CHUNK_BYTES", onGpu ? s.simpleSlotBytes : s.simpleSlotBytes / 8);
+  MNCL_CHECK(chunk >= 64 && chunk <= (1 << 30), mnclInvalidArgument,
+             "MININCL_PIPELINE_CHUNK_BYTES must be from 64 to 1G");
+  s.pipelineChunkBytes = (uint32_t)chunk;
   return s;
 }
 
@@ -80,7 +85,11 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   try {
     Bootstrap::checkArguments(id, rank, nranks);
     prepareDevice();
-    setCallTimeout(env::seconds("MININCL_CALL_TIMEOUT", 0));
+    try {
+      setCallTimeout(env::seconds("MININCL_CALL_TIMEOUT", 0));
+    } catch (const Error& e) {
+      throw Error(e.code(), std::string("MININCL_CALL_TIMEOUT: ") + e.what());
+    }
     cpuBindRequested();  // (checked here for every rank, threads too: only processes bind)
   } catch (const std::exception& e) {
     Bootstrap::reportInitFailure(id, rank, nranks, e.what());  // (the others need not wait for us)

@@ -1,5 +1,7 @@
 #include "env.h"
 
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 
 #include "error.h"
@@ -47,13 +49,16 @@ int64_t bytes(const char* name, int64_t fallback) {
   std::string v = str(name);
   if (v.empty()) return fallback;
   char* end = nullptr;
+  errno = 0;
   long long x = std::strtoll(v.c_str(), &end, 10);
   std::string unit(end);
-  if (unit == "K" || unit == "k") return x << 10;
-  if (unit == "M" || unit == "m") return x << 20;
-  if (unit == "G" || unit == "g") return x << 30;
-  if (unit == "") return x;
-  bad(name, v, "a size such as 65536, 64K or 1M");
+  int shift = unit == "K" || unit == "k" ? 10 : unit == "M" || unit == "m" ? 20 : unit == "G" || unit == "g" ? 30 : 0;
+  bool known = shift > 0 || unit.empty();
+  // (Negative or past 2^62: a size cast to an unsigned one wrapped into terabytes.)
+  if (!known || end == v.c_str() || errno == ERANGE || x < 0 || x > (int64_t{1} << (62 - shift))) {
+    bad(name, v, "a size such as 65536, 64K or 1M");
+  }
+  return x << shift;
 }
 
 }  // namespace mncl::env

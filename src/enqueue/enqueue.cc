@@ -472,7 +472,10 @@ void recordOrRun(const Recorded& r) {
     return;
   }
   if (r.isP2p) {
-    if (r.p2p.peer == r.comm->rank()) checkGroupSelfPairs({r});  // (a lone one is refused)
+    MNCL_CHECK(r.p2p.peer != r.comm->rank(), mnclInvalidUsage,
+               std::string("a ") + (r.p2p.isSend ? "send to" : "recv from") + " self (rank " +
+                   std::to_string(r.p2p.peer) + ") outside a group never meets its other half: post the send and " +
+                   "the recv in one group (minincl.group(), mnclGroupStart / mnclGroupEnd)");
     size_t bytes = r.p2p.count * dataTypeSize(r.p2p.dtype);
     r.comm->countP2p(r.p2p.isSend, r.p2p.peer, p2pSplit(*r.comm, bytes, r.p2p.peer).bytesOn(0, bytes));
   }
@@ -668,5 +671,11 @@ void groupForget(const Comm* comm) {
 }
 
 int groupDepth() { return tlsGroupDepth; }
+
+void checkNoOpenGroup(const std::string& what) {
+  MNCL_CHECK(tlsGroupDepth == 0, mnclInvalidUsage,
+             what + " inside a group is not supported: it blocks until every rank joins, so one thread could "
+                    "wait for itself; call it outside the group (one thread per rank when a thread drives several)");
+}
 
 }  // namespace mncl

@@ -62,6 +62,9 @@ void groupEnd();  // runs everything recorded since the outermost groupStart
 // address only identifies them).
 void groupForget(const Comm* comm);
 int groupDepth();
+// Throws InvalidUsage inside an open group: `what` (split, shrink) blocks until every rank
+// joins, so one thread driving several ranks in a group would wait for itself.
+void checkNoOpenGroup(const std::string& what);
 
 // What a channel's error record (a mismatched peer, a failed read of a peer's memory, or a
 // peer that failed mid-operation) means, as the communicator's error code and message.

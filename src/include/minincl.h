@@ -148,7 +148,9 @@ mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist);
  * config (an mnclConfig_t*) NULL: the new communicator takes comm's config; otherwise that
  * config (its undefined fields: the defaults; blocking = 0 is refused: a split always blocks).
  * It is on comm's device. mnclCommAbort(comm) from another thread stops a split still waiting
- * for its peers (it returns mnclAborted). */
+ * for its peers (it returns mnclAborted). Not inside mnclGroupStart / mnclGroupEnd
+ * (mnclInvalidUsage: it blocks until its peers split, so one thread cannot split several ranks;
+ * give each its own thread). The same holds for mnclCommShrink. */
 #define MNCL_SPLIT_NOCOLOR (-1)
 mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newcomm, void* config);
 /* Every rank of comm but the excludeRanksCount in excludeRanksList forms a new communicator,

@@ -162,6 +162,11 @@ NetProxy::NetProxy(Setup setup) : setup_(std::move(setup)) {
       data_.push_back(std::move(l));
     }
   }
+  {  // The settings on a socket of our own first: refused, every rank of this process fails
+     // here together, instead of one failing mid-connection while the others wait for it.
+    Socket probe(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (probe.valid()) tuneDataSocket(probe);
+  }
   connectAll();
   if (!data_.empty()) {
     char cc[16] = {};
