@@ -163,6 +163,9 @@ class Communicator(_core.Communicator):
         """The ranks that pass the same ``color`` form a new communicator, ranked by
         ``(key, rank)``; a negative color joins none and returns None. Every rank of this
         communicator must call it (as ncclCommSplit)."""
+        for name, value in (("color", color), ("key", key)):
+            if not -(2**31) <= int(value) < 2**31:
+                raise InvalidArgument(f"split: {name} {value} does not fit in 32 bits (as ncclCommSplit's int)")
         info = self._split_info(color, key)
         if info is None:
             return None

@@ -1109,6 +1109,10 @@ def test_unknown_protocol_name_is_a_clear_error(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("MININCL_PROTO", "fast")
     with pytest.raises(minincl.InvalidArgument, match='unknown name "fast"'):
         minincl.Communicator.init_all(1)
+    for empty in ("^", "simple,"):  # (they said: unknown name "")
+        monkeypatch.setenv("MININCL_PROTO", empty)
+        with pytest.raises(minincl.InvalidArgument, match=re.escape(f'MININCL_PROTO="{empty}" has an empty name')):
+            minincl.Communicator.init_all(1)
 
 
 def test_an_error_message_with_bytes_that_are_not_utf8_is_still_minincls_error() -> None:

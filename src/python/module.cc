@@ -579,7 +579,7 @@ class PyComm {
   // somewhere inside the rendezvous).
   template <typename F>
   py::object rendezvous(F f) {
-    checkNoOpenGroup("split and shrink");
+    checkNoOpenGroup("Communicator.split / shrink");
     int n = 0, r = 0;
     UniqueIdData id{};
     std::atomic<bool> cancel{false};

@@ -97,8 +97,9 @@ unsigned parseNameList(const std::string& list, const char* const* names, int co
     if (found < 0) {
       std::string valid;
       for (int i = 0; i < count; ++i) valid += std::string(i ? ", " : "") + names[i];
-      throwError(mnclInvalidArgument, std::string(var) + ": unknown name \"" + name + "\" (valid: " + valid +
-                                          "; a comma list, or ^ first to exclude)");
+      std::string what = name.empty() ? "=\"" + list + "\" has an empty name" : ": unknown name \"" + name + "\"";
+      throwError(mnclInvalidArgument,
+                 std::string(var) + what + " (valid: " + valid + "; a comma list, or ^ first to exclude)");
     }
     mask |= 1u << found;
     if (comma == std::string::npos) break;
