@@ -231,8 +231,9 @@ mnclResult_t awaitGroupInits() {
 template <typename T, typename F>
 mnclResult_t answer(T* out, const char* name, F&& get) {
   return guarded([&] {
+    auto value = get();  // (first: a null or destroyed communicator is the first thing to name)
     MNCL_CHECK(out != nullptr, mnclInvalidArgument, std::string(name) + " is null");
-    *out = get();
+    *out = value;
   });
 }
 

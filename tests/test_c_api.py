@@ -531,6 +531,8 @@ def test_device_queries(lib: Any) -> None:
         for query in ("mnclCommCuDevice", "mnclCommDevice", "mnclCommCount", "mnclCommUserRank"):
             assert getattr(lib, query)(comm, None) == MNCL_INVALID_ARGUMENT, query
             assert "is null" in lib.mnclGetLastError(None).decode()
+            assert getattr(lib, query)(None, None) == MNCL_INVALID_ARGUMENT, query
+            assert "the communicator is null" in lib.mnclGetLastError(None).decode()  # (not the output)
     finally:
         lib.mnclCommDestroy(comm)
 
