@@ -127,8 +127,7 @@ std::string Monitor::whereRanksAre(double now, bool* anyStopped) const {
   constexpr int kListed = 16;
   for (int r = 0; r < comm_.nranks(); ++r) {
     const RankCtrl* ctrl = comm_.peerRegions_[r]->ctrl();
-    bool left = r != comm_.rank() &&
-                (dev::loadAcquire(&ctrl->state) == RankCtrl::kLeft || dev::loadAcquire(&ctrl->destroyed) == 1);
+    bool left = r != comm_.rank() && ctrl->gone();
     // (Only a running peer in another process has a heartbeat of its own that checkPeer times.)
     bool beats = r != comm_.rank() && !left && !inThisProcess(r);
     double still = beats ? now - watch_[r].lastChange : 0;

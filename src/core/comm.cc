@@ -908,8 +908,7 @@ std::vector<int> Comm::lostRanks() const {
 
 bool Comm::lost(int r) const {
   const PeerInfo &peer = peers_[r], &me = peers_[rank_];
-  const RankCtrl* ctrl = peerRegions_[r]->ctrl();
-  bool left = dev::loadAcquire(&ctrl->state) == RankCtrl::kLeft || dev::loadAcquire(&ctrl->destroyed) == 1;
+  bool left = peerRegions_[r]->ctrl()->gone();
   bool exited = peer.hostHash == me.hostHash && peer.pid != me.pid && processGone(peer.pid);
   bool cut = overNetwork(r) && netProxy_ && netProxy_->lost(r);
   return left || exited || cut;

@@ -220,10 +220,10 @@ void planP2p(CommLaunch& plan, const P2pCall& c) {
 // A slice of a copy to self is at least this long: a shorter one is not worth a thread.
 constexpr size_t kMinSelfSlice = 64 << 10;
 
-// Checks the sends to self against the recvs from self, and shares the copies among the
-// channels that have work (channel 0 when none has).
+// Shares the copies to self among the channels that have work (channel 0 when none has).
+// (The sends to self were checked against the recvs from self before the group was counted:
+// checkGroupSelfPairs.)
 void matchSelf(CommLaunch& plan) {
-  checkSelfPairs(plan.comm->rank(), plan.selfSends, plan.selfRecvs);
   size_t bytes = 0;
   for (const P2pCall* s : plan.selfSends) bytes += s->count * dataTypeSize(s->dtype);
   if (bytes == 0) return;

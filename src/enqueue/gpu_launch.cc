@@ -175,7 +175,7 @@ Launch planP2p(Comm& comm, const std::vector<const P2pCall*>& calls, cudaStream_
     if (c->peer == comm.rank()) (c->isSend ? selfSends : selfRecvs).push_back(c);
     else planP2pOps(comm, *c, perChannel);
   }
-  checkSelfPairs(comm.rank(), selfSends, selfRecvs);
+  // (They pair up: checked before the group was counted, checkGroupSelfPairs in enqueue.cc.)
   for (size_t i = 0; i < selfSends.size(); ++i) L.selfCopies.push_back({selfSends[i], selfRecvs[i]});
   int nch = 0, total = 0;
   size_t mostBytes = 0;  // the busiest channel's, which sizes every block

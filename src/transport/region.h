@@ -27,6 +27,9 @@ struct RankCtrl {
   uint32_t failCode;                // an mnclResult_t when state == kFailed
   char failMessage[1024];           // (room for a deadlock message naming every wait)
   CallLog calls;                    // the collective calls the rank made last
+
+  // The rank left, or destroyed or aborted its communicator (failed or not): no more calls.
+  bool gone() const { return dev::loadAcquire(&state) == kLeft || dev::loadAcquire(&destroyed) == 1; }
 };
 
 class RegionLayout {
