@@ -25,10 +25,13 @@
 namespace perf {
 namespace {
 
-std::vector<size_t> messageSizes(const Options& opt) {
+// The sizes -b, -e and -f (or -i) name, less those too small to hold one element per rank
+// (they would repeat the 0-byte row); -b 0 itself is a row: the cost of a call that moves nothing.
+std::vector<size_t> rowSizes(const Options& opt, int nranks) {
+  size_t typeSize = typeInfo(opt.dtype).size;
   std::vector<size_t> out;
   for (size_t s = opt.minBytes; s <= opt.maxBytes;) {
-    out.push_back(s);
+    if (s == 0 || shapeFor(opt.coll, s, typeSize, nranks).paramCount > 0) out.push_back(s);
     size_t next = opt.stepBytes ? s + opt.stepBytes : static_cast<size_t>(static_cast<double>(s) * opt.factor);
     s = next > s ? next : s + 1;
   }
@@ -86,7 +89,6 @@ int runRank(const Options& opt, mnclComm_t& comm, int rank, int nranks) {
   try {
     std::unique_ptr<Device> dev = makeDevice(opt.device, rank);
     size_t typeSize = typeInfo(opt.dtype).size;
-    std::vector<size_t> sizes = messageSizes(opt);
     Shape largest = shapeFor(opt.coll, opt.maxBytes, typeSize, nranks);
     // Shapes only grow with size, so the largest fixes both buffers.
     Buffer send(*dev, largest.sendCount * typeSize), recv(*dev, largest.recvCount * typeSize);
@@ -97,9 +99,8 @@ int runRank(const Options& opt, mnclComm_t& comm, int rank, int nranks) {
     double busbwTotal = 0;
     int rows = 0;
     long long wrongTotal = 0;
-    for (size_t bytes : sizes) {
+    for (size_t bytes : rowSizes(opt, nranks)) {
       Shape shape = shapeFor(opt.coll, bytes, typeSize, nranks);
-      if (shape.paramCount == 0) continue;
       fillInput(opt, shape, rank, hostSend.data());
       dev->copyFromHost(send.data(), hostSend.data(), shape.sendCount * typeSize);
       auto once = [&] {
@@ -173,9 +174,8 @@ int runGrouped(const Options& opt, std::vector<mnclComm_t>& comms) {
     double busbwTotal = 0;
     int rows = 0;
     long long wrongTotal = 0;
-    for (size_t bytes : messageSizes(opt)) {
+    for (size_t bytes : rowSizes(opt, n)) {
       Shape shape = shapeFor(opt.coll, bytes, typeSize, n);
-      if (shape.paramCount == 0) continue;
       for (int r = 0; r < n; ++r) {
         fillInput(opt, shape, r, host.data());
         devs[r]->copyFromHost(sends[r]->data(), host.data(), shape.sendCount * typeSize);
@@ -234,6 +234,15 @@ int main(int argc, char** argv) {
   using namespace perf;
   Options opt = parseOptions(argc, argv);
   applyEnvironment(opt);
+  int nranks = opt.nThreads > 0 ? opt.nThreads : opt.nProcs;
+  if (rowSizes(opt, nranks).empty()) {
+    const TypeInfo& type = typeInfo(opt.dtype);
+    size_t least = type.size;  // the smallest size with an element for every rank
+    while (shapeFor(opt.coll, least, type.size, nranks).paramCount == 0) least += type.size;
+    std::fprintf(stderr, "minincl-perf: no size from -b %zu to -e %zu holds a whole %s element per rank for %s on %d ranks (it takes %zu B)\n",
+                 opt.minBytes, opt.maxBytes, type.name, collName(opt.coll), nranks, least);
+    return 2;
+  }
   RankMain rankMain = [&opt](mnclComm_t& comm, int rank, int nranks) { return runRank(opt, comm, rank, nranks); };
   try {
     if (opt.grouped) return runOneThread(opt, [&opt](std::vector<mnclComm_t>& comms) { return runGrouped(opt, comms); });

@@ -122,10 +122,18 @@ class Config:
     window: bool = False
 
 
-def sizes(cfg: Config) -> list[int]:
+def _smallest_row(cfg: Config, n: int) -> int:
+    """The smallest size with an element for every rank (a whole block each, where blocked)."""
+    return np.dtype(numpy_dtype(cfg.dtype)).itemsize * (n if cfg.coll in BLOCKED else 1)
+
+
+def sizes(cfg: Config, n: int) -> list[int]:
+    """-b, -e and -f's sizes, less those too small for one element per rank (they would
+    repeat the 0-byte row); -b 0 itself is a row, the cost of a call that moves nothing."""
     out, s = [], cfg.min_bytes
     while s <= cfg.max_bytes:
-        out.append(s)
+        if s == 0 or s >= _smallest_row(cfg, n):
+            out.append(s)
         nxt = int(s * cfg.factor)
         s = nxt if nxt > s else s + 1
     return out
@@ -236,7 +244,7 @@ def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, i
     rows = []
     if comm.rank == 0:
         print(_header(cfg, n), flush=True)
-    for nbytes in sizes(cfg):
+    for nbytes in sizes(cfg, n):
         count, send, recv = _buffers(cfg, n, comm.rank, nbytes, dtype)
         if cfg.window:  # the same values, in the communicator's window
             send, recv = _in_window(comm, send), _in_window(comm, recv)
@@ -289,7 +297,7 @@ def bench_gpu_ranks(comms: list[Communicator], cfg: Config) -> list[tuple[int, i
             for c in comms:
                 _run_one(cfg, c, sends[c.rank], recvs[c.rank])
 
-    for nbytes in sizes(cfg):
+    for nbytes in sizes(cfg, n):
         host = [_buffers(cfg, n, r, nbytes, dtype) for r in range(n)]
         count = host[0][0]
         sends = [cp.asarray(h[1]) for h in host]
@@ -442,6 +450,12 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.op in BITWISE and not np.issubdtype(DTYPES.get(args.dtype, np.float32), np.integer):
         raise SystemExit(f"--op {args.op} combines integers bit by bit; --dtype {args.dtype} is not an integer type")
+    if not sizes(cfg, args.ranks):
+        least = _smallest_row(cfg, args.ranks)
+        raise SystemExit(
+            f"minincl bench: no size from -b {args.minbytes} to -e {args.maxbytes} holds a whole {args.dtype} "
+            f"element per rank for {args.collective} on {args.ranks} ranks (it takes {least} B)"
+        )
     if args.device == "cuda" and args.dtype in NARROW_FLOATS:
         raise SystemExit(f"--dtype {args.dtype} on the GPU: CuPy has no such type; use minincl-perf -D cuda -d ...")
     if args.device == "cuda":

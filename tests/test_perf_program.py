@@ -104,3 +104,18 @@ def test_perf_header_says_an_additive_step(tmp_path: Path):
     run = perf(tmp_path, "allreduce", "-t", "2", "-b", "8", "-e", "16", "-i", "8", "-n", "1", "-w", "0")
     assert run.returncode == 0, run.stderr
     assert "step: +8, warmup" in run.stdout.splitlines()[0], run.stdout  # (it said +80)
+
+
+@pytest.mark.parametrize("ranks", [["-t", "3"], ["-p", "2"], ["-t", "3", "-g"]])
+def test_perf_times_a_zero_byte_call_as_a_row(tmp_path: Path, ranks: list[str]):
+    run = perf(tmp_path, "alltoall", *ranks, "-b", "0", "-e", "0", "-n", "2", "-w", "1", "-c", "1")
+    assert run.returncode == 0, run.stderr
+    rows = table_rows(run.stdout)  # (there was no row at all)
+    assert [(row[0], row[1], row[-1]) for row in rows] == [("0", "0", "0")], run.stdout
+
+
+def test_perf_refuses_sizes_too_small_for_one_element_per_rank(tmp_path: Path):
+    run = perf(tmp_path, "allgather", "-t", "3", "-b", "1", "-e", "8", "-d", "double")
+    assert run.returncode != 0
+    said = "no size from -b 1 to -e 8 holds a whole double element per rank for allgather on 3 ranks (it takes 24 B)"
+    assert said in run.stderr, run.stdout + run.stderr
