@@ -262,8 +262,27 @@ def test_unusable_topology_falls_back_to_rank_order(
     try:
         t = comms[0].topology()
         assert not t.searched and t.rings == [[0, 1, 2]] * t.nchannels
-        assert any(warning in w for w in t.warnings), t.warnings
+        assert any(warning in w and w.endswith("; rings use rank order") for w in t.warnings), t.warnings
         assert t.bandwidth_scale == 1.0
+        run_checked(comms)
+    finally:
+        destroy(comms)
+
+
+def test_a_dump_that_cannot_be_written_warns_without_changing_the_rings(topo_env: pytest.MonkeyPatch) -> None:
+    topo_env.setenv("MININCL_TOPO_FILE", PCIE)
+    comms = init(3)
+    try:
+        rings = comms[0].topology().rings
+    finally:
+        destroy(comms)
+    topo_env.setenv("MININCL_TOPO_DUMP_FILE", "/nonexistent/dir/topo.xml")
+    comms = init(3)
+    try:
+        t = comms[0].topology()
+        assert t.searched and t.rings == rings
+        # (it said "rings use rank order" while the rings were the search's)
+        assert t.warnings == ["cannot write MININCL_TOPO_DUMP_FILE /nonexistent/dir/topo.xml"], t.warnings
         run_checked(comms)
     finally:
         destroy(comms)

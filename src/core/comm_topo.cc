@@ -109,7 +109,7 @@ std::vector<int> Comm::treeParents(int c) const {
 // Rank 0 speaks for all: the plan is the same everywhere.
 void Comm::logPlan() const {
   for (const std::string& w : topoPlan_.warnings)
-    MNCL_WARN(kInit, "topology (%s): %s; rings use rank order", topoPlan_.source.c_str(), w.c_str());
+    MNCL_WARN(kInit, "topology (%s): %s", topoPlan_.source.c_str(), w.c_str());
   for (const std::string& n : topoPlan_.notes) MNCL_INFO(kTopo, "topology (%s): %s", topoPlan_.source.c_str(), n.c_str());
   MNCL_INFO(kInit, "topology %s: %s", topoPlan_.source.empty() ? "-" : topoPlan_.source.c_str(), topoPlan_.why.c_str());
   bool severalHosts = std::any_of(topoPlan_.hosts.begin(), topoPlan_.hosts.end(), [](int h) { return h > 0; });

@@ -85,12 +85,15 @@ void widen(const Groups& g, const std::vector<int>& ring, const std::vector<std:
   plan.ringHops.push_back(labels);
 }
 
+// Ends a warning that made the plan fall back (a failed dump is a warning that does not).
+constexpr const char* kFallback = "; rings use rank order";
+
 CommPlan planOnSystem(System& sys, const PlanInput& in) {
   int n = static_cast<int>(in.ranks.size());
   RankMap map = mapRanks(sys, in.ranks, in.rankMap, !in.topoFile.empty());
   if (!map.error.empty()) {
     CommPlan p = rankOrderPlan(n, "rank order: the ranks could not be placed on the topology");
-    p.warnings.push_back(map.error);
+    p.warnings.push_back(map.error + kFallback);
     return p;
   }
   std::vector<std::string> devices;
@@ -106,8 +109,8 @@ CommPlan planOnSystem(System& sys, const PlanInput& in) {
   for (const auto& ring : res.rings) ok = ok && isPermutation(ring, g.nodes.size());
   if (!ok) {
     CommPlan p = rankOrderPlan(n, "rank order: the search found no ring over " + join(devices, ","));
-    p.warnings.insert(p.warnings.end(), res.warnings.begin(), res.warnings.end());
-    if (p.warnings.empty()) p.warnings.push_back("the search found no ring over the ranks' devices");
+    for (const std::string& w : res.warnings) p.warnings.push_back(w + kFallback);
+    if (p.warnings.empty()) p.warnings.push_back(std::string("the search found no ring over the ranks' devices") + kFallback);
     p.devices = devices;
     return p;
   }
@@ -143,7 +146,7 @@ CommPlan planOneHost(System* sys, const std::string& readError, const PlanInput&
     }
   }
   CommPlan p = rankOrderPlan(static_cast<int>(in.ranks.size()), "rank order: the topology could not be read");
-  p.warnings.push_back(error);
+  p.warnings.push_back(error + kFallback);
   return p;
 }
 

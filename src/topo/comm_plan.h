@@ -56,7 +56,7 @@ struct CommPlan {
   std::vector<int> hosts;                         // per rank: RankPlace::host
   std::string source;        // the topology file, or "detected"
   std::string why;           // one line: how the order was chosen
-  std::vector<std::string> warnings;  // why it fell back to rank order (log as WARN)
+  std::vector<std::string> warnings;  // why it fell back to rank order; a failed dump (log as WARN)
   std::vector<std::string> notes;     // what detection could not find (log as INFO)
 };
 
