@@ -43,7 +43,7 @@ from ._comm import Communicator, get_unique_id, group
 from ._core import build_info
 from ._torch_launch import LocalRunError, free_port, run_local
 from ._torch_sparse import summed_over_ranks
-from ._torch_tensors import Op, Staged, as_bytes, op_name, reducible, stage
+from ._torch_tensors import Op, Staged, as_bytes, as_elements, op_name, reducible, stage
 from ._torch_work import Lane, MinincclWork
 from .errors import InvalidUsage, Timeout
 
@@ -577,7 +577,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     # ---- point to point (deferred: see the module's docstring) ----
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> MinincclWork:
-        bufs = [as_bytes(stage(t, receives=False).buf) for t in tensors]
+        bufs = [as_elements(stage(t, receives=False).buf) for t in tensors]
 
         def body(comm: Communicator) -> None:
             for b in bufs:
@@ -587,7 +587,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> MinincclWork:
         staged = [stage(t) for t in tensors]
-        bufs = [as_bytes(s.buf) for s in staged]
+        bufs = [as_elements(s.buf) for s in staged]
 
         def body(comm: Communicator) -> None:
             for b in bufs:
@@ -614,7 +614,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         no receive of this rank has taken yet (``_wait_for_sender``); ``_source_rank()`` then says
         who sent."""
         staged = [stage(t) for t in tensors]
-        bufs = [as_bytes(s.buf) for s in staged]
+        bufs = [as_elements(s.buf) for s in staged]
         limit = self._timeout.total_seconds() if isinstance(self._timeout, timedelta) else 0.0
         source: list[int] = []
 

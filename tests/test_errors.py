@@ -424,7 +424,7 @@ def test_mismatched_send_recv_sizes_fail_both_sides_and_write_nothing(
         return "ok"
 
     r0, r1 = run_ranks(pair, body)
-    sizes = f"recv of {4 * recv_count} bytes (float32) from rank 0, but rank 0 sent {4 * send_count} bytes"
+    sizes = f"recv of {recv_count} float32 ({4 * recv_count} bytes) from rank 0, but rank 0 sent {send_count} float32"
     assert r1.startswith("InvalidUsage") and sizes in r1, r1
     np.testing.assert_array_equal(out, np.full(recv_count, -1, np.float32))
     # The small send may complete into the FIFO before the receiver objects; either way the
@@ -469,7 +469,9 @@ def test_sends_and_receives_pair_in_order_and_their_tags_must_agree(pair: Any, c
         return "ok"
 
     r0, r1 = run_ranks(pair, body)
-    want = f"posted a recv of {4 * count} bytes (float32) with tag 2 from rank 0, but rank 0 sent {4 * count} bytes"
+    want = (
+        f"posted a recv of {count} float32 ({4 * count} bytes) with tag 2 from rank 0, but rank 0 sent {count} float32"
+    )
     assert r1.startswith("InvalidUsage: mismatched send/recv: rank 1") and want in r1 and "with tag 1" in r1, r1
     np.testing.assert_array_equal(first, np.full(count, -1, np.float32))
     assert r0 == "ok" or r0.startswith("RemoteError"), r0
@@ -685,7 +687,7 @@ def test_a_group_refused_on_one_rank_counts_none_of_its_sends_and_receives() -> 
             c.destroy()
     refused, after = results[0]
     assert refused.startswith(
-        "InvalidUsage: send to self of 8 bytes (float32) does not match the recv from self of 12 bytes"
+        "InvalidUsage: send to self of 2 float32 (8 bytes) does not match the recv from self of 3 float32 (12 bytes)"
     ), results
     assert after.startswith(("InvalidUsage", "RemoteError")), results
     assert (

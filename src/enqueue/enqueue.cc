@@ -25,8 +25,7 @@ namespace {
 // A call as a step carries it: `ours` for the receiver's own (its half of a send is a recv).
 std::string describe(const dev::StepInfo& s, bool ours) {
   if (s.coll == (uint8_t)Coll::sendrecv) {
-    return std::string(ours ? "recv" : "send") + " of " + std::to_string(s.count) + " bytes (" +
-           dataTypeName((DataType)s.dtype) + ")";
+    return std::string(ours ? "recv" : "send") + " of " + amountOf(s.count, (DataType)s.dtype);
   }
   // (Copy-only collectives and bitwise ops run, and so check their steps, in bytes.)
   bool inBytes = s.coll == (uint8_t)Coll::broadcast || s.coll == (uint8_t)Coll::allgather || isBitwise((RedOp)s.op);
@@ -39,9 +38,8 @@ std::string mismatchMessage(int rank, const dev::DevError& e) {
   if (e.expected.coll == (uint8_t)Coll::sendrecv && e.got.coll == (uint8_t)Coll::sendrecv) {
     bool tags = e.expected.root != e.got.root;  // (StepInfo::root carries a send/recv's tag)
     auto tag = [&](int32_t t) { return tags ? " with tag " + std::to_string(t) : std::string(); };
-    return "mismatched send/recv: " + me + " posted a recv of " + std::to_string(e.expected.count) + " bytes (" +
-           dataTypeName((DataType)e.expected.dtype) + ")" + tag(e.expected.root) + " from " + peer + ", but " + peer +
-           " sent " + std::to_string(e.got.count) + " bytes (" + dataTypeName((DataType)e.got.dtype) + ")" +
+    return "mismatched send/recv: " + me + " posted a recv of " + amountOf(e.expected.count, (DataType)e.expected.dtype) +
+           tag(e.expected.root) + " from " + peer + ", but " + peer + " sent " + amountOf(e.got.count, (DataType)e.got.dtype) +
            tag(e.got.root) + (tags ? ": a send and its receive pair in the order they are posted, and their tags must agree" : "");
   }
   return "mismatched calls: " + me + " called " + describe(e.expected, true) + " but " + peer + " called " + describe(e.got, false) +

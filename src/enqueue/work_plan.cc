@@ -131,8 +131,7 @@ void checkSelfPairs(int rank, const std::vector<const P2pCall*>& sends, const st
     const P2pCall& r = *recvs[i];
     size_t sb = s.count * dataTypeSize(s.dtype), rb = r.count * dataTypeSize(r.dtype);
     MNCL_CHECK(sb == rb && s.dtype == r.dtype, mnclInvalidUsage,
-          "send to self of " + std::to_string(sb) + " bytes (" + dataTypeName(s.dtype) + ") does not match the recv from self of " +
-              std::to_string(rb) + " bytes (" + dataTypeName(r.dtype) + ")");
+          "send to self of " + amountOf(sb, s.dtype) + " does not match the recv from self of " + amountOf(rb, r.dtype));
     MNCL_CHECK(s.tag == r.tag, mnclInvalidUsage,
                "send to self with tag " + std::to_string(s.tag) + " does not match the recv from self with tag " +
                    std::to_string(r.tag) + ": a send and its receive pair in the order they are posted");

@@ -81,6 +81,13 @@ const char* dataTypeName(DataType t) {
   return (unsigned)t < (unsigned)DataType::count ? names[(int)t] : "?";
 }
 
+std::string amountOf(uint64_t bytes, DataType t) {
+  size_t size = (unsigned)t < (unsigned)DataType::count ? dataTypeSize(t) : 0;
+  std::string inBytes = std::to_string(bytes) + " bytes";
+  if (size == 0 || bytes % size) return inBytes + " (" + dataTypeName(t) + ")";
+  return std::to_string(bytes / size) + " " + dataTypeName(t) + " (" + inBytes + ")";
+}
+
 unsigned parseNameList(const std::string& list, const char* const* names, int count, const char* var) {
   if (list.empty()) return (1u << count) - 1;
   bool exclude = list[0] == '^';

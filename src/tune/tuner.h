@@ -25,6 +25,8 @@ const char* algoName(Algo a);
 const char* protoName(Proto p);
 const char* collName(Coll c);
 const char* dataTypeName(DataType t);  // "float32", ...; "?" if out of range
+// What a send or receive of `bytes` carries, for errors: "5 float32 (20 bytes)".
+std::string amountOf(uint64_t bytes, DataType t);
 const char* redOpName(RedOp op);       // "sum", ...; "?" if out of range
 
 // Parses "ring,tree" / "^ll" style lists into a bit mask over `count` names.
