@@ -73,6 +73,21 @@ def test_ctrl_c_stops_a_call_whose_peer_never_comes(tmp_path: Path, case: str) -
     assert out["1"].startswith("RemoteError: rank 0 ") and why in out["1"], out["1"]
 
 
+@pytest.mark.parametrize("method", ["abort", "destroy"])
+@pytest.mark.parametrize("case", ["collective", "group"])
+def test_a_sigterm_handler_that_aborts_stops_the_call_it_interrupted(tmp_path: Path, method: str, case: str) -> None:
+    """A handler runs on the thread whose call it interrupted: its abort() or destroy() stops
+    that call, and the communicator is closed once the call has returned. (Both used to wait
+    for the call to end: for ever.)"""
+    story = STORY.replace("signal.SIGINT, signal.default_int_handler", f"signal.SIGTERM, lambda *_: comms[0].{method}()")
+    story = story.replace("os.kill(os.getpid(), signal.SIGINT)", "os.kill(os.getpid(), signal.SIGTERM)")
+    out = run_story(tmp_path, story.replace("CALL", CALLS[case]))
+    why = f"the communicator was {method}ed (comm.{method}(), from a signal handler during this call)"
+    assert out["call"] == f"Aborted: {why}", out
+    assert out["0"] == "InvalidUsage: the communicator was destroyed (or aborted); create a new one", out
+    assert out["1"].startswith("RemoteError: rank 0 ") and why in out["1"], out["1"]
+
+
 def test_ctrl_c_stops_an_init_whose_peers_never_come(tmp_path: Path) -> None:
     # (Without it, the init waits MININCL_BOOTSTRAP_TIMEOUT, 60 s by default.)
     code = textwrap.dedent("""

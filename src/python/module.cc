@@ -5,16 +5,19 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "../bootstrap/bootstrap.h"
 #include "../bootstrap/socket.h"
@@ -185,9 +188,46 @@ class PyComm {
   // methods below need its return type.)
   template <typename F>
   auto withLive(F f) {
+    HeldHere here(this);  // (declared first: it ends after the lock is released)
     std::shared_lock<std::shared_timed_mutex> lock(callMutex_);
     if (destroyed_) throwClosed();
     return f(*comm_);
+  }
+
+  // Marks the communicators this thread holds open (inside withLive or a group's end). A
+  // signal handler runs on the thread it interrupts, from inside the call's long wait: an
+  // abort() or destroy() there cannot wait for that call to end, so it stops the call, and
+  // the communicator closes when the call has unwound (see stopFromInside).
+  static thread_local std::vector<PyComm*> tlsHeld;
+  struct HeldHere {
+    PyComm* comm;
+    explicit HeldHere(PyComm* c) : comm(c) { tlsHeld.push_back(c); }
+    ~HeldHere() {
+      tlsHeld.erase(std::find(tlsHeld.rbegin(), tlsHeld.rend(), comm).base() - 1);
+      if (comm->closeWhenFree_ && !comm->heldHere()) comm->closeDeferred();
+    }
+    HeldHere(const HeldHere&) = delete;
+    HeldHere& operator=(const HeldHere&) = delete;
+  };
+  bool heldHere() const { return std::find(tlsHeld.begin(), tlsHeld.end(), this) != tlsHeld.end(); }
+
+  // abort() or destroy() from a signal handler on the thread inside a call: `why` fails that
+  // call (it raises Aborted) and its peers' waits; the close follows once it has returned.
+  void stopFromInside(const std::string& why) {
+    comm_->fail(mnclAborted, why);
+    closeWhenFree_ = true;
+  }
+  void closeDeferred() noexcept {
+    auto closeNow = [this] {
+      std::lock_guard<std::mutex> life(lifeMutex_);
+      if (!destroyed_) close();
+    };
+    if (PyGILState_Check()) {
+      py::gil_scoped_release nogil;  // (queued async_op calls may need it to end)
+      closeNow();
+    } else {
+      closeNow();
+    }
   }
 
   [[noreturn]] static void throwClosed() {
@@ -517,6 +557,10 @@ class PyComm {
   // Stops in-flight work on every thread (they raise Aborted), then releases everything.
   // Both run without the GIL: the calls they wait for need it to finish raising.
   void abort() {
+    if (heldHere()) {
+      stopFromInside("the communicator was aborted (comm.abort(), from a signal handler during this call)");
+      return;
+    }
     {
       py::gil_scoped_release nogil;
       std::lock_guard<std::mutex> life(lifeMutex_);
@@ -528,6 +572,10 @@ class PyComm {
   }
 
   void destroy() {
+    if (heldHere()) {
+      stopFromInside("the communicator was destroyed (comm.destroy(), from a signal handler during this call)");
+      return;
+    }
     {
       py::gil_scoped_release nogil;
       std::lock_guard<std::mutex> life(lifeMutex_);
@@ -556,9 +604,11 @@ class PyComm {
       }
     });
     interruptible.withoutGil([&] {
+      std::vector<std::unique_ptr<HeldHere>> here;  // (declared first: they end after the locks)
       std::vector<std::shared_lock<std::shared_timed_mutex>> held;
       std::string closed;
       for (PyComm* c : comms) {
+        here.push_back(std::make_unique<HeldHere>(c));
         held.emplace_back(c->callMutex_);
         if (!c->destroyed_) continue;
         groupForget(c->commAddress_);
@@ -814,9 +864,12 @@ class PyComm {
   std::shared_timed_mutex callMutex_;
   std::mutex lifeMutex_;
   std::atomic<bool> destroyed_{false};
+  std::atomic<bool> closeWhenFree_{false};  // stopFromInside: close when no call holds it here
   AsyncQueue async_;
   int32_t barrierWord_ = 0;
 };
+
+thread_local std::vector<PyComm*> PyComm::tlsHeld;
 
 py::bytes uniqueIdBytes(const mnclUniqueId& id) { return py::bytes(id.internal, sizeof(id.internal)); }
 
