@@ -134,7 +134,6 @@ inline bool barrierAny(bool p) { return simt::blockAny(p); }
 inline void syncLanes() { simt::warpSync(); }
 inline bool allLanes(bool p) { return simt::warpAll(p); }
 inline bool anyLanes(bool p) { return simt::warpAny(p); }
-void pause();
 
 #else  // CPU: one thread per channel.
 
@@ -145,7 +144,6 @@ inline bool barrierAny(bool p) { return p; }
 inline void syncLanes() {}
 inline bool allLanes(bool p) { return p; }
 inline bool anyLanes(bool p) { return p; }
-void pause();  // spin-then-yield-then-sleep; see cpu/spin.cc
 
 #endif
 
@@ -185,7 +183,7 @@ constexpr uint32_t kSpinsPerAbortCheck = 1;
 
 struct Waiter {
   const uint32_t* abortFlag;
-  uint32_t spinBudget = 200;  // CPU: pauses before yielding; GPU: hot spins before sleeping
+  uint32_t spinBudget = 200;  // CPU: spins before yielding; GPU: hot spins before sleeping
   bool aborted = false;
   // CPU, a communicator with network peers: moves their steps while this thread waits (it is
   // usually what the wait is for), instead of waiting for the proxy thread to get a core.

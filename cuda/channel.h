@@ -167,7 +167,6 @@ enum TracePoint {
 
 struct DevChannel {
   // Who the channel is, its connections and step counts, its ring: what every schedule uses.
-  int id = 0;
   int rank = 0, nranks = 1;
   ConnFifo* sendTo = nullptr;       // [nranks], indexed by peer rank
   ConnFifo* recvFrom = nullptr;     // [nranks]
@@ -192,7 +191,7 @@ struct DevChannel {
   // GPU: some connection's memory (or peer) is outside this GPU (pinned host memory, another
   // GPU), so flags need system-wide fences; false when every peer shares this GPU's memory.
   bool systemScope = true;
-  // CPU: pauses before a wait starts yielding. Long when every channel thread has a core of
+  // CPU: spins before a wait starts yielding. Long when every channel thread has a core of
   // its own (a yield only adds latency), short when threads outnumber cores (the peer we
   // wait for may need our core to run at all). GPU: hot spins before a wait starts sleeping.
   uint32_t spinBudget = 200;
@@ -316,7 +315,7 @@ struct DevWork {
   uint64_t chanCount;
   int treeIndex;        // tree: which of the two trees this channel uses
   int algoVariant;      // direct allreduce: 0 one-shot, 1 two-shot
-  bool sendIsReadOnly;  // the send buffer overlaps no part of the receive buffer
+  bool sendApartFromRecv;  // the send buffer overlaps no part of the receive buffer
   bool streamOutput;    // CPU: large output, write it with non-temporal stores
   bool readInputThemselves;  // CPU: allgather receivers read our input, not take direct writes
   // CPU, between processes (cross-memory attach; where each wins, see work_plan.cc):

@@ -1,14 +1,17 @@
 // LL and LL128: protocols whose flags travel inside the data lines.
 //
-// The receiver spins on each line until its flag equals (step + 1) for the step it expects.
-// Flags only grow, and a connection's step counter is shared by all protocols, so a line
-// left over from an earlier step, an earlier lap of the FIFO or an earlier operation can
-// never carry the flag being waited for. The sender still waits for the receiver's head
+// The receiver spins on each line until its flag is the one of the step it expects
+// (Format::flagOf(step), never 0: the FIFO starts zeroed). A connection's step counter is
+// shared by all protocols and only grows, so a line left over from an earlier step, an
+// earlier lap of the FIFO or an earlier operation does not carry the flag being waited for:
+// LL128's 64-bit flag is the step + 1 itself; LL's 32-bit one comes back after 2^32 - 1
+// steps (tens of minutes of back-to-back small calls), as NCCL's LL flag does, and matches
+// only a line that no step since has written. The sender still waits for the receiver's head
 // before reusing a slot, so it never overwrites a line that has not been read.
 //
-//   LL    16-byte line = data(4) flag(4) data(4) flag(4); one 8-byte (CPU) or 16-byte (GPU)
-//         store writes data with its flags, so no fence is needed: lowest latency, half the
-//         bytes are payload.
+//   LL    16-byte line = data(4) flag(4) data(4) flag(4); each half carries its own copy of
+//         the flag, so no fence is needed (a GPU stores the line with one 16-byte store, a
+//         CPU with one 8-byte store per half): lowest latency, half the bytes are payload.
 //   LL128 128-byte line = 120 data bytes + an 8-byte flag in the last word: ~94% payload. On a
 //         GPU eight lanes of a warp share a line, 16 bytes each (the eighth: 8 data bytes and
 //         the flag), so one store instruction of a warp fills four whole lines. The lanes
@@ -43,7 +46,7 @@ constexpr int kLinesInFlight = 1;
 struct LLFormat {
   using Line = LLLine;
   static constexpr Proto kProto = Proto::ll;
-  static constexpr int kLineBytes = 8;  // payload of one line
+  static constexpr int kLinePayloadBytes = 8;
   static constexpr int kLanes = 1;      // threads sharing a line
   static constexpr int kPartBytes = 8;  // payload one lane carries
   static constexpr bool kSeparateFlag = false;
@@ -51,9 +54,11 @@ struct LLFormat {
   MNCL_DEV static Line* lines(const ConnFifo& f) { return f.ll; }
   MNCL_DEV static uint32_t slotLines(const ProtoSizes& s) { return s.llSlotLines; }
   MNCL_DEV static int dataWords(int /*lane*/) { return 1; }
+  using Flag = uint32_t;
+  MNCL_DEV static Flag flagOf(uint64_t step) { return (Flag)(step % 0xffffffffull) + 1; }
 
   template <typename P>
-  MNCL_DEV static void writePart(Line* l, int /*lane*/, const P& p, uint32_t flag) {
+  MNCL_DEV static void writePart(Line* l, int /*lane*/, const P& p, Flag flag) {
     uint64_t v = p.w[0];
     uint64_t lo = (v & 0xffffffffull) | ((uint64_t)flag << 32);
     uint64_t hi = (v >> 32) | ((uint64_t)flag << 32);
@@ -67,7 +72,7 @@ struct LLFormat {
 
   // Reads the line if it carries `flag` (data and flags arrive in one load).
   template <typename P>
-  MNCL_DEV static bool tryRead(const Line* l, P& p, uint32_t flag) {
+  MNCL_DEV static bool tryRead(const Line* l, P& p, Flag flag) {
     uint64_t lo, hi;
 #if defined(__CUDACC__)
     asm volatile("ld.volatile.global.v2.u64 {%0,%1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(l->w) : "memory");
@@ -75,7 +80,7 @@ struct LLFormat {
     lo = loadAcquire(&l->w[0]);
     hi = loadAcquire(&l->w[1]);
 #endif
-    if ((uint32_t)(lo >> 32) != flag || (uint32_t)(hi >> 32) != flag) return false;
+    if ((Flag)(lo >> 32) != flag || (Flag)(hi >> 32) != flag) return false;
     p.w[0] = (lo & 0xffffffffull) | (hi << 32);
     return true;
   }
@@ -84,7 +89,7 @@ struct LLFormat {
 struct LL128Format {
   using Line = LL128Line;
   static constexpr Proto kProto = Proto::ll128;
-  static constexpr int kLineBytes = kLL128DataWords * 8;
+  static constexpr int kLinePayloadBytes = kLL128DataWords * 8;
 #if MNCL_SIMT
   static constexpr int kLanes = 8;
 #else
@@ -97,6 +102,8 @@ struct LL128Format {
   static constexpr int kHeaderLines = 0;  // the StepInfo goes to ConnCtrl::info
   MNCL_DEV static Line* lines(const ConnFifo& f) { return f.ll128; }
   MNCL_DEV static uint32_t slotLines(const ProtoSizes& s) { return s.ll128SlotLines; }
+  using Flag = uint64_t;
+  MNCL_DEV static Flag flagOf(uint64_t step) { return step + 1; }
 
   // Data words of a lane's part: the flag lane has one less on a GPU.
   MNCL_DEV static int dataWords(int lane) {
@@ -105,7 +112,7 @@ struct LL128Format {
   }
 
   template <typename P>
-  MNCL_DEV static void writePart(Line* l, int lane, const P& p, uint32_t /*flag: see publish*/) {
+  MNCL_DEV static void writePart(Line* l, int lane, const P& p, Flag /*see publish*/) {
     uint64_t* w = l->w + lane * kPartWords;
 #if defined(__CUDACC__)
     static_assert(kPartWords == 2, "a GPU lane stores 16 bytes");
@@ -120,21 +127,21 @@ struct LL128Format {
   }
 
   // The flag lane, after every lane's writePart of these lines (and a fence on the GPU).
-  MNCL_DEV static void publish(Line* l, uint32_t flag) {
+  MNCL_DEV static void publish(Line* l, Flag flag) {
 #if defined(__CUDACC__)
-    storeRelaxed(&l->w[kLL128DataWords], (uint64_t)flag);
+    storeRelaxed(&l->w[kLL128DataWords], flag);
 #else
-    storeRelease(&l->w[kLL128DataWords], (uint64_t)flag);
+    storeRelease(&l->w[kLL128DataWords], flag);
 #endif
   }
 
   // GPU: a relaxed load, so that a pass's polls are in flight together (acquires would go one
   // after another); the flag lane fences once when all are up. CPU: an acquire.
-  MNCL_DEV static bool flagIs(const Line* l, uint32_t flag) {
+  MNCL_DEV static bool flagIs(const Line* l, Flag flag) {
 #if defined(__CUDACC__)
-    return loadRelaxed(&l->w[kLL128DataWords]) == (uint64_t)flag;
+    return loadRelaxed(&l->w[kLL128DataWords]) == flag;
 #else
-    return loadAcquire(&l->w[kLL128DataWords]) == (uint64_t)flag;
+    return loadAcquire(&l->w[kLL128DataWords]) == flag;
 #endif
   }
 
@@ -157,7 +164,8 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
   using Line = typename Format::Line;
   static constexpr int kLanes = Format::kLanes;
   static constexpr int kU = kLinesInFlight;
-  static constexpr size_t kLineElems = Format::kLineBytes / sizeof(T);
+  using Flag = typename Format::Flag;
+  static constexpr size_t kLineElems = Format::kLinePayloadBytes / sizeof(T);
   static constexpr size_t kPartElems = Format::kPartBytes / sizeof(T);
 
   // The lines one thread works on in one pass of a step, and its part of each.
@@ -200,7 +208,6 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
     // The loop bound is the same for every thread, so a warp's lanes stay together.
     for (size_t base = 0; base < nlines && !cx_.waiter.aborted; base += linesPerPass) {
       const Pass ps = planPass(base, lane, n, nlines);
-      P v[kU], t[kU];  // the value so far, and the next source's packs
       P input[kU];  // (kind.sendInput)
       if (kind.sendInput) {
         for (int u = 0; u < kU; ++u) {
@@ -210,27 +217,8 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
         writeLines(ps, lane, input);
         if (base == 0) MNCL_TRACE(ch, kTraceLinesWritten);
       }
-      bool have = false;
-      for (int r = 0; r <= (kind.recv ? recv_.n : 0); ++r) {
-        if (r == (kind.recv ? recv_.srcPos : 0) && src) {
-          gather(v, t, have, [&](P* into) {
-            for (int u = 0; u < kU; ++u) {
-              if (kind.sendInput) into[u] = input[u];
-              else {
-                loadPackPrefix(into[u], src + ps.first[u], ps.elems[u]);
-                prePack(cx_.fn, into[u]);
-              }
-            }
-            return true;
-          });
-        }
-        if (!kind.recv || r == recv_.n) continue;
-        int peer = recv_.peer[r];
-        if (!gather(v, t, have, [&](P* into) { return readLines(peer, ps, lane, into); })) break;
-        if (base == 0) MNCL_TRACE(ch, kTraceLinesSeen);
-        if (Format::kHeaderLines == 0 && base == 0 && !checkFirstLine(peer)) break;  // (LL: in readLines)
-        if (base == 0) MNCL_TRACE(ch, kTraceInfoChecked);
-      }
+      P v[kU];  // the value so far
+      reduceSources(kind, ps, lane, src, input, v, base == 0);
       // Thread 0 (LL128: a warp) checked the peers' StepInfo with the first lines; if a peer
       // runs another call, no thread stores any of this step: the caller's buffer stays as it was.
       if (kind.recv && base == 0 && barrierAny(cx_.waiter.aborted)) cx_.waiter.aborted = true;
@@ -245,26 +233,61 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
       }
     }
     barrier();
-    if (tid() == 0 && !cx_.waiter.aborted) {
-      if (kind.recv) {
-        for (int r = 0; r < recv_.n; ++r) {
-          int peer = recv_.peer[r];
-          storeFlag(&ch.recvFrom[peer].ctrl->head, ++ch.recvStep[peer]);  // only frees the slot
-        }
-      }
-      if (kind.send) {
-        for (int s = 0; s < send_.n; ++s) {
-          int peer = send_.peer[s];
-          ++ch.sendStep[peer];
-          if (ch.sendTo[peer].proxied) announceToProxy(ch.sendTo[peer], ch.sendStep[peer], nlines);
-        }
-      }
-    }
+    if (tid() == 0 && !cx_.waiter.aborted) endStep(kind, nlines);
     barrier();
     MNCL_TRACE(ch, kTraceStepDone);
   }
 
  private:
+  // This pass's value of every source into v: this rank's input (src, at its place among the
+  // receive peers), then each peer's lines. Stops early (waiter.aborted) if a wait stopped or
+  // a peer runs another call.
+  template <typename Kind>
+  MNCL_DEV void reduceSources(Kind kind, const Pass& ps, int lane, const T* src, const P* input, P* v, bool firstPass) {
+    P t[kU];  // the next source's packs
+    bool have = false;
+    for (int r = 0; r <= (kind.recv ? recv_.n : 0); ++r) {
+      if (r == (kind.recv ? recv_.srcPos : 0) && src) {
+        accumulate(v, t, have, [&](P* into) {
+          for (int u = 0; u < kU; ++u) {
+            if (kind.sendInput) into[u] = input[u];
+            else {
+              loadPackPrefix(into[u], src + ps.first[u], ps.elems[u]);
+              prePack(cx_.fn, into[u]);
+            }
+          }
+          return true;
+        });
+      }
+      if (!kind.recv || r == recv_.n) continue;
+      int peer = recv_.peer[r];
+      if (!accumulate(v, t, have, [&](P* into) { return readLines(peer, ps, lane, into); })) return;
+      if (firstPass) MNCL_TRACE(cx_.ch, kTraceLinesSeen);
+      if (Format::kHeaderLines == 0 && firstPass && !checkFirstLine(peer)) return;  // (LL: in readLines)
+      if (firstPass) MNCL_TRACE(cx_.ch, kTraceInfoChecked);
+    }
+  }
+
+  // Thread 0, once every thread is done with the step: frees the receive slots, and counts
+  // the send steps (a proxied connection's is announced to its proxy).
+  template <typename Kind>
+  MNCL_DEV void endStep(Kind kind, size_t nlines) {
+    DevChannel& ch = cx_.ch;
+    if (kind.recv) {
+      for (int r = 0; r < recv_.n; ++r) {
+        int peer = recv_.peer[r];
+        storeFlag(&ch.recvFrom[peer].ctrl->head, ++ch.recvStep[peer]);  // only frees the slot
+      }
+    }
+    if (kind.send) {
+      for (int s = 0; s < send_.n; ++s) {
+        int peer = send_.peer[s];
+        ++ch.sendStep[peer];
+        if (ch.sendTo[peer].proxied) announceToProxy(ch.sendTo[peer], ch.sendStep[peer], nlines);
+      }
+    }
+  }
+
   // This thread's lines in the pass starting at line `base`, and its part of each.
   MNCL_DEV Pass planPass(size_t base, int lane, size_t n, size_t nlines) const {
     const size_t linesPerRow = (size_t)(nthreads() / kLanes);  // lines one u of a pass covers
@@ -295,7 +318,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
   // Takes the next source's packs through `fill`: the first source fills v itself, a later
   // one the scratch t, which is reduced into v (no pack is ever copied whole).
   template <typename Fill>
-  MNCL_DEV bool gather(P* v, P* t, bool& have, Fill fill) {
+  MNCL_DEV bool accumulate(P* v, P* t, bool& have, Fill fill) {
     if (!have) {
       have = true;
       return fill(v);
@@ -319,7 +342,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
   MNCL_DEV bool readLines(int peer, const Pass& ps, int lane, P* x) {
     DevChannel& ch = cx_.ch;
     const Line* slot = slotOf(ch.recvFrom[peer], ch.recvStep[peer]);
-    uint32_t flag = (uint32_t)(ch.recvStep[peer] + 1);
+    Flag flag = Format::flagOf(ch.recvStep[peer]);
     if constexpr (Format::kSeparateFlag) {
       auto flagsUp = [&] {  // no early return: the loads do not wait for each other
         bool up = true;
@@ -355,7 +378,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
   // LL: readLines for the thread with the step's first line, which polls the header lines in
   // the same loop and checks the StepInfo they carry. (Apart, so that the loop every other
   // pass runs stays as small as it was: on a CPU a pass is one line.)
-  MNCL_DEV bool readFirstLines(int peer, const Pass& ps, P* x, const Line* slot, uint32_t flag) {
+  MNCL_DEV bool readFirstLines(int peer, const Pass& ps, P* x, const Line* slot, Flag flag) {
     const Line* head = slot - Format::kHeaderLines;
     Word h[Format::kHeaderLines];
     unsigned got = 0;  // lines read: bit u, then bit kU + i for header line i
@@ -385,7 +408,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
     for (int s = 0; s < send_.n; ++s) {
       int peer = send_.peer[s];
       Line* slot = slotOf(ch.sendTo[peer], ch.sendStep[peer]);
-      uint32_t flag = (uint32_t)(ch.sendStep[peer] + 1);
+      Flag flag = Format::flagOf(ch.sendStep[peer]);
       for (int u = 0; u < kU; ++u) {
         if (ps.active[u]) Format::writePart(slot + ps.line[u], lane, v[u], flag);
       }
@@ -398,7 +421,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
         int peer = send_.peer[s];
         Line* slot = slotOf(ch.sendTo[peer], ch.sendStep[peer]);
         for (int u = 0; u < kU; ++u) {
-          if (ps.active[u]) Format::publish(slot + ps.line[u], (uint32_t)(ch.sendStep[peer] + 1));
+          if (ps.active[u]) Format::publish(slot + ps.line[u], Format::flagOf(ch.sendStep[peer]));
         }
       }
     }
@@ -429,7 +452,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
         for (int i = 0; i < Format::kHeaderLines; ++i) {
           Word w;
           memcpy(w.w, reinterpret_cast<const char*>(&info) + 8 * i, 8);
-          Format::writePart(head + i, 0, w, (uint32_t)(step + 1));
+          Format::writePart(head + i, 0, w, Format::flagOf(step));
         }
       } else {
         ch.sendTo[peer].ctrl->info[step % kSteps] = info;

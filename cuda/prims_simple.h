@@ -42,9 +42,8 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     // while the block's threads look at them, and the data must go to one place).
     MNCL_CHANNEL_SHARED(SendPlan, plan);
     if (tid() == 0) {
-      if (kind.recv) waitRecv();
-      if (kind.send) waitSend();
-      if (kind.send && !cx_.waiter.aborted) plan = planSend(src, dst, n, kind.recv, finish);
+      bool ready = (!kind.recv || waitRecv()) && (!kind.send || waitSend());
+      if (kind.send && ready) plan = planSend(src, dst, n, kind.recv, finish);
     }
     // Only thread 0 waited: if it gave up, every thread must stop here, together.
     if (barrierAny(cx_.waiter.aborted)) {
@@ -104,7 +103,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   }
 
   // Thread 0: until every recv peer's current step has arrived, and belongs to this call.
-  // False if the operation stopped (an abort, or a mismatch, recorded).
+  // False if the operation stopped (waiter.aborted: an abort, or a mismatch, recorded).
   MNCL_DEV bool waitRecv() {
     DevChannel& ch = cx_.ch;
     for (int i = 0; i < recv_.n; ++i) {
@@ -274,7 +273,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     // The caller's input, which this operation leaves as it is: a send buffer apart from the
     // output, or an in-place one this step does not write.
     bool inputHasValues = !recv && src && !(dst && finish && Fn::kHasPost);
-    bool untouched = src == dst || (cx_.work.sendIsReadOnly && inSendBuffer(src));
+    bool untouched = src == dst || (cx_.work.sendApartFromRecv && inSendBuffer(src));
     if (inputHasValues && untouched &&
         receiversCanRead(src, n, written, cx_.work.readByKernel)) {
       isInput = true;

@@ -6,8 +6,9 @@
 // NaN as NumPy does. avg = sum, then a post-operation dividing by the rank count: applied once
 // by whichever rank finishes a reduction, so every rank ends with the same bits. premulsum
 // (NCCL's ncclRedOpCreatePreMulSum) = sum, after a pre-operation multiplying each rank's own
-// input by that rank's scalar, applied where the rank loads its input (so a peer never reads
-// a rank's raw input: see PrimsSimple::pointerToPublish).
+// input by that rank's scalar, applied where the input is loaded: by the rank itself, or by a
+// peer that reads the raw input through a pointer step, which scales it by the scalar the
+// step carries (PrimsSimple::scaleIfInput).
 #pragma once
 
 #include <type_traits>

@@ -70,7 +70,6 @@ void* blockStorage(const void* key, size_t bytes) {
 }
 }  // namespace simt
 
-void pause() { std::this_thread::yield(); }
 void cpuBackoff(uint32_t, uint32_t) { std::this_thread::yield(); }  // hundreds of threads on a few cores
 // Every peer is in this process: no kernel copies.
 int readPeerMemory(int, void*, const void*, size_t) { return -1; }

@@ -114,7 +114,7 @@ void check(std::vector<Ranks*> channels, int threads, const Case& c, DataType dt
       w.chanCount = std::min(share, c.count - w.chanOffset);
       w.treeIndex = (int)ch % 2;
       w.algoVariant = c.variant;
-      w.sendIsReadOnly = true;
+      w.sendApartFromRecv = true;
     }
   }
   std::vector<DevError> errors;
@@ -187,7 +187,7 @@ DevWork simpleAllreduce(Algo algo, std::vector<float>& send, std::vector<float>&
   w.send = send.data();
   w.recv = recv.data();
   w.count = w.chanCount = send.size();
-  w.sendIsReadOnly = true;
+  w.sendApartFromRecv = true;
   return w;
 }
 

@@ -64,7 +64,7 @@ DevWork workFor(Coll coll, Algo algo, Proto proto, DataType dt, const void* send
   w.recv = recv;
   w.count = count;
   w.chanCount = count;
-  w.sendIsReadOnly = true;
+  w.sendApartFromRecv = true;
   return w;
 }
 

@@ -8,20 +8,12 @@
 
 namespace mncl::dev {
 
-void pause() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
-
 thread_local LongWaitHook tlsLongWaitHook;
 
 // A 50 us sleep takes 50-100 us: the hook runs every 25-50 ms of a long wait.
 constexpr uint32_t kSleepsPerHook = 512;
 
-// spinBudget: pauses before the first yield (see DevChannel::spinBudget).
+// spinBudget: spins before the first yield (see DevChannel::spinBudget).
 void cpuBackoff(uint32_t spins, uint32_t spinBudget) {
   uint32_t kSpin = spinBudget, kYield = kSpin + 20000;
   if (spins < kSpin) {

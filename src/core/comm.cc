@@ -359,7 +359,6 @@ void Comm::setupChannels(int nch, const dev::ProtoSizes& sizes) {
     ch->peerHeads.assign(nranks_, 0);
     ch->ring = topoPlan_.rings[c % topoPlan_.rings.size()];  // the search's order (or rank order)
     dev::DevChannel& d = ch->dev;
-    d.id = c;
     d.rank = rank_;
     d.nranks = nranks_;
     d.sendTo = ch->sendTo.data();

@@ -274,7 +274,7 @@ void runChannel(CommLaunch& plan, int c) {
 
 // After a launch: the error a channel stopped on (a mismatch, an abort, a peer's failure) is
 // stored in the communicator; it becomes this rank's exception.
-void finish(CommLaunch& plan) {
+void throwIfFailed(CommLaunch& plan) {
   Comm& comm = *plan.comm;
   for (const ChannelResult& r : plan.results) {
     if (!r.ok) comm.throwStoredError();
@@ -306,7 +306,7 @@ void launch(CommLaunch* plans, size_t nplans, bool* ran) {
   }
   if (nplans > 0 && plans[0].runs(0)) runChannel(plans[0], 0);
   done.wait();
-  for (size_t i = 0; i < nplans; ++i) finish(plans[i]);
+  for (size_t i = 0; i < nplans; ++i) throwIfFailed(plans[i]);
 }
 
 // ---- groups ----

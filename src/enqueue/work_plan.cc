@@ -169,7 +169,7 @@ int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out)
   size_t share = alignedShare(c.count, p.nChannels, sz);
   size_t sendBytes = c.count * sz * sendBlocks(c.coll, comm.nranks());
   size_t recvBytes = c.count * sz * recvBlocks(c.coll, comm.nranks());
-  bool sendIsReadOnly = !overlaps(c.send, sendBytes, c.recv, recvBytes);
+  bool sendApartFromRecv = !overlaps(c.send, sendBytes, c.recv, recvBytes);
   for (int ch = 0; ch < p.nChannels; ++ch) {
     size_t off = std::min(c.count, (size_t)ch * share);
     dev::DevWork w = workOfCall(c);
@@ -179,10 +179,10 @@ int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out)
     w.chanCount = std::min(share, c.count - off);
     w.treeIndex = ch % 2;
     w.algoVariant = p.variant;
-    w.sendIsReadOnly = sendIsReadOnly;
+    w.sendApartFromRecv = sendApartFromRecv;
     w.streamOutput = !comm.onGpu() && recvBytes >= streamOutputBytes(c.coll);
     w.readByKernel = !comm.onGpu() && readByKernel(c, recvBytes);
-    w.writeByKernel = !comm.onGpu() && writeByKernel(c, recvBytes, !sendIsReadOnly);
+    w.writeByKernel = !comm.onGpu() && writeByKernel(c, recvBytes, !sendApartFromRecv);
     w.readInputThemselves = !comm.onGpu() && readInputThemselves(c, recvBytes);
     out.push_back(w);
   }
