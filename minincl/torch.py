@@ -14,7 +14,9 @@ type; the unique id travels through the group's own store (rank 0 sets, the othe
 
 Point-to-point ops (``isend``/``irecv``, ``batch_isend_irecv``) are *deferred*: they collect into
 a batch that starts as one ``minincl.group()`` when a rank waits on one of them or issues any
-other operation on the group. Started one by one, a large send to a peer that is itself
+other operation on the group, or the same thread waits or issues one on another group (as
+NCCL's, they start before the thread's later calls: a peer may need them to finish its own
+collective first). Started one by one, a large send to a peer that is itself
 sending first would deadlock; batched, they progress together, as NCCL's grouped calls do.
 On the CPU they run on a communicator and worker of their own, as ProcessGroupNCCL gives
 them communicators of their own: an ``isend`` then overlaps a collective that its receiver
@@ -28,6 +30,7 @@ import contextlib
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import FrameType
@@ -66,6 +69,7 @@ class _Op:
     work: MinincclWork
     after: list[Callable[[], None]] = field(default_factory=list)
     p2p: bool = False  # a send or receive (runs on the group's point-to-point communicator)
+    thread: int = field(default_factory=threading.get_ident)  # the thread that made it
 
 
 @dataclass
@@ -77,6 +81,11 @@ class _DeviceComm:
 def _together(calls: int) -> contextlib.AbstractContextManager[object]:
     """One minincl group for several calls; none for one (a group costs ~1.5 us)."""
     return group() if calls > 1 else contextlib.nullcontext()
+
+
+# Every group of this process: a thread's deferred ops on one start before its next call or
+# wait on any (see _start_deferred).
+_GROUPS: weakref.WeakSet[ProcessGroupMinincl] = weakref.WeakSet()
 
 
 def _outputs_after(staged: list[Staged]) -> list[Callable[[], None]]:
@@ -99,6 +108,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         self._lock = threading.Lock()
         self._pending: list[_Op] = []  # deferred p2p ops, or everything while coalescing
         self._coalescing = False
+        _GROUPS.add(self)
         self._comms: dict[str, _DeviceComm] = {"cpu": self._join("cpu", "cpu")}
         # (Eagerly too: a first send may involve two ranks only. Not on a GPU, where a
         # communicator's FIFOs take tens of MiB per peer: there sends and receives share it.)
@@ -205,13 +215,13 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     ) -> MinincclWork:
         device = self._device_of(call, tensors)
         cuda = [t.device for t in tensors[:1]] if device == "cuda" else None
-        work = MinincclWork(outputs, start=self._flush if deferred or self._coalescing else None, devices=cuda)
+        work = MinincclWork(outputs, start=self._start_deferred if deferred or self._coalescing else None, devices=cuda)
         op = _Op(device, body, work, after or [], p2p)
         if deferred or self._coalescing:
             with self._lock:
                 self._pending.append(op)
         else:
-            self._flush()  # earlier deferred ops go first: program order is wire order
+            self._start_deferred()  # earlier deferred ops go first: program order is wire order
             self._submit([op], grouped=False, caller_waits=getattr(opts, "asyncOp", True) is False)
         return work
 
@@ -221,9 +231,25 @@ class ProcessGroupMinincl(dist.ProcessGroup):
             return self._p2p_comms[op.device]
         return self._comms[op.device]
 
-    def _flush(self) -> None:
+    def _start_deferred(self) -> None:
+        """Starts this group's deferred ops, and this thread's on the other groups (not those
+        still coalescing): a thread's isend on one group, then its all_reduce on another, then
+        the isend's wait, must not leave the receiver waiting for the send while it waits in
+        the all_reduce for this rank (gloo starts every isend at once)."""
+        me = threading.get_ident()
+        for g in list(_GROUPS):
+            if g is not self and not g._coalescing:
+                g._flush(thread=me)
+        self._flush()
+
+    def _flush(self, thread: int | None = None) -> None:
+        """Starts the deferred ops (only those `thread` made, if given)."""
         with self._lock:
-            ops, self._pending = self._pending, []
+            if thread is None:
+                ops, self._pending = self._pending, []
+            else:
+                ops = [op for op in self._pending if op.thread == thread]
+                self._pending = [op for op in self._pending if op.thread != thread]
         batches: dict[int, list[_Op]] = {}  # (in program order within each communicator)
         for op in ops:
             batches.setdefault(id(self._home(op)), []).append(op)

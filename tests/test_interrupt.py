@@ -79,7 +79,9 @@ def test_a_sigterm_handler_that_aborts_stops_the_call_it_interrupted(tmp_path: P
     """A handler runs on the thread whose call it interrupted: its abort() or destroy() stops
     that call, and the communicator is closed once the call has returned. (Both used to wait
     for the call to end: for ever.)"""
-    story = STORY.replace("signal.SIGINT, signal.default_int_handler", f"signal.SIGTERM, lambda *_: comms[0].{method}()")
+    story = STORY.replace(
+        "signal.SIGINT, signal.default_int_handler", f"signal.SIGTERM, lambda *_: comms[0].{method}()"
+    )
     story = story.replace("os.kill(os.getpid(), signal.SIGINT)", "os.kill(os.getpid(), signal.SIGTERM)")
     out = run_story(tmp_path, story.replace("CALL", CALLS[case]))
     why = f"the communicator was {method}ed (comm.{method}(), from a signal handler during this call)"

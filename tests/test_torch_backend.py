@@ -244,6 +244,30 @@ def _isend_across_a_collective(rank: int) -> Result:
     return [x, big[::4096]]
 
 
+def _deferred_across_another_groups_collective(rank: int) -> Result:
+    """An isend, then an irecv (4 MB each), left open across an all_reduce on another group
+    while the peer blocks in the matching recv or send before that all_reduce. gloo starts
+    every isend and irecv at once; minincl deferred them until the same group's next call, and
+    both ranks then waited for each other until the timeout."""
+    other = dist.new_group(list(range(WORLD)))
+    sent, received = torch.full((1 << 20,), 1.0), torch.zeros(1 << 20)
+    x, y = values(rank), values(rank) * 2
+    if rank == 0:
+        work = dist.isend(sent, dst=1)
+        dist.all_reduce(x, group=other)
+        work.wait()
+        dist.send(sent * 2, dst=1)
+        dist.all_reduce(y, group=other)
+    else:
+        dist.recv(received, src=0)
+        work = dist.irecv(sent, src=0)  # (a prefetch: the send comes only later)
+        dist.all_reduce(x, group=other)
+        dist.all_reduce(y, group=other)
+        work.wait()
+    dist.destroy_process_group(other)
+    return [x, y, received[::4096], sent[::4096]]
+
+
 def _gather_scatter(rank: int) -> Result:
     gathered = [torch.empty(6) for _ in range(WORLD)] if rank == 1 else None
     dist.gather(values(rank), gathered, dst=1)
@@ -547,6 +571,15 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
     "send_recv": (_send_recv, lambda r: values(0) + 100),
     "batch_isend_irecv": (_batch_ring, lambda r: torch.full((256,), float((r - 1) % WORLD))),
     "isend_across_a_collective": (_isend_across_a_collective, lambda r: [_want_sum(r), torch.ones(256)]),
+    "deferred_across_another_groups_collective": (
+        _deferred_across_another_groups_collective,
+        lambda r: [
+            _want_sum(r),
+            _want_sum(r) * 2,
+            torch.full((256,), 0.0 if r == 0 else 1.0),
+            torch.full((256,), 1.0 + r),
+        ],
+    ),
     "gather_scatter": (
         _gather_scatter,
         lambda r: ([values(q) for q in range(WORLD)] if r == 1 else []) + [values(r) * 7],
