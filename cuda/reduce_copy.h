@@ -438,11 +438,14 @@ inline void reduceCopyBlockedRange(const Fn& fn, int nsrc, const T* const* srcs,
 // core's few write-combining buffers (a 2-rank allreduce into NumPy arrays, which start 16
 // bytes into a line, fell from 6 to 1.6 GB/s): so the streamed outputs must share their
 // offset within a line, and the elements up to the first line boundary go the blocked way.
-// False (nothing done) when they do not share it.
+// False (nothing done) when they do not share it, or when the elements lie across line
+// boundaries (an array that starts off its type's alignment, say a float32 view of bytes
+// 1..): no whole element ends where a line does.
 template <typename T, typename Fn>
 inline bool reduceCopyStreamed(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n,
                                bool finish, int nStream, const PreOps<T>* pre = nullptr) {
   uintptr_t lineOffset = (uintptr_t)dsts[0] & 63;
+  if (lineOffset % sizeof(T)) return false;
   for (int d = 1; d < nStream; ++d) {
     if (((uintptr_t)dsts[d] & 63) != lineOffset) return false;
   }

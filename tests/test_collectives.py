@@ -23,6 +23,8 @@ from conftest import (
     run_ranks,
 )
 
+import minincl
+
 NRANKS = [1, 2, 3, 4, 5, 8]
 
 
@@ -404,6 +406,29 @@ def test_async_op_handles(comms_of: Any) -> None:
         for i, x in enumerate(res[:5]):
             np.testing.assert_array_equal(x, np.full(30_000, 1 + 2 * i, np.float32))
         np.testing.assert_array_equal(res[5], np.full(10, 2, np.float32))
+
+
+def test_a_group_after_async_calls_runs_after_them(comms_of: Any) -> None:
+    """The group's calls wait for the async_op calls queued before it, as a plain call does.
+    (The group ran beside them: "two threads called on rank 0's communicator at once".)"""
+    comms = comms_of(3)
+
+    def body(c: Any) -> list[Any]:
+        n, r = c.nranks, c.rank
+        x = np.full(1 << 20, r + 1.0, np.float32)
+        work = c.allreduce(x, async_op=True)
+        got, y = np.zeros(5, np.int64), np.arange(5, dtype=np.int64) * (r + 1)
+        with minincl.group():
+            c.send(np.full(5, r, np.int64), (r + 1) % n)
+            c.recv(got, (r - 1) % n)
+            c.allreduce(y)
+        work.wait()
+        return [x[:3], got, y]
+
+    for r, (x, got, y) in enumerate(run_ranks(comms, body)):
+        np.testing.assert_array_equal(x, np.full(3, 6.0, np.float32))
+        np.testing.assert_array_equal(got, np.full(5, (r - 1) % 3))
+        np.testing.assert_array_equal(y, np.arange(5) * 6)
 
 
 def test_thousands_of_small_calls_on_one_communicator(comms_of: Any) -> None:

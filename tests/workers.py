@@ -109,23 +109,31 @@ def bitwise_collectives(comm: minincl.Communicator, counts: list[int]) -> int:
     return checks
 
 
+def _output(count: int, dtype: Any, shift: str) -> np.ndarray:
+    """Zeros 16-byte aligned (""), a view one element in, or one byte in (off the type's
+    alignment: a view of bytes, which NumPy allows)."""
+    size = np.dtype(dtype).itemsize
+    skip = {"": 0, "element": size, "byte": 1}[shift]
+    return np.zeros(count * size + skip, np.uint8)[skip:].view(dtype)
+
+
 def unaligned_outputs_and_avg(comm: minincl.Communicator, counts: list[int]) -> int:
-    """Out-of-place results into arrays 16-byte aligned and not (a view one element in), and
-    avg (whose division runs on the reduced value), checked against NumPy."""
+    """Out-of-place results into arrays 16-byte aligned and not (a view one element or one
+    byte in), and avg (whose division runs on the reduced value), checked against NumPy."""
     n, r = comm.nranks, comm.rank
     checks = 0
     for count in counts:
         for dtype in (np.float32, np.float64, np.int32, np.float16):
             inputs = [((np.arange(count) * (q + 1)) % 7).astype(dtype) for q in range(n)]
             total = np.add.reduce(np.stack(inputs), axis=0, dtype=dtype)
-            for shift in (0, 1):
-                out = np.zeros(count + shift, dtype)[shift:]
+            for shift in ("", "element", "byte"):  # (streamed lines of a byte view crashed)
+                out = _output(count, dtype, shift)
                 comm.allreduce(inputs[r], out)
                 np.testing.assert_array_equal(out, total)
-                gathered = np.zeros(count * n + shift, dtype)[shift:]
+                gathered = _output(count * n, dtype, shift)
                 comm.allgather(inputs[r], gathered)
                 np.testing.assert_array_equal(gathered, np.concatenate(inputs))
-                bcast = np.zeros(count + shift, dtype)[shift:]
+                bcast = _output(count, dtype, shift)
                 comm.broadcast(inputs[r], bcast, root=n - 1)
                 np.testing.assert_array_equal(bcast, inputs[n - 1])
                 checks += 3

@@ -604,6 +604,9 @@ class PyComm {
       }
     });
     interruptible.withoutGil([&] {
+      for (PyComm* c : comms) {  // program order: async_op calls queued before the group run first
+        if (!c->async_.idle()) c->async_.drain();
+      }
       std::vector<std::unique_ptr<HeldHere>> here;  // (declared first: they end after the locks)
       std::vector<std::shared_lock<std::shared_timed_mutex>> held;
       std::string closed;
