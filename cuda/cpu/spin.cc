@@ -4,28 +4,63 @@
 #include <sched.h>
 #include <time.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include "../arch.h"
 
 namespace mncl::dev {
 
 thread_local LongWaitHook tlsLongWaitHook;
 
-// A 50 us sleep takes 50-100 us: the hook runs every 25-50 ms of a long wait.
-constexpr uint32_t kSleepsPerHook = 512;
+namespace {
 
-// spinBudget: spins before the first yield (see DevChannel::spinBudget).
+using Clock = std::chrono::steady_clock;
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+
+// Yields end after this long (or this many): a wait that outlasts them waits for a peer's
+// caller (its computation, its late start), and every yield after that is CPU taken from the
+// threads doing that work, sometimes this process's own (PyTorch's).
+constexpr auto kYieldFor = milliseconds(2);
+constexpr uint32_t kMaxYields = 20000;
+// Then sleeps, each 1/64 of the wait so far (at least 50 us, at most 1 ms): a long wait costs
+// next to no CPU (50 us sleeps took 14% of a core), and ends at most ~2% late.
+constexpr Clock::duration kMinSleep = microseconds(50), kMaxSleep = milliseconds(1);
+// The hook runs about this often in a long wait (Ctrl-C within a tenth of a second).
+constexpr auto kHookEvery = milliseconds(50);
+
+// This thread's current wait: when it started yielding, and when its hook last ran.
+thread_local Clock::time_point tlsYieldsFrom, tlsHookRan;
+
+void sleepFor(Clock::duration d) {
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  timespec ts{(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
+  nanosleep(&ts, nullptr);
+}
+
+}  // namespace
+
+// spinBudget: spins before the first yield (see DevChannel::spinBudget). `spins` counts from
+// 0 in each wait, so spins == spinBudget marks the start of its yields.
 void cpuBackoff(uint32_t spins, uint32_t spinBudget) {
-  uint32_t kSpin = spinBudget, kYield = kSpin + 20000;
-  if (spins < kSpin) {
+  if (spins < spinBudget) {
     // No PAUSE here: inside a VM, a run of PAUSEs trips the hypervisor's pause-loop exiting,
     // which takes the vCPU away for ~100 us, far longer than the wait itself.
     asm volatile("" ::: "memory");
-  } else if (spins < kYield) {
+    return;
+  }
+  Clock::time_point now = Clock::now();  // (vDSO: tens of ns, next to a yield's microsecond)
+  if (spins == spinBudget) tlsYieldsFrom = tlsHookRan = now;
+  Clock::duration waited = now - tlsYieldsFrom;
+  if (waited < kYieldFor && spins - spinBudget < kMaxYields) {
     sched_yield();
-  } else {
-    timespec ts{0, 50 * 1000};  // 50 us: waits this long are waits for a peer's caller
-    nanosleep(&ts, nullptr);
-    if (tlsLongWaitHook.fn && (spins - kYield) % kSleepsPerHook == 0) tlsLongWaitHook.fn(tlsLongWaitHook.arg);
+    return;
+  }
+  sleepFor(std::clamp<Clock::duration>(waited / 64, kMinSleep, kMaxSleep));
+  if (tlsLongWaitHook.fn && now - tlsHookRan >= kHookEvery) {
+    tlsHookRan = now;
+    tlsLongWaitHook.fn(tlsLongWaitHook.arg);
   }
 }
 
