@@ -36,7 +36,8 @@ class MinincclWork(dist._Work):
     when a peer died, ...; each also a ``torch.distributed.DistBackendError``, as NCCL raises).
     ``get_future()`` gives the ``torch.futures.Future`` that DDP chains its callbacks on; its
     value is the list of output tensors, as with gloo and NCCL.
-    ``start`` (for deferred point-to-point ops) is called before anything waits on the work.
+    ``start`` is called once, before anything waits on the work: it starts the deferred
+    point-to-point ops (this one's, and those the waiting thread posted since on any group).
     """
 
     def __init__(

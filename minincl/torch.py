@@ -215,7 +215,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     ) -> MinincclWork:
         device = self._device_of(call, tensors)
         cuda = [t.device for t in tensors[:1]] if device == "cuda" else None
-        work = MinincclWork(outputs, start=self._start_deferred if deferred or self._coalescing else None, devices=cuda)
+        work = MinincclWork(outputs, start=self._start_deferred, devices=cuda)
         op = _Op(device, body, work, after or [], p2p)
         if deferred or self._coalescing:
             with self._lock:

@@ -268,6 +268,21 @@ def _deferred_across_another_groups_collective(rank: int) -> Result:
     return [x, y, received[::4096], sent[::4096]]
 
 
+def _wait_on_a_collective_starts_later_sends(rank: int) -> Result:
+    """Waiting on an async all_reduce starts the isend posted after it: its receiver takes it
+    before joining the all_reduce (the wait used to leave the send deferred: both timed out)."""
+    x, got = values(rank), torch.zeros(5)
+    if rank == 0:
+        handle = dist.all_reduce(x, async_op=True)
+        send = dist.isend(torch.full((5,), 7.0), dst=1)
+        handle.wait()
+        send.wait()
+    else:
+        dist.recv(got, src=0)
+        dist.all_reduce(x)
+    return [x, got]
+
+
 def _gather_scatter(rank: int) -> Result:
     gathered = [torch.empty(6) for _ in range(WORLD)] if rank == 1 else None
     dist.gather(values(rank), gathered, dst=1)
@@ -579,6 +594,10 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
             torch.full((256,), 0.0 if r == 0 else 1.0),
             torch.full((256,), 1.0 + r),
         ],
+    ),
+    "wait_on_a_collective_starts_later_sends": (
+        _wait_on_a_collective_starts_later_sends,
+        lambda r: [_want_sum(r), torch.full((5,), 0.0 if r == 0 else 7.0)],
     ),
     "gather_scatter": (
         _gather_scatter,

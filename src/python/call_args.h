@@ -77,9 +77,10 @@ void addMethod(py::handle cls, const Signature& sig, FastMethod method, const ch
 
 // Runs a method body, turning C++ exceptions into Python errors; what pybind11's dispatcher
 // does for the methods bound through it. `translate` sets the error for anything else the
-// body may throw, and returns false if it does not know it.
+// body may throw, and returns false if it does not know it. (Not noexcept: a daemon thread
+// that Python ends at exit unwinds through here, see gil.h.)
 template <typename Body, typename Translate>
-PyObject* guarded(Body body, Translate translate) noexcept {
+PyObject* guarded(Body body, Translate translate) {
   try {
     return body().release().ptr();
   } catch (py::error_already_set& e) {

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "../../cuda/arch.h"
+#include "gil.h"
 
 namespace mncl::py_interrupt {
 
@@ -48,7 +49,7 @@ class InterruptibleCallBase {
   auto withoutGil(Body&& body) -> decltype(body()) {
     auto run = [&]() -> decltype(body()) {
       try {
-        py::gil_scoped_release nogil;
+        py_gil::Released nogil;
         return body();
       } catch (...) {
         rethrowIfInterrupted();  // (with the GIL again: nogil is gone once the handler runs)

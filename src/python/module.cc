@@ -77,7 +77,7 @@ class Work {
     py_interrupt::InterruptibleCall interruptible([this](const std::string& why) { stop_(why); });
     for (;;) {
       {
-        py::gil_scoped_release nogil;
+        py_gil::Released nogil;
         if (state_->waitFor(std::chrono::milliseconds(50))) break;
       }
       interruptible.checkNow();
@@ -223,7 +223,7 @@ class PyComm {
       if (!destroyed_) close();
     };
     if (PyGILState_Check()) {
-      py::gil_scoped_release nogil;  // (queued async_op calls may need it to end)
+      py_gil::Released nogil;  // (queued async_op calls may need it to end)
       closeNow();
     } else {
       closeNow();
@@ -547,7 +547,7 @@ class PyComm {
 
   void barrier() {
     if (device_ >= 0) {  // a host-side barrier: the ranks' threads, not their streams, meet
-      py::gil_scoped_release nogil;
+      py_gil::Released nogil;
       withLive([](Comm& cm) { cm.bootstrap().barrier(); });
       return;
     }
@@ -562,7 +562,7 @@ class PyComm {
       return;
     }
     {
-      py::gil_scoped_release nogil;
+      py_gil::Released nogil;
       std::lock_guard<std::mutex> life(lifeMutex_);
       if (destroyed_) return;
       comm_->abort();
@@ -577,7 +577,7 @@ class PyComm {
       return;
     }
     {
-      py::gil_scoped_release nogil;
+      py_gil::Released nogil;
       std::lock_guard<std::mutex> life(lifeMutex_);
       if (destroyed_) return;
       close();
@@ -1016,7 +1016,7 @@ PYBIND11_MODULE(_core, m) {
         if (id.size() != MNCL_UNIQUE_ID_BYTES) return;  // (that init's own error says so)
         UniqueIdData data;
         std::memcpy(&data, id.data(), sizeof(data));
-        py::gil_scoped_release nogil;
+        py_gil::Released nogil;
         Bootstrap::reportInitFailure(data, rank, nranks, message);
       },
       py::arg("nranks"), py::arg("uid"), py::arg("rank"), py::arg("message"),
@@ -1050,7 +1050,7 @@ PYBIND11_MODULE(_core, m) {
       tlsGroup = nullptr;
     }
     if (group) return PyComm::endGroup(group->comms);
-    py::gil_scoped_release nogil;
+    py_gil::Released nogil;
     groupEnd();
   });
 

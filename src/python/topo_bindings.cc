@@ -6,6 +6,7 @@
 #include <string>
 
 #include "../topo/topo.h"
+#include "gil.h"
 
 namespace py = pybind11;
 
@@ -20,7 +21,7 @@ void bindTopo(py::module_& m) {
         o.dumpPath = dump.value_or("");
         o.json = json;
         o.nRanks = nranks;
-        py::gil_scoped_release release;
+        mncl::py_gil::Released release;
         return report(o);
       },
       py::arg("xml") = py::none(), py::arg("dump") = py::none(), py::arg("json") = false,
@@ -32,7 +33,7 @@ void bindTopo(py::module_& m) {
   m.def(
       "topo_search_json",
       [](const std::string& xml, int nranks) {
-        py::gil_scoped_release release;
+        mncl::py_gil::Released release;
         auto sys = loadXml(xml);
         return renderJson(*sys, search(*sys, nranks));
       },
@@ -42,7 +43,7 @@ void bindTopo(py::module_& m) {
   m.def(
       "topo_dump_xml",
       [](std::optional<std::string> xml) {
-        py::gil_scoped_release release;
+        mncl::py_gil::Released release;
         auto sys = xml ? loadXml(*xml) : detect();
         return dumpXml(*sys);
       },
@@ -51,7 +52,7 @@ void bindTopo(py::module_& m) {
   m.def(
       "topo_detect_json",
       [](const std::string& sysRoot, int nranks) {
-        py::gil_scoped_release release;
+        mncl::py_gil::Released release;
         auto sys = detectFrom(sysRoot);
         return renderJson(*sys, search(*sys, nranks));
       },
@@ -62,7 +63,7 @@ void bindTopo(py::module_& m) {
   m.def(
       "topo_detect_xml",
       [](const std::string& sysRoot) {
-        py::gil_scoped_release release;
+        mncl::py_gil::Released release;
         return dumpXml(*detectFrom(sysRoot));
       },
       py::arg("sys_root") = "/", "Detect the topology under sys_root and dump it as XML.");
