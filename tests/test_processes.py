@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -64,6 +65,32 @@ def test_no_segment_outlives_init() -> None:
     # Segments are unlinked once every rank has mapped them: none is visible while running.
     assert all(set(seen) <= set(before) for seen in during)
     assert workers.shm_segments() == before
+
+
+def test_a_new_communicator_removes_segments_left_by_a_rank_killed_in_init() -> None:
+    """A rank killed between creating its segment and its peers mapping it left the segment
+    in /dev/shm for good. Removed now: those named by a process that is gone and older than
+    10 minutes (younger, or a live process's, may belong to an init still running)."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    made = {
+        "old, process gone": (gone.pid, 700),
+        "young, process gone": (gone.pid, 0),
+        "old, process alive": (os.getpid(), 700),
+    }
+    paths = {}
+    for what, (pid, age) in made.items():
+        path = Path(f"/dev/shm/minincl-{pid}-r1-{abs(hash(what))}")
+        path.write_bytes(b"x" * 4096)
+        os.utime(path, (time.time() - age, time.time() - age))
+        paths[what] = path
+    try:
+        minincl.launch(workers.report_segments, 2)
+        left = {what for what, path in paths.items() if path.exists()}
+        assert left == {"young, process gone", "old, process alive"}, left
+    finally:
+        for path in paths.values():
+            path.unlink(missing_ok=True)
 
 
 def test_peer_killed_mid_collective_raises_on_survivors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -1,10 +1,16 @@
 #include "region.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <ctime>
 #include <map>
 #include <mutex>
 #include <random>
@@ -83,7 +89,33 @@ std::shared_ptr<Mapping> findRegion(uint64_t registryId) {
 
 // ---- shm: POSIX shared memory between processes of one host ----
 
+namespace {
+
+// A segment is unlinked once every peer has mapped it, so only a rank killed before that
+// leaves one behind. Each new segment first removes such orphans: named by a process that is
+// gone, and older than any init waits. (The age guards a live job in another PID namespace
+// that shares /dev/shm, whose processes this one cannot see.)
+constexpr time_t kOrphanAgeSeconds = 600;
+
+void removeOrphanedSegments() {
+  DIR* dir = opendir("/dev/shm");
+  if (!dir) return;
+  time_t now = time(nullptr);
+  while (dirent* e = readdir(dir)) {
+    int pid = 0;
+    if (std::sscanf(e->d_name, "minincl-%d-", &pid) != 1 || pid <= 0 || pid == getpid()) continue;
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+    struct stat st;
+    if (fstatat(dirfd(dir), e->d_name, &st, 0) != 0 || now - st.st_mtime < kOrphanAgeSeconds) continue;
+    shm_unlink((std::string("/") + e->d_name).c_str());
+  }
+  closedir(dir);
+}
+
+}  // namespace
+
 std::shared_ptr<ShmMapping> ShmMapping::create(size_t bytes, const std::string& tag) {
+  removeOrphanedSegments();
   auto m = std::shared_ptr<ShmMapping>(new ShmMapping());
   std::random_device rd;
   m->name_ = "/minincl-" + std::to_string(getpid()) + "-" + tag + "-" + std::to_string(rd());
