@@ -169,8 +169,9 @@ class Communicator(_core.Communicator):
         info = self._split_info(color, key)
         if info is None:
             return None
-        nranks, uid, rank = info
-        return type(self)(nranks, uid, rank, self.device)
+        nranks, uid, rank, members = info
+        with self._watching(members):  # (a member that dies now fails this init at once)
+            return type(self)(nranks, uid, rank, self.device)
 
     def shrink(self, exclude: Iterable[int]) -> Communicator:
         """A new communicator of this one's ranks but ``exclude``, in rank order (as
@@ -179,8 +180,9 @@ class Communicator(_core.Communicator):
         (This communicator stays as it is: destroy it afterwards. mnclCommShrink's
         MNCL_SHRINK_ABORT has no counterpart here: a call waiting on a dead rank fails at
         once, one waiting on a hung rank after MININCL_TIMEOUT.)"""
-        nranks, uid, rank = self._shrink_info([int(r) for r in exclude])
-        return type(self)(nranks, uid, rank, self.device)
+        nranks, uid, rank, members = self._shrink_info([int(r) for r in exclude])
+        with self._watching(members):
+            return type(self)(nranks, uid, rank, self.device)
 
     def topology(self) -> Topology:
         """The ring order per channel, channel count and bandwidth init chose, and why."""

@@ -369,8 +369,10 @@ mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newc
                "and split ranks of one process from threads of their own");
     int n = 0, r = 0;
     UniqueIdData id{};
-    if (!parent.splitInfo(color, key, &n, &r, &id)) return;
+    std::vector<int> members;
+    if (!parent.splitInfo(color, key, &n, &r, &id, &members)) return;
     auto c = std::make_unique<mnclComm>();
+    WaitCheck whileTheyLive([&] { parent.failIfMemberGone(members); });
     c->impl = std::make_unique<Comm>(id, r, n, parent.device(), options);
     *newcomm = c.release();
   });
@@ -395,8 +397,10 @@ mnclResult_t mnclCommShrink(mnclComm_t comm, int* excludeRanksList, int excludeR
     int n = 0, r = 0;
     UniqueIdData id{};
     std::vector<int> exclude(excludeRanksList, excludeRanksList + excludeRanksCount);
-    parent.shrinkInfo(exclude, shrinkFlags == MNCL_SHRINK_ABORT, &n, &r, &id);
+    std::vector<int> members;
+    parent.shrinkInfo(exclude, shrinkFlags == MNCL_SHRINK_ABORT, &n, &r, &id, &members);
     auto c = std::make_unique<mnclComm>();
+    WaitCheck whileTheyLive([&] { parent.failIfMemberGone(members); });
     c->impl = std::make_unique<Comm>(id, r, n, parent.device(), options);
     *newcomm = c.release();
   });

@@ -5,6 +5,7 @@ through the C API, and refused with a reason where the ranks kept disagree."""
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 import time
 from pathlib import Path
@@ -148,6 +149,24 @@ def test_a_dead_rank_kept_fails_the_shrink_at_once_and_a_retry_works(
         assert (rank, nranks, summed) == (kept.index(old), 3, [float(sum(r + 1 for r in kept))] * 3), survivors
     assert any(said in ended for ended, *_ in survivors.values()), survivors
     assert all("every rank kept must" in ended for ended, *_ in survivors.values()), survivors
+
+
+@pytest.mark.parametrize("how", ["split", "shrink"])
+def test_a_member_that_dies_after_the_rendezvous_fails_the_new_init_at_once(
+    monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A member of a split (or shrink) that dies between the rendezvous on the parent and the
+    new group's init never joins: the others' init used to wait MININCL_BOOTSTRAP_TIMEOUT
+    though the parent already listed it lost; it fails at once now, naming it."""
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "30")
+    with pytest.raises(LaunchError) as info:
+        minincl.launch(workers.dies_after_the_rendezvous, 4, how, timeout=120)
+    survivors = info.value.results
+    assert sorted(survivors) == [0, 1, 3], survivors
+    for story in survivors.values():  # (a survivor that failed first and exited may be named too)
+        gone = re.search(r"^RemoteError after 0\.\d s: rank\(s\) ([\d, ]+) of the communicator split", story)
+        assert gone and "2" in gone.group(1).split(", "), story
+        assert "are gone (lost_ranks() lists them)" in story, story
 
 
 def test_wrong_exclude_lists_are_refused() -> None:

@@ -1175,3 +1175,19 @@ def shrink_after_a_death(
         new.barrier()
     comm.destroy()
     return ended.split(" ")[0], lost, new.rank, new.nranks, x.tolist(), ranks.tolist()
+
+
+def dies_after_the_rendezvous(comm: minincl.Communicator, how: str) -> str:
+    """Rank 2 takes part in a split's (or shrink's) rendezvous on the parent, then dies
+    before it joins the new group; the others make the whole call. What they raised, and
+    how long it took."""
+    comm.allreduce(np.ones(4, np.float32))
+    start = time.monotonic()
+    try:
+        if comm.rank == 2:
+            comm._split_info(0, 0) if how == "split" else comm._shrink_info([])
+            os._exit(0)  # (as a crash would: no destroy)
+        comm.split(0) if how == "split" else comm.shrink([])
+        return "made"
+    except minincl.Error as e:
+        return f"{type(e).__name__} after {time.monotonic() - start:.1f} s: {e}"

@@ -748,7 +748,7 @@ void Comm::throwStoredError() const {
   throw Error(error_ == mnclSuccess ? mnclInternalError : error_, errorMessage_);
 }
 
-bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdData* id) {
+bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdData* id, std::vector<int>* members_) {
   MNCL_CHECK(!failed(), asyncError(), errorMessage());
   struct Entry {
     int32_t color, key, rank;
@@ -768,6 +768,7 @@ bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdDa
   *newRanks = (int)members.size();
   for (int i = 0; i < *newRanks; ++i) {
     if (members[i].rank == rank_) *newRank = i;
+    if (members_) members_->push_back(members[i].rank);
   }
   int leader = members[0].rank;
   if (leader == rank_) {
@@ -802,7 +803,8 @@ struct Comm::ShrinkReply {
   int32_t lostRank = -1;  // a rank kept that the leader found gone
 };
 
-void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* newRanks, int* newRank, UniqueIdData* id) {
+void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* newRanks, int* newRank, UniqueIdData* id,
+                      std::vector<int>* members) {
   std::vector<uint8_t> excluded(nranks_, 0);
   for (int r : exclude) {
     MNCL_CHECK(r >= 0 && r < nranks_, mnclInvalidArgument,
@@ -848,6 +850,17 @@ void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* new
              "shrink: the ranks kept were given different ranks to exclude (rank " + std::to_string(leader) +
                  ", the lowest kept, compared them): every rank kept must pass the same ones");
   *id = reply.id;
+  if (members) *members = kept;
+}
+
+void Comm::failIfMemberGone(const std::vector<int>& members) const {
+  std::string gone;
+  for (int r : members) {
+    if (lost(r)) gone += (gone.empty() ? "" : ", ") + std::to_string(r);
+  }
+  MNCL_CHECK(gone.empty(), mnclRemoteError,
+             "rank(s) " + gone + " of the communicator split (or shrunk) are gone (lost_ranks() lists them), so the "
+             "new communicator's init cannot complete: shrink them away and try again");
 }
 
 void Comm::failIfGone(int r) const {

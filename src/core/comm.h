@@ -155,12 +155,18 @@ class Comm {
   // by (key, rank). Collective over this communicator. Returns false for color < 0 (no new
   // group); otherwise the new group's size, this rank's place in it and its unique id (the
   // group's first rank starts its root and sends the id to the others).
-  bool splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdData* id);
+  // `members`, if given: this communicator's ranks in the new group, in its rank order.
+  bool splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdData* id,
+                 std::vector<int>* members = nullptr);
   // mnclCommShrink's rendezvous: every rank but `exclude` (which need not be alive, and do
   // not call) forms a new group, in rank order. Works on a failed communicator: it needs
   // only the bootstrap's sockets between the ranks kept. `abortFirst`: abort() once the
   // arguments are checked (MNCL_SHRINK_ABORT).
-  void shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* newRanks, int* newRank, UniqueIdData* id);
+  void shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* newRanks, int* newRank, UniqueIdData* id,
+                  std::vector<int>* members = nullptr);
+  // For the new group's init after a split or shrink (in a WaitCheck): throws RemoteError if
+  // one of `members` (this communicator's ranks) is gone, since it will never join.
+  void failIfMemberGone(const std::vector<int>& members) const;
   // The ranks this rank has seen go: they destroyed or aborted their communicator, their
   // process exited (on this host), or their network connection broke. (Not a hung rank: it may come back.)
   std::vector<int> lostRanks() const;

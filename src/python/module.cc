@@ -498,21 +498,32 @@ class PyComm {
     return d;
   }
 
-  // (new nranks, unique id, new rank) of the group this rank joins, or None for color < 0.
+  // (new nranks, unique id, new rank, members) of the group this rank joins, or None for
+  // color < 0; members: this communicator's ranks in it, in its rank order.
   py::object splitInfo(int color, int key) {
-    return rendezvous([&](Comm& cm, int* n, int* r, UniqueIdData* id) { return cm.splitInfo(color, key, n, r, id); });
+    return rendezvous([&](Comm& cm, int* n, int* r, UniqueIdData* id, std::vector<int>* members) {
+      return cm.splitInfo(color, key, n, r, id, members);
+    });
   }
 
   std::vector<int> lostRanks() {
     return withLive([](Comm& cm) { return cm.lostRanks(); });
   }
 
-  // (new nranks, unique id, new rank) of the group of every rank but `exclude`.
+  // (new nranks, unique id, new rank, members) of the group of every rank but `exclude`.
   py::object shrinkInfo(const std::vector<int>& exclude) {
-    return rendezvous([&](Comm& cm, int* n, int* r, UniqueIdData* id) {
-      cm.shrinkInfo(exclude, false, n, r, id);
+    return rendezvous([&](Comm& cm, int* n, int* r, UniqueIdData* id, std::vector<int>* members) {
+      cm.shrinkInfo(exclude, false, n, r, id, members);
       return true;
     });
+  }
+
+  // The new group's init after a split or shrink fails at once, with RemoteError, if one of
+  // `members` is gone (see Comm::failIfMemberGone); a communicator destroyed meanwhile
+  // watches nothing.
+  void failIfMemberGone(const std::vector<int>& members) {
+    std::shared_lock<std::shared_timed_mutex> lock(callMutex_, std::try_to_lock);
+    if (lock.owns_lock() && !destroyed_) comm_->failIfMemberGone(members);
   }
 
   // How init ordered the rings (see Communicator.topology()).
@@ -626,8 +637,8 @@ class PyComm {
   }
 
  private:
-  // A split's or shrink's rendezvous, `f(comm, &nranks, &rank, &id)`: (nranks, unique id,
-  // rank) of the new group, or None where f returns false. Ctrl-C while the other ranks are
+  // A split's or shrink's rendezvous, `f(comm, &nranks, &rank, &id, &members)`: (nranks,
+  // unique id, rank, members) of the new group, or None where f returns false. Ctrl-C while the other ranks are
   // awaited cancels the rendezvous's socket waits and fails this communicator (its ranks are
   // somewhere inside the rendezvous).
   template <typename F>
@@ -635,6 +646,7 @@ class PyComm {
     checkNoOpenGroup("Communicator.split / shrink");
     int n = 0, r = 0;
     UniqueIdData id{};
+    std::vector<int> members;
     std::atomic<bool> cancel{false};
     py_interrupt::InterruptibleCall interruptible([&](const std::string& why) {
       cancel = true;
@@ -642,12 +654,12 @@ class PyComm {
     });
     bool joined = interruptible.withoutGil([&] {
       WaitCancel cancelWaits(&cancel);
-      return withLive([&](Comm& cm) { return f(cm, &n, &r, &id); });
+      return withLive([&](Comm& cm) { return f(cm, &n, &r, &id, &members); });
     });
     if (!joined) return py::none();
     char bytes[MNCL_UNIQUE_ID_BYTES] = {};
     std::memcpy(bytes, &id, sizeof(id));
-    return py::make_tuple(n, py::bytes(bytes, sizeof(bytes)), r);
+    return py::make_tuple(n, py::bytes(bytes, sizeof(bytes)), r, members);
   }
 
   // Frees the communicator once no call uses it: calls on other threads, and queued
@@ -874,6 +886,25 @@ class PyComm {
 
 thread_local std::vector<PyComm*> PyComm::tlsHeld;
 
+// `with parent._watching(members): child = Communicator(...)`: the child's init, waiting in
+// the bootstrap for the members of a split or shrink, fails at once if the parent has seen
+// one of them go (a member that dies after the rendezvous never joins; the init waited
+// MININCL_BOOTSTRAP_TIMEOUT). Entered and left on one thread, as the init runs there.
+class MemberWatch {
+ public:
+  MemberWatch(py::object parent, std::vector<int> members) : parent_(std::move(parent)), members_(std::move(members)) {}
+  void enter() {
+    PyComm* p = parent_.cast<PyComm*>();
+    check_ = std::make_unique<WaitCheck>([p, this] { p->failIfMemberGone(members_); });
+  }
+  void exit(const py::args&) { check_.reset(); }
+
+ private:
+  py::object parent_;  // (alive while watched)
+  std::vector<int> members_;
+  std::unique_ptr<WaitCheck> check_;
+};
+
 py::bytes uniqueIdBytes(const mnclUniqueId& id) { return py::bytes(id.internal, sizeof(id.internal)); }
 
 void checkResult(mnclResult_t rc) {
@@ -1061,6 +1092,10 @@ PYBIND11_MODULE(_core, m) {
       .def("is_completed", &Work::isCompleted)
       .def("result", &Work::result);
 
+  py::class_<MemberWatch>(m, "_MemberWatch")
+      .def("__enter__", &MemberWatch::enter)
+      .def("__exit__", &MemberWatch::exit);
+
   py::class_<PyComm> comm(m, "Communicator");
   comm
       .def(py::init<int, py::bytes, int, int>(), py::arg("nranks"), py::arg("unique_id"), py::arg("rank"),
@@ -1073,6 +1108,10 @@ PYBIND11_MODULE(_core, m) {
            "Returns once every rank has called it (on a CUDA communicator, once every rank's thread has: "
            "streams are not synchronized).")
       .def("_split_info", &PyComm::splitInfo, py::arg("color"), py::arg("key"))
+      .def(
+          "_watching",
+          [](py::object self, std::vector<int> members) { return MemberWatch(self, std::move(members)); },
+          py::arg("members"))
       .def("_shrink_info", &PyComm::shrinkInfo, py::arg("exclude"))
       .def("lost_ranks", &PyComm::lostRanks,
            "The ranks this rank has seen go: they destroyed or aborted their communicator, their process exited (on "
