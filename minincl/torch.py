@@ -86,6 +86,7 @@ def _together(calls: int) -> contextlib.AbstractContextManager[object]:
 # Every group of this process: a thread's deferred ops on one start before its next call or
 # wait on any (see _start_deferred).
 _GROUPS: weakref.WeakSet[ProcessGroupMinincl] = weakref.WeakSet()
+_GROUPS_LOCK = threading.Lock()  # (iterating a WeakSet while another thread adds raises)
 
 
 def _outputs_after(staged: list[Staged]) -> list[Callable[[], None]]:
@@ -108,7 +109,8 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         self._lock = threading.Lock()
         self._pending: list[_Op] = []  # deferred p2p ops, or everything while coalescing
         self._coalescing = False
-        _GROUPS.add(self)
+        with _GROUPS_LOCK:
+            _GROUPS.add(self)
         self._comms: dict[str, _DeviceComm] = {"cpu": self._join("cpu", "cpu")}
         # (Eagerly too: a first send may involve two ranks only. Not on a GPU, where a
         # communicator's FIFOs take tens of MiB per peer: there sends and receives share it.)
@@ -237,7 +239,9 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         the isend's wait, must not leave the receiver waiting for the send while it waits in
         the all_reduce for this rank (gloo starts every isend at once)."""
         me = threading.get_ident()
-        for g in list(_GROUPS):
+        with _GROUPS_LOCK:
+            groups = list(_GROUPS)
+        for g in groups:
             if g is not self and not g._coalescing:
                 g._flush(thread=me)
         self._flush()

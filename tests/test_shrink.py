@@ -166,7 +166,7 @@ def test_a_member_that_dies_after_the_rendezvous_fails_the_new_init_at_once(
     for story in survivors.values():  # (a survivor that failed first and exited may be named too)
         gone = re.search(r"^RemoteError after 0\.\d s: rank\(s\) ([\d, ]+) of the communicator split", story)
         assert gone and "2" in gone.group(1).split(", "), story
-        assert "are gone (lost_ranks() lists them)" in story, story
+        assert "exited (lost_ranks() lists them)" in story, story
 
 
 def test_wrong_exclude_lists_are_refused() -> None:

@@ -853,13 +853,15 @@ void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* new
   if (members) *members = kept;
 }
 
+// Only a process that exited: a member that destroyed this communicator may have done so
+// after its own init of the new one, which is still under way on the others.
 void Comm::failIfMemberGone(const std::vector<int>& members) const {
   std::string gone;
   for (int r : members) {
-    if (lost(r)) gone += (gone.empty() ? "" : ", ") + std::to_string(r);
+    if (exited(r)) gone += (gone.empty() ? "" : ", ") + std::to_string(r);
   }
   MNCL_CHECK(gone.empty(), mnclRemoteError,
-             "rank(s) " + gone + " of the communicator split (or shrunk) are gone (lost_ranks() lists them), so the "
+             "rank(s) " + gone + " of the communicator split (or shrunk) exited (lost_ranks() lists them), so the "
              "new communicator's init cannot complete: shrink them away and try again");
 }
 
@@ -919,11 +921,14 @@ std::vector<int> Comm::lostRanks() const {
 }
 
 bool Comm::lost(int r) const {
-  const PeerInfo &peer = peers_[r], &me = peers_[rank_];
   bool left = peerRegions_[r]->ctrl()->gone();
-  bool exited = peer.hostHash == me.hostHash && peer.pid != me.pid && processGone(peer.pid);
   bool cut = overNetwork(r) && netProxy_ && netProxy_->lost(r);
-  return left || exited || cut;
+  return left || exited(r) || cut;
+}
+
+bool Comm::exited(int r) const {
+  const PeerInfo &peer = peers_[r], &me = peers_[rank_];
+  return peer.hostHash == me.hostHash && peer.pid != me.pid && processGone(peer.pid);
 }
 
 std::string Comm::peerFailure(int r) const {

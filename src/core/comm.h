@@ -165,12 +165,14 @@ class Comm {
   void shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* newRanks, int* newRank, UniqueIdData* id,
                   std::vector<int>* members = nullptr);
   // For the new group's init after a split or shrink (in a WaitCheck): throws RemoteError if
-  // one of `members` (this communicator's ranks) is gone, since it will never join.
+  // the process of one of `members` (this communicator's ranks, on this host) exited, since
+  // it will never join.
   void failIfMemberGone(const std::vector<int>& members) const;
   // The ranks this rank has seen go: they destroyed or aborted their communicator, their
   // process exited (on this host), or their network connection broke. (Not a hung rank: it may come back.)
   std::vector<int> lostRanks() const;
   bool lost(int r) const;  // whether lostRanks() lists rank r
+  bool exited(int r) const;  // whether rank r's process, on this host, is gone
 
   // GPU: whether this communicator's last kernel may still be running.
   bool gpuWorkPending() const;

@@ -49,10 +49,9 @@ class InterruptibleCallBase {
   auto withoutGil(Body&& body) -> decltype(body()) {
     auto run = [&]() -> decltype(body()) {
       try {
-        py_gil::Released nogil;
-        return body();
+        return py_gil::withoutGil(body);
       } catch (...) {
-        rethrowIfInterrupted();  // (with the GIL again: nogil is gone once the handler runs)
+        rethrowIfInterrupted();  // (with the GIL again)
         throw;
       }
     };

@@ -558,8 +558,7 @@ class PyComm {
 
   void barrier() {
     if (device_ >= 0) {  // a host-side barrier: the ranks' threads, not their streams, meet
-      py_gil::Released nogil;
-      withLive([](Comm& cm) { cm.bootstrap().barrier(); });
+      py_gil::withoutGil([this] { withLive([](Comm& cm) { cm.bootstrap().barrier(); }); });
       return;
     }
     run(false, py::none(), py::none(), {}, [this](Comm& cm, void*) { enqueueBarrier(cm, &barrierWord_); });
@@ -568,6 +567,7 @@ class PyComm {
   // Stops in-flight work on every thread (they raise Aborted), then releases everything.
   // Both run without the GIL: the calls they wait for need it to finish raising.
   void abort() {
+    if (destroyed_) return;
     if (heldHere()) {
       stopFromInside("the communicator was aborted (comm.abort(), from a signal handler during this call)");
       return;
@@ -583,6 +583,7 @@ class PyComm {
   }
 
   void destroy() {
+    if (destroyed_) return;
     if (heldHere()) {
       stopFromInside("the communicator was destroyed (comm.destroy(), from a signal handler during this call)");
       return;
@@ -615,9 +616,6 @@ class PyComm {
       }
     });
     interruptible.withoutGil([&] {
-      for (PyComm* c : comms) {  // program order: async_op calls queued before the group run first
-        if (!c->async_.idle()) c->async_.drain();
-      }
       std::vector<std::unique_ptr<HeldHere>> here;  // (declared first: they end after the locks)
       std::vector<std::shared_lock<std::shared_timed_mutex>> held;
       std::string closed;
@@ -827,6 +825,9 @@ class PyComm {
     }
     if (groupDepth() > 0) {
       if (asyncOp) throwError(mnclInvalidUsage, "async_op=True inside minincl.group(): the group itself is the unit of completion");
+      // Program order: the async_op calls queued before come first, in the call log too
+      // (recording logs the call).
+      if (!async_.idle()) py_gil::withoutGil([this] { async_.drain(); });
       withLive([&](Comm& cm) { op(cm, cudaStream); });  // records only
       if (tlsGroup) {
         for (const py::object& k : keep) tlsGroup->keep.push_back(k);
@@ -1047,8 +1048,7 @@ PYBIND11_MODULE(_core, m) {
         if (id.size() != MNCL_UNIQUE_ID_BYTES) return;  // (that init's own error says so)
         UniqueIdData data;
         std::memcpy(&data, id.data(), sizeof(data));
-        py_gil::Released nogil;
-        Bootstrap::reportInitFailure(data, rank, nranks, message);
+        py_gil::withoutGil([&] { Bootstrap::reportInitFailure(data, rank, nranks, message); });
       },
       py::arg("nranks"), py::arg("uid"), py::arg("rank"), py::arg("message"),
       "For an init that failed before the core saw it: the other ranks' inits fail at once, naming why.");
@@ -1081,8 +1081,7 @@ PYBIND11_MODULE(_core, m) {
       tlsGroup = nullptr;
     }
     if (group) return PyComm::endGroup(group->comms);
-    py_gil::Released nogil;
-    groupEnd();
+    py_gil::withoutGil([] { groupEnd(); });
   });
 
   py_ops::bind(m);

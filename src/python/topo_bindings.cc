@@ -21,8 +21,7 @@ void bindTopo(py::module_& m) {
         o.dumpPath = dump.value_or("");
         o.json = json;
         o.nRanks = nranks;
-        mncl::py_gil::Released release;
-        return report(o);
+        return mncl::py_gil::withoutGil([&] { return report(o); });
       },
       py::arg("xml") = py::none(), py::arg("dump") = py::none(), py::arg("json") = false,
       py::arg("nranks") = 0,
@@ -33,9 +32,10 @@ void bindTopo(py::module_& m) {
   m.def(
       "topo_search_json",
       [](const std::string& xml, int nranks) {
-        mncl::py_gil::Released release;
-        auto sys = loadXml(xml);
-        return renderJson(*sys, search(*sys, nranks));
+        return mncl::py_gil::withoutGil([&] {
+          auto sys = loadXml(xml);
+          return renderJson(*sys, search(*sys, nranks));
+        });
       },
       py::arg("xml"), py::arg("nranks") = 0,
       "Load a topology XML file and return the report as JSON (matrix, rings, trees).");
@@ -43,18 +43,20 @@ void bindTopo(py::module_& m) {
   m.def(
       "topo_dump_xml",
       [](std::optional<std::string> xml) {
-        mncl::py_gil::Released release;
-        auto sys = xml ? loadXml(*xml) : detect();
-        return dumpXml(*sys);
+        return mncl::py_gil::withoutGil([&] {
+          auto sys = xml ? loadXml(*xml) : detect();
+          return dumpXml(*sys);
+        });
       },
       py::arg("xml") = py::none(), "The topology (loaded from xml, or detected) as XML.");
 
   m.def(
       "topo_detect_json",
       [](const std::string& sysRoot, int nranks) {
-        mncl::py_gil::Released release;
-        auto sys = detectFrom(sysRoot);
-        return renderJson(*sys, search(*sys, nranks));
+        return mncl::py_gil::withoutGil([&] {
+          auto sys = detectFrom(sysRoot);
+          return renderJson(*sys, search(*sys, nranks));
+        });
       },
       py::arg("sys_root") = "/", py::arg("nranks") = 0,
       "Detect the topology from the sysfs tree under sys_root ('/' = this machine) and\n"
@@ -63,8 +65,7 @@ void bindTopo(py::module_& m) {
   m.def(
       "topo_detect_xml",
       [](const std::string& sysRoot) {
-        mncl::py_gil::Released release;
-        return dumpXml(*detectFrom(sysRoot));
+        return mncl::py_gil::withoutGil([&] { return dumpXml(*detectFrom(sysRoot)); });
       },
       py::arg("sys_root") = "/", "Detect the topology under sys_root and dump it as XML.");
 }

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <mutex>
 #include <random>
 
+#include "../bootstrap/bootstrap.h"
 #include "../core/error.h"
 
 namespace mncl {
@@ -93,20 +95,19 @@ namespace {
 
 // A segment is unlinked once every peer has mapped it, so only a rank killed before that
 // leaves one behind. Each new segment first removes such orphans: named by a process that is
-// gone, and older than any init waits. (The age guards a live job in another PID namespace
-// that shares /dev/shm, whose processes this one cannot see.)
-constexpr time_t kOrphanAgeSeconds = 600;
-
+// gone, and older than any init waits (10 minutes, or twice MININCL_BOOTSTRAP_TIMEOUT). (The
+// age guards a live job in another PID namespace that shares /dev/shm, whose processes this
+// one cannot see.)
 void removeOrphanedSegments() {
   DIR* dir = opendir("/dev/shm");
   if (!dir) return;
-  time_t now = time(nullptr);
+  time_t now = time(nullptr), oldest = std::max<time_t>(600, 2 * (time_t)bootstrapTimeout());
   while (dirent* e = readdir(dir)) {
     int pid = 0;
     if (std::sscanf(e->d_name, "minincl-%d-", &pid) != 1 || pid <= 0 || pid == getpid()) continue;
     if (kill(pid, 0) == 0 || errno != ESRCH) continue;
     struct stat st;
-    if (fstatat(dirfd(dir), e->d_name, &st, 0) != 0 || now - st.st_mtime < kOrphanAgeSeconds) continue;
+    if (fstatat(dirfd(dir), e->d_name, &st, 0) != 0 || now - st.st_mtime < oldest) continue;
     shm_unlink((std::string("/") + e->d_name).c_str());
   }
   closedir(dir);
