@@ -170,8 +170,7 @@ class Communicator(_core.Communicator):
         if info is None:
             return None
         nranks, uid, rank, members = info
-        with self._watching(members):  # (a member that dies now fails this init at once)
-            return type(self)(nranks, uid, rank, self.device)
+        return self._join_watched(nranks, uid, rank, members)
 
     def shrink(self, exclude: Iterable[int]) -> Communicator:
         """A new communicator of this one's ranks but ``exclude``, in rank order (as
@@ -181,8 +180,16 @@ class Communicator(_core.Communicator):
         MNCL_SHRINK_ABORT has no counterpart here: a call waiting on a dead rank fails at
         once, one waiting on a hung rank after MININCL_TIMEOUT.)"""
         nranks, uid, rank, members = self._shrink_info([int(r) for r in exclude])
-        with self._watching(members):
+        return self._join_watched(nranks, uid, rank, members)
+
+    def _join_watched(self, nranks: int, uid: bytes, rank: int, members: list[int]) -> Communicator:
+        """The new communicator of a split or shrink; its init fails at once if one of
+        ``members`` (this communicator's ranks) exits before joining."""
+        self._watch_begin(members)
+        try:
             return type(self)(nranks, uid, rank, self.device)
+        finally:
+            self._watch_end()
 
     def topology(self) -> Topology:
         """The ring order per channel, channel count and bandwidth init chose, and why."""

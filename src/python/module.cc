@@ -887,24 +887,11 @@ class PyComm {
 
 thread_local std::vector<PyComm*> PyComm::tlsHeld;
 
-// `with parent._watching(members): child = Communicator(...)`: the child's init, waiting in
-// the bootstrap for the members of a split or shrink, fails at once if the parent has seen
-// one of them go (a member that dies after the rendezvous never joins; the init waited
-// MININCL_BOOTSTRAP_TIMEOUT). Entered and left on one thread, as the init runs there.
-class MemberWatch {
- public:
-  MemberWatch(py::object parent, std::vector<int> members) : parent_(std::move(parent)), members_(std::move(members)) {}
-  void enter() {
-    PyComm* p = parent_.cast<PyComm*>();
-    check_ = std::make_unique<WaitCheck>([p, this] { p->failIfMemberGone(members_); });
-  }
-  void exit(const py::args&) { check_.reset(); }
-
- private:
-  py::object parent_;  // (alive while watched)
-  std::vector<int> members_;
-  std::unique_ptr<WaitCheck> check_;
-};
+// parent._watch_begin(members), then the child's init, then parent._watch_end(): the init,
+// waiting in the bootstrap for the members of a split or shrink, fails at once if one of
+// them exited (it never joins; the init waited MININCL_BOOTSTRAP_TIMEOUT). Begun and ended
+// on one thread, as the init runs there; the parent stays alive meanwhile (the caller holds it).
+thread_local std::vector<std::unique_ptr<WaitCheck>> tlsMemberWatches;
 
 py::bytes uniqueIdBytes(const mnclUniqueId& id) { return py::bytes(id.internal, sizeof(id.internal)); }
 
@@ -1091,10 +1078,6 @@ PYBIND11_MODULE(_core, m) {
       .def("is_completed", &Work::isCompleted)
       .def("result", &Work::result);
 
-  py::class_<MemberWatch>(m, "_MemberWatch")
-      .def("__enter__", &MemberWatch::enter)
-      .def("__exit__", &MemberWatch::exit);
-
   py::class_<PyComm> comm(m, "Communicator");
   comm
       .def(py::init<int, py::bytes, int, int>(), py::arg("nranks"), py::arg("unique_id"), py::arg("rank"),
@@ -1108,9 +1091,15 @@ PYBIND11_MODULE(_core, m) {
            "streams are not synchronized).")
       .def("_split_info", &PyComm::splitInfo, py::arg("color"), py::arg("key"))
       .def(
-          "_watching",
-          [](py::object self, std::vector<int> members) { return MemberWatch(self, std::move(members)); },
+          "_watch_begin",
+          [](PyComm& self, std::vector<int> members) {
+            tlsMemberWatches.push_back(std::make_unique<WaitCheck>(
+                [p = &self, m = std::move(members)] { p->failIfMemberGone(m); }));
+          },
           py::arg("members"))
+      .def("_watch_end", [](PyComm&) {
+        if (!tlsMemberWatches.empty()) tlsMemberWatches.pop_back();
+      })
       .def("_shrink_info", &PyComm::shrinkInfo, py::arg("exclude"))
       .def("lost_ranks", &PyComm::lostRanks,
            "The ranks this rank has seen go: they destroyed or aborted their communicator, their process exited (on "
