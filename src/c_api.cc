@@ -354,6 +354,18 @@ mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist) {
   return mnclSuccess;
 }
 
+namespace {
+// The new communicator of a split or shrink; its init fails at once if the process of one of
+// `members` (the parent's ranks) exits before joining.
+mnclComm_t newChild(Comm& parent, const UniqueIdData& id, int rank, int nranks, const std::vector<int>& members,
+                    const CommOptions& options) {
+  auto c = std::make_unique<mnclComm>();
+  WaitCheck whileTheyLive([&] { parent.failIfMemberGone(members); });
+  c->impl = std::make_unique<Comm>(id, rank, nranks, parent.device(), options);
+  return c.release();
+}
+}  // namespace
+
 mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newcomm, void* config) {
   return guarded([&] {
     MNCL_CHECK(newcomm != nullptr, mnclInvalidArgument, "newcomm is null");
@@ -371,10 +383,7 @@ mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newc
     UniqueIdData id{};
     std::vector<int> members;
     if (!parent.splitInfo(color, key, &n, &r, &id, &members)) return;
-    auto c = std::make_unique<mnclComm>();
-    WaitCheck whileTheyLive([&] { parent.failIfMemberGone(members); });
-    c->impl = std::make_unique<Comm>(id, r, n, parent.device(), options);
-    *newcomm = c.release();
+    *newcomm = newChild(parent, id, r, n, members, options);
   });
 }
 
@@ -399,10 +408,7 @@ mnclResult_t mnclCommShrink(mnclComm_t comm, int* excludeRanksList, int excludeR
     std::vector<int> exclude(excludeRanksList, excludeRanksList + excludeRanksCount);
     std::vector<int> members;
     parent.shrinkInfo(exclude, shrinkFlags == MNCL_SHRINK_ABORT, &n, &r, &id, &members);
-    auto c = std::make_unique<mnclComm>();
-    WaitCheck whileTheyLive([&] { parent.failIfMemberGone(members); });
-    c->impl = std::make_unique<Comm>(id, r, n, parent.device(), options);
-    *newcomm = c.release();
+    *newcomm = newChild(parent, id, r, n, members, options);
   });
 }
 

@@ -2,14 +2,12 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cstdio>
 #include <ctime>
 #include <map>
@@ -18,6 +16,7 @@
 
 #include "../bootstrap/bootstrap.h"
 #include "../core/error.h"
+#include "../core/monitor.h"
 
 namespace mncl {
 
@@ -105,7 +104,7 @@ void removeOrphanedSegments() {
   while (dirent* e = readdir(dir)) {
     int pid = 0;
     if (std::sscanf(e->d_name, "minincl-%d-", &pid) != 1 || pid <= 0 || pid == getpid()) continue;
-    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (!processGone(pid)) continue;
     struct stat st;
     if (fstatat(dirfd(dir), e->d_name, &st, 0) != 0 || now - st.st_mtime < oldest) continue;
     shm_unlink((std::string("/") + e->d_name).c_str());
