@@ -54,6 +54,11 @@ CALLS = {
     "async_op wait": "comms[0].allreduce(x, async_op=True).wait()",
     "barrier": "comms[0].barrier()",
     "split": "comms[0].split(0)",
+    # (A call waits for the async_op calls queued before it, which wait for the peer.)
+    "call behind an async_op call": "comms[0].allreduce(x, async_op=True)\n    comms[0].allreduce(x)",
+    "group behind an async_op call": (
+        "comms[0].allreduce(x, async_op=True)\n    with minincl.group():\n        comms[0].allreduce(x)"
+    ),
 }
 
 

@@ -118,6 +118,13 @@ class AsyncQueue {
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait(lock, [&] { return pending_ == 0; });
   }
+  // drain() for a call: a cv wait never reaches the spin waits' hook, so this one runs it
+  // (Ctrl-C's check, py_interrupt) every 50 ms while a queued call is stuck.
+  void drainForCall() {
+    while (!drainUntil(std::chrono::steady_clock::now() + std::chrono::milliseconds(50))) {
+      if (dev::tlsLongWaitHook.fn) dev::tlsLongWaitHook.fn(dev::tlsLongWaitHook.arg);
+    }
+  }
   // drain(), giving up at `until`; whether the queue is empty.
   bool drainUntil(std::chrono::steady_clock::time_point until) {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -223,8 +230,11 @@ class PyComm {
       if (!destroyed_) close();
     };
     if (PyGILState_Check()) {
-      py_gil::Released nogil;  // (queued async_op calls may need it to end)
-      closeNow();
+      {
+        py_gil::Released nogil;  // (queued async_op calls may need it to end)
+        closeNow();
+      }
+      asyncHeld_.clear();  // (close() waited for the queued calls; touched with the GIL only)
     } else {
       closeNow();
     }
@@ -827,7 +837,10 @@ class PyComm {
       if (asyncOp) throwError(mnclInvalidUsage, "async_op=True inside minincl.group(): the group itself is the unit of completion");
       // Program order: the async_op calls queued before come first, in the call log too
       // (recording logs the call).
-      if (!async_.idle()) py_gil::withoutGil([this] { async_.drain(); });
+      if (!async_.idle()) {  // (Ctrl-C fails the communicator, which ends the queued calls)
+        py_interrupt::InterruptibleCall interruptible([this](const std::string& why) { failForInterrupt(why); });
+        interruptible.withoutGil([this] { async_.drainForCall(); });
+      }
       withLive([&](Comm& cm) { op(cm, cudaStream); });  // records only
       if (tlsGroup) {
         for (const py::object& k : keep) tlsGroup->keep.push_back(k);
@@ -855,7 +868,7 @@ class PyComm {
     if (!asyncHeld_.empty()) releaseFinishedAsync();
     py_interrupt::InterruptibleCall interruptible([this](const std::string& why) { failInside(why); });
     interruptible.withoutGil([&] {
-      if (!async_.idle()) async_.drain();  // keep program order with earlier async calls
+      if (!async_.idle()) async_.drainForCall();  // keep program order with earlier async calls
       withLive([&](Comm& cm) { op(cm, cudaStream); });
     });
     return result;
