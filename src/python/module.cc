@@ -29,6 +29,7 @@
 #include "../enqueue/enqueue.h"
 #include "../gpu/cuda_api.h"
 #include "arrays.h"
+#include "async_queue.h"
 #include "call_args.h"
 #include "interrupt.h"
 #include "minincl.h"
@@ -65,7 +66,7 @@ py::object errorClass(mnclResult_t code) {
   throw py::error_already_set();
 }
 
-// ---- asynchronous calls: run in order on one worker thread per communicator ----
+// ---- asynchronous calls: a Work per call, run in order by the communicator's AsyncQueue ----
 
 class Work {
  public:
@@ -93,78 +94,6 @@ class Work {
   py::object result_;
   py::list keep_;  // the arrays, alive until the work is gone
   Stop stop_;
-};
-
-class AsyncQueue {
- public:
-  ~AsyncQueue() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-  std::shared_ptr<Outcome> submit(std::function<void()> fn) {
-    auto st = std::make_shared<Outcome>();
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
-    jobs_.emplace_back(std::move(fn), st);
-    ++pending_;
-    cv_.notify_all();
-    return st;
-  }
-  void drain() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return pending_ == 0; });
-  }
-  // drain() for a call: a cv wait never reaches the spin waits' hook, so this one runs it
-  // (Ctrl-C's check, py_interrupt) every 50 ms while a queued call is stuck.
-  void drainForCall() {
-    while (!drainUntil(std::chrono::steady_clock::now() + std::chrono::milliseconds(50))) {
-      if (dev::tlsLongWaitHook.fn) dev::tlsLongWaitHook.fn(dev::tlsLongWaitHook.arg);
-    }
-  }
-  // drain(), giving up at `until`; whether the queue is empty.
-  bool drainUntil(std::chrono::steady_clock::time_point until) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    return cv_.wait_until(lock, until, [&] { return pending_ == 0; });
-  }
-  // Without the lock: every synchronous call asks.
-  bool idle() const { return pending_.load(std::memory_order_acquire) == 0; }
-
- private:
-  void loop() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;
-      auto [fn, st] = std::move(jobs_.front());
-      jobs_.pop_front();
-      lock.unlock();
-      mnclResult_t code = mnclSuccess;
-      std::string msg;
-      try {
-        fn();
-      } catch (const Error& e) {
-        code = e.code();
-        msg = e.what();
-      } catch (const std::exception& e) {
-        code = mnclInternalError;
-        msg = e.what();
-      }
-      st->set(code, std::move(msg));
-      lock.lock();
-      --pending_;
-      cv_.notify_all();
-    }
-  }
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::pair<std::function<void()>, std::shared_ptr<Outcome>>> jobs_;
-  std::atomic<int> pending_{0};  // changed under mutex_
-  bool stop_ = false;
-  std::thread thread_;
 };
 
 class PyComm;
@@ -894,7 +823,7 @@ class PyComm {
   std::mutex lifeMutex_;
   std::atomic<bool> destroyed_{false};
   std::atomic<bool> closeWhenFree_{false};  // stopFromInside: close when no call holds it here
-  AsyncQueue async_;
+  py_async::AsyncQueue async_;
   int32_t barrierWord_ = 0;
 };
 
