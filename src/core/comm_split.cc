@@ -1,0 +1,180 @@
+// A split's or shrink's rendezvous on the parent communicator: which ranks make the new
+// communicator, in what order, and the unique id they init it with (its root started by
+// the new group's first rank), which every member then passes to an ordinary init.
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../bootstrap/bootstrap.h"
+#include "../bootstrap/socket.h"
+#include "comm.h"
+#include "error.h"
+
+namespace mncl {
+
+bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdData* id, std::vector<int>* members_) {
+  MNCL_CHECK(!failed(), asyncError(), errorMessage());
+  struct Entry {
+    int32_t color, key, rank;
+  };
+  std::vector<Entry> all(nranks_);
+  all[rank_] = {color, key, rank_};
+  bootstrap_->allgather(all.data(), sizeof(Entry));
+  int tag = 1000 + splits_++;
+  if (color < 0) return false;
+  std::vector<Entry> members;
+  for (const Entry& e : all) {
+    if (e.color == color) members.push_back(e);
+  }
+  std::stable_sort(members.begin(), members.end(), [](const Entry& a, const Entry& b) {
+    return a.key != b.key ? a.key < b.key : a.rank < b.rank;
+  });
+  *newRanks = (int)members.size();
+  for (int i = 0; i < *newRanks; ++i) {
+    if (members[i].rank == rank_) *newRank = i;
+    if (members_) members_->push_back(members[i].rank);
+  }
+  int leader = members[0].rank;
+  if (leader == rank_) {
+    std::random_device rd;
+    uint64_t nonce = ((uint64_t)rd() << 32) ^ rd();
+    SockAddr root = startRoot(bootstrap_->localAddress(), nonce);
+    *id = UniqueIdData{};
+    id->magic = kIdMagic;
+    id->nonce = nonce;
+    id->root = WireAddr::from(root);
+    for (size_t i = 1; i < members.size(); ++i) bootstrap_->send(members[i].rank, tag, id, sizeof(*id));
+  } else {
+    bootstrap_->recv(leader, tag, id, sizeof(*id));
+  }
+  return true;
+}
+
+// The lowest rank kept (the leader) starts the new group's root and sends its id to the
+// others; first each of them sends it the ranks it was told to exclude (a byte per rank), so
+// that ranks that disagree fail, naming who, instead of making communicators that never meet.
+// A rank kept that is gone (lost_ranks() lists it) can never answer: the leader passes over
+// it and fails them all, naming it, and a leader that is gone fails its members at once.
+// (Ranks that disagree on the leader wait for one that never answers: the bootstrap timeout
+// ends that, with a message saying what to check, and so does a live rank kept that never
+// comes.) Each leader-member pair tags its exchange with the exchanges that pair completed
+// so far (ranks left out of one shrink make none, so a count over all shrinks would differ
+// from rank to rank); an exchange that timed out counts on neither side, so the ranks can try
+// again. (A member's message that its leader never read, the leader having timed out on
+// another, is what the leader reads on the next try.)
+struct Comm::ShrinkReply {
+  UniqueIdData id;       // magic 0: no communicator (the lists differ, or see lostRank)
+  int32_t lostRank = -1;  // a rank kept that the leader found gone
+};
+
+void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* newRanks, int* newRank, UniqueIdData* id,
+                      std::vector<int>* members) {
+  std::vector<uint8_t> excluded(nranks_, 0);
+  for (int r : exclude) {
+    MNCL_CHECK(r >= 0 && r < nranks_, mnclInvalidArgument,
+               "shrink: rank " + std::to_string(r) + " is out of range for " + std::to_string(nranks_) + " ranks");
+    MNCL_CHECK(r != rank_, mnclInvalidArgument,
+               "shrink: rank " + std::to_string(r) + " excludes itself; excluded ranks do not call shrink");
+    excluded[r] = 1;
+  }
+  if (abortFirst) abort();  // (only once the arguments are known good)
+  std::vector<int> kept;
+  for (int r = 0; r < nranks_; ++r) {
+    if (!excluded[r]) kept.push_back(r);
+  }
+  *newRanks = (int)kept.size();
+  *newRank = (int)(std::find(kept.begin(), kept.end(), rank_) - kept.begin());
+  shrinksWith_.resize(nranks_, 0);
+  int leader = kept[0];
+  ShrinkReply reply;
+  std::string differ;  // (the leader: the ranks whose excluded ranks differ from its own)
+  try {
+    if (leader != rank_) {
+      WaitCheck whileTheLeaderLives([&] { failIfGone(leader); });
+      int tag = kShrinkTags + shrinksWith_[leader];
+      bootstrap_->send(leader, tag, excluded.data(), excluded.size());
+      bootstrap_->recv(leader, tag, &reply, sizeof(reply));
+      ++shrinksWith_[leader];
+    } else {
+      differ = shrinkAsLeader(kept, excluded, &reply);
+    }
+  } catch (const Error& e) {
+    throw Error(e.code(), "shrink: " + std::string(e.what()) +
+                              " (every rank kept must call shrink with the same ranks to exclude, and a rank that "
+                              "died or will not call must be among them)");
+  }
+  MNCL_CHECK(reply.lostRank < 0, mnclInvalidUsage,
+             "shrink: rank " + std::to_string(reply.lostRank) + " is kept but gone (lost_ranks() lists it" +
+                 (leader == rank_ ? "" : " on rank " + std::to_string(leader) + ", the lowest kept") +
+                 "): every rank kept must exclude it");
+  MNCL_CHECK(differ.empty(), mnclInvalidUsage,
+             "shrink: rank(s) " + differ + " were given other ranks to exclude than rank " + std::to_string(rank_) +
+                 " was: every rank kept must pass the same ones");
+  MNCL_CHECK(reply.id.magic == kIdMagic, mnclInvalidUsage,
+             "shrink: the ranks kept were given different ranks to exclude (rank " + std::to_string(leader) +
+                 ", the lowest kept, compared them): every rank kept must pass the same ones");
+  *id = reply.id;
+  if (members) *members = kept;
+}
+
+// Only a process that exited: a member that destroyed this communicator may have done so
+// after its own init of the new one, which is still under way on the others.
+void Comm::failIfMemberGone(const std::vector<int>& members) const {
+  std::string gone;
+  for (int r : members) {
+    if (exited(r)) gone += (gone.empty() ? "" : ", ") + std::to_string(r);
+  }
+  MNCL_CHECK(gone.empty(), mnclRemoteError,
+             "rank(s) " + gone + " of the communicator split (or shrunk) exited (lost_ranks() lists them), so the "
+             "new communicator's init cannot complete: shrink them away and try again");
+}
+
+void Comm::failIfGone(int r) const {
+  MNCL_CHECK(!lost(r), mnclInvalidUsage,
+             "rank " + std::to_string(r) + " is kept but gone (lost_ranks() lists it): every rank kept must exclude it");
+}
+
+std::string Comm::shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_t>& excluded,
+                                 ShrinkReply* reply) {
+  std::vector<int> tags(kept.size());
+  std::vector<bool> heard(kept.size(), false);
+  std::string others;
+  *reply = ShrinkReply{};
+  for (size_t i = 1; i < kept.size(); ++i) {
+    tags[i] = kShrinkTags + shrinksWith_[kept[i]];
+    std::vector<uint8_t> theirs(excluded.size());
+    try {
+      WaitCheck whileItLives([&] { failIfGone(kept[i]); });
+      bootstrap_->recv(kept[i], tags[i], theirs.data(), theirs.size());
+    } catch (const Error&) {
+      if (!lost(kept[i])) throw;
+      if (reply->lostRank < 0) reply->lostRank = kept[i];
+      continue;
+    }
+    heard[i] = true;
+    if (theirs != excluded) others += (others.empty() ? "" : ", ") + std::to_string(kept[i]);
+  }
+  bool failed = !others.empty() || reply->lostRank >= 0;
+  if (!failed) {
+    std::random_device rd;
+    uint64_t nonce = ((uint64_t)rd() << 32) ^ rd();
+    reply->id.magic = kIdMagic;
+    reply->id.nonce = nonce;
+    reply->id.root = WireAddr::from(startRoot(bootstrap_->localAddress(), nonce));
+  }
+  for (size_t i = 1; i < kept.size(); ++i) {
+    if (!heard[i]) continue;  // (gone)
+    try {
+      WaitCheck whileItLives([&] { failIfGone(kept[i]); });
+      bootstrap_->send(kept[i], tags[i], reply, sizeof(*reply));
+    } catch (const Error&) {
+      if (!failed) throw;  // (failing anyway: a rank that cannot hear it is not waiting)
+      continue;
+    }
+    ++shrinksWith_[kept[i]];
+  }
+  return others;
+}
+
+}  // namespace mncl
