@@ -300,6 +300,16 @@ struct DevError {
   const char* undispatched = nullptr;  // CPU: the work had no case in the device code (dispatch.h)
 };
 
+// Fills an empty error record: `fill` writes the details, then `peer` is stored with release,
+// since a GPU host (GpuComm::firstError) may read the record while the kernel still runs:
+// once it sees `peer` (acquire), the details are there.
+template <typename Fill>
+MNCL_DEV void recordError(DevError* error, int peer, Fill fill) {
+  if (!error || loadRelaxed(&error->peer) >= 0) return;
+  fill(*error);
+  storeRelease(&error->peer, peer);
+}
+
 // One collective (or a channel's share of it).
 struct DevWork {
   Coll coll;

@@ -303,11 +303,10 @@ struct P2pEngine {
   }
 
   MNCL_DEV Verdict mismatch(const P2pOp& op, const StepInfo& want, const StepInfo& got) const {
-    if (error && error->peer < 0) {
-      error->peer = op.peer;
-      error->expected = want;
-      error->got = got;
-    }
+    recordError(error, op.peer, [&](DevError& e) {
+      e.expected = want;
+      e.got = got;
+    });
     return Verdict::mismatch;
   }
 

@@ -151,10 +151,11 @@ class PrimsVocabulary {
 // Records a failed kernel copy to (wrote) or from `peer` and stops the operation; returns
 // false. (Thread 0 records.)
 MNCL_DEV bool failPeerCopy(DevError* error, Waiter& waiter, int peer, int err, bool wrote) {
-  if (tid() == 0 && error && error->peer < 0) {
-    error->peer = peer;
-    error->readErrno = err;
-    error->wrote = wrote;
+  if (tid() == 0) {
+    recordError(error, peer, [&](DevError& e) {
+      e.readErrno = err;
+      e.wrote = wrote;
+    });
   }
   waiter.aborted = true;
   return false;
@@ -166,11 +167,10 @@ template <typename Fn>
 MNCL_DEV bool checkStepInfo(PrimsContext<Fn>& cx, int peer, const StepInfo& got) {
   StepInfo want = cx.work.info();
   if (sameInfo(want, got)) return true;
-  if (cx.error && cx.error->peer < 0) {
-    cx.error->peer = peer;
-    cx.error->expected = want;
-    cx.error->got = got;
-  }
+  recordError(cx.error, peer, [&](DevError& e) {
+    e.expected = want;
+    e.got = got;
+  });
   cx.waiter.aborted = true;
   return false;
 }

@@ -216,8 +216,10 @@ class group(contextlib.ContextDecorator):  # noqa: N801 - used as a function: `w
     def __enter__(self) -> None:
         _core.group_start()
 
-    def __exit__(self, *exc: object) -> None:
-        _core.group_end()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # An exception leaving the block drops the group: its other calls would wait for the
+        # one that raised (on one thread driving several ranks: for ever).
+        _core.group_end(discard=exc_type is not None)
 
 
 def _first_set(*names: str) -> tuple[str, str] | None:

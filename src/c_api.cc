@@ -60,25 +60,47 @@ struct mnclComm {
 
 namespace {
 
+// Runs f, returning its error code and keeping its message for mnclGetLastError.
 template <typename F>
 mnclResult_t guarded(F&& f) {
+  auto failed = [](mnclResult_t code, const std::string& why) {
+    setThreadLastError(why);
+    return code;
+  };
   try {
     f();
     return mnclSuccess;
   } catch (const Error& e) {
-    setThreadLastError(e.what());
-    return e.code();
+    return failed(e.code(), e.what());
   } catch (const std::bad_alloc&) {
-    setThreadLastError("out of memory");
-    return mnclSystemError;
+    return failed(mnclSystemError, "out of memory");
   } catch (const std::exception& e) {
-    setThreadLastError(std::string("internal error: ") + e.what());
-    return mnclInternalError;
+    return failed(mnclInternalError, std::string("internal error: ") + e.what());
   }
+}
+
+void refuseGroup(mnclResult_t code, const std::string& why);
+
+// guarded() for the calls a group holds (collectives, sends and receives, inits): refused
+// inside an open group, one fails the group (refuseGroup).
+template <typename F>
+mnclResult_t groupable(F&& f) {
+  mnclResult_t rc = guarded(std::forward<F>(f));
+  if (rc != mnclSuccess && rc != mnclInProgress) refuseGroup(rc, threadLastError());
+  return rc;
 }
 
 // Communicators whose init this thread's open group started; its end waits for them.
 thread_local std::vector<std::pair<mnclComm_t, std::shared_ptr<Outcome>>> tlsGroupInits;
+
+// A call refused inside this thread's open group fails the group, as NCCL's: mnclGroupEnd runs
+// none of its calls (groupRefuse), and the inits it started stop (their ranks would wait for
+// one that never comes). Outside a group: nothing.
+void refuseGroup(mnclResult_t code, const std::string& why) {
+  if (groupDepth() == 0) return;
+  groupRefuse(code, why);
+  for (auto& [handle, outcome] : tlsGroupInits) handle->cancelWaits.store(true, std::memory_order_release);
+}
 
 // Whether this thread's open group started `comm`'s init: then the communicator is in
 // progress until the group ends, even once its init thread is done (a call on it must not
@@ -187,6 +209,7 @@ bool initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank
   *comm = nullptr;
   UniqueIdData id;
   std::memcpy(&id, commId.internal, sizeof(id));
+  Bootstrap::checkArguments(id, rank, nranks);  // (here too: a group's or nonblocking init says at once)
   if (device == MNCL_DEVICE_AUTO) device = gpu::usableDeviceCount() > 0 ? gpu::currentDevice() : MNCL_DEVICE_CPU;
   auto c = std::make_unique<mnclComm>();
   if (!background) {
@@ -268,7 +291,7 @@ void fillId(mnclUniqueId* out, const SockAddr& addr, uint64_t nonce, bool rankZe
 // A call of sends and receives: enqueue(comm) on the held communicator, its stream checked.
 template <typename Enqueue>
 mnclResult_t sendsAndReceives(mnclComm_t c, void* stream, Enqueue enqueue) {
-  return guarded([&] {
+  return groupable([&] {
     CallHold hold(c);
     Comm& cm = hold.comm();
     checkStream(cm, stream);
@@ -307,7 +330,7 @@ mnclResult_t mnclGetUniqueIdForAddress(mnclUniqueId* id, const char* host, int p
 }
 
 mnclResult_t mnclCommInitRankDevice(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank, int device) {
-  return guarded([&] { initRank(comm, nranks, commId, rank, device, {}, groupDepth() > 0); });
+  return groupable([&] { initRank(comm, nranks, commId, rank, device, {}, groupDepth() > 0); });
 }
 
 mnclResult_t mnclCommInitRank(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank) {
@@ -316,7 +339,7 @@ mnclResult_t mnclCommInitRank(mnclComm_t* comm, int nranks, mnclUniqueId commId,
 
 mnclResult_t mnclCommInitRankConfig(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank, mnclConfig_t* config) {
   bool running = false;
-  mnclResult_t rc = guarded([&] {
+  mnclResult_t rc = groupable([&] {
     if (comm) *comm = nullptr;
     bool nonblocking = config && config->blocking == 0;
     CommOptions options = optionsFrom(config);
@@ -504,9 +527,7 @@ const char* mnclGetLastError(mnclComm_t comm) {
   if (comm && comm->init.load(std::memory_order_acquire) == Init::failed) return comm->initMessage.c_str();
   if (comm && comm->init.load(std::memory_order_acquire) == Init::ready && comm->impl &&
       comm->impl->asyncError() != mnclSuccess) {
-    thread_local std::string msg;
-    msg = comm->impl->errorMessage();
-    return msg.c_str();
+    return comm->impl->failedMessage();  // (stable: two calls may share one printf)
   }
   return threadLastError();
 }
@@ -545,7 +566,7 @@ static void resolveOp(mnclComm_t comm, mnclRedOp_t op, CollCall& call) {
 
 static mnclResult_t coll(Coll c, const void* send, void* recv, size_t count, mnclDataType_t dt, mnclRedOp_t op,
                          int root, mnclComm_t comm, void* stream) {
-  return guarded([&] {
+  return groupable([&] {
     CallHold hold(comm);
     Comm& cm = hold.comm();
     checkStream(cm, stream);

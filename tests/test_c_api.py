@@ -600,3 +600,89 @@ def test_an_unknown_data_type_is_named_as_passed(lib: Any, dtype: int) -> None:
         assert lib.mnclGetLastError(comm).decode().endswith(f"unknown data type {dtype}")
     finally:
         lib.mnclCommDestroy(comm)
+
+
+@pytest.mark.parametrize("refused", ["allreduce", "recv"])
+def test_a_call_refused_in_a_group_fails_the_group(lib: Any, refused: str) -> None:
+    """One thread's group holding both ranks' calls, one of them refused (an unknown data
+    type, a null buffer): mnclGroupEnd runs none of them and returns that error, as NCCL's (it
+    ran rank 0's and waited for ever for rank 1's). Nothing is logged or counted for the
+    dropped calls, so the communicators then work on."""
+    arr = (ctypes.c_void_p * 2)()
+    assert lib.mnclCommInitAll(arr, 2, None) == 0
+    comms = [ctypes.c_void_p(arr[r]) for r in range(2)]
+    try:
+        x = np.full(3, 5, np.float32)
+        p = x.ctypes.data_as(ctypes.c_void_p)
+        n = ctypes.c_size_t(3)
+        assert lib.mnclGroupStart() == 0
+        if refused == "allreduce":
+            assert lib.mnclAllReduce(p, p, n, FLOAT32, SUM, comms[0], None) == 0
+            assert lib.mnclAllReduce(p, p, n, 77, SUM, comms[1], None) == MNCL_INVALID_ARGUMENT
+            why = "unknown data type 77"
+        else:
+            assert lib.mnclSend(p, n, FLOAT32, 1, comms[0], None) == 0
+            assert lib.mnclRecv(None, n, FLOAT32, 0, comms[1], None) == MNCL_INVALID_ARGUMENT
+            why = "recv: the buffer is null"
+        start = time.monotonic()
+        assert lib.mnclGroupEnd() == MNCL_INVALID_ARGUMENT
+        assert time.monotonic() - start < 10
+        assert lib.mnclGetLastError(None).decode() == (
+            f"none of the group's calls ran, as one of them was refused: {why}"
+        )
+        np.testing.assert_array_equal(x, np.full(3, 5, np.float32))
+        allreduce_all(lib, comms, 1009)
+        allreduce_all(lib, comms, 7)
+    finally:
+        destroy(lib, comms)
+
+
+def test_an_init_refused_in_a_group_stops_the_groups_other_inits(lib: Any) -> None:
+    """A rank out of range is refused by mnclCommInitRank itself inside a group too (it used
+    to start, and the group's end said RemoteError); the group's other inits then stop
+    instead of waiting for a rank that never comes."""
+    uid = UniqueId()
+    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == 0
+    comms = [ctypes.c_void_p() for _ in range(3)]
+    try:
+        assert lib.mnclGroupStart() == 0
+        assert lib.mnclCommInitRank(ctypes.byref(comms[0]), 3, uid, 0) == 0
+        assert lib.mnclCommInitRank(ctypes.byref(comms[1]), 3, uid, 1) == 0
+        assert lib.mnclCommInitRank(ctypes.byref(comms[2]), 3, uid, 5) == MNCL_INVALID_ARGUMENT
+        assert lib.mnclGetLastError(None).decode() == "rank 5 is out of range for nranks=3"
+        start = time.monotonic()
+        assert lib.mnclGroupEnd() == MNCL_INVALID_ARGUMENT
+        assert time.monotonic() - start < 10  # (not the 60 s bootstrap timeout)
+        assert lib.mnclGetLastError(None).decode().endswith("was refused: rank 5 is out of range for nranks=3")
+        assert not comms[2]
+    finally:
+        destroy(lib, comms)
+
+
+def test_last_errors_of_two_communicators_stay_readable(lib: Any) -> None:
+    """mnclGetLastError(comm) of a failed communicator stays valid while it lives: two in one
+    printf used to read freed memory (the second call freed the first's text)."""
+    arr = (ctypes.c_void_p * 2)()
+    assert lib.mnclCommInitAll(arr, 2, None) == 0
+    comms = [ctypes.c_void_p(arr[r]) for r in range(2)]
+    try:
+        xs = [np.zeros(20, np.float32) for _ in range(2)]
+
+        def call(r: int) -> None:
+            p = xs[r].ctypes.data_as(ctypes.c_void_p)
+            lib.mnclAllReduce(p, p, ctypes.c_size_t(10 + 10 * r), FLOAT32, SUM, comms[r], None)
+
+        threads = [threading.Thread(target=call, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        get = lib.mnclGetLastError
+        raw = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(("mnclGetLastError", lib))
+        first = raw(comms[1])
+        text = ctypes.string_at(first).decode()
+        assert "mismatched calls" in text
+        assert "mismatched calls" in get(comms[0]).decode()
+        assert ctypes.string_at(first).decode() == text
+    finally:
+        destroy(lib, comms)

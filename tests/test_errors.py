@@ -652,6 +652,40 @@ def test_a_send_nobody_receives_before_a_collective_is_named(processes: bool) ->
     assert any(counted in r or ("mismatched calls" in r and "send of 2000 bytes" in r) for r in results), results
 
 
+def test_a_call_refused_in_a_group_drops_the_group() -> None:
+    """One thread's group holding both ranks' calls, one of them refused: the exception
+    leaves the block without running the other rank's call (it waited for ever for the
+    refused one). A refused call the caller catches fails the group at its end, naming it, as
+    NCCL's group end does. Nothing of either group is logged, so the ranks then work on."""
+    comms = minincl.Communicator.init_all(2)
+    try:
+        x = np.full(3, 5, np.float32)
+        with pytest.raises(minincl.InvalidArgument, match="band combines integers"), minincl.group():
+            comms[0].allreduce(x)
+            comms[1].allreduce(x, op="band")
+        with (
+            pytest.raises(
+                minincl.InvalidArgument,
+                match="none of the group's calls ran, as one of them was refused: broadcast: root 7 is out of range",
+            ),
+            minincl.group(),
+        ):
+            comms[0].broadcast(x)
+            with pytest.raises(minincl.InvalidArgument):
+                comms[1].broadcast(x, root=7)
+        np.testing.assert_array_equal(x, np.full(3, 5, np.float32))
+        assert minincl._core._group_depth() == 0
+        ys = [np.full(1009, r + 1, np.int64) for r in range(2)]
+        with minincl.group():
+            for c, y in zip(comms, ys):
+                c.allreduce(y)
+        for y in ys:
+            np.testing.assert_array_equal(y, np.full(1009, 3, np.int64))
+    finally:
+        for c in comms:
+            c.destroy()
+
+
 def test_a_group_refused_on_one_rank_counts_none_of_its_sends_and_receives() -> None:
     """Rank 0's group (a send to itself that its receive from itself does not match, and a
     receive from rank 1) is refused there, so rank 1's send to rank 0 has no receive: the

@@ -100,7 +100,7 @@ void checkCancel(const std::string& what) {
   if (dev::tlsLongWaitHook.fn) dev::tlsLongWaitHook.fn(dev::tlsLongWaitHook.arg);
   if (tlsCheck) (*tlsCheck)();
   if (tlsCancel && tlsCancel->load(std::memory_order_acquire)) {
-    throwError(mnclAborted, what + ": stopped, the communicator was aborted or destroyed during its init");
+    throwError(mnclAborted, what + ": stopped, the communicator was aborted or destroyed (or its group refused a call) during its init");
   }
 }
 }  // namespace

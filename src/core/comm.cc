@@ -742,6 +742,11 @@ std::string Comm::errorMessage() const {
   return errorMessage_;
 }
 
+const char* Comm::failedMessage() const {
+  std::lock_guard<std::mutex> lock(errorMutex_);
+  return error_ == mnclSuccess ? "" : errorMessage_.c_str();
+}
+
 void Comm::throwStoredError() const {
   std::lock_guard<std::mutex> lock(errorMutex_);
   throw Error(error_ == mnclSuccess ? mnclInternalError : error_, errorMessage_);

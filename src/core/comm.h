@@ -113,6 +113,9 @@ class Comm {
   void fail(mnclResult_t code, const std::string& message);
   mnclResult_t asyncError() const;
   std::string errorMessage() const;
+  // The same text, which stays put once the communicator failed (fail() keeps the first
+  // error): a C caller may hold the pointer for as long as the communicator lives.
+  const char* failedMessage() const;
   [[noreturn]] void throwStoredError() const;
 
   // How long one call may stay inside this communicator before its monitor fails it with

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "../../cuda/cpu/run_work.h"
@@ -318,10 +319,14 @@ struct Recorded {
   P2pCall p2p;
   bool ofCollective = false;  // a send or receive of an alltoall, gather or scatter: part of a collective call
   uint64_t callNumber = 0;  // a collective's number in its communicator's call log (GPU: see GpuCall)
+  // Inside a group, the collective call this starts, logged when the group runs (see logCall).
+  std::optional<LoggedCall> log;
 };
 
 thread_local int tlsGroupDepth = 0;
 thread_local std::vector<Recorded> tlsRecorded;
+// The first call refused inside the open group (groupRefuse): its code and message.
+thread_local std::optional<std::pair<mnclResult_t, std::string>> tlsGroupRefusal;
 
 void plan(CommLaunch& p, const Recorded& r) {
   if (r.isP2p) planP2p(p, r.p2p);
@@ -424,8 +429,20 @@ void checkGroupSelfPairs(const std::vector<Recorded>& calls) {
   }
 }
 
+// A group's collective calls enter their communicators' call logs when it runs, in the order
+// recorded, not when they were recorded: a group refused before its end (groupRefuse) leaves
+// no call in a log that its peers would wait to see made.
+void logGroupCalls(std::vector<Recorded>& calls) {
+  for (Recorded& r : calls) {
+    if (!r.log) continue;
+    r.comm->logCall(*r.log);
+    r.callNumber = r.comm->collectiveCallsMade();
+  }
+}
+
 void runRecorded(std::vector<Recorded>& calls) {
   checkGroupSelfPairs(calls);
+  logGroupCalls(calls);
   countGroupP2p(calls);
   if (!calls.empty() && calls[0].comm->onGpu()) return runRecordedOnGpu(calls);
   // A plan per communicator, in the order of their first calls; reused from group to group
@@ -504,19 +521,31 @@ LoggedCall loggedCallOf(const CollCall& c) {
   return {(uint8_t)c.coll, (uint8_t)c.dtype, reduces(c.coll) ? (uint8_t)c.op : (uint8_t)0, rooted ? c.root : 0, c.count};
 }
 
+// Logs the collective call `r` starts: now, or inside a group when the group runs (logGroupCalls).
+void logCall(Recorded& r, const LoggedCall& call) {
+  if (tlsGroupDepth > 0) {
+    r.log = call;
+    return;
+  }
+  r.comm->logCall(call);
+  r.callNumber = r.comm->collectiveCallsMade();
+}
+
 }  // namespace
 
 void enqueueColl(Comm& comm, const CollCall& call) {
   validate(comm, call);
-  comm.logCall(loggedCallOf(call));
-  recordOrRun({&comm, false, call, {}, false, comm.collectiveCallsMade()});
+  Recorded r{&comm, false, call, {}};
+  logCall(r, loggedCallOf(call));
+  recordOrRun(r);
 }
 
 void enqueueBarrier(Comm& comm, int32_t* word) {
   CollCall call{Coll::allreduce, word, word, 1, DataType::i32, RedOp::sum, 0};
   validate(comm, call);
-  comm.logCall({kBarrierCall, (uint8_t)DataType::i32, 0, 0, 0});
-  recordOrRun({&comm, false, call, {}, false, comm.collectiveCallsMade()});
+  Recorded r{&comm, false, call, {}};
+  logCall(r, {kBarrierCall, (uint8_t)DataType::i32, 0, 0, 0});
+  recordOrRun(r);
 }
 
 void enqueueP2p(Comm& comm, const P2pCall& call) {
@@ -560,15 +589,16 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
       if (p != me) std::memcpy(copied(p), block(p), bytes);
     }
   }
-  comm.logCall({kAlltoallCall, (uint8_t)dtype, 0, 0, count});
-  groupStart();
+  groupStart();  // (its first part carries the call, logged when the group runs)
   try {
     for (int p = 0; p < comm.nranks(); ++p) {
       P2pCall sendTo{true, inPlace && p != me ? copied(p) : block(p), count, dtype, p, stream};
       P2pCall recvFrom{false, (char*)recv + p * bytes, count, dtype, p, stream};
       for (const P2pCall& c : {sendTo, recvFrom}) {
         validate(comm, c);
-        recordOrRun({&comm, true, {}, c, true});
+        Recorded r{&comm, true, {}, c, true};
+        if (p == 0 && c.isSend) logCall(r, {kAlltoallCall, (uint8_t)dtype, 0, 0, count});
+        recordOrRun(r);
       }
     }
   } catch (...) {
@@ -632,10 +662,14 @@ void enqueueRootedExchange(Comm& comm, bool gather, const void* blocks, const vo
       post(false, gather ? block : own, root);
     }
   }
-  comm.logCall({gather ? kGatherCall : kScatterCall, (uint8_t)dtype, 0, root, count});
-  groupStart();
+  groupStart();  // (its first part carries the call, logged when the group runs; with none, the
+                 // root of one rank in place, there is no peer to see the log)
   try {
-    for (const P2pCall& c : calls) recordOrRun({&comm, true, {}, c, true});
+    for (size_t i = 0; i < calls.size(); ++i) {
+      Recorded r{&comm, true, {}, calls[i], true};
+      if (i == 0) logCall(r, {gather ? kGatherCall : kScatterCall, (uint8_t)dtype, 0, root, count});
+      recordOrRun(r);
+    }
   } catch (...) {
     groupEnd();
     throw;
@@ -655,9 +689,29 @@ void enqueueScatter(Comm& comm, const void* send, void* recv, size_t count, Data
 
 void groupStart() { ++tlsGroupDepth; }
 
+void groupRefuse(mnclResult_t code, const std::string& why) {
+  if (tlsGroupDepth > 0 && !tlsGroupRefusal) tlsGroupRefusal.emplace(code, why);
+}
+
+void groupDiscard() {
+  if (tlsGroupDepth == 0) return;
+  if (--tlsGroupDepth > 0) {
+    groupRefuse(mnclInvalidUsage, "an exception left an inner group");
+    return;
+  }
+  tlsRecorded.clear();
+  tlsGroupRefusal.reset();
+}
+
 void groupEnd() {
   MNCL_CHECK(tlsGroupDepth > 0, mnclInvalidUsage, "mnclGroupEnd without a matching mnclGroupStart");
   if (--tlsGroupDepth > 0) return;
+  if (tlsGroupRefusal) {
+    auto [code, why] = std::move(*tlsGroupRefusal);
+    tlsGroupRefusal.reset();
+    tlsRecorded.clear();
+    throwError(code, "none of the group's calls ran, as one of them was refused: " + why);
+  }
   thread_local std::vector<Recorded> calls;  // (swapped with tlsRecorded: both keep their memory)
   calls.clear();
   calls.swap(tlsRecorded);

@@ -57,7 +57,16 @@ void enqueueScatter(Comm& comm, const void* send, void* recv, size_t count, Data
                     void* stream = nullptr);
 
 void groupStart();
-void groupEnd();  // runs everything recorded since the outermost groupStart
+// Runs everything recorded since the outermost groupStart; after a refused call (see
+// groupRefuse), runs none of it and throws that call's error.
+void groupEnd();
+// A call refused inside this thread's open group (its arguments, or a communicator it cannot
+// use) fails the whole group, as NCCL's: one thread driving several ranks would otherwise
+// run the other ranks' calls at the group's end and wait for ever for this one.
+void groupRefuse(mnclResult_t code, const std::string& why);
+// Leaves a group without running it (an exception left the block): the outermost one drops
+// every recorded call; an inner one makes the outer group's end refuse to run.
+void groupDiscard();
 // Drops this thread's recorded calls of `comm` (destroyed before its group ended; the
 // address only identifies them).
 void groupForget(const Comm* comm);

@@ -190,7 +190,8 @@ Launch planP2p(Comm& comm, const std::vector<const P2pCall*>& calls, cudaStream_
   MNCL_CHECK(total <= dev::kMaxGpuP2pOps, mnclInvalidUsage,
         "a group of " + std::to_string(calls.size()) + " sends/recvs on a CUDA communicator needs " + std::to_string(total) +
             " channel ops, more than one launch holds (" + std::to_string(dev::kMaxGpuP2pOps) +
-            "; a send and a receive with every peer always fit): split it into smaller groups");
+            "; a send and a receive with each of up to " + std::to_string(dev::kMaxGpuP2pOps / 2) +
+            " peers fit): split it into smaller groups");
   gpu::GpuComm& g = *comm.gpu();
   dev::GpuP2pLaunch& l = L.p2pLaunch;
   l.channels = g.channels();
@@ -336,6 +337,13 @@ void launchGpuCalls(const std::vector<GpuCall>& calls) {
       queueOf(comm).back().callNumber = comm->collectiveCallsMade();
     }
   } catch (...) {
+    // Nothing of this group launched here, but peer processes may have launched their side
+    // (a root of many ranks can fail alone): failing the communicators ends their wait.
+    std::vector<Comm*> comms;
+    for (const GpuCall& gc : calls) {
+      if (std::find(comms.begin(), comms.end(), gc.comm) == comms.end()) comms.push_back(gc.comm);
+    }
+    failPartlyLaunched(comms);
     lanes.join();  // a capture must end joined, whatever happened
     throw;
   }

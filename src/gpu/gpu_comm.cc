@@ -275,12 +275,11 @@ void GpuComm::sumCounters(uint64_t* pointerSteps, uint64_t* directWrites) const 
 }
 
 bool GpuComm::firstError(dev::DevError* out) const {
-  const volatile dev::DevError* errs = static_cast<const volatile dev::DevError*>(errors_.host());
+  const dev::DevError* errs = static_cast<const dev::DevError*>(errors_.host());
   for (int c = 0; c < nChannels_; ++c) {
-    if (errs[c].peer >= 0) {
-      // The kernel writes the peer first and the two descriptions right after it.
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      std::memcpy(out, const_cast<const dev::DevError*>(&errs[c]), sizeof(*out));
+    // The kernel writes the details first and `peer` last, with release (dev::recordError).
+    if (__atomic_load_n(&errs[c].peer, __ATOMIC_ACQUIRE) >= 0) {
+      std::memcpy(out, &errs[c], sizeof(*out));
       return true;
     }
   }

@@ -199,7 +199,10 @@ mnclResult_t mnclCommSetCallTimeout(mnclComm_t comm, double seconds);
 mnclResult_t mnclCommGetCallTimeout(const mnclComm_t comm, double* seconds);
 
 const char* mnclGetErrorString(mnclResult_t result);
-/* A sentence about the last error on this thread (or on comm), saying what to do. */
+/* A sentence about an error, saying what to do: with a comm whose init failed or that has
+ * failed (mnclCommGetAsyncError), its error, valid while the comm lives; otherwise (and with
+ * NULL) the last error of a call on this thread, whatever comm it named, valid until this
+ * thread's next failing call (as NCCL's). */
 const char* mnclGetLastError(mnclComm_t comm);
 
 mnclResult_t mnclAllReduce(const void* sendbuff, void* recvbuff, size_t count,

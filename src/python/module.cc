@@ -770,7 +770,12 @@ class PyComm {
         py_interrupt::InterruptibleCall interruptible([this](const std::string& why) { failForInterrupt(why); });
         interruptible.withoutGil([this] { async_.drainForCall(); });
       }
-      withLive([&](Comm& cm) { op(cm, cudaStream); });  // records only
+      try {
+        withLive([&](Comm& cm) { op(cm, cudaStream); });  // records only
+      } catch (const Error& e) {
+        groupRefuse(e.code(), e.what());  // (the group's end runs none of it, even if the caller goes on)
+        throw;
+      }
       if (tlsGroup) {
         for (const py::object& k : keep) tlsGroup->keep.push_back(k);
         if (std::find(tlsGroup->comms.begin(), tlsGroup->comms.end(), this) == tlsGroup->comms.end()) {
@@ -1003,15 +1008,21 @@ PYBIND11_MODULE(_core, m) {
     if (groupDepth() == 1) tlsGroup = new PyGroup();
   });
   m.def("_group_depth", [] { return groupDepth(); }, "How many groups this thread has open (for tests).");
-  m.def("group_end", [] {
-    std::unique_ptr<PyGroup> group;
-    if (groupDepth() == 1) {
-      group.reset(tlsGroup);
-      tlsGroup = nullptr;
-    }
-    if (group) return PyComm::endGroup(group->comms);
-    py_gil::withoutGil([] { groupEnd(); });
-  });
+  m.def(
+      "group_end",
+      [](bool discard) {
+        std::unique_ptr<PyGroup> group;
+        if (groupDepth() == 1) {
+          group.reset(tlsGroup);
+          tlsGroup = nullptr;
+        }
+        if (discard) return groupDiscard();  // (the arrays go with `group`)
+        if (group) return PyComm::endGroup(group->comms);
+        py_gil::withoutGil([] { groupEnd(); });
+      },
+      py::arg("discard") = false,
+      "Ends this thread's innermost group; the outermost runs its calls, or with discard=True (an "
+      "exception left the block) drops them.");
 
   py_ops::bind(m);
 
