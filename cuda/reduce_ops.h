@@ -58,14 +58,20 @@ struct ArithNarrow {
 #endif
   MNCL_HOSTDEV static H add(H a, H b) { return h(f(a) + f(b)); }
   MNCL_HOSTDEV static H mul(H a, H b) { return h(f(a) * f(b)); }
+  // max and min pick an input; an 8-bit one comes out saturated too, as every 8-bit result
+  // does (NCCL's max of E5M2 infinities is 57344).
 #if defined(__CUDACC__)
   MNCL_HOSTDEV static H max(H a, H b) {
     float x = f(a), y = f(b);
-    return (x > y || x != x) ? a : b;
+    return saturated((x > y || x != x) ? a : b);
   }
   MNCL_HOSTDEV static H min(H a, H b) {
     float x = f(a), y = f(b);
-    return (x < y || x != x) ? a : b;
+    return saturated((x < y || x != x) ? a : b);
+  }
+  MNCL_HOSTDEV static H saturated(H x) {
+    if constexpr (std::is_same_v<H, fp8e5m2_t>) return h(f(x));  // (E4M3FN has no infinity)
+    else return x;
   }
 #else
   // The same choices as the float comparisons above, made on the bits (no conversion, and
@@ -90,10 +96,15 @@ struct ArithNarrow {
     return {(Bits)((a.bits & m) | (b.bits & (Bits)~m))};
   }
   [[gnu::always_inline]] static H max(H a, H b) {
-    return pickBits(isNan(a) | (!isNan(b) & (order(a) > order(b))), a, b);
+    return saturated(pickBits(isNan(a) | (!isNan(b) & (order(a) > order(b))), a, b));
   }
   [[gnu::always_inline]] static H min(H a, H b) {
-    return pickBits(isNan(a) | (!isNan(b) & (order(a) < order(b))), a, b);
+    return saturated(pickBits(isNan(a) | (!isNan(b) & (order(a) < order(b))), a, b));
+  }
+  // E5M2's infinities (0x7c, 0xfc) one step down, to +-57344 (E4M3FN has none).
+  [[gnu::always_inline]] static H saturated(H x) {
+    if constexpr (std::is_same_v<H, fp8e5m2_t>) return {(Bits)(x.bits - ((x.bits & 0x7f) == 0x7c))};
+    else return x;
   }
 #endif
   MNCL_HOSTDEV static H div(H a, uint32_t n) { return h(f(a) / (float)n); }

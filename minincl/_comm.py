@@ -8,6 +8,7 @@ import os
 import pickle
 import queue as queue_mod
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -249,30 +250,58 @@ def _int_from_env(*names: str) -> int | None:
 
 
 def _first_slurm_host(nodelist: str) -> str:
-    """'node[03-05,07],gpu1' -> 'node03'."""
-    head = nodelist.split(",")[0] if "[" not in nodelist.split(",")[0] else nodelist[: nodelist.index("]") + 1]
-    if "[" not in head:
-        return head
-    prefix, ranges = head.split("[", 1)
-    return prefix + ranges.rstrip("]").split(",")[0].split("-")[0]
+    """The first host of a Slurm host list: 'node[03-05,07],gpu1' -> 'node03',
+    'rack[1-2]-node[01-02]' -> 'rack1-node01', 'node[01-02]-ib' -> 'node01-ib'."""
+    host, i = "", 0
+    while i < len(nodelist) and nodelist[i] != ",":
+        if nodelist[i] == "[":
+            end = nodelist.index("]", i)
+            host += nodelist[i + 1 : end].split(",")[0].split("-")[0]
+            i = end + 1
+        else:
+            host += nodelist[i]
+            i += 1
+    return host
+
+
+def _launcher_job() -> str:
+    """The launcher's name for this job, where it gives one (the same on every rank): it goes
+    into the unique id, so that two jobs given the same root address (the default port, say)
+    fail at the root instead of joining each other's ranks. MPICH's hydra gives none."""
+    if os.environ.get("SLURM_JOB_ID"):
+        return f"slurm:{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '')}"
+    found = _first_set("TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid")
+    return f"{found[0]}:{found[1]}" if found else ""
+
+
+RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+SIZE_VARIABLES = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
 
 
 def init_from_env(device: DeviceSpec = None) -> Communicator:
     """Joins the group described by the launcher's environment.
 
     torchrun: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Slurm: SLURM_PROCID, SLURM_NTASKS,
-    root on the first host of SLURM_JOB_NODELIST. Open MPI / MPICH / PMIx: OMPI_COMM_WORLD_RANK,
-    PMI_RANK, PMIX_RANK and the matching sizes. The root listens on MININCL_ROOT_ADDR (default
+    root on the first host of SLURM_JOB_NODELIST. Open MPI / MPICH: OMPI_COMM_WORLD_RANK /
+    OMPI_COMM_WORLD_SIZE, PMI_RANK / PMI_SIZE. The root listens on MININCL_ROOT_ADDR (default
     MASTER_ADDR, else the first Slurm host, else 127.0.0.1) at MININCL_ROOT_PORT (default
     MASTER_PORT + 1, since torchrun's own store already holds MASTER_PORT; else 29501);
-    rank 0 starts it.
+    rank 0 starts it. The launcher's job id (Slurm's job and step, torchrun's run id, PMIx's
+    namespace) goes into the id, so that another job at the same address fails at once.
     """
-    rank = _int_from_env("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
-    size = _int_from_env("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
-    if rank is None or size is None:
+    rank = _int_from_env(*RANK_VARIABLES)
+    size = _int_from_env(*SIZE_VARIABLES)
+    if rank is None and size is None:
         raise InvalidUsage(
             "init_from_env: no launcher variables found (RANK/WORLD_SIZE from torchrun, "
             "SLURM_PROCID/SLURM_NTASKS, OMPI_COMM_WORLD_RANK/SIZE or PMI_RANK/PMI_SIZE)"
+        )
+    if rank is None or size is None:
+        have, missing = (SIZE_VARIABLES, RANK_VARIABLES) if rank is None else (RANK_VARIABLES, SIZE_VARIABLES)
+        found = _first_set(*have)
+        assert found is not None
+        raise InvalidUsage(
+            f"init_from_env: {found[0]} is set but none of {', '.join(missing)} is: set the matching one"
         )
     host = _first_env("MININCL_ROOT_ADDR", "MASTER_ADDR")
     if host is None:
@@ -282,7 +311,12 @@ def init_from_env(device: DeviceSpec = None) -> Communicator:
     if port is None:
         master_port = _int_from_env("MASTER_PORT")
         port = master_port + 1 if master_port is not None else 29501
-    uid = unique_id_for_address(host, port)
+        if port > 65535:
+            raise InvalidArgument(
+                f"init_from_env: the root listens on MASTER_PORT + 1 = {port}, out of range: "
+                "set MININCL_ROOT_PORT, or a lower MASTER_PORT"
+            )
+    uid = unique_id_for_address(host, port, _launcher_job())
     return Communicator(size, uid, rank, device)
 
 
@@ -339,6 +373,28 @@ def _no_result_story(exitcode: int | None, fn_name: str) -> str:
     )
 
 
+def _check_launchable(fn: Callable[..., Any], nranks: int) -> None:
+    """What would make every spawned rank fail, said once, before any starts."""
+    if isinstance(nranks, bool) or not isinstance(nranks, int) or nranks < 1:
+        raise InvalidArgument(f"launch: nranks must be an integer of at least 1, got {nranks!r}")
+    if mp.current_process().daemon:
+        raise InvalidUsage(
+            "launch inside a launched rank: its processes are daemons, which cannot start processes; "
+            "use split() of the rank's communicator for a smaller group instead"
+        )
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file is not None and not os.path.exists(main_file):
+        raise InvalidUsage(
+            f"launch from a script read from {main_file}: each spawned rank imports the main script, "
+            "so save it to a file and run that"
+        )
+    if main_file is None and getattr(fn, "__module__", None) == "__main__":
+        raise InvalidUsage(
+            f"launch: {getattr(fn, '__name__', 'fn')} is defined in __main__ of `python -c` or an interactive "
+            "session, which the spawned ranks cannot import: define it in a module (a .py file) and import it"
+        )
+
+
 def launch(
     fn: Callable[..., Any], nranks: int, *args: Any, device: DeviceSpec = "cpu", timeout: float | None = None
 ) -> list[Any]:
@@ -347,8 +403,10 @@ def launch(
     Returns the results in rank order. ``fn`` and ``args`` must be picklable (define ``fn``
     at module level). The processes are spawned: each imports the main script, so a script
     must call ``launch`` under ``if __name__ == "__main__":``. If a rank fails or dies,
-    raises :class:`LaunchError` with every rank's story.
+    raises :class:`LaunchError` with every rank's story. ``timeout``: seconds after which
+    ranks still running are killed (and named in the LaunchError).
     """
+    _check_launchable(fn, nranks)
     ctx = mp.get_context("spawn")
     uid = get_unique_id()
     queue = ctx.Queue()
@@ -379,7 +437,9 @@ def launch(
             collect(0.5)
             break
     killed = set()
-    join_by = time.monotonic() + 5  # (one wait for all of them, not 5 s each)
+    # One wait for all of them, not 5 s each; none past the launch timeout (those left are stuck).
+    timed_out = timeout is not None and deadline is not None and time.monotonic() > deadline
+    join_by = time.monotonic() + (0.5 if timed_out else 5)
     for r, p in enumerate(procs):
         p.join(timeout=max(0.0, join_by - time.monotonic()))
         if p.is_alive():

@@ -136,6 +136,12 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         else:
             uid = bytes(self._store.get(store_key))
         comm = Communicator(self.size(), uid, self.rank(), device=device)
+        if self.rank() == 0 and self.size() > 1:
+            # Every rank read the id before it joined. A store that outlives the group
+            # (torchrun's, across destroy_process_group and init again) must not hand a
+            # later group's rank this one's id: it would wait for a root that is gone.
+            with contextlib.suppress(RuntimeError, NotImplementedError):  # (a store without deletes)
+                self._store.delete_key(store_key)
         self._limit_calls(comm)
         return _DeviceComm(comm, Lane(f"minincl-{key}-rank{self.rank()}", inline=key == "cuda"))
 

@@ -277,11 +277,10 @@ SockAddr rootBindAddress() {
   return SockAddr::resolve(spec, 0);
 }
 
-void fillId(mnclUniqueId* out, const SockAddr& addr, uint64_t nonce, bool rankZeroStartsRoot) {
+void fillId(mnclUniqueId* out, const SockAddr& addr, uint64_t nonce) {
   UniqueIdData d{};
   d.magic = kIdMagic;
   d.nonce = nonce;
-  d.rankZeroStartsRoot = rankZeroStartsRoot ? 1 : 0;
   d.root = WireAddr::from(addr);
   static_assert(sizeof(UniqueIdData) <= sizeof(out->internal), "unique id too small");
   std::memset(out->internal, 0, sizeof(out->internal));
@@ -315,17 +314,16 @@ mnclResult_t mnclGetUniqueId(mnclUniqueId* id) {
     MNCL_CHECK(id != nullptr, mnclInvalidArgument, "uniqueId is null");
     uint64_t nonce = randomNonce();
     SockAddr root = startRoot(rootBindAddress(), nonce);
-    fillId(id, root, nonce, false);
+    fillId(id, root, nonce);
   });
 }
 
 mnclResult_t mnclGetUniqueIdForAddress(mnclUniqueId* id, const char* host, int port) {
   return guarded([&] {
     MNCL_CHECK(id != nullptr && host != nullptr, mnclInvalidArgument, "uniqueId or host is null");
-    MNCL_CHECK(port > 0 && port < 65536, mnclInvalidArgument, "port " + std::to_string(port) + " is out of range");
-    SockAddr root = SockAddr::resolve(host, port);
-    // Every rank derives the same id; the nonce ties it to this address and port.
-    fillId(id, root, std::hash<std::string>{}(std::string(host) + ":" + std::to_string(port)), true);
+    UniqueIdData d = uniqueIdForAddress(host, port, "");
+    std::memset(id->internal, 0, sizeof(id->internal));
+    std::memcpy(id->internal, &d, sizeof(d));
   });
 }
 

@@ -1139,6 +1139,59 @@ def test_slurm_nodelist_first_host() -> None:
     assert _first_slurm_host("node[03-05,07],gpu1") == "node03"
     assert _first_slurm_host("gpu1,gpu2") == "gpu1"
     assert _first_slurm_host("a[7]") == "a7"
+    assert _first_slurm_host("node[01-02]-ib") == "node01-ib"  # (it dropped what followed the brackets)
+    assert _first_slurm_host("rack[1-2]-node[01-02],x") == "rack1-node01"
+    assert _first_slurm_host("gpu1,node[03-05]") == "gpu1"
+
+
+def test_init_from_env_names_the_missing_half(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    monkeypatch.delenv("SLURM_NTASKS", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(minincl.InvalidUsage, match="RANK is set but none of WORLD_SIZE, OMPI_COMM_WORLD_SIZE"):
+        minincl.init_from_env()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.delenv("MININCL_ROOT_PORT", raising=False)
+    monkeypatch.setenv("MASTER_PORT", "65535")
+    with pytest.raises(minincl.InvalidArgument, match="MASTER_PORT \\+ 1 = 65536, out of range"):
+        minincl.init_from_env()
+
+
+def test_two_jobs_at_one_root_address_fail_instead_of_mixing_ranks() -> None:
+    """Ids derived from the same address but different launcher jobs (init_from_env passes
+    Slurm's job, torchrun's run id ...): a rank of the second job reaching the first's root is
+    refused at once; it used to join the first job as its missing rank and compute with it."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    first = minincl.unique_id_for_address("127.0.0.1", port, "slurm:100.0")
+    second = minincl.unique_id_for_address("127.0.0.1", port, "slurm:200.0")
+    assert first != second
+    assert minincl.unique_id_for_address("127.0.0.1", port, "slurm:100.0") == first
+    out: dict[str, Any] = {}
+
+    def join(name: str, uid: bytes, rank: int) -> None:
+        try:
+            c = minincl.Communicator(2, uid, rank)
+            out[name] = "joined"
+            c.destroy()
+        except minincl.Error as e:
+            out[name] = f"{type(e).__name__}: {e}"
+
+    root = threading.Thread(target=join, args=("first rank 0", first, 0))
+    root.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+    join("second rank 1", second, 1)
+    assert time.monotonic() - start < 10
+    assert "wrong unique id: this bootstrap root serves another id" in out["second rank 1"], out
+    join("first rank 1", first, 1)  # (the first job then completes)
+    root.join(30)
+    assert out["first rank 0"] == out["first rank 1"] == "joined", out
 
 
 def test_unknown_protocol_name_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -86,7 +86,8 @@ def combine(a: np.ndarray, b: np.ndarray, op: str, fmt: str, nranks: int = 2) ->
         if op == "avg":
             return encode(decode(encode(x + y, fmt), fmt) / nranks, fmt)
         pick = np.fmax if op == "max" else np.fmin  # (NaN propagates: see below)
-        v = pick(x, y)
+        top = finite_table(fmt)[-1]
+        v = np.clip(pick(x, y), -top, top)  # (saturated, E5M2's infinities too, as NCCL's)
         return np.where(np.isnan(x) | np.isnan(y), np.nan, v)
     raise AssertionError(op)
 

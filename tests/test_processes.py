@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -43,6 +44,28 @@ def test_launch_timeout_names_the_rank_still_running_and_keeps_the_others_result
         minincl.launch(workers.rank0_sleeps, 2, 60.0, timeout=2)
     assert "rank 0: still running after the launch timeout of 2 s (killed)" in str(e.value)
     assert e.value.results == {1: 1}
+
+
+def test_launch_refuses_what_every_rank_would_fail_at_once(tmp_path: Path) -> None:
+    """Said before any rank starts: no ranks (it returned []), a launch inside a launched rank
+    (each failed on an AssertionError about daemonic processes), and a main script that the
+    spawned ranks cannot import (each said to call launch under `if __name__ == ...`)."""
+    with pytest.raises(minincl.InvalidArgument, match="nranks must be an integer of at least 1, got 0"):
+        minincl.launch(workers.rank0_sleeps, 0, 0.0)
+    with pytest.raises(minincl.LaunchError, match="launch inside a launched rank: its processes are daemons"):
+        minincl.launch(workers.launches_again, 2)
+    tests = str(Path(__file__).parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    from_c = "import minincl\ndef f(c):\n    return 1\nminincl.launch(f, 2)"
+    out = subprocess.run(
+        [sys.executable, "-c", from_c], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env
+    )
+    assert "InvalidUsage: launch: f is defined in __main__ of `python -c`" in out.stderr, out.stderr[-2000:]
+    from_stdin = "import minincl, workers\nminincl.launch(workers.rank0_sleeps, 2, 0.0)"
+    out = subprocess.run(
+        [sys.executable, "-"], input=from_stdin, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env
+    )
+    assert "InvalidUsage: launch from a script read from <stdin>" in out.stderr, out.stderr[-2000:]
 
 
 def test_launch_names_a_result_it_cannot_send_back() -> None:

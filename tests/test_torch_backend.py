@@ -1093,6 +1093,35 @@ def test_the_process_group_timeout_limits_a_call(set_later: bool) -> None:
     assert late["type"] == "RemoteError" and "call timeout" in late["message"], late
 
 
+def init_again_on_one_store(rounds: int) -> list[float]:
+    """init_process_group, all_reduce, destroy_process_group, `rounds` times, on one store
+    that outlives them all (as torchrun's agent store does). Rank 0 comes late to each later
+    round, so that rank 1 looks for the new group's id first."""
+    rank = int(os.environ["RANK"])
+    store = dist.TCPStore("127.0.0.1", int(os.environ["STORE_PORT"]), WORLD, rank == 0, timeout=timedelta(seconds=60))
+    sums = []
+    for k in range(rounds):
+        if rank == 0 and k > 0:
+            time.sleep(0.5)
+        dist.init_process_group("minincl", store=store, rank=rank, world_size=WORLD)
+        t = torch.full((3,), float(rank + 1))
+        dist.all_reduce(t)
+        sums.append(t[0].item())
+        dist.destroy_process_group()
+    return sums
+
+
+def test_init_again_after_destroy_on_a_store_that_outlives_the_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The group's unique id is taken out of the store once every rank has joined: a later
+    group on the same store read the last one's and waited for its root, which was gone
+    (MININCL_BOOTSTRAP_TIMEOUT; gloo inits again at once)."""
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "10")
+    monkeypatch.setenv("STORE_PORT", str(mtorch.free_port()))
+    got = run_local(init_again_on_one_store, WORLD, 3, timeout=120)
+    want = float(sum(range(1, WORLD + 1)))
+    assert got == [[want] * 3] * WORLD
+
+
 def wait_briefly_then_fully() -> dict[str, Any]:
     """Rank 1 joins an all_reduce 2 s late; rank 0 first waits on it for 0.2 s, then fully."""
     rank = int(os.environ["RANK"])

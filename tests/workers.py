@@ -1191,3 +1191,7 @@ def dies_after_the_rendezvous(comm: minincl.Communicator, how: str) -> str:
         return "made"
     except minincl.Error as e:
         return f"{type(e).__name__} after {time.monotonic() - start:.1f} s: {e}"
+
+
+def launches_again(comm: minincl.Communicator) -> Any:
+    return minincl.launch(rank0_sleeps, 2, 0.0)

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <string>
 
 #include "../core/env.h"
 #include "../core/error.h"
@@ -37,6 +39,16 @@ RootHello helloFrom(const UniqueIdData& id, int rank, int nranks) {
 }
 
 }  // namespace
+
+UniqueIdData uniqueIdForAddress(const std::string& host, int port, const std::string& job) {
+  MNCL_CHECK(port > 0 && port < 65536, mnclInvalidArgument, "port " + std::to_string(port) + " is out of range");
+  UniqueIdData d{};
+  d.magic = kIdMagic;
+  d.nonce = std::hash<std::string>{}(host + ":" + std::to_string(port) + (job.empty() ? "" : "/" + job));
+  d.rankZeroStartsRoot = 1;
+  d.root = WireAddr::from(SockAddr::resolve(host, port));
+  return d;
+}
 
 void Bootstrap::checkArguments(const UniqueIdData& id, int rank, int nranks) {
   MNCL_CHECK(id.magic == kIdMagic, mnclInvalidArgument,

@@ -36,6 +36,11 @@ static_assert(sizeof(UniqueIdData) <= 128, "id layout");
 
 double bootstrapTimeout();  // MININCL_BOOTSTRAP_TIMEOUT, seconds
 
+// The id every rank derives from a root address (rank 0 hosts the root). Its nonce ties it to
+// the address and port and to `job` (a launcher's job id, or empty): two jobs given the same
+// address then fail at the root ("wrong unique id") instead of joining each other's ranks.
+UniqueIdData uniqueIdForAddress(const std::string& host, int port, const std::string& job);
+
 // Starts a root listener on `bind` in a background thread that serves one rendezvous, then
 // exits (also after the bootstrap timeout). Returns the address it listens on.
 SockAddr startRoot(const SockAddr& bind, uint64_t nonce);

@@ -102,9 +102,10 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
     MNCL_WARN(kInit, "bootstrap root: %s", failure.c_str());
   }
   for (Joined& j : joined) reply(j.sock, nonce, failure.empty() ? mnclSuccess : status, failure, failure.empty() ? &table : nullptr);
-  // Ranks still to come, after one said it cannot: they hear why at once too (until the
-  // deadline; the one that failed does not come).
-  if (status == mnclRemoteError) {
+  // Ranks still to come, after one said it cannot or the ranks disagreed: they hear why at
+  // once too (until the deadline; the one that failed does not come), instead of waiting for
+  // the bootstrap timeout.
+  if (!failure.empty() && status != mnclTimeout) {
     for (int left = nranks - 1 - (int)joined.size(); left > 0; --left) {
       try {
         Socket s = listener.accept(deadline, "bootstrap root answering late ranks");

@@ -966,11 +966,18 @@ PYBIND11_MODULE(_core, m) {
     checkResult(mnclGetUniqueId(&id));
     return uniqueIdBytes(id);
   }, "A new unique id: starts a bootstrap root in this process. Share it with every rank.");
-  m.def("unique_id_for_address", [](const std::string& host, int port) {
-    mnclUniqueId id;
-    checkResult(mnclGetUniqueIdForAddress(&id, host.c_str(), port));
-    return uniqueIdBytes(id);
-  }, py::arg("host"), py::arg("port"), "The id every rank derives from a root address; rank 0 hosts the root.");
+  m.def(
+      "unique_id_for_address",
+      [](const std::string& host, int port, const std::string& job) {
+        UniqueIdData d = uniqueIdForAddress(host, port, job);
+        char bytes[MNCL_UNIQUE_ID_BYTES] = {};
+        std::memcpy(bytes, &d, sizeof(d));
+        return py::bytes(bytes, sizeof(bytes));
+      },
+      py::arg("host"), py::arg("port"), py::arg("job") = "",
+      "The id every rank derives from a root address; rank 0 hosts the root. `job` (a launcher's "
+      "job id) goes into it: two jobs given the same address then fail at the root instead of "
+      "joining each other's ranks.");
   m.def("version", [] { return std::string(std::to_string(MNCL_MAJOR) + "." + std::to_string(MNCL_MINOR) + "." + std::to_string(MNCL_PATCH)); });
   m.def("gpu_count", [] { return gpu::usableDeviceCount(); },
         "How many CUDA GPUs this process can use (0 without a driver, a GPU or a CUDA build).");
