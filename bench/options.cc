@@ -85,17 +85,39 @@ size_t parseSize(const std::string& text) {
   }
   if (unit != 1) t.pop_back();
   size_t used = 0;
-  double value = std::stod(t, &used);
-  if (used != t.size() || value < 0) throw std::invalid_argument("bad size '" + text + "'");
+  double value = -1;
+  try {
+    value = std::stod(t, &used);
+  } catch (const std::exception&) {  // (its what() says only "stod")
+  }
+  if (used != t.size() || value < 0) throw std::invalid_argument("'" + text + "' is not a size such as 8, 64K or 1M");
   return static_cast<size_t>(value * static_cast<double>(unit));
 }
 
 namespace {
+// A number ("1.5abc" is not 1.5).
+double parseNumber(const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) throw std::invalid_argument("'" + text + "' is not a number");
+  return value;
+}
+
 // A whole integer from `lo` to `hi` ("3abc" is not 3).
 int parseInt(const std::string& text, int lo, int hi) {
   size_t used = 0;
-  long value = std::stol(text, &used);
-  if (used != text.size()) throw std::invalid_argument("'" + text + "' is not an integer");
+  long value = 0;
+  try {
+    value = std::stol(text, &used);
+  } catch (const std::exception&) {  // (its what() says only "stol")
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) throw std::invalid_argument("'" + text + "' is not an integer");
   if (value < lo || value > hi) {
     throw std::invalid_argument(text + " is not from " + std::to_string(lo) + " to " + std::to_string(hi));
   }
@@ -113,6 +135,9 @@ Options parseOptions(int argc, char** argv) {
   }
   // getopt starts at optind; skip the positional collective.
   optind = first;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0) usage(prog, 0);  // (getopt takes short options only)
+  }
   int c;
   try {
     while ((c = getopt(argc, argv, "hgk:t:p:b:e:f:i:n:w:c:o:d:r:a:A:P:C:D:")) != -1) {
@@ -124,7 +149,7 @@ Options parseOptions(int argc, char** argv) {
         case 'p': o.nProcs = parseInt(arg, 1, 1 << 16); break;
         case 'b': o.minBytes = parseSize(arg); break;
         case 'e': o.maxBytes = parseSize(arg); break;
-        case 'f': o.factor = std::stod(arg); break;
+        case 'f': o.factor = parseNumber(arg); break;
         case 'i': o.stepBytes = parseSize(arg); break;
         case 'n': o.iters = parseInt(arg, 1, 1 << 30); break;
         case 'w': o.warmup = parseInt(arg, 0, 1 << 30); break;
@@ -172,6 +197,12 @@ Options parseOptions(int argc, char** argv) {
   if (o.maxBytes < o.minBytes || (o.stepBytes == 0 && o.factor <= 1.0) || o.iters < 1 ||
       o.warmup < 0 || o.average < 0 || o.average > 3) {
     std::fprintf(stderr, "%s: need -b <= -e, -f > 1 (or -i > 0), -n >= 1, -w >= 0, -a in 0..3\n", prog);
+    usage(prog, 2);
+  }
+  bool bitwise = o.op == mnclBand || o.op == mnclBor || o.op == mnclBxor;
+  if (bitwise && typeInfo(o.dtype).isFloat) {
+    std::fprintf(stderr, "%s: -o band / bor / bxor combine integers bit by bit; -d %s is a float type\n", prog,
+                 typeInfo(o.dtype).name);
     usage(prog, 2);
   }
   int n = o.nThreads > 0 ? o.nThreads : o.nProcs;

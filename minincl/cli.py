@@ -41,7 +41,11 @@ def _topo(args: argparse.Namespace) -> int:
     if report is None:
         print("minincl topo: topology support is not built into this package")
         return 2
-    print(report(args.xml, args.dump, args.json))
+    try:
+        print(report(args.xml, args.dump, args.json))
+    except RuntimeError as e:  # (the topology code's: a file it cannot read or parse, named in e)
+        print(f"minincl topo: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import math
 import os
 import re
 import subprocess
@@ -134,7 +135,9 @@ def test_time_limits_in_the_environment_are_checked_where_they_are_set(monkeypat
     ("name", "value", "said"),
     [
         ("MININCL_CALL_TIMEOUT", "-1", "MININCL_CALL_TIMEOUT: a call timeout must be 0 (none) or a positive number"),
-        ("MININCL_LL128_SLOT_LINES", "-5", "MININCL_LL128_SLOT_LINES from 4 to 1M"),  # (wrapped to 4294967291)
+        ("MININCL_CALL_TIMEOUT", "abc", 'MININCL_CALL_TIMEOUT="abc" is not a duration'),  # (said its name twice)
+        ("MININCL_LL128_SLOT_LINES", "-5", 'MININCL_LL128_SLOT_LINES="-5" is not a size'),  # (wrapped to 4294967291)
+        ("MININCL_LL128_SLOT_LINES", "2M", "MININCL_LL128_SLOT_LINES must be from 4 to 1M"),
         ("MININCL_LL_SLOT_LINES", "5000000", "MININCL_LL_SLOT_LINES must be from 16 to 4M"),
         ("MININCL_SIMPLE_SLOT_BYTES", "-4096", 'MININCL_SIMPLE_SLOT_BYTES="-4096" is not a size'),
         ("MININCL_SIMPLE_SLOT_BYTES", "2G", "MININCL_SIMPLE_SLOT_BYTES must be a multiple of 4096, at most 1G"),
@@ -888,6 +891,11 @@ def test_call_timeout_setting(pair: Any, monkeypatch: pytest.MonkeyPatch) -> Non
         pair[0].call_timeout = -1
     with pytest.raises(TypeError, match="a number of seconds or None, not str"):  # (was pybind's cast error)
         pair[0].call_timeout = "5"
+    with pytest.raises(TypeError, match="a number of seconds or None, not bool"):  # (True was 1 s)
+        pair[0].call_timeout = True
+    pair[0].call_timeout = 2.5
+    pair[0].call_timeout = math.inf  # (no limit, as None)
+    assert pair[0].call_timeout == 0.0
     monkeypatch.setenv("MININCL_CALL_TIMEOUT", "1500ms")
     comms = minincl.Communicator.init_all(2)
     try:

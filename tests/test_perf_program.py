@@ -79,6 +79,12 @@ def test_perf_checks_every_size_without_a_wrong_element(
     assert [row[-1] for row in rows] == ["0"] * len(rows), run.stdout
 
 
+def test_perf_long_help_is_the_usage(tmp_path: Path):
+    run = perf(tmp_path, "--help")  # (getopt said: invalid option -- '-')
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("usage: ")
+
+
 def test_perf_names_a_wrong_option(tmp_path: Path):
     run = perf(tmp_path, "allreduce", "-t", "2", "-d", "complex128")
     assert run.returncode != 0
@@ -91,7 +97,12 @@ def test_perf_names_a_wrong_option(tmp_path: Path):
         (["-t", "3abc"], "bad value for -t: '3abc' is not an integer"),  # (ran as -t 3)
         (["-t", "2", "-C", "0"], "bad value for -C: 0 is not from 1 to 64"),  # (ignored)
         (["-t", "2", "-c", "7"], "bad value for -c: 7 is not from 0 to 1"),  # (taken as 1)
-        (["-t", "2", "-b", "-8"], "bad value for -b: bad size '-8'"),
+        (["-t", "2", "-b", "-8"], "bad value for -b: '-8' is not a size such as 8, 64K or 1M"),
+        (["-t", "2", "-b", "abc"], "bad value for -b: 'abc' is not a size"),  # (said: stod)
+        (["-t", "abc"], "bad value for -t: 'abc' is not an integer"),  # (said: stol)
+        (["-t", "2", "-f", "x"], "bad value for -f: 'x' is not a number"),
+        # (it printed the table's header, then every rank's error)
+        (["-t", "2", "-o", "band", "-d", "float"], "-o band / bor / bxor combine integers bit by bit"),
     ],
 )
 def test_perf_refuses_what_it_ignored_or_misread(tmp_path: Path, options: list[str], said: str):

@@ -62,10 +62,12 @@ dev::ProtoSizes protoSizesFromEnv(bool onGpu) {
   s.simpleSlotBytes = (uint32_t)simpleSlot;
   // GPU: a step of LL is one pass of a whole block (512 threads x 4 lines in flight each);
   // LL128 four passes (64 lines x 4 per pass). Steps of a few KiB made LL step-bound there.
-  int64_t llLines = env::integer("MININCL_LL_SLOT_LINES", onGpu ? 2048 : 512);
-  int64_t ll128Lines = env::integer("MININCL_LL128_SLOT_LINES", onGpu ? 1024 : 256);
-  MNCL_CHECK(llLines >= 16 && llLines <= (1 << 22) && ll128Lines >= 4 && ll128Lines <= (1 << 20), mnclInvalidArgument,
-             "MININCL_LL_SLOT_LINES must be from 16 to 4M and MININCL_LL128_SLOT_LINES from 4 to 1M");
+  // (Counts, read as sizes are: "4M" is 4 x 2^20 lines.)
+  int64_t llLines = env::bytes("MININCL_LL_SLOT_LINES", onGpu ? 2048 : 512);
+  MNCL_CHECK(llLines >= 16 && llLines <= (1 << 22), mnclInvalidArgument, "MININCL_LL_SLOT_LINES must be from 16 to 4M");
+  int64_t ll128Lines = env::bytes("MININCL_LL128_SLOT_LINES", onGpu ? 1024 : 256);
+  MNCL_CHECK(ll128Lines >= 4 && ll128Lines <= (1 << 20), mnclInvalidArgument,
+             "MININCL_LL128_SLOT_LINES must be from 4 to 1M");
   s.llSlotLines = (uint32_t)llLines;
   s.ll128SlotLines = (uint32_t)ll128Lines;
   // CPU: a piece of 1/8 slot (16 KiB) keeps a 4-rank tree allreduce busy at 64 KiB (19-21 us
@@ -84,8 +86,9 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   try {
     Bootstrap::checkArguments(id, rank, nranks);
     prepareDevice();
+    double callTimeout = env::seconds("MININCL_CALL_TIMEOUT", 0);  // (its error names the variable)
     try {
-      setCallTimeout(env::seconds("MININCL_CALL_TIMEOUT", 0));
+      setCallTimeout(callTimeout);
     } catch (const Error& e) {
       throw Error(e.code(), std::string("MININCL_CALL_TIMEOUT: ") + e.what());
     }
@@ -330,8 +333,11 @@ void Comm::startNetProxy(const UniqueIdData& id, const RegionLayout& layout, int
   s.busy = [this] { return callsInside_.load() > 0; };
   s.timeout = std::max(bootstrapTimeout(), Monitor::timeoutSeconds());
   int64_t socketBuffer = env::bytes("MININCL_NET_SOCKET_BUFFER", 4 << 20);
-  MNCL_CHECK(socketBuffer >= 0 && socketBuffer <= (1 << 30), mnclInvalidArgument,
-             "MININCL_NET_SOCKET_BUFFER must be a size from 0 (the kernel's autotuning) to 1G");
+  // (Below 64K the proxy's transfers stall on the tiny windows: 8K made a 128 KiB
+  // allreduce over loopback take 2 s, 16K a 1 MiB one 40 ms, where 64K took 3 ms.)
+  MNCL_CHECK(socketBuffer == 0 || (socketBuffer >= (64 << 10) && socketBuffer <= (1 << 30)), mnclInvalidArgument,
+             "MININCL_NET_SOCKET_BUFFER must be 0 (the kernel's autotuning) or a size from 64K to 1G (smaller "
+             "buffers stall the transfers)");
   s.socketBufferBytes = (int)socketBuffer;
   std::string congestion = env::str("MININCL_NET_CONGESTION", "");
   MNCL_CHECK(congestion.size() < 16 && congestion.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") == std::string::npos,

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -410,11 +411,13 @@ class PyComm {
     return withLive([](Comm& cm) { return cm.callTimeout(); });
   }
   void setCallTimeout(py::object seconds) {
-    if (!seconds.is_none() && !py::isinstance<py::float_>(seconds) && !py::isinstance<py::int_>(seconds)) {
+    bool number = py::isinstance<py::float_>(seconds) || py::isinstance<py::int_>(seconds);
+    if (!seconds.is_none() && (!number || py::isinstance<py::bool_>(seconds))) {
       throw py::type_error("call_timeout must be a number of seconds or None, not " +
                            py::str(py::type::handle_of(seconds).attr("__name__")).cast<std::string>());
     }
     double s = seconds.is_none() ? 0.0 : seconds.cast<double>();
+    if (std::isinf(s) && s > 0) s = 0;  // (no limit, as None)
     withLive([s](Comm& cm) { cm.setCallTimeout(s); });
   }
 
