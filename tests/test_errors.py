@@ -179,6 +179,30 @@ def test_unknown_logging_settings_are_said_once_and_known_ones_in_any_case(tmp_p
     assert "minincl INFO rank 0/2:" in out.stderr and "minincl INFO rank 1/2:" in out.stderr, out.stderr
 
 
+def test_info_logs_say_each_collective_call_and_each_send_and_receive(tmp_path: Any) -> None:
+    """MININCL_DEBUG_SUBSYS=COLL and P2P at INFO (they logged nothing): a collective call as
+    it enters the call log, numbered; a send or receive as it starts, with peer, amount, tag."""
+    code = (
+        "import numpy as np, minincl\n"
+        "c = minincl.Communicator.init_all(2)\n"
+        "with minincl.group():\n"
+        "    for r in range(2): c[r].allreduce(np.ones(10, np.float32))\n"
+        "with minincl.group():\n"
+        "    c[0].send(np.ones(3), 1)\n"
+        "    c[1].recv(np.ones(3), 0)\n"
+    )
+    env = dict(os.environ, MININCL_DEBUG="INFO", MININCL_DEBUG_SUBSYS="COLL,P2P")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    for r in range(2):
+        assert f"minincl INFO rank {r}/2: collective call 1: allreduce(count=10, float32, sum)" in out.stderr
+    assert "minincl INFO rank 0/2: send 3 float64 (24 bytes) to rank 1 (tag 0)" in out.stderr, out.stderr
+    assert "minincl INFO rank 1/2: recv 3 float64 (24 bytes) from rank 0 (tag 0)" in out.stderr, out.stderr
+    assert "channels" not in out.stderr  # (INIT's lines: not asked for)
+
+
 def test_bad_arguments_are_type_errors_as_in_python(pair: Any) -> None:
     """The per-call methods parse their own arguments (call_args.h): Python's rules and
     messages for positional and keyword arguments, and nothing is written on a bad call."""

@@ -383,6 +383,13 @@ struct SentToPeer {
   std::vector<size_t> perChannel;
 };
 
+// MININCL_DEBUG=INFO with the P2P subsystem: each send and receive as it starts.
+void noteP2p(const Recorded& r) {
+  MNCL_INFO(kP2p, "rank %d/%d: %s %s %s rank %d (tag %d)%s", r.comm->rank(), r.comm->nranks(),
+            r.p2p.isSend ? "send" : "recv", amountOf(r.p2p.count * dataTypeSize(r.p2p.dtype), r.p2p.dtype).c_str(),
+            r.p2p.isSend ? "to" : "from", r.p2p.peer, (int)r.p2p.tag, r.ofCollective ? ", part of a collective" : "");
+}
+
 // A group's sends and receives count only now, when it ends: the collective calls it holds
 // were logged in the order the ranks made them, and the ranks may order sends and
 // collectives differently within a group. Its sends to one peer share the connections (each
@@ -392,6 +399,7 @@ void countGroupP2p(const std::vector<Recorded>& calls) {
   size_t used = 0;
   for (const Recorded& r : calls) {
     if (!r.isP2p) continue;
+    noteP2p(r);
     size_t bytes = r.p2p.count * dataTypeSize(r.p2p.dtype);
     if (r.p2p.isSend) {
       size_t i = 0;
@@ -491,6 +499,7 @@ void recordOrRun(const Recorded& r) {
                std::string("a ") + (r.p2p.isSend ? "send to" : "recv from") + " self (rank " +
                    std::to_string(r.p2p.peer) + ") outside a group never meets its other half: post the send and " +
                    "the recv in one group (minincl.group(), mnclGroupStart / mnclGroupEnd)");
+    noteP2p(r);
     size_t bytes = r.p2p.count * dataTypeSize(r.p2p.dtype);
     r.comm->countP2p(r.p2p.isSend, r.p2p.peer, p2pSplit(*r.comm, bytes, r.p2p.peer).bytesOn(0, bytes));
   }
