@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import FakeProcessGroup
 from torch.distributed import ReduceOp
 
+from . import _core
 from . import _torch_call_forms as call_forms
 from ._comm import Communicator, get_unique_id, group
 from ._core import build_info
@@ -130,12 +131,19 @@ class ProcessGroupMinincl(dist.ProcessGroup):
 
     def _join(self, key: str, device: str) -> _DeviceComm:
         store_key = f"minincl/unique_id/{key}"
-        if self.rank() == 0:
-            uid = get_unique_id()
-            self._store.set(store_key, uid)  # type: ignore[arg-type]  # (a Store takes bytes too)
-        else:
-            uid = bytes(self._store.get(store_key))
-        comm = Communicator(self.size(), uid, self.rank(), device=device)
+        # The group's timeout bounds the ranks' meeting too, where it is the shorter (gloo's
+        # does): ranks that never come end it then, not at MININCL_BOOTSTRAP_TIMEOUT.
+        limit = self._timeout.total_seconds() if isinstance(self._timeout, timedelta) else 0.0
+        before = _core._cap_bootstrap_timeout(limit)
+        try:
+            if self.rank() == 0:
+                uid = get_unique_id()
+                self._store.set(store_key, uid)  # type: ignore[arg-type]  # (a Store takes bytes too)
+            else:
+                uid = bytes(self._store.get(store_key))
+            comm = Communicator(self.size(), uid, self.rank(), device=device)
+        finally:
+            _core._cap_bootstrap_timeout(before)
         if self.rank() == 0 and self.size() > 1:
             # Every rank read the id before it joined. A store that outlives the group
             # (torchrun's, across destroy_process_group and init again) must not hand a

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -1120,6 +1122,27 @@ def test_init_again_after_destroy_on_a_store_that_outlives_the_group(monkeypatch
     got = run_local(init_again_on_one_store, WORLD, 3, timeout=120)
     want = float(sum(range(1, WORLD + 1)))
     assert got == [[want] * 3] * WORLD
+
+
+def test_the_process_group_timeout_bounds_its_init_too(tmp_path: Path) -> None:
+    """A group whose other rank never comes fails at the group's timeout (3 s here), as
+    gloo's does, not at MININCL_BOOTSTRAP_TIMEOUT (60 s by default)."""
+    code = (
+        "import time, datetime, torch.distributed as dist, minincl.torch\n"
+        f"store = dist.FileStore({str(tmp_path / 'store')!r}, 2)\n"
+        "start = time.monotonic()\n"
+        "try:\n"
+        "    dist.init_process_group('minincl', store=store, rank=0, world_size=2,\n"
+        "                            timeout=datetime.timedelta(seconds=3))\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, time.monotonic() - start, str(e).splitlines()[0])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MININCL_BOOTSTRAP_TIMEOUT"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    kind, seconds, message = out.stdout.split(" ", 2)
+    assert kind == "Timeout", out.stdout + out.stderr
+    assert 2.5 < float(seconds) < 20, out.stdout
+    assert "missing ranks: 1" in message, message
 
 
 def wait_briefly_then_fully() -> dict[str, Any]:

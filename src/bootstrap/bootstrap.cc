@@ -11,7 +11,20 @@
 
 namespace mncl {
 
-double bootstrapTimeout() { return env::limit("MININCL_BOOTSTRAP_TIMEOUT", 60.0); }
+namespace {
+thread_local double tlsBootstrapCap = 0;  // see capBootstrapTimeout
+}  // namespace
+
+double bootstrapTimeout() {
+  double t = env::limit("MININCL_BOOTSTRAP_TIMEOUT", 60.0);
+  return tlsBootstrapCap > 0 ? std::min(t, tlsBootstrapCap) : t;
+}
+
+double capBootstrapTimeout(double seconds) {
+  double before = tlsBootstrapCap;
+  tlsBootstrapCap = seconds > 0 ? seconds : 0;
+  return before;
+}
 
 namespace {
 

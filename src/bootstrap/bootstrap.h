@@ -34,7 +34,12 @@ struct UniqueIdData {
 };
 static_assert(sizeof(UniqueIdData) <= 128, "id layout");
 
-double bootstrapTimeout();  // MININCL_BOOTSTRAP_TIMEOUT, seconds
+// MININCL_BOOTSTRAP_TIMEOUT, seconds; at most this thread's cap (capBootstrapTimeout).
+double bootstrapTimeout();
+// Caps the bootstrap timeout of what this thread starts from now on (unique ids, inits), 0:
+// no cap; returns the cap before. A torch group's timeout, when shorter: gloo's rendezvous
+// keeps to it too.
+double capBootstrapTimeout(double seconds);
 
 // The id every rank derives from a root address (rank 0 hosts the root). Its nonce ties it to
 // the address and port and to `job` (a launcher's job id, or empty): two jobs given the same

@@ -73,8 +73,8 @@ std::string whatHoldsIt(bool anyStopped, const char* otherwise) {
 }
 
 const char* const kWhereTheLimitIsSet =
-    "the communicator's call timeout: Communicator.call_timeout, MININCL_CALL_TIMEOUT, or torch's process-group "
-    "timeout";
+    "the communicator's call timeout: Communicator.call_timeout (mnclCommSetCallTimeout in C), "
+    "MININCL_CALL_TIMEOUT, or torch's process-group timeout";
 
 }  // namespace
 

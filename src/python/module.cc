@@ -981,6 +981,9 @@ PYBIND11_MODULE(_core, m) {
       "The id every rank derives from a root address; rank 0 hosts the root. `job` (a launcher's "
       "job id) goes into it: two jobs given the same address then fail at the root instead of "
       "joining each other's ranks.");
+  m.def("_cap_bootstrap_timeout", &capBootstrapTimeout, py::arg("seconds"),
+        "Caps the bootstrap timeout of the unique ids and inits this thread starts (0: no cap); "
+        "returns the cap before (the torch backend's group timeout).");
   m.def("version", [] { return std::string(std::to_string(MNCL_MAJOR) + "." + std::to_string(MNCL_MINOR) + "." + std::to_string(MNCL_PATCH)); });
   m.def("gpu_count", [] { return gpu::usableDeviceCount(); },
         "How many CUDA GPUs this process can use (0 without a driver, a GPU or a CUDA build).");
