@@ -767,8 +767,8 @@ class PyComm {
     }
     if (groupDepth() > 0) {
       if (asyncOp) throwError(mnclInvalidUsage, "async_op=True inside minincl.group(): the group itself is the unit of completion");
-      // Program order: the async_op calls queued before come first, in the call log too
-      // (recording logs the call).
+      // Program order: the async_op calls queued before come first (the group's calls are
+      // logged and run at its end, after them).
       if (!async_.idle()) {  // (Ctrl-C fails the communicator, which ends the queued calls)
         py_interrupt::InterruptibleCall interruptible([this](const std::string& why) { failForInterrupt(why); });
         interruptible.withoutGil([this] { async_.drainForCall(); });
