@@ -2,6 +2,7 @@
 
 #include <getopt.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -90,7 +91,9 @@ size_t parseSize(const std::string& text) {
     value = std::stod(t, &used);
   } catch (const std::exception&) {  // (its what() says only "stod")
   }
-  if (used != t.size() || value < 0) throw std::invalid_argument("'" + text + "' is not a size such as 8, 64K or 1M");
+  if (used != t.size() || !(value >= 0 && value < 1e18)) {  // (also NaN and inf, which stod reads)
+    throw std::invalid_argument("'" + text + "' is not a size such as 8, 64K or 1M");
+  }
   return static_cast<size_t>(value * static_cast<double>(unit));
 }
 
@@ -104,7 +107,7 @@ double parseNumber(const std::string& text) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used == 0 || used != text.size()) throw std::invalid_argument("'" + text + "' is not a number");
+  if (used == 0 || used != text.size() || !std::isfinite(value)) throw std::invalid_argument("'" + text + "' is not a number");
   return value;
 }
 

@@ -264,14 +264,23 @@ def _first_slurm_host(nodelist: str) -> str:
     return host
 
 
-def _launcher_job() -> str:
-    """The launcher's name for this job, where it gives one (the same on every rank): it goes
-    into the unique id, so that two jobs given the same root address (the default port, say)
-    fail at the root instead of joining each other's ranks. MPICH's hydra gives none."""
-    if os.environ.get("SLURM_JOB_ID"):
-        return f"slurm:{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '')}"
-    found = _first_set("TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid")
-    return f"{found[0]}:{found[1]}" if found else ""
+def _launcher_job(rank_variable: str) -> str:
+    """The job id of the launcher that gave this rank its number (`rank_variable`): the same on
+    every rank of the job, so it goes into the unique id, and two jobs given the same root
+    address (the default port, say) fail at the root instead of joining each other's ranks.
+    MININCL_JOB_ID overrides it; MPICH's hydra gives none."""
+    if os.environ.get("MININCL_JOB_ID"):
+        return "user:" + os.environ["MININCL_JOB_ID"]
+    names = {
+        "RANK": ("TORCHELASTIC_RUN_ID",),
+        "OMPI_COMM_WORLD_RANK": ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"),
+        "SLURM_PROCID": ("SLURM_JOB_ID",),
+    }.get(rank_variable, ())
+    found = _first_set(*names)
+    if found is None:
+        return ""
+    step = f".{os.environ.get('SLURM_STEP_ID', '')}" if found[0] == "SLURM_JOB_ID" else ""
+    return f"{found[0]}:{found[1]}{step}"
 
 
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -286,8 +295,9 @@ def init_from_env(device: DeviceSpec = None) -> Communicator:
     OMPI_COMM_WORLD_SIZE, PMI_RANK / PMI_SIZE. The root listens on MININCL_ROOT_ADDR (default
     MASTER_ADDR, else the first Slurm host, else 127.0.0.1) at MININCL_ROOT_PORT (default
     MASTER_PORT + 1, since torchrun's own store already holds MASTER_PORT; else 29501);
-    rank 0 starts it. The launcher's job id (Slurm's job and step, torchrun's run id, PMIx's
-    namespace) goes into the id, so that another job at the same address fails at once.
+    rank 0 starts it. The job id of the launcher that gave the rank (torchrun's run id, Open
+    MPI's PMIx namespace, Slurm's job and step; MININCL_JOB_ID instead, where set) goes into
+    the id, so that another job at the same address fails at once.
     """
     rank = _int_from_env(*RANK_VARIABLES)
     size = _int_from_env(*SIZE_VARIABLES)
@@ -316,7 +326,9 @@ def init_from_env(device: DeviceSpec = None) -> Communicator:
                 f"init_from_env: the root listens on MASTER_PORT + 1 = {port}, out of range: "
                 "set MININCL_ROOT_PORT, or a lower MASTER_PORT"
             )
-    uid = unique_id_for_address(host, port, _launcher_job())
+    rank_variable = _first_set(*RANK_VARIABLES)
+    assert rank_variable is not None
+    uid = unique_id_for_address(host, port, _launcher_job(rank_variable[0]))
     return Communicator(size, uid, rank, device)
 
 

@@ -47,6 +47,9 @@ struct mnclComm {
   // Set by destroy / abort: stops the socket waits of init and of a split (mnclCommSplit)
   // waiting for its peers.
   std::atomic<bool> cancelWaits{false};
+  // Stops the init on initThread: set by destroy / abort too, and by a group that refused a
+  // call (its own flag: a refused group must not stop this communicator's later splits).
+  std::atomic<bool> cancelInit{false};
   mnclResult_t initError = mnclSuccess;  // Init::failed: why (written before `init`)
   std::string initMessage;
   std::mutex opsMutex;
@@ -99,7 +102,7 @@ thread_local std::vector<std::pair<mnclComm_t, std::shared_ptr<Outcome>>> tlsGro
 void refuseGroup(mnclResult_t code, const std::string& why) {
   if (groupDepth() == 0) return;
   groupRefuse(code, why);
-  for (auto& [handle, outcome] : tlsGroupInits) handle->cancelWaits.store(true, std::memory_order_release);
+  for (auto& [handle, outcome] : tlsGroupInits) handle->cancelInit.store(true, std::memory_order_release);
 }
 
 // Whether this thread's open group started `comm`'s init: then the communicator is in
@@ -156,7 +159,7 @@ class CallHold {
 // waiting for its peers after MININCL_TIMEOUT is stopped (mnclAborted): a destroy must not hang.
 void release(mnclComm_t comm) {
   if (comm->initThread.joinable()) {
-    comm->cancelWaits.store(true, std::memory_order_release);  // (an init waiting for peers stops)
+    comm->cancelInit.store(true, std::memory_order_release);  // (an init waiting for peers stops)
     comm->initThread.join();
   }
   std::erase_if(tlsGroupInits, [comm](const auto& started) { return started.first == comm; });
@@ -209,7 +212,12 @@ bool initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank
   *comm = nullptr;
   UniqueIdData id;
   std::memcpy(&id, commId.internal, sizeof(id));
-  Bootstrap::checkArguments(id, rank, nranks);  // (here too: a group's or nonblocking init says at once)
+  try {  // (here too: a group's or nonblocking init says at once)
+    Bootstrap::checkArguments(id, rank, nranks);
+  } catch (const Error& e) {
+    Bootstrap::reportInitFailure(id, rank, nranks, e.what());  // (the other ranks need not wait for it)
+    throw;
+  }
   if (device == MNCL_DEVICE_AUTO) device = gpu::usableDeviceCount() > 0 ? gpu::currentDevice() : MNCL_DEVICE_CPU;
   auto c = std::make_unique<mnclComm>();
   if (!background) {
@@ -220,8 +228,18 @@ bool initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank
   mnclComm* handle = c.get();
   handle->init.store(Init::running, std::memory_order_relaxed);
   handle->outcome = std::make_shared<Outcome>();
+  if (groupDepth() > 0 && groupRefused()) {  // (its group's end runs nothing: no init to start)
+    handle->initError = mnclInvalidUsage;
+    handle->initMessage = "not made: its group refused a call before this init";
+    handle->init.store(Init::failed, std::memory_order_release);
+    handle->outcome->set(handle->initError, handle->initMessage);
+    Bootstrap::reportInitFailure(id, rank, nranks, handle->initMessage);
+    *comm = c.release();
+    tlsGroupInits.emplace_back(*comm, (*comm)->outcome);
+    return true;
+  }
   handle->initThread = std::thread([handle, outcome = handle->outcome, id, rank, nranks, device, options] {
-    WaitCancel cancel(&handle->cancelWaits);
+    WaitCancel cancel(&handle->cancelInit);
     mnclResult_t code = guarded([&] { handle->impl = std::make_unique<Comm>(id, rank, nranks, device, options); });
     if (code != mnclSuccess) {
       handle->initError = code;
@@ -240,7 +258,22 @@ bool initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank
 mnclResult_t awaitGroupInits() {
   std::vector<std::pair<mnclComm_t, std::shared_ptr<Outcome>>> inits;
   inits.swap(tlsGroupInits);
-  for (auto& [handle, outcome] : inits) outcome->wait();
+  bool refused = groupRefused();
+  for (auto& [handle, outcome] : inits) {
+    if (refused) handle->cancelInit.store(true, std::memory_order_release);
+    outcome->wait();
+  }
+  if (refused) {  // (the refusal is the group's error: groupEnd says it)
+    // Made before the refusal stopped them: failed now, whatever the timing, so that their
+    // peers hear it too instead of waiting in calls these ranks will not make.
+    for (auto& [handle, outcome] : inits) {
+      if (handle->init.load(std::memory_order_acquire) == Init::ready && handle->impl) {
+        handle->impl->fail(mnclInvalidUsage,
+                           "its init's group refused a call (mnclGroupEnd said which): destroy this communicator");
+      }
+    }
+    return mnclSuccess;
+  }
   for (auto& [handle, outcome] : inits) {
     if (outcome->code() != mnclSuccess) {
       setThreadLastError("a communicator's init in this group failed: " + outcome->message());

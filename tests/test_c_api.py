@@ -637,19 +637,22 @@ def test_a_call_refused_in_a_group_fails_the_group(lib: Any, refused: str) -> No
         destroy(lib, comms)
 
 
-def test_an_init_refused_in_a_group_stops_the_groups_other_inits(lib: Any) -> None:
+@pytest.mark.parametrize("refused", ["last", "first"])
+def test_an_init_refused_in_a_group_stops_the_groups_other_inits(lib: Any, refused: str) -> None:
     """A rank out of range is refused by mnclCommInitRank itself inside a group too (it used
-    to start, and the group's end said RemoteError); the group's other inits then stop
-    instead of waiting for a rank that never comes."""
+    to start, and the group's end said RemoteError); the group's other inits then stop, or
+    never start, instead of waiting for a rank that never comes."""
     uid = UniqueId()
     assert lib.mnclGetUniqueId(ctypes.byref(uid)) == 0
     comms = [ctypes.c_void_p() for _ in range(3)]
     try:
         assert lib.mnclGroupStart() == 0
-        assert lib.mnclCommInitRank(ctypes.byref(comms[0]), 3, uid, 0) == 0
-        assert lib.mnclCommInitRank(ctypes.byref(comms[1]), 3, uid, 1) == 0
-        assert lib.mnclCommInitRank(ctypes.byref(comms[2]), 3, uid, 5) == MNCL_INVALID_ARGUMENT
-        assert lib.mnclGetLastError(None).decode() == "rank 5 is out of range for nranks=3"
+        order = [0, 1, 2] if refused == "last" else [2, 0, 1]
+        for r in order:
+            rc = lib.mnclCommInitRank(ctypes.byref(comms[r]), 3, uid, 5 if r == 2 else r)
+            assert rc == (MNCL_INVALID_ARGUMENT if r == 2 else 0)
+            if r == 2:
+                assert lib.mnclGetLastError(None).decode() == "rank 5 is out of range for nranks=3"
         start = time.monotonic()
         assert lib.mnclGroupEnd() == MNCL_INVALID_ARGUMENT
         assert time.monotonic() - start < 10  # (not the 60 s bootstrap timeout)
@@ -657,6 +660,30 @@ def test_an_init_refused_in_a_group_stops_the_groups_other_inits(lib: Any) -> No
         assert not comms[2]
     finally:
         destroy(lib, comms)
+
+
+def test_an_init_refused_up_front_fails_the_other_ranks_at_once(lib: Any) -> None:
+    """A rank out of range, refused by mnclCommInitRank before it joins, still tells the root:
+    the other ranks fail at once naming it, not at the bootstrap timeout."""
+    uid = UniqueId()
+    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == 0
+    comm = ctypes.c_void_p()
+    result: list[Any] = []
+
+    def rank0() -> None:
+        start = time.monotonic()
+        result.append(lib.mnclCommInitRank(ctypes.byref(comm), 2, uid, 0))
+        result.append(lib.mnclGetLastError(None).decode())
+        result.append(time.monotonic() - start)
+
+    t = threading.Thread(target=rank0)
+    t.start()
+    bad = ctypes.c_void_p()
+    assert lib.mnclCommInitRank(ctypes.byref(bad), 2, uid, 5) == MNCL_INVALID_ARGUMENT
+    t.join(60)
+    assert result[0] == MNCL_REMOTE_ERROR, result
+    assert "rank 5 could not make its communicator: rank 5 is out of range for nranks=2" in result[1], result
+    assert result[2] < 10, result
 
 
 def test_last_errors_of_two_communicators_stay_readable(lib: Any) -> None:

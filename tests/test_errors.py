@@ -1191,6 +1191,27 @@ def test_init_from_env_names_the_missing_half(monkeypatch: pytest.MonkeyPatch) -
         minincl.init_from_env()
 
 
+def test_the_job_id_comes_from_the_launcher_that_gave_the_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank of a job must derive the same id: torchrun's ranks take its run id even
+    inside a Slurm allocation (ranks on nodes reached otherwise have no SLURM_* variables)."""
+    from minincl._comm import _launcher_job
+
+    monkeypatch.delenv("MININCL_JOB_ID", raising=False)
+    for name in ("TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID", "SLURM_STEP_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert _launcher_job("RANK") == ""
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_STEP_ID", "3")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    monkeypatch.setenv("PMIX_NAMESPACE", "prterun-x@1")
+    assert _launcher_job("RANK") == "TORCHELASTIC_RUN_ID:abc"
+    assert _launcher_job("SLURM_PROCID") == "SLURM_JOB_ID:77.3"
+    assert _launcher_job("OMPI_COMM_WORLD_RANK") == "PMIX_NAMESPACE:prterun-x@1"
+    assert _launcher_job("PMI_RANK") == ""  # (MPICH's hydra gives none)
+    monkeypatch.setenv("MININCL_JOB_ID", "mine")
+    assert _launcher_job("RANK") == "user:mine"
+
+
 def test_two_jobs_at_one_root_address_fail_instead_of_mixing_ranks() -> None:
     """Ids derived from the same address but different launcher jobs (init_from_env passes
     Slurm's job, torchrun's run id ...): a rank of the second job reaching the first's root is

@@ -256,3 +256,30 @@ def test_the_process_exits_while_daemon_threads_make_calls(tmp_path: Path) -> No
         )
         assert (out.stdout.strip(), out.returncode) == ("leaving", 0), out.stderr[-3000:]
         assert "terminate called" not in out.stderr, out.stderr[-3000:]
+
+
+def test_a_handler_that_destroys_then_exits_while_a_call_waits_behind_async_calls(tmp_path: Path) -> None:
+    """The wait for queued async_op calls runs signal handlers; one that destroys the
+    communicator and raises SystemExit ends the call with that exception (it used to fail the
+    communicator it had just freed: a segfault)."""
+    code = textwrap.dedent("""
+        import os, signal, threading, numpy as np, minincl
+        comms = minincl.Communicator.init_all(2)
+        def handler(*_):
+            comms[0].destroy()
+            raise SystemExit(3)
+        signal.signal(signal.SIGINT, handler)
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        x = np.ones(4, np.float32)
+        comms[0].allreduce(x, async_op=True)  # rank 1 never comes
+        try:
+            comms[0].allreduce(x)  # waits behind it
+        except BaseException as e:
+            print("raised", type(e).__name__, flush=True)
+    """)
+    env = dict(os.environ, MININCL_TIMEOUT="1")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=tmp_path, env=env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "raised SystemExit", out.stdout + out.stderr[-2000:]

@@ -106,9 +106,11 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
   // once too (until the deadline; the one that failed does not come), instead of waiting for
   // the bootstrap timeout.
   if (!failure.empty() && status != mnclTimeout) {
+    // (For 10 s at most: an id from a fixed address keeps its port until this ends.)
+    Deadline answerUntil = std::min(deadline, deadlineIn(10.0));
     for (int left = nranks - 1 - (int)joined.size(); left > 0; --left) {
       try {
-        Socket s = listener.accept(deadline, "bootstrap root answering late ranks");
+        Socket s = listener.accept(answerUntil, "bootstrap root answering late ranks");
         reply(s, nonce, status, failure, nullptr);
       } catch (const Error&) {
         break;

@@ -524,6 +524,13 @@ void recordOrRun(const Recorded& r) {
   }
 }
 
+// Leaves the group an alltoall, gather or scatter opened for its parts, after one of them was
+// refused: the parts already recorded do not run (an enclosing group is refused by the caller).
+void leaveGroupAfterError() {
+  if (tlsGroupDepth > 1) --tlsGroupDepth;
+  else groupDiscard();
+}
+
 // A collective call as every rank must make it: the reduction and root only where they matter.
 LoggedCall loggedCallOf(const CollCall& c) {
   bool rooted = c.coll == Coll::broadcast || c.coll == Coll::reduce;
@@ -611,7 +618,7 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
       }
     }
   } catch (...) {
-    groupEnd();
+    leaveGroupAfterError();
     throw;
   }
   groupEnd();
@@ -680,7 +687,7 @@ void enqueueRootedExchange(Comm& comm, bool gather, const void* blocks, const vo
       recordOrRun(r);
     }
   } catch (...) {
-    groupEnd();
+    leaveGroupAfterError();
     throw;
   }
   groupEnd();
@@ -701,6 +708,8 @@ void groupStart() { ++tlsGroupDepth; }
 void groupRefuse(mnclResult_t code, const std::string& why) {
   if (tlsGroupDepth > 0 && !tlsGroupRefusal) tlsGroupRefusal.emplace(code, why);
 }
+
+bool groupRefused() { return tlsGroupRefusal.has_value(); }
 
 void groupDiscard() {
   if (tlsGroupDepth == 0) return;

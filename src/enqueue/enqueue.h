@@ -64,6 +64,7 @@ void groupEnd();
 // use) fails the whole group, as NCCL's: one thread driving several ranks would otherwise
 // run the other ranks' calls at the group's end and wait for ever for this one.
 void groupRefuse(mnclResult_t code, const std::string& why);
+bool groupRefused();  // whether this thread's open group refused a call
 // Leaves a group without running it (an exception left the block): the outermost one drops
 // every recorded call; an inner one makes the outer group's end refuse to run.
 void groupDiscard();

@@ -769,14 +769,14 @@ class PyComm {
       if (asyncOp) throwError(mnclInvalidUsage, "async_op=True inside minincl.group(): the group itself is the unit of completion");
       // Program order: the async_op calls queued before come first (the group's calls are
       // logged and run at its end, after them).
-      if (!async_.idle()) {  // (Ctrl-C fails the communicator, which ends the queued calls)
-        py_interrupt::InterruptibleCall interruptible([this](const std::string& why) { failForInterrupt(why); });
-        interruptible.withoutGil([this] { async_.drainForCall(); });
-      }
       try {
+        if (!async_.idle()) awaitAsyncCalls();
         withLive([&](Comm& cm) { op(cm, cudaStream); });  // records only
       } catch (const Error& e) {
         groupRefuse(e.code(), e.what());  // (the group's end runs none of it, even if the caller goes on)
+        throw;
+      } catch (...) {
+        groupRefuse(mnclInvalidUsage, "a call in it raised");
         throw;
       }
       if (tlsGroup) {
@@ -803,12 +803,18 @@ class PyComm {
       }));
     }
     if (!asyncHeld_.empty()) releaseFinishedAsync();
+    if (!async_.idle()) awaitAsyncCalls();  // program order with earlier async calls
     py_interrupt::InterruptibleCall interruptible([this](const std::string& why) { failInside(why); });
-    interruptible.withoutGil([&] {
-      if (!async_.idle()) async_.drainForCall();  // keep program order with earlier async calls
-      withLive([&](Comm& cm) { op(cm, cudaStream); });
-    });
+    interruptible.withoutGil([&] { withLive([&](Comm& cm) { op(cm, cudaStream); }); });
     return result;
+  }
+
+  // Waits for the async_op calls queued before a call. Ctrl-C (or another signal's handler that
+  // raises) fails the communicator, which ends them; the handler may also have closed it (the
+  // wait is outside withLive): failForInterrupt checks.
+  void awaitAsyncCalls() {
+    py_interrupt::InterruptibleCall interruptible([this](const std::string& why) { failForInterrupt(why); });
+    interruptible.withoutGil([this] { async_.drainForCall(); });
   }
 
   // Fails the communicator for a call that Ctrl-C interrupted (see py_interrupt), from inside
