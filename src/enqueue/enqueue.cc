@@ -338,11 +338,7 @@ void plan(CommLaunch& p, const Recorded& r) {
 void runRecordedOnGpu(std::vector<Recorded>& calls) {
   std::vector<GpuCall> gpuCalls;
   std::vector<std::unique_ptr<Comm::CallScope>> scopes;
-  for (Recorded& r : calls) {
-    MNCL_CHECK(r.comm->onGpu(), mnclInvalidUsage,
-          "a group mixes CPU and CUDA communicators: run each kind in a group of its own");
-    gpuCalls.push_back({r.comm, r.isP2p, r.coll, r.p2p, r.callNumber});
-  }
+  for (Recorded& r : calls) gpuCalls.push_back({r.comm, r.isP2p, r.coll, r.p2p, r.callNumber});
   for (Recorded& r : calls) scopes.push_back(std::make_unique<Comm::CallScope>(*r.comm));
   launchGpuCalls(gpuCalls);
 }
@@ -449,7 +445,11 @@ void logGroupCalls(std::vector<Recorded>& calls) {
 }
 
 void runRecorded(std::vector<Recorded>& calls) {
-  checkGroupSelfPairs(calls);
+  for (const Recorded& r : calls) {
+    MNCL_CHECK(r.comm->onGpu() == calls[0].comm->onGpu(), mnclInvalidUsage,
+               "a group mixes CPU and CUDA communicators: run each kind in a group of its own");
+  }
+  checkGroupSelfPairs(calls);  // (the checks first: a group refused logs no call)
   logGroupCalls(calls);
   countGroupP2p(calls);
   if (!calls.empty() && calls[0].comm->onGpu()) return runRecordedOnGpu(calls);
@@ -465,11 +465,7 @@ void runRecorded(std::vector<Recorded>& calls) {
     plans[nplans].reset(comm);
     return plans[nplans++];
   };
-  for (Recorded& r : calls) {
-    MNCL_CHECK(!r.comm->onGpu(), mnclInvalidUsage,
-          "a group mixes CPU and CUDA communicators: run each kind in a group of its own");
-    planOf(r.comm);
-  }
+  for (Recorded& r : calls) planOf(r.comm);
   bool ran = false;
   try {
     std::vector<std::unique_ptr<Comm::CallScope>> scopes;
