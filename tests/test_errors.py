@@ -1212,6 +1212,17 @@ def test_the_job_id_comes_from_the_launcher_that_gave_the_rank(monkeypatch: pyte
     assert _launcher_job("RANK") == "user:mine"
 
 
+def test_a_rank_whose_rank_0_never_comes_is_told_where_to_look(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "1")
+    with pytest.raises(minincl.Timeout, match="is rank 0 running, and does that address reach its host"):
+        minincl.Communicator(2, minincl.unique_id_for_address("127.0.0.1", port), 1)
+
+
 def test_two_jobs_at_one_root_address_fail_instead_of_mixing_ranks() -> None:
     """Ids derived from the same address but different launcher jobs (init_from_env passes
     Slurm's job, torchrun's run id ...): a rank of the second job reaching the first's root is

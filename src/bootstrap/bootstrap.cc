@@ -98,7 +98,12 @@ void Bootstrap::registerWithRoot(const UniqueIdData& id) {
   try {
     toRoot = connectToRoot(id, rank_, deadline(), "registering with the bootstrap root");
   } catch (const Error& e) {
-    if (e.code() != mnclTimeout || id.rankZeroStartsRoot) throw;
+    if (e.code() != mnclTimeout) throw;
+    if (id.rankZeroStartsRoot) {
+      throwError(mnclTimeout, std::string(e.what()) + ". Rank 0 starts the root of an id made from an address "
+                              "(init_from_env, unique_id_for_address): is rank 0 running, and does that address "
+                              "reach its host (MASTER_ADDR or MININCL_ROOT_ADDR, and the port)?");
+    }
     throwError(mnclTimeout, std::string(e.what()) + ". The root runs in the process that called get_unique_id() / "
                             "mnclGetUniqueId and serves one communicator's init: has that process exited, or did "
                             "another communicator's init already use this id?");
