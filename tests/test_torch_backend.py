@@ -1138,7 +1138,11 @@ def test_the_process_group_timeout_bounds_its_init_too(tmp_path: Path) -> None:
         "    print(type(e).__name__, time.monotonic() - start, str(e).splitlines()[0])\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "MININCL_BOOTSTRAP_TIMEOUT"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    # (From an empty folder: from the repository root, "import minincl" finds its sources.)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert out.stdout.count(" ") >= 2, out.stdout + out.stderr[-3000:]
     kind, seconds, message = out.stdout.split(" ", 2)
     assert kind == "Timeout", out.stdout + out.stderr
     assert 2.5 < float(seconds) < 20, out.stdout
