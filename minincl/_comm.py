@@ -291,7 +291,8 @@ def init_from_env(device: DeviceSpec = None) -> Communicator:
     """Joins the group described by the launcher's environment.
 
     torchrun: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Slurm: SLURM_PROCID, SLURM_NTASKS,
-    root on the first host of SLURM_JOB_NODELIST. Open MPI / MPICH: OMPI_COMM_WORLD_RANK /
+    root on the first host of the step (SLURM_STEP_NODELIST, where task 0 runs; else
+    SLURM_JOB_NODELIST). Open MPI / MPICH: OMPI_COMM_WORLD_RANK /
     OMPI_COMM_WORLD_SIZE, PMI_RANK / PMI_SIZE. The root listens on MININCL_ROOT_ADDR (default
     MASTER_ADDR, else the first Slurm host, else 127.0.0.1) at MININCL_ROOT_PORT (default
     MASTER_PORT + 1, since torchrun's own store already holds MASTER_PORT; else 29501);
@@ -315,7 +316,8 @@ def init_from_env(device: DeviceSpec = None) -> Communicator:
         )
     host = _first_env("MININCL_ROOT_ADDR", "MASTER_ADDR")
     if host is None:
-        nodelist = _first_env("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+        # (Task 0 runs on the step's first host, which need not be the job's.)
+        nodelist = _first_env("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
         host = _first_slurm_host(nodelist) if nodelist else "127.0.0.1"
     port = _int_from_env("MININCL_ROOT_PORT")
     if port is None:

@@ -1176,6 +1176,29 @@ def test_slurm_nodelist_first_host() -> None:
     assert _first_slurm_host("gpu1,node[03-05]") == "gpu1"
 
 
+def test_init_from_env_under_slurm_roots_at_the_steps_first_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Task 0 of a step runs on the step's first host, which need not be the job's."""
+    import socket
+
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    for k in ("MASTER_ADDR", "MASTER_PORT", "MININCL_ROOT_ADDR"):
+        monkeypatch.delenv(k, raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MININCL_ROOT_PORT", str(port))
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "no-such-host-minincl[1-2]")
+    monkeypatch.setenv("SLURM_STEP_NODELIST", "localhost")
+    with minincl.init_from_env() as c:
+        x = np.arange(5, dtype=np.int32)
+        c.allreduce(x)
+        np.testing.assert_array_equal(x, np.arange(5, dtype=np.int32))
+
+
 def test_init_from_env_names_the_missing_half(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE"):
         monkeypatch.delenv(k, raising=False)
