@@ -204,6 +204,17 @@ CommOptions optionsFrom(const mnclConfig_t* config) {
   return options;
 }
 
+// How a background init ended: the handle's state, then its outcome (which a group's end
+// waits on; `outcome` is the handle's, held apart from it by the init's thread).
+void endInit(mnclComm* handle, Outcome& outcome, mnclResult_t code, const std::string& message) {
+  if (code != mnclSuccess) {
+    handle->initError = code;
+    handle->initMessage = message;
+  }
+  handle->init.store(code == mnclSuccess ? Init::ready : Init::failed, std::memory_order_release);
+  outcome.set(code, handle->initMessage);
+}
+
 // Makes the communicator in this call, or (`background`) on a thread of its own: *comm is then
 // a handle whose init runs on (see Init). Returns whether init still runs.
 bool initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank, int device,
@@ -229,25 +240,16 @@ bool initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank
   handle->init.store(Init::running, std::memory_order_relaxed);
   handle->outcome = std::make_shared<Outcome>();
   if (groupDepth() > 0 && groupRefused()) {  // (its group's end runs nothing: no init to start)
-    handle->initError = mnclInvalidUsage;
-    handle->initMessage = "not made: its group refused a call before this init";
-    handle->init.store(Init::failed, std::memory_order_release);
-    handle->outcome->set(handle->initError, handle->initMessage);
-    Bootstrap::reportInitFailure(id, rank, nranks, handle->initMessage);
-    *comm = c.release();
-    tlsGroupInits.emplace_back(*comm, (*comm)->outcome);
-    return true;
+    std::string why = "not made: its group refused a call before this init";
+    Bootstrap::reportInitFailure(id, rank, nranks, why);
+    endInit(handle, *handle->outcome, mnclInvalidUsage, why);
+  } else {
+    handle->initThread = std::thread([handle, outcome = handle->outcome, id, rank, nranks, device, options] {
+      WaitCancel cancel(&handle->cancelInit);
+      mnclResult_t code = guarded([&] { handle->impl = std::make_unique<Comm>(id, rank, nranks, device, options); });
+      endInit(handle, *outcome, code, code == mnclSuccess ? "" : threadLastError());
+    });
   }
-  handle->initThread = std::thread([handle, outcome = handle->outcome, id, rank, nranks, device, options] {
-    WaitCancel cancel(&handle->cancelInit);
-    mnclResult_t code = guarded([&] { handle->impl = std::make_unique<Comm>(id, rank, nranks, device, options); });
-    if (code != mnclSuccess) {
-      handle->initError = code;
-      handle->initMessage = threadLastError();
-    }
-    handle->init.store(code == mnclSuccess ? Init::ready : Init::failed, std::memory_order_release);
-    outcome->set(code, handle->initMessage);
-  });
   *comm = c.release();
   if (groupDepth() > 0) tlsGroupInits.emplace_back(*comm, (*comm)->outcome);
   return true;
@@ -258,12 +260,8 @@ bool initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank
 mnclResult_t awaitGroupInits() {
   std::vector<std::pair<mnclComm_t, std::shared_ptr<Outcome>>> inits;
   inits.swap(tlsGroupInits);
-  bool refused = groupRefused();
-  for (auto& [handle, outcome] : inits) {
-    if (refused) handle->cancelInit.store(true, std::memory_order_release);
-    outcome->wait();
-  }
-  if (refused) {  // (the refusal is the group's error: groupEnd says it)
+  for (auto& [handle, outcome] : inits) outcome->wait();  // (a refusal stopped those running: refuseGroup)
+  if (groupRefused()) {  // (the refusal is the group's error: groupEnd says it)
     // Made before the refusal stopped them: failed now, whatever the timing, so that their
     // peers hear it too instead of waiting in calls these ranks will not make.
     for (auto& [handle, outcome] : inits) {

@@ -711,8 +711,10 @@ void Comm::fail(mnclResult_t code, const std::string& what) {
 
 void Comm::logCall(const LoggedCall& call) {
   if (region_) mncl::logCall(region_->ctrl()->calls, call);
-  MNCL_INFO(kColl, "rank %d/%d: collective call %llu: %s", rank_, nranks_,
-            (unsigned long long)collectiveCallsMade(), describeCall(call).c_str());
+  if (logsCalls_) {
+    MNCL_INFO(kColl, "rank %d/%d: collective call %llu: %s", rank_, nranks_,
+              (unsigned long long)collectiveCallsMade(), describeCall(call).c_str());
+  }
 }
 
 uint64_t Comm::collectiveCallsMade() const { return region_ ? dev::loadAcquire(&region_->ctrl()->calls.made) : 0; }

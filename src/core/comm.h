@@ -18,6 +18,7 @@
 #include "../transport/window.h"
 #include "../tune/tuner.h"
 #include "call_log.h"
+#include "log.h"
 #include "minincl.h"
 
 namespace mncl {
@@ -80,6 +81,8 @@ class Comm {
   int device() const { return device_; }  // CUDA ordinal, or MNCL_DEVICE_CPU
   const CommOptions& options() const { return options_; }
   bool onGpu() const { return device_ >= 0; }
+  // MININCL_DEBUG=INFO with the P2P subsystem: each send and receive is logged as it starts.
+  bool logsP2p() const { return logsP2p_; }
   // The device side of a GPU communicator (null on the CPU).
   gpu::GpuComm* gpu() const { return gpu_.get(); }
   int nChannels() const { return (int)channels_.size(); }
@@ -281,6 +284,9 @@ class Comm {
   mutable std::mutex errorMutex_;
   mnclResult_t error_ = mnclSuccess;
   std::string errorMessage_;
+  // MININCL_DEBUG's COLL and P2P at INFO, read once: every call asks.
+  const bool logsCalls_ = log::enabled(log::kInfo, log::kColl);
+  const bool logsP2p_ = log::enabled(log::kInfo, log::kP2p);
   std::atomic<int> callsInside_{0};
   std::atomic<double> callTimeout_{0};  // see callTimeout()
   int splits_ = 0;  // tags bootstrap messages of successive splits apart

@@ -381,6 +381,7 @@ struct SentToPeer {
 
 // MININCL_DEBUG=INFO with the P2P subsystem: each send and receive as it starts.
 void noteP2p(const Recorded& r) {
+  if (!r.comm->logsP2p()) return;
   MNCL_INFO(kP2p, "rank %d/%d: %s %s %s rank %d (tag %d)%s", r.comm->rank(), r.comm->nranks(),
             r.p2p.isSend ? "send" : "recv", amountOf(r.p2p.count * dataTypeSize(r.p2p.dtype), r.p2p.dtype).c_str(),
             r.p2p.isSend ? "to" : "from", r.p2p.peer, (int)r.p2p.tag, r.ofCollective ? ", part of a collective" : "");
