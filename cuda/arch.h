@@ -1,4 +1,6 @@
-// The architecture layer: the only place the device code says "GPU" or "CPU".
+// The architecture layer: what a channel is on each target. Code above it branches on the
+// target only where the targets differ in what pays (reduce_copy.h's and prims_lines.h's
+// loops) or in what they can do (kernel copies between processes, trees across hosts: CPU).
 //
 // A channel is one CUDA block or one CPU thread (or, in a test, a block of CPU threads that
 // emulates a CUDA block: MNCL_SIMT_EMULATION). Everything above this file is written in terms

@@ -38,7 +38,7 @@ static_assert(sizeof(StepInfo) == 8 * kLLHeaderLines, "an LL header line carries
 // sides). Lives, with the FIFOs, in the receiver's memory.
 struct ConnCtrl {
   // The FIFO protocol: a connection needs only these three.
-  alignas(128) uint64_t tail;  // Simple: steps the sender has filled (release)
+  alignas(128) uint64_t tail;  // steps the sender has filled (release): Simple, and LL/LL128 at a proxied end
   alignas(128) uint64_t head;  // all protocols: steps the receiver has consumed (only frees slots)
   alignas(128) StepInfo info[kSteps];
 
@@ -95,6 +95,15 @@ constexpr uint64_t kPointerTaken = ~uint64_t{0};
 constexpr uint64_t kNotOutput = ~uint64_t{0};
 
 // One direction of a (peer, channel) connection, as the device addresses it.
+struct ProtoSizes {
+  uint32_t simpleSlotBytes;
+  uint32_t llSlotLines;
+  uint32_t ll128SlotLines;
+  // The smallest piece a pipeline (a tree, a ring broadcast or reduce) cuts a message
+  // into: a step's handshake must stay cheap next to the bytes it moves.
+  uint32_t pipelineChunkBytes;
+};
+
 struct ConnFifo {
   // The FIFO: its control words and its slots, one array per protocol.
   ConnCtrl* ctrl = nullptr;
@@ -128,20 +137,16 @@ struct ConnFifo {
   // The peer's `bytes` at `at` (as the peer addresses them) as this process addresses them:
   // the same address (the peer is this process), or through our mapping of its window;
   // null if neither (a kernel copy may still reach them).
+  // Step `step`'s Simple slot.
+  MNCL_HOSTDEV char* simpleSlot(uint64_t step, const ProtoSizes& sizes) const {
+    return simple + (step % kSteps) * (size_t)sizes.simpleSlotBytes;
+  }
+
   MNCL_HOSTDEV char* mappedHere(uint64_t at, uint64_t bytes) const {
     if (peerPid == 0) return reinterpret_cast<char*>(at);
     uint64_t rel = at - peerWindowAt;
     return rel < peerWindowBytes && bytes <= peerWindowBytes - rel ? peerWindow + rel : nullptr;
   }
-};
-
-struct ProtoSizes {
-  uint32_t simpleSlotBytes;
-  uint32_t llSlotLines;
-  uint32_t ll128SlotLines;
-  // The smallest piece a pipeline (a tree, a ring broadcast or reduce) cuts a message
-  // into: a step's handshake must stay cheap next to the bytes it moves.
-  uint32_t pipelineChunkBytes;
 };
 
 // The most peers one primitive talks to at once: tree children, or every peer of a direct
@@ -205,9 +210,10 @@ struct DevChannel {
   // chooses (a send/recv pointer step while its group has sends to post; an allgather or
   // broadcast read ahead).
   uint32_t pointerReadBytes = 1 << 20;
-  uint64_t pointerStepsSent = 0;            // counter, for tests and tuning
-  uint64_t directWritesSent = 0;            // counter, for tests and tuning
-  uint64_t stepsReadAhead = 0;              // counter: steps whose data a kernel read brought early
+  // Counters, for tests and tuning (Comm::stats; changed through countUp):
+  uint64_t pointerStepsSent = 0;
+  uint64_t directWritesSent = 0;
+  uint64_t stepsReadAhead = 0;              // steps whose data a kernel read brought early
   // CPU: this rank's window, shared memory every peer process maps (user buffers allocated
   // with comm.empty live there): data in it can go as pointer steps to other processes.
   const char* window = nullptr;
@@ -234,6 +240,10 @@ struct DevChannel {
   uint64_t traceLaunches = 0;
 #endif
 };
+
+// Adds to one of a channel's counters: its thread alone writes it, while the host may read
+// it (Comm::stats, during an async call), so the store is atomic, if relaxed.
+MNCL_DEV void countUp(uint64_t& counter, int64_t by = 1) { storeRelaxed(&counter, counter + (uint64_t)by); }
 
 #if defined(__CUDACC__) && defined(MNCL_GPU_TRACE)
 #define MNCL_TRACE(ch, point)                                                        \
@@ -295,14 +305,16 @@ MNCL_DEV bool sendSlotFree(DevChannel& ch, int peer) {
 struct DevError {
   int peer = -1;
   StepInfo expected{}, got{};
-  int readErrno = 0;  // nonzero: reading `peer`'s memory for a pointer step failed (CPU)
-  bool wrote = false;  // with readErrno: it was writing `peer`'s memory, for a direct write
+  int copyErrno = 0;  // nonzero: a kernel copy from or to `peer`'s memory failed (CPU)
+  bool wrote = false;  // with copyErrno: the copy wrote `peer`'s memory (a direct write), else read it
   const char* undispatched = nullptr;  // CPU: the work had no case in the device code (dispatch.h)
 };
 
 // Fills an empty error record: `fill` writes the details, then `peer` is stored with release,
 // since a GPU host (GpuComm::firstError) may read the record while the kernel still runs:
-// once it sees `peer` (acquire), the details are there.
+// once it sees `peer` (acquire), the details are there. Each channel has a record of its own
+// and one thread that writes it (thread 0; LL: the thread with a step's first line, which is
+// thread 0's too), so the check for an empty record needs no atomic claim.
 template <typename Fill>
 MNCL_DEV void recordError(DevError* error, int peer, Fill fill) {
   if (!error || loadRelaxed(&error->peer) >= 0) return;

@@ -26,6 +26,7 @@
 #pragma once
 
 #include "prims.h"
+#include "steps.h"
 
 namespace mncl::dev {
 
@@ -178,7 +179,7 @@ struct P2pEngine {
   }
 
   MNCL_DEV char* slot(const ConnFifo& f, uint64_t step) const {
-    return f.simple + (step % kSteps) * (size_t)ch.sizes.simpleSlotBytes;
+    return f.simpleSlot(step, ch.sizes);
   }
 
   // Thread 0: may this send fill its next slot (the receiver has freed it)? If so, how long
@@ -200,7 +201,7 @@ struct P2pEngine {
     uint64_t left = op.bytes - op.done, slotBytes = ch.sizes.simpleSlotBytes;
     bool started = receiverStarted(op);
     op.written = false;
-    op.stepLen = (uint32_t)minBytes(slotBytes, left);
+    op.stepLen = (uint32_t)minSize(slotBytes, left);
     op.stepAt = 0;
     if (receivesToo) {
       // Before the receiver starts, a pointer step could only be a slot long, and a kernel
@@ -214,7 +215,7 @@ struct P2pEngine {
         uint64_t at = pointerFor(op, op.stepLen);
         if (at != 0 && readByKernel(op, at, op.stepLen)) return Verdict::wait;
       }
-      uint64_t len = started ? minBytes(kLongestStep, left) : op.stepLen;
+      uint64_t len = started ? minSize(kLongestStep, left) : op.stepLen;
       op.stepAt = pointerFor(op, len);
       if (op.stepAt != 0) op.stepLen = (uint32_t)len;
     } else if (started && op.pointerSteps) {
@@ -228,9 +229,9 @@ struct P2pEngine {
   // it cannot be done). An eighth of the op, between a slot and a read piece, so that small
   // messages split too.
   MNCL_DEV void splitStep(P2pOp& op) const {
-    uint64_t piece = minBytes(ch.pointerReadBytes, op.bytes / 8);
+    uint64_t piece = minSize(ch.pointerReadBytes, op.bytes / 8);
     if (piece < ch.sizes.simpleSlotBytes) piece = ch.sizes.simpleSlotBytes;
-    uint32_t len = (uint32_t)minBytes(piece, op.bytes - op.done);
+    uint32_t len = (uint32_t)minSize(piece, op.bytes - op.done);
     if ((ch.sendStep[op.peer] - op.firstStep) % 2 == 1) {
       op.stepAt = directWriteTarget(op, len);
       op.written = op.stepAt != 0;
@@ -345,7 +346,7 @@ struct P2pEngine {
     } else if (op.stepAt == 0) {
       copyElems(op.buf + op.done, slot(f, step), len);
     } else {
-      len = minBytes(len, readLongest);
+      len = minSize(len, readLongest);
       if (!readPointerStep(op, len)) return false;
     }
     barrier();
@@ -364,10 +365,10 @@ struct P2pEngine {
         fenceFor(ch.systemScope);  // the step's data and the words above, before the tail
         storeFlag(&f.ctrl->tail, ++ch.sendStep[op.peer]);
         if (op.written) {
-          ++ch.directWritesSent;
+          countUp(ch.directWritesSent);
         } else if (op.stepAt != 0) {
           ch.pointerStepsPosted = true;
-          ++ch.pointerStepsSent;
+          countUp(ch.pointerStepsSent);
         }
       } else {
         op.stepLen -= (uint32_t)len;
@@ -432,7 +433,7 @@ struct P2pEngine {
         if (at != kPointerTaken && len <= ch.sizes.simpleSlotBytes) {
           copyElems(slot(f, s), reinterpret_cast<const char*>(at), len);
           if (compareExchange(word, at, uint64_t{0})) {  // taken back: it reads the slot
-            --ch.pointerStepsSent;
+            countUp(ch.pointerStepsSent, -1);
             continue;
           }
         }
@@ -450,8 +451,6 @@ struct P2pEngine {
     }
     return ch.sendStep[p];
   }
-
-  MNCL_HOSTDEV static uint64_t minBytes(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
   // The longest step (ConnCtrl::stepLength is 32 bits).
   static constexpr uint64_t kLongestStep = uint64_t{1} << 30;

@@ -15,9 +15,13 @@
 //
 // `finish` applies the reduction's post-operation to a fully reduced value (avg's division).
 // Algorithms (ring.h, tree.h, ...) are written only in these words, so they run under every
-// protocol. A protocol class implements one function, genericOp(kind, src, dst, n, finish),
-// where src / dst may be null; receiving combines the peers in the order given, with src at
-// PeerSet::srcPos among them (0: first).
+// protocol. A protocol class derives from PrimsVocabulary, is made from
+// (PrimsContext, PeerSet recv, PeerSet send), and provides three things: stepElems(), the
+// most elements one step moves, by which algorithms cut their chunks; kSendsInputInPass,
+// whether genericOp can send its input while it receives (sendRecvReduceCopy's one pass);
+// and genericOp(kind, src, dst, n, finish), where src / dst may be null, which does the
+// work: receiving combines the peers in the order given, with src at PeerSet::srcPos among
+// them (0: first).
 //
 // Rules for algorithms. The Simple protocol's shortcuts (prims_simple.h, README "Pointer
 // steps") rely on them: a schedule that breaks one may pass with the shortcuts off and give
@@ -153,7 +157,7 @@ class PrimsVocabulary {
 MNCL_DEV bool failPeerCopy(DevError* error, Waiter& waiter, int peer, int err, bool wrote) {
   if (tid() == 0) {
     recordError(error, peer, [&](DevError& e) {
-      e.readErrno = err;
+      e.copyErrno = err;
       e.wrote = wrote;
     });
   }

@@ -99,7 +99,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
 
   // Step `step`'s slot in a connection's FIFO.
   MNCL_DEV T* slot(const ConnFifo& f, uint64_t step) const {
-    return reinterpret_cast<T*>(f.simple + (step % kSteps) * (size_t)cx_.ch.sizes.simpleSlotBytes);
+    return reinterpret_cast<T*>(f.simpleSlot(step, cx_.ch.sizes));
   }
 
   // Thread 0: until every recv peer's current step has arrived, and belongs to this call.
@@ -156,7 +156,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
         memcpy(&bits, &cx_.fn.scalar, sizeof(T));
         c->inputScalar[s] = bits;
       }
-      ch.directWritesSent += written[i].done() ? 1u : 0u;
+      if (written[i].done()) countUp(ch.directWritesSent);
       if (ch.sendTo[p].proxied) {  // (only FIFO steps: a proxied end offers no other way)
         c->stepLength[s] = (uint32_t)(n * sizeof(T));
         c->stepProto[s] = (uint32_t)Proto::simple;
@@ -171,7 +171,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     }
     if (published) {
       ch.pointerStepsPosted = true;
-      ch.pointerStepsSent += (uint64_t)send_.n;
+      countUp(ch.pointerStepsSent, send_.n);
     }
   }
 
@@ -415,7 +415,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     if (scaleIfInput(f, step, srcIndex, pre)) landing = nullptr;
     if (const char* here = f.mappedHere(at, n * sizeof(T))) return reinterpret_cast<const T*>(here);
     if (landing && readAlready(p, at, landing, n)) {
-      if (tid() == 0) ++cx_.ch.stepsReadAhead;
+      if (tid() == 0) countUp(cx_.ch.stepsReadAhead);
       return landing;
     }
     T* to = landing ? landing : inSlot;

@@ -42,8 +42,8 @@ MNCL_HOSTDEV int treeDepth(int n) {
 
 // Ranks on several hosts, `perHost` each, that `ring` visits host after host: within a host
 // a chain in ring order, and across hosts the trees above over the hosts (NCCL's trees
-// between nodes). A tree then crosses the network once per host, where a heap over rank
-// numbers crosses it at most of its edges. The root's host's chain starts at the root, every
+// between nodes). A tree then crosses the network hosts - 1 times (once into each host but
+// the root's), where a heap over rank numbers crosses it at most of its edges. The root's host's chain starts at the root, every
 // other host's at the rank the ring enters it at; chains are the same in both trees, the
 // hosts' places differ.
 MNCL_HOSTDEV TreeNode hostTreeNode(const int* ring, int n, int perHost, int rank, int root, int index) {

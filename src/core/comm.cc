@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -518,13 +519,13 @@ void Comm::checkGpuErrors() {}
 
 #endif
 
-// Pointer steps from each peer whose memory this rank reads directly: in this process by
-// default; in another one only when asked (MININCL_POINTER_STEPS=2) and cross-memory attach
-// works (checked by reading a known word of the peer's). Across processes the kernel copy
-// leaves the sender idle while the receiver copies, which measured slower here than the
-// FIFO, where both sides copy at once. Also from any peer process whose window this rank
-// maps, for data in that window (no kernel involved: a plain read of shared memory). The
-// receiving end says so in its control words; the sender reads them before each step.
+// Pointer steps from each peer whose memory this rank reads directly: in this process; in
+// another one where cross-memory attach works (checked by reading a known word of the
+// peer's), unless MININCL_POINTER_STEPS=1 keeps them in the process, or cores are
+// oversubscribed and the variable is unset (see below; work_plan.cc says which copies go
+// through the kernel). Also from any peer process whose window this rank maps, for data in
+// that window (no kernel involved: a plain read of shared memory). The receiving end says
+// so in its control words; the sender reads them before each step.
 // Direct writes (MININCL_DIRECT_WRITES, default 1) go the other way: into the output of a
 // receiver in this process, or into its window when the output lies there.
 namespace {
@@ -642,9 +643,9 @@ Comm::Stats Comm::stats() {
   }
 #endif
   for (auto& ch : channels_) {
-    s.pointerSteps += ch->dev.pointerStepsSent;
-    s.directWrites += ch->dev.directWritesSent;
-    s.stepsReadAhead += ch->dev.stepsReadAhead;
+    s.pointerSteps += dev::loadRelaxed(&ch->dev.pointerStepsSent);
+    s.directWrites += dev::loadRelaxed(&ch->dev.directWritesSent);
+    s.stepsReadAhead += dev::loadRelaxed(&ch->dev.stepsReadAhead);
   }
   if (netProxy_) s.landedSteps = netProxy_->landedSteps();
   for (int p = 0; p < nranks_; ++p) {
@@ -687,8 +688,11 @@ void Comm::warnOfUnreportedMismatch() const {
 void Comm::leave() {
   if (!region_) return;
   RankCtrl* ctrl = region_->ctrl();
-  dev::storeRelease(&ctrl->destroyed, 1u);  // (a failed rank keeps its state, and so the reason peers read)
-  if (dev::loadAcquire(&ctrl->state) == RankCtrl::kRunning) dev::storeRelease(&ctrl->state, (uint32_t)RankCtrl::kLeft);
+  dev::storeRelease(&ctrl->destroyed, 1u);
+  // Running -> left in one step: a failed rank keeps its state, and so the reason peers read,
+  // even where the monitor fails us between a load and a store.
+  uint32_t running = RankCtrl::kRunning;
+  std::atomic_ref<uint32_t>(ctrl->state).compare_exchange_strong(running, RankCtrl::kLeft, std::memory_order_acq_rel);
 }
 
 void Comm::fail(mnclResult_t code, const std::string& what) {

@@ -47,9 +47,9 @@ std::string mismatchMessage(int rank, const dev::DevError& e) {
          "; every rank must make the same collective calls in the same order";
 }
 
-std::string readFailureMessage(int rank, const dev::DevError& e) {
+std::string copyFailureMessage(int rank, const dev::DevError& e) {
   return "rank " + std::to_string(rank) + (e.wrote ? " could not write into rank " : " could not read rank ") +
-         std::to_string(e.peer) + "'s buffer (cross-memory attach: " + std::strerror(e.readErrno) +
+         std::to_string(e.peer) + "'s buffer (cross-memory attach: " + std::strerror(e.copyErrno) +
          "); set MININCL_POINTER_STEPS=1 to send data between processes through shared memory";
 }
 
@@ -64,7 +64,7 @@ std::pair<mnclResult_t, std::string> deviceErrorMessage(Comm& comm, const dev::D
   // showing, not a mismatched call.
   std::string why = comm.peerFailure(e.peer);
   if (!why.empty()) return {mnclRemoteError, why};
-  if (e.readErrno) return {mnclSystemError, readFailureMessage(comm.rank(), e)};
+  if (e.copyErrno) return {mnclSystemError, copyFailureMessage(comm.rank(), e)};
   // The call logs name the calls as the user made them (an alltoall runs as receives, a
   // barrier as an allreduce of one int32), where they already show the difference.
   std::string logged = comm.loggedCallMismatch(e.peer);

@@ -376,7 +376,7 @@ bool NetProxy::startBatch(DataLink& l) {
 // which we take as a receiver would, so that a send / recv group ending meanwhile waits for
 // us rather than take it back (see P2pEngine::settlePointerSteps).
 const char* NetProxy::pointerStepData(DataLink& l, int s) {
-  const char* slot = l.out.simple + (size_t)s * sizes_.simpleSlotBytes;
+  const char* slot = l.out.simpleSlot(s, sizes_);
   uint64_t* word = &l.out.ctrl->dataAt[s];
   uint64_t at = dev::loadAcquire(word);
   if (at == 0 || at == dev::kPointerTaken || !dev::compareExchange(word, at, dev::kPointerTaken)) return slot;
@@ -440,7 +440,7 @@ bool NetProxy::progressRecv(DataLink& l) {
     switch ((Proto)h.proto) {
       case Proto::simple:
         ok = ok && h.length <= sz.simpleSlotBytes;
-        l.inData = l.in.simple + (size_t)s * sz.simpleSlotBytes;  // straight into the slot
+        l.inData = l.in.simpleSlot(s, sz);  // straight into the slot
         l.inBytes = h.length;
         break;
       case Proto::ll:
@@ -502,7 +502,7 @@ bool NetProxy::progressRecv(DataLink& l) {
 void NetProxy::aimSimpleStep(DataLink& l) {
   char* out = landing(l);
   if (l.inDone > 0 && !(l.landing && !out)) return;  // begun: it ends where it began, unless taken back
-  char* slot = l.in.simple + (size_t)(l.inHeader.step % dev::kSteps) * sizes_.simpleSlotBytes;
+  char* slot = l.in.simpleSlot(l.inHeader.step, sizes_);
   l.landing = out != nullptr;
   l.inData = out ? out : slot;
 }
