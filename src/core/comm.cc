@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 
+#include "../enqueue/device_error.h"
 #include "../enqueue/enqueue.h"
 #include "../enqueue/executor.h"
 #include "../enqueue/work_plan.h"

@@ -15,145 +15,15 @@
 #include "../core/env.h"
 #include "../core/error.h"
 #include "../core/log.h"
+#include "device_error.h"
 #include "executor.h"
 #include "gpu_launch.h"
+#include "validate.h"
 #include "work_plan.h"
 
 namespace mncl {
 
 namespace {
-
-// A call as a step carries it: `ours` for the receiver's own (its half of a send is a recv).
-std::string describe(const dev::StepInfo& s, bool ours) {
-  if (s.coll == (uint8_t)Coll::sendrecv) {
-    return std::string(ours ? "recv" : "send") + " of " + amountOf(s.count, (DataType)s.dtype);
-  }
-  // (Copy-only collectives and bitwise ops run, and so check their steps, in bytes.)
-  bool inBytes = s.coll == (uint8_t)Coll::broadcast || s.coll == (uint8_t)Coll::allgather || isBitwise((RedOp)s.op);
-  uint64_t count = inBytes ? s.count / dataTypeSize((DataType)s.dtype) : s.count;
-  return describeCall({s.coll, s.dtype, s.op, s.root, count}, algoName((Algo)s.algo));
-}
-
-std::string mismatchMessage(int rank, const dev::DevError& e) {
-  std::string me = "rank " + std::to_string(rank), peer = "rank " + std::to_string(e.peer);
-  if (e.expected.coll == (uint8_t)Coll::sendrecv && e.got.coll == (uint8_t)Coll::sendrecv) {
-    bool tags = e.expected.root != e.got.root;  // (StepInfo::root carries a send/recv's tag)
-    auto tag = [&](int32_t t) { return tags ? " with tag " + std::to_string(t) : std::string(); };
-    return "mismatched send/recv: " + me + " posted a recv of " + amountOf(e.expected.count, (DataType)e.expected.dtype) +
-           tag(e.expected.root) + " from " + peer + ", but " + peer + " sent " + amountOf(e.got.count, (DataType)e.got.dtype) +
-           tag(e.got.root) + (tags ? ": a send and its receive pair in the order they are posted, and their tags must agree" : "");
-  }
-  return "mismatched calls: " + me + " called " + describe(e.expected, true) + " but " + peer + " called " + describe(e.got, false) +
-         "; every rank must make the same collective calls in the same order";
-}
-
-std::string copyFailureMessage(int rank, const dev::DevError& e) {
-  return "rank " + std::to_string(rank) + (e.wrote ? " could not write into rank " : " could not read rank ") +
-         std::to_string(e.peer) + "'s buffer (cross-memory attach: " + std::strerror(e.copyErrno) +
-         "); set MININCL_POINTER_STEPS=1 to send data between processes through shared memory";
-}
-
-}  // namespace
-
-std::pair<mnclResult_t, std::string> deviceErrorMessage(Comm& comm, const dev::DevError& e) {
-  if (e.undispatched) {
-    return {mnclInternalError, "rank " + std::to_string(comm.rank()) + ": the device code has no " + e.undispatched +
-                                   ": the tuner chose an algorithm without that case (cuda/dispatch.h)"};
-  }
-  // A peer that failed mid-operation leaves partial steps behind: that is its failure
-  // showing, not a mismatched call.
-  std::string why = comm.peerFailure(e.peer);
-  if (!why.empty()) return {mnclRemoteError, why};
-  if (e.copyErrno) return {mnclSystemError, copyFailureMessage(comm.rank(), e)};
-  // The call logs name the calls as the user made them (an alltoall runs as receives, a
-  // barrier as an allreduce of one int32), where they already show the difference.
-  std::string logged = comm.loggedCallMismatch(e.peer);
-  if (!logged.empty()) return {mnclInvalidUsage, logged};
-  std::string message = mismatchMessage(comm.rank(), e), inside = comm.collectiveInside();
-  if (!inside.empty() && message.rfind("mismatched send/recv", 0) == 0) {  // (an alltoall, gather or scatter)
-    message += " (rank " + std::to_string(comm.rank()) + " was inside " + inside + ")";
-  }
-  return {mnclInvalidUsage, message};
-}
-
-namespace {
-
-// ---- validation: everything is checked before anything is written ----
-
-void checkUsable(Comm& comm) {
-  if (comm.failed()) comm.throwStoredError();
-}
-
-void checkTypeOp(DataType t, RedOp op, bool reduces) {
-  MNCL_CHECK((unsigned)t < (unsigned)DataType::count, mnclInvalidArgument,
-        "unknown data type " + std::to_string((int)t));
-  if (!reduces) return;
-  MNCL_CHECK((unsigned)op < (unsigned)RedOp::count, mnclInvalidArgument, "unknown reduction op " + std::to_string((int)op));
-  MNCL_CHECK(!isBitwise(op) || !isFloat(t), mnclInvalidArgument,
-             std::string(redOpName(op)) + " combines integers bit by bit; the data is " + dataTypeName(t));
-}
-
-// `count` elements of `t`, `blocks` times (a rank's block for each rank, where a buffer holds
-// one), must be a size a buffer can have: a product that wraps around would pass every other
-// check and copy a few elements, or none.
-void checkBytes(const char* what, size_t count, DataType t, size_t blocks) {
-  size_t limit = (size_t)PTRDIFF_MAX / dataTypeSize(t) / blocks;
-  MNCL_CHECK(count <= limit, mnclInvalidArgument,
-             std::string(what) + ": count " + std::to_string(count) + " of " + dataTypeName(t) +
-                 (blocks > 1 ? " (x " + std::to_string(blocks) + " ranks)" : std::string()) +
-                 " is more bytes than a buffer can hold (at most " + std::to_string(limit) + " elements)");
-}
-
-// Buffers that overlap are in place only as NCCL lays them out: the same address (allreduce,
-// broadcast, reduce), or this rank's block of the bigger buffer (allgather, reduce_scatter).
-// Any other overlap would read what the call already wrote.
-void checkOverlap(Comm& comm, const CollCall& c) {
-  int me = comm.rank();
-  bool sendUsed = c.coll != Coll::broadcast || me == c.root, recvUsed = c.coll != Coll::reduce || me == c.root;
-  if (c.count == 0 || !c.send || !c.recv || !sendUsed || !recvUsed) return;
-  size_t bytes = c.count * dataTypeSize(c.dtype), n = (size_t)comm.nranks();
-  auto s = (uintptr_t)c.send, r = (uintptr_t)c.recv;
-  size_t sendBytes = bytes * sendBlocks(c.coll, (int)n), recvBytes = bytes * recvBlocks(c.coll, (int)n);
-  bool inPlace = c.coll == Coll::allgather       ? s == r + me * bytes
-                 : c.coll == Coll::reducescatter ? r == s + me * bytes
-                                                 : s == r;
-  bool overlap = s < r + recvBytes && r < s + sendBytes;
-  MNCL_CHECK(!overlap || inPlace, mnclInvalidArgument,
-             std::string(collName(c.coll)) + ": the send and receive buffers overlap (send - recv = " +
-                 std::to_string((intptr_t)(s - r)) + " bytes) without being in place; in place, " +
-                 (c.coll == Coll::allgather       ? "send is this rank's block of recv (recv + rank * count)"
-                  : c.coll == Coll::reducescatter ? "recv is this rank's block of send (send + rank * count)"
-                                                  : "send and recv are the same buffer") +
-                 "; otherwise use separate buffers");
-}
-
-void validate(Comm& comm, const CollCall& c) {
-  checkUsable(comm);
-  checkTypeOp(c.dtype, c.op, reduces(c.coll));
-  if (c.coll == Coll::broadcast || c.coll == Coll::reduce) {
-    MNCL_CHECK(c.root >= 0 && c.root < comm.nranks(), mnclInvalidArgument,
-          std::string(collName(c.coll)) + ": root " + std::to_string(c.root) + " is out of range for " +
-              std::to_string(comm.nranks()) + " ranks");
-  }
-  checkBytes(collName(c.coll), c.count, c.dtype, opBlocks(c.coll, comm.nranks()));
-  if (c.count > 0) {
-    MNCL_CHECK(c.recv != nullptr || (c.coll == Coll::reduce && comm.rank() != c.root), mnclInvalidArgument,
-          std::string(collName(c.coll)) + ": the receive buffer is null");
-    MNCL_CHECK(c.send != nullptr || (c.coll == Coll::broadcast && comm.rank() != c.root), mnclInvalidArgument,
-          std::string(collName(c.coll)) + ": the send buffer is null");
-  }
-  checkOverlap(comm, c);
-}
-
-void validate(Comm& comm, const P2pCall& c) {
-  checkUsable(comm);
-  checkTypeOp(c.dtype, RedOp::sum, false);
-  checkBytes(c.isSend ? "send" : "recv", c.count, c.dtype, 1);
-  MNCL_CHECK(c.peer >= 0 && c.peer < comm.nranks(), mnclInvalidArgument,
-        std::string(c.isSend ? "send" : "recv") + ": peer " + std::to_string(c.peer) + " is out of range for " +
-            std::to_string(comm.nranks()) + " ranks");
-  MNCL_CHECK(c.count == 0 || c.buf != nullptr, mnclInvalidArgument, std::string(c.isSend ? "send" : "recv") + ": the buffer is null");
-}
 
 // ---- planning: what each channel runs ----
 
@@ -575,112 +445,12 @@ void enqueueSendRecv(Comm& comm, const P2pCall& send, const P2pCall& recv) {
   groupEnd();
 }
 
-void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, DataType dtype, void* stream) {
-  checkUsable(comm);
-  checkTypeOp(dtype, RedOp::sum, false);
-  checkBytes("alltoall", count, dtype, (size_t)comm.nranks());
-  size_t bytes = count * dataTypeSize(dtype);
-  MNCL_CHECK(!(comm.onGpu() && send == recv && bytes), mnclInvalidUsage,
-        "in-place alltoall on a CUDA communicator: pass a separate recv buffer");
-  MNCL_CHECK(count == 0 || (send && recv), mnclInvalidArgument, "alltoall: a buffer is null");
-  size_t total = bytes * (size_t)comm.nranks();
-  auto s = (uintptr_t)send, r = (uintptr_t)recv;
-  MNCL_CHECK(s == r || !(s < r + total && r < s + total), mnclInvalidArgument,
-             "alltoall: the send and receive buffers overlap without being the same buffer (in place); use separate buffers");
-  // In place, a block could be overwritten before it is sent: the other ranks' blocks go
-  // from a copy (ours stays where it is), in memory the communicator keeps.
-  bool inPlace = send == recv && bytes;
-  int me = comm.rank();
-  std::vector<char>& copy = comm.alltoallScratch();
-  auto copied = [&](int p) { return copy.data() + (size_t)(p - (p > me)) * bytes; };  // block p (not me)
-  auto block = [&](int p) { return (char*)send + (size_t)p * bytes; };
-  if (inPlace) {
-    MNCL_CHECK(tlsGroupDepth == 0, mnclInvalidUsage,
-          "in-place alltoall inside a group is not supported: use a separate receive buffer");
-    copy.resize(bytes * (comm.nranks() - 1));
-    for (int p = 0; p < comm.nranks(); ++p) {
-      if (p != me) std::memcpy(copied(p), block(p), bytes);
-    }
-  }
-  groupStart();  // (its first part carries the call, logged when the group runs)
-  try {
-    for (int p = 0; p < comm.nranks(); ++p) {
-      P2pCall sendTo{true, inPlace && p != me ? copied(p) : block(p), count, dtype, p, stream};
-      P2pCall recvFrom{false, (char*)recv + p * bytes, count, dtype, p, stream};
-      for (const P2pCall& c : {sendTo, recvFrom}) {
-        validate(comm, c);
-        Recorded r{&comm, true, {}, c, true};
-        if (p == 0 && c.isSend) logCall(r, {kAlltoallCall, (uint8_t)dtype, 0, 0, count});
-        recordOrRun(r);
-      }
-    }
-  } catch (...) {
-    leaveGroupAfterError();
-    throw;
-  }
-  groupEnd();
-}
-
-namespace {
-
-// Gather's and scatter's checks (see enqueueRootedExchange); whether the root's call is in place.
-bool checkRootedExchange(Comm& comm, bool gather, const void* blocks, const void* own, size_t count, DataType dtype,
-                         int root) {
-  std::string what = gather ? "gather" : "scatter";
-  checkUsable(comm);
-  checkTypeOp(dtype, RedOp::sum, false);
-  int n = comm.nranks();
-  checkBytes(what.c_str(), count, dtype, (size_t)n);
-  MNCL_CHECK(root >= 0 && root < n, mnclInvalidArgument,
-             what + ": root " + std::to_string(root) + " is out of range for " + std::to_string(n) + " ranks");
-  size_t bytes = count * dataTypeSize(dtype);
-  bool atRoot = comm.rank() == root;
-  const char *ownName = gather ? "send" : "receive", *blocksName = gather ? "receive" : "send";
-  MNCL_CHECK(!bytes || own, mnclInvalidArgument, what + ": the " + ownName + " buffer is null");
-  MNCL_CHECK(!bytes || !atRoot || blocks, mnclInvalidArgument,
-             what + ": the " + blocksName + " buffer is null on the root (rank " + std::to_string(root) + ")");
-  auto b = (uintptr_t)blocks, o = (uintptr_t)own;
-  bool inPlace = atRoot && bytes && o == b + root * bytes;
-  bool overlap = atRoot && bytes && o < b + bytes * n && b < o + bytes;
-  MNCL_CHECK(!overlap || inPlace, mnclInvalidArgument,
-             what + ": the send and receive buffers overlap without being in place; in place, " +
-                 (gather ? "send is the root's block of recv (recv + root * count)"
-                         : "recv is the root's block of send (send + root * count)") +
-                 "; otherwise use separate buffers");
-  return inPlace;
-}
-
-// Gather and scatter: the root exchanges a block with every rank (itself included: a copy on
-// its channels), every other rank one block with the root. `blocks` is the root's buffer of
-// nranks blocks (a gather's recv, a scatter's send), `own` a rank's one block (a gather's
-// send, a scatter's recv). In place, `own` is the root's block of `blocks`: it stays there.
-void enqueueRootedExchange(Comm& comm, bool gather, const void* blocks, const void* own, size_t count, DataType dtype,
-                           int root, void* stream) {
-  bool inPlace = checkRootedExchange(comm, gather, blocks, own, count, dtype, root);
-  bool atRoot = comm.rank() == root;
-  size_t bytes = count * dataTypeSize(dtype);
-  // (Every send and receive checked before the call is logged and any of them recorded.)
-  std::vector<P2pCall> calls;
-  auto post = [&](bool isSend, const void* buf, int peer) {
-    calls.push_back({isSend, const_cast<void*>(buf), count, dtype, peer, stream});
-    validate(comm, calls.back());
-  };
-  if (!atRoot) post(gather, own, root);
-  for (int p = 0; p < comm.nranks() && atRoot; ++p) {
-    const char* block = (const char*)blocks + (size_t)p * bytes;
-    if (p != root) {
-      post(!gather, block, p);
-    } else if (!inPlace) {
-      post(true, gather ? own : block, root);
-      post(false, gather ? block : own, root);
-    }
-  }
-  groupStart();  // (its first part carries the call, logged when the group runs; with none, the
-                 // root of one rank in place, there is no peer to see the log)
+void enqueueExchange(Comm& comm, const std::vector<P2pCall>& calls, const LoggedCall& logged) {
+  groupStart();  // (with no part, the root of one rank in place, there is no peer to see the log)
   try {
     for (size_t i = 0; i < calls.size(); ++i) {
       Recorded r{&comm, true, {}, calls[i], true};
-      if (i == 0) logCall(r, {gather ? kGatherCall : kScatterCall, (uint8_t)dtype, 0, root, count});
+      if (i == 0) logCall(r, logged);
       recordOrRun(r);
     }
   } catch (...) {
@@ -688,16 +458,6 @@ void enqueueRootedExchange(Comm& comm, bool gather, const void* blocks, const vo
     throw;
   }
   groupEnd();
-}
-
-}  // namespace
-
-void enqueueGather(Comm& comm, const void* send, void* recv, size_t count, DataType dtype, int root, void* stream) {
-  enqueueRootedExchange(comm, true, recv, send, count, dtype, root, stream);
-}
-
-void enqueueScatter(Comm& comm, const void* send, void* recv, size_t count, DataType dtype, int root, void* stream) {
-  enqueueRootedExchange(comm, false, send, recv, count, dtype, root, stream);
 }
 
 void groupStart() { ++tlsGroupDepth; }

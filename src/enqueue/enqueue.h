@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "../../cuda/channel.h"
 #include "minincl.h"
@@ -13,6 +14,7 @@
 namespace mncl {
 
 class Comm;
+struct LoggedCall;
 
 struct CollCall {
   Coll coll;
@@ -55,6 +57,10 @@ void enqueueGather(Comm& comm, const void* send, void* recv, size_t count, DataT
                    void* stream = nullptr);
 void enqueueScatter(Comm& comm, const void* send, void* recv, size_t count, DataType dtype, int root,
                     void* stream = nullptr);
+// A collective made of sends and receives (exchanges.cc): `calls`, each validated, posted as
+// one group (inside the caller's, if one is open) whose first part carries `logged`, the call
+// as the caller made it, into the call log.
+void enqueueExchange(Comm& comm, const std::vector<P2pCall>& calls, const LoggedCall& logged);
 
 void groupStart();
 // Runs everything recorded since the outermost groupStart; after a refused call (see
@@ -75,9 +81,5 @@ int groupDepth();
 // Throws InvalidUsage inside an open group: `what` (split, shrink) blocks until every rank
 // joins, so one thread driving several ranks in a group would wait for itself.
 void checkNoOpenGroup(const std::string& what);
-
-// What a channel's error record (a mismatched peer, a failed read of a peer's memory, or a
-// peer that failed mid-operation) means, as the communicator's error code and message.
-std::pair<mnclResult_t, std::string> deviceErrorMessage(Comm& comm, const dev::DevError& e);
 
 }  // namespace mncl
