@@ -193,7 +193,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
   // otherwise a send step and a receive step.
   template <typename Kind>  // StepKind, or a FixedStepKind (see stepKind)
   MNCL_DEV_STEP void genericOp(Kind kind, const T* src, T* dst, size_t n, bool finish) {
-    DevChannel& ch = cx_.ch;
+    [[maybe_unused]] DevChannel& ch = cx_.ch;  // (for MNCL_TRACE only)
     if (tid() == 0 && kind.send) {
       waitSendAndAnnounce();
       MNCL_TRACE(ch, kTraceAnnounced);

@@ -127,13 +127,18 @@ class Staged:
     """``buf`` is what minincl reads and writes: contiguous and detached.
 
     ``origin`` is the caller's tensor when ``buf`` is a copy of it, so that results can
-    be copied back (only for tensors that receive data).
+    be copied back (only for tensors that receive data). ``refusal``: why they cannot be (its
+    elements share memory), raised once the call has run, so that the other ranks' call
+    still meets this one's and the group stays in step (as gloo's does).
     """
 
     buf: torch.Tensor
     origin: torch.Tensor | None = None
+    refusal: str | None = None
 
     def finish(self) -> None:
+        if self.refusal is not None:
+            raise ValueError(self.refusal)
         if self.origin is not None:
             self.origin.copy_(self.buf)
 
@@ -148,11 +153,13 @@ def stage(t: torch.Tensor, receives: bool = True) -> Staged:
     if d.is_contiguous():
         return Staged(d)
     if receives and torch._debug_has_internal_overlap(d) == 1:  # (1: some elements share memory)
-        raise ValueError(
+        refusal = (
             f"minincl backend: an output tensor (shape {tuple(d.shape)}, strides {d.stride()}) whose elements "
-            "share memory, as an expand()ed one's do: the results would overwrite each other; give a tensor with "
-            "memory of its own (.clone())"
+            "share memory, as an expand()ed one's do: the results would overwrite each other, so this rank's "
+            "were not written (the call ran, and the other ranks have theirs); give a tensor with memory of its "
+            "own (.clone())"
         )
+        return Staged(d.contiguous(), d, refusal)
     return Staged(d.contiguous(), d if receives else None)
 
 

@@ -7,6 +7,7 @@ import gc
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -125,10 +126,12 @@ def test_time_limits_in_the_environment_are_checked_where_they_are_set(monkeypat
     with pytest.raises(minincl.InvalidArgument, match="MININCL_BOOTSTRAP_TIMEOUT"):
         minincl.get_unique_id()
     monkeypatch.delenv("MININCL_BOOTSTRAP_TIMEOUT")
-    for value in ["0", "-1", "abc"]:
-        monkeypatch.setenv("MININCL_TIMEOUT", value)  # (0 made every healthy peer look hung)
-        with pytest.raises(minincl.InvalidArgument, match="MININCL_TIMEOUT"):
+    for value in ["0", "-1", "abc", "5ms", "1e12"]:  # (5ms made healthy peers look hung: the monitor ticks every 10)
+        monkeypatch.setenv("MININCL_TIMEOUT", value)
+        with pytest.raises(minincl.InvalidArgument, match="MININCL_TIMEOUT") as refused:
             minincl.Communicator.init_all(2)
+        if value != "abc":
+            assert "of at least 100ms and below 1e9 s" in str(refused.value), refused.value
 
 
 @pytest.mark.parametrize(
@@ -1114,6 +1117,81 @@ def test_a_rank_that_cannot_use_its_device_fails_the_others_inits_at_once(monkey
     assert out[0].startswith(
         "RemoteError: bootstrap failed: rank 1 could not make its communicator: device='cuda:0'"
     ), out
+
+
+_RANK_THAT_REPORTS_ITS_INIT = """
+import sys, minincl
+rank, uid = int(sys.argv[1]), bytes.fromhex(sys.argv[2])
+try:
+    minincl.Communicator(3, uid, rank).destroy()
+    print("ok")
+except minincl.Error as e:
+    print(f"{type(e).__name__}: {e}")
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("MININCL_NET_SOCKET_BUFFER", "abc"), ("MININCL_TIMEOUT", "1ms"), ("MININCL_POINTER_STEPS", "7")],
+)
+def test_a_bad_setting_on_one_rank_fails_the_others_at_once(tmp_path: Any, name: str, value: str) -> None:
+    """Settings that only a later phase of init read (the network's, the monitor's timeout,
+    pointer steps'), set wrong on one rank of three, failed that rank after it had joined the
+    others, and they waited for it until the bootstrap timeout (60 s by default), told to
+    raise that. Every setting is now read before a rank joins, so the others hear of its
+    failure at once (RemoteError naming it and the setting), not a Timeout."""
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK_THAT_REPORTS_ITS_INIT)
+    uid = minincl.get_unique_id()
+    procs = []
+    for rank in range(3):
+        env = {**os.environ, "MININCL_BOOTSTRAP_TIMEOUT": "40"}
+        if rank == 1:
+            env[name] = value
+        cmd = [sys.executable, str(script), str(rank), uid.hex()]
+        procs.append(subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=90)[0].strip() for p in procs]
+    assert outs[1].startswith("InvalidArgument: " + name), outs
+    for rank in (0, 2):
+        assert outs[rank].startswith(
+            "RemoteError: bootstrap failed: rank 1 could not make its communicator: " + name
+        ), outs
+
+
+_RANK_KILLED_AFTER_JOINING = """
+import os, signal, sys, threading, time, minincl
+uid = bytes.fromhex(sys.argv[1])
+threading.Thread(target=minincl.Communicator, args=(3, uid, 2), daemon=True).start()
+time.sleep(1.0)  # (registered with the root, waiting for ranks 0 and 1)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_rank_killed_during_init_fails_the_others_at_once(tmp_path: Any) -> None:
+    """Rank 2 joins (it registers with the root), then its process is killed before ranks 0
+    and 1 come. They used to wait the whole bootstrap timeout (here 40 s), one of them told
+    that connecting to rank 2 timed out though every attempt was refused at once. Now rank 1
+    finds rank 2's address refusing connections and says so; rank 0 finds its ring neighbour
+    gone: both RemoteErrors, within about a second."""
+    (tmp_path / "victim.py").write_text(_RANK_KILLED_AFTER_JOINING)
+    (tmp_path / "rank.py").write_text(_RANK_THAT_REPORTS_ITS_INIT)
+    uid = minincl.get_unique_id()
+    env = {**os.environ, "MININCL_BOOTSTRAP_TIMEOUT": "40"}
+    victim = subprocess.run([sys.executable, "victim.py", uid.hex()], env=env, cwd=tmp_path, timeout=60)
+    assert victim.returncode == -signal.SIGKILL
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "rank.py", str(r), uid.hex()], env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=90)[0].strip() for p in procs]
+    assert (
+        outs[1].startswith("RemoteError: bootstrap ring: connecting to rank 2: ") and "refuses connections" in outs[1]
+    ), outs
+    assert outs[0].startswith("RemoteError: rank 0: rank 1, next to it in the bootstrap ring, closed its connection"), (
+        outs
+    )
 
 
 def test_init_from_env_torchrun_style(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -336,6 +336,22 @@ def _non_contiguous(rank: int) -> Result:
     return [m, b]
 
 
+def _expanded_output_on_one_rank(rank: int) -> Result:
+    """Rank 1's output shares memory (expand()ed): it raises ValueError once the call has run,
+    so the others' all_gather completes and the group stays in step. (Refused before the
+    call, it left the others' all_gather to meet rank 1's next call: every rank failed, then
+    and in every later call.)"""
+    out = torch.empty(1).expand(WORLD * 4) if rank == 1 else torch.empty(WORLD * 4)
+    try:
+        dist.all_gather_into_tensor(out, values(rank, 4))
+    except ValueError as e:
+        assert rank == 1 and "share memory" in str(e), e
+        out = torch.zeros(WORLD * 4)
+    after = values(rank, 3)
+    dist.all_reduce(after)
+    return [out, after]
+
+
 def _want_non_contiguous(rank: int) -> Result:
     b = torch.arange(16.0).reshape(4, 4)
     if rank:
@@ -552,6 +568,13 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
     "complex_reductions": (_complex_reductions, _want_complex),
     "all_gather": (_all_gather, lambda r: [values(q) for q in range(WORLD)]),
     "all_gather_uneven": (_all_gather_uneven, lambda r: [values(q, 7 * q, torch.bfloat16) for q in range(WORLD)]),
+    "expanded_output_on_one_rank": (
+        _expanded_output_on_one_rank,
+        lambda r: [
+            torch.zeros(WORLD * 4) if r == 1 else torch.cat([values(q, 4) for q in range(WORLD)]),
+            _want_sum(r, 3),
+        ],
+    ),
     "all_gather_into_tensor": (
         _all_gather_into_tensor,
         lambda r: torch.cat([values(q, dtype=torch.bfloat16) for q in range(WORLD)]),

@@ -144,10 +144,22 @@ void Bootstrap::connectRing() {
   SockAddr a;
   a.storage = addrs_[next];
   a.len = a.storage.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-  next_ = Socket::connect(a, deadline(), "bootstrap ring: connecting to rank " + std::to_string(next));
+  next_ = Socket::connect(a, deadline(), "bootstrap ring: connecting to rank " + std::to_string(next), true);
   Header h{magic_, rank_, kRing, 0, 0};
   next_.sendAll(&h, sizeof(h), deadline(), "bootstrap ring header");
+  WaitCheck whileNextLives([this] { failIfNeighbourGone(); });  // (prev may never come: next hears first)
   prev_ = acceptMatching(kRing, prev, 0, &h);
+}
+
+void Bootstrap::failIfNeighbourGone() const {
+  int next = (rank_ + 1) % nranks_, prev = (rank_ + nranks_ - 1) % nranks_;
+  for (auto [socket, peer] : {std::pair{&next_, next}, std::pair{&prev_, prev}}) {
+    if (!socket->closedByPeer()) continue;
+    throwError(mnclRemoteError, "rank " + std::to_string(rank_) + ": rank " + std::to_string(peer) +
+                                    ", next to it in the bootstrap ring, closed its connection during init: its init "
+                                    "failed or its process exited (a rank whose init fails ends its neighbours' in "
+                                    "turn: the earliest error says why)");
+  }
 }
 
 Socket Bootstrap::acceptMatching(int kind, int peer, int tag, Header* header) {
@@ -183,7 +195,7 @@ void Bootstrap::send(int peer, int tag, const void* data, size_t size) {
   SockAddr a;
   a.storage = addrs_[peer];
   a.len = a.storage.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-  Socket s = Socket::connect(a, deadline(), "bootstrap send to rank " + std::to_string(peer));
+  Socket s = Socket::connect(a, deadline(), "bootstrap send to rank " + std::to_string(peer), true);
   Header h{magic_, rank_, kP2p, tag, size};
   s.sendAll(&h, sizeof(h), deadline(), "bootstrap send header");
   s.sendAll(data, size, deadline(), "bootstrap send");

@@ -71,6 +71,9 @@ class Bootstrap {
   void send(int peer, int tag, const void* data, size_t size);
   void recv(int peer, int tag, void* data, size_t size);
   void barrier();
+  // Throws RemoteError if a ring neighbour closed its connection: during init (before its
+  // last barrier) only a rank whose init failed, or whose process exited, does that.
+  void failIfNeighbourGone() const;
 
  private:
   struct Header {

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -108,7 +109,13 @@ void checkCancel(const std::string& what) {
 WaitCancel::WaitCancel(const std::atomic<bool>* flag) : previous_(tlsCancel) { tlsCancel = flag; }
 WaitCancel::~WaitCancel() { tlsCancel = previous_; }
 
-WaitCheck::WaitCheck(std::function<void()> check) : check_(std::move(check)), previous_(tlsCheck) { tlsCheck = &check_; }
+WaitCheck::WaitCheck(std::function<void()> check) : previous_(tlsCheck) {
+  check_ = [outer = previous_, check = std::move(check)] {
+    if (outer) (*outer)();
+    check();
+  };
+  tlsCheck = &check_;
+}
 WaitCheck::~WaitCheck() { tlsCheck = previous_; }
 
 void Socket::waitFor(short events, Deadline deadline, const std::string& what) {
@@ -134,7 +141,8 @@ Socket Socket::listen(const SockAddr& addr) {
   return s;
 }
 
-Socket Socket::connect(const SockAddr& addr, Deadline deadline, const std::string& what) {
+Socket Socket::connect(const SockAddr& addr, Deadline deadline, const std::string& what, bool listening) {
+  std::optional<Clock::time_point> refusedSince;  // (since the first of the refusals in a row)
   for (int attempt = 0;; ++attempt) {
     Socket s(newSocket(addr.storage.ss_family));
     int rc = ::connect(s.fd_, addr.sa(), addr.len);
@@ -150,6 +158,13 @@ Socket Socket::connect(const SockAddr& addr, Deadline deadline, const std::strin
     if (errno != ECONNREFUSED && errno != ECONNRESET && errno != ETIMEDOUT && errno != EHOSTUNREACH) {
       throwSystemError(what + ": connect(" + addr.str() + ")");
     }
+    if (errno != ECONNREFUSED) refusedSince.reset();
+    else if (!refusedSince) refusedSince = Clock::now();
+    if (listening && refusedSince && Clock::now() - *refusedSince >= std::chrono::seconds(1)) {
+      throwError(mnclRemoteError, what + ": " + addr.str() +
+                                      " refuses connections, where that rank was listening: its init failed or its "
+                                      "process exited (see its error)");
+    }
     checkCancel(what);
     if (Clock::now() >= deadline) {
       throwError(mnclTimeout, what + ": nobody accepted a connection at " + addr.str() +
@@ -158,6 +173,14 @@ Socket Socket::connect(const SockAddr& addr, Deadline deadline, const std::strin
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(100, 5 * (attempt + 1))));
   }
+}
+
+bool Socket::closedByPeer() const {
+  pollfd p{fd_, POLLIN | POLLRDHUP, 0};
+  if (fd_ < 0 || ::poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLERR | POLLHUP)) return true;
+  char byte;
+  return ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
 Socket Socket::accept(Deadline deadline, const std::string& what) {

@@ -49,7 +49,8 @@ class WaitCancel {
 };
 
 // Runs `check` in this thread's socket waits (every 100 ms or so) while alive: it throws to
-// end a wait that can no longer succeed (a shrink waiting for a peer that is gone).
+// end a wait that can no longer succeed (a shrink waiting for a peer that is gone). Checks
+// nest: an inner one runs after those around it.
 class WaitCheck {
  public:
   explicit WaitCheck(std::function<void()> check);
@@ -72,13 +73,18 @@ class Socket {
   ~Socket() { close(); }
 
   static Socket listen(const SockAddr& addr);  // port 0 picks a free one
-  // Retries while the listener is not up yet (connection refused) until the deadline.
-  static Socket connect(const SockAddr& addr, Deadline deadline, const std::string& what);
+  // Retries while the listener is not up yet (connection refused) until the deadline. Where
+  // it is known to have been up (`listening`: a peer published the address after it began
+  // to listen there), refusals for a second mean it is gone: RemoteError.
+  static Socket connect(const SockAddr& addr, Deadline deadline, const std::string& what, bool listening = false);
 
   Socket accept(Deadline deadline, const std::string& what);
   void sendAll(const void* data, size_t size, Deadline deadline, const std::string& what);
   void recvAll(void* data, size_t size, Deadline deadline, const std::string& what);
   SockAddr localAddr() const;
+  // Whether the other end closed the connection with nothing it sent left unread here (a
+  // connection carrying data both ways that was quiet until then; never blocks).
+  bool closedByPeer() const;
   bool valid() const { return fd_ >= 0; }
   int fd() const { return fd_; }
   void close();

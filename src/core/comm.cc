@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 
 #include "../enqueue/device_error.h"
 #include "../enqueue/enqueue.h"
@@ -85,6 +87,7 @@ dev::ProtoSizes protoSizesFromEnv(bool onGpu) {
 
 Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommOptions& options)
     : rank_(rank), nranks_(nranks), device_(device), options_(options) {
+  PeerInfo mine{};
   try {
     Bootstrap::checkArguments(id, rank, nranks);
     prepareDevice();
@@ -95,13 +98,19 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
       throw Error(e.code(), std::string("MININCL_CALL_TIMEOUT: ") + e.what());
     }
     cpuBindRequested();  // (checked here for every rank, threads too: only processes bind)
+    mine = describeSelf();
+    checkLaterSettings();
   } catch (const std::exception& e) {
     Bootstrap::reportInitFailure(id, rank, nranks, e.what());  // (the others need not wait for us)
     throw;
   }
   bootstrap_ = std::make_unique<Bootstrap>(id, rank, nranks);
+  // A rank whose init fails from here on closes its bootstrap sockets: its ring neighbours'
+  // waits end at once, and theirs in turn, rather than at the bootstrap timeout. (Until the
+  // last barrier: past it, a rank done with its init may go.)
+  std::optional<WaitCheck> whileNeighboursLive;
+  whileNeighboursLive.emplace([this] { bootstrap_->failIfNeighbourGone(); });
 
-  PeerInfo mine = describeSelf();
   peers_.assign(nranks, PeerInfo{});
   peers_[rank] = mine;
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
@@ -132,6 +141,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   if (host.anyNet) startNetProxy(id, layout, nch, channelsShareCores);
   peerFifos_ = peerRegions_;
   if (onGpu()) openPeerGpuRegions();
+  whileNeighboursLive.reset();
   bootstrap_->barrier();  // everyone has mapped everything: the names can go
   if (shm) shm->unlink();
   if (window_) window_->unlink();
@@ -278,15 +288,22 @@ void Comm::mapPeerRegions() {
   }
 }
 
+namespace {
+uint32_t gpuSpinsFromEnv() {
+  int64_t spins = env::integer("MININCL_GPU_SPINS", 1 << 14);
+  MNCL_CHECK(spins >= 0 && spins <= UINT32_MAX, mnclInvalidArgument, "MININCL_GPU_SPINS must be between 0 and 2^32-1");
+  return (uint32_t)spins;
+}
+}  // namespace
+
 void Comm::setSpinBudgets(bool channelsShareCores, bool anyNet) {
-  int64_t gpuSpins = onGpu() ? env::integer("MININCL_GPU_SPINS", 1 << 14) : 0;
-  MNCL_CHECK(gpuSpins >= 0 && gpuSpins <= UINT32_MAX, mnclInvalidArgument, "MININCL_GPU_SPINS must be between 0 and 2^32-1");
+  uint32_t gpuSpins = onGpu() ? gpuSpinsFromEnv() : 0;
   // Spins before a waiting CPU channel yields. With network peers each spin also polls their
   // sockets (a system call or more, ~100x a plain spin): where other ranks' channels share
   // the cores, a few of those, or it keeps the core from the rank it waits for (2 ranks on
   // one core over TCP, with the proxy yielding at once too: an 8-byte allreduce 75 -> 16 us).
   uint32_t cpuSpins = !oversubscribed_ ? 5000 : channelsShareCores && anyNet ? 4 : 200;
-  for (auto& ch : channels_) ch->dev.spinBudget = onGpu() ? (uint32_t)gpuSpins : cpuSpins;
+  for (auto& ch : channels_) ch->dev.spinBudget = onGpu() ? gpuSpins : cpuSpins;
 }
 
 // Whether any host's channel threads outnumber its cores: the tuner's cost table. (Each
@@ -315,6 +332,25 @@ void Comm::startTunerAndThreads(int nch, const PeerInfo& mine) {
   if (nranks_ > 1) monitor_ = std::make_unique<Monitor>(*this);
 }
 
+namespace {
+// MININCL_NET_SOCKET_BUFFER and MININCL_NET_CONGESTION, checked, into the proxy's setup.
+void applyNetSettings(NetProxy::Setup& s) {
+  int64_t socketBuffer = env::bytes("MININCL_NET_SOCKET_BUFFER", 4 << 20);
+  // (Below 64K the proxy's transfers stall on the tiny windows: 8K made a 128 KiB
+  // allreduce over loopback take 2 s, 16K a 1 MiB one 40 ms, where 64K took 3 ms.)
+  MNCL_CHECK(socketBuffer == 0 || (socketBuffer >= (64 << 10) && socketBuffer <= (1 << 30)), mnclInvalidArgument,
+             "MININCL_NET_SOCKET_BUFFER must be 0 (the kernel's autotuning) or a size from 64K to 1G (smaller "
+             "buffers stall the transfers)");
+  s.socketBufferBytes = (int)socketBuffer;
+  std::string congestion = env::str("MININCL_NET_CONGESTION", "");
+  for (char& c : congestion) c = (char)std::tolower((unsigned char)c);  // (the kernel's names are lower case)
+  MNCL_CHECK(congestion.size() < 16 && congestion.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") == std::string::npos,
+             mnclInvalidArgument, "MININCL_NET_CONGESTION must name a TCP congestion control (cubic, reno, bbr, ...) or be 'system'");
+  s.congestionRequired = !congestion.empty() && congestion != "system";
+  s.congestion = congestion.empty() ? "cubic" : congestion == "system" ? "" : congestion;
+}
+}  // namespace
+
 // Connects to the peers reached over the network and starts the thread that moves their
 // steps. Their control blocks are mirrors the proxy keeps from their messages.
 void Comm::startNetProxy(const UniqueIdData& id, const RegionLayout& layout, int nch, bool sharesCores) {
@@ -334,18 +370,7 @@ void Comm::startNetProxy(const UniqueIdData& id, const RegionLayout& layout, int
   s.abortWord = abortWord();
   s.busy = [this] { return callsInside_.load() > 0; };
   s.timeout = std::max(bootstrapTimeout(), Monitor::timeoutSeconds());
-  int64_t socketBuffer = env::bytes("MININCL_NET_SOCKET_BUFFER", 4 << 20);
-  // (Below 64K the proxy's transfers stall on the tiny windows: 8K made a 128 KiB
-  // allreduce over loopback take 2 s, 16K a 1 MiB one 40 ms, where 64K took 3 ms.)
-  MNCL_CHECK(socketBuffer == 0 || (socketBuffer >= (64 << 10) && socketBuffer <= (1 << 30)), mnclInvalidArgument,
-             "MININCL_NET_SOCKET_BUFFER must be 0 (the kernel's autotuning) or a size from 64K to 1G (smaller "
-             "buffers stall the transfers)");
-  s.socketBufferBytes = (int)socketBuffer;
-  std::string congestion = env::str("MININCL_NET_CONGESTION", "");
-  MNCL_CHECK(congestion.size() < 16 && congestion.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") == std::string::npos,
-             mnclInvalidArgument, "MININCL_NET_CONGESTION must name a TCP congestion control (cubic, reno, bbr, ...) or be 'system'");
-  s.congestionRequired = !congestion.empty() && congestion != "system";
-  s.congestion = congestion.empty() ? "cubic" : congestion == "system" ? "" : congestion;
+  applyNetSettings(s);
   netProxy_ = std::make_unique<NetProxy>(std::move(s));
   netListener_.close();
   for (int r = 0; r < nranks_; ++r) {
@@ -534,6 +559,7 @@ namespace {
 struct PointerStepSettings {
   int64_t mode, directWrites, minBytes;
   bool modeChosen;  // MININCL_POINTER_STEPS is set
+  int64_t readBytes, netPointerBytes;  // MININCL_POINTER_READ_BYTES, MININCL_NET_POINTER_BYTES
 };
 // The default mode is 2 (the fastest where it works): it matters to CPU ranks in different
 // processes only, and GPU communicators take every nonzero mode alike.
@@ -545,17 +571,16 @@ PointerStepSettings pointerStepSettings(int64_t defaultMinBytes) {
   MNCL_CHECK(s.directWrites == 0 || s.directWrites == 1, mnclInvalidArgument, "MININCL_DIRECT_WRITES must be 0 or 1");
   MNCL_CHECK(s.minBytes >= 0 && s.minBytes <= (1ll << 31), mnclInvalidArgument,
              "MININCL_POINTER_STEP_BYTES must be between 0 and 2^31");
+  s.readBytes = env::bytes("MININCL_POINTER_READ_BYTES", 1 << 20);
+  s.netPointerBytes = env::bytes("MININCL_NET_POINTER_BYTES", 128 << 10);
+  MNCL_CHECK(s.readBytes >= 4096 && s.readBytes <= (1ll << 30), mnclInvalidArgument,
+             "MININCL_POINTER_READ_BYTES must be between 4K and 1G");
   return s;
 }
 }  // namespace
 
 void Comm::enablePointerSteps() {
-  auto [mode, directWrites, minBytes, modeChosen] = pointerStepSettings(32 << 10);
-  int64_t readBytes = env::bytes("MININCL_POINTER_READ_BYTES", 1 << 20);
-  int64_t netPointerBytes = env::bytes("MININCL_NET_POINTER_BYTES", 128 << 10);
-  MNCL_CHECK(netPointerBytes >= 0, mnclInvalidArgument, "MININCL_NET_POINTER_BYTES must be a size (bytes, K, M, G)");
-  MNCL_CHECK(readBytes >= 4096 && readBytes <= (1ll << 30), mnclInvalidArgument,
-             "MININCL_POINTER_READ_BYTES must be between 4K and 1G");
+  auto [mode, directWrites, minBytes, modeChosen, readBytes, netPointerBytes] = pointerStepSettings(32 << 10);
   for (auto& ch : channels_) {
     ch->dev.pointerStepMinBytes = (uint32_t)minBytes;
     ch->dev.pointerReadBytes = (uint32_t)readBytes;
@@ -612,7 +637,7 @@ void Comm::enablePointerSteps() {
 // flag is in device memory, set with a copy.
 void Comm::enableGpuPointerSteps() {
 #if defined(MININCL_HAVE_CUDA)
-  auto [mode, directWrites, minBytes, modeChosen] = pointerStepSettings(0);
+  auto [mode, directWrites, minBytes, modeChosen, readBytes, netPointerBytes] = pointerStepSettings(0);
   for (auto& ch : channels_) ch->dev.pointerStepMinBytes = (uint32_t)minBytes;
   pid_t me = getpid();
   for (int p = 0; p < nranks_; ++p) {
@@ -632,6 +657,23 @@ void Comm::enableGpuPointerSteps() {
   }
   MNCL_CUDA_CHECK(cudaStreamSynchronize(gpu_->sideStream()));
 #endif
+}
+
+// The settings later phases of init read, read now: a malformed one then fails this rank
+// before it joins the others, who hear of it at once (Bootstrap::reportInitFailure) instead
+// of waiting for this rank until the bootstrap timeout (describeSelf reads the rest).
+void Comm::checkLaterSettings() {
+  Monitor::timeoutSeconds();
+  pointerStepSettings(0);
+  NetProxy::Setup net;
+  applyNetSettings(net);
+  env::bytes("MININCL_WINDOW_BYTES", 0);
+  if (onGpu()) {
+    gpuSpinsFromEnv();
+    gpuChannelsWanted(1);
+  } else {
+    channelsWanted(1);
+  }
 }
 
 Comm::Stats Comm::stats() {

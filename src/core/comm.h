@@ -252,6 +252,7 @@ class Comm {
     bool otherProcess = false, sharedProcess = false, anyNet = false;
   };
   PeerInfo describeSelf();
+  void checkLaterSettings();
   HostShare checkPeersAgree(const PeerInfo& mine);
   std::shared_ptr<ShmMapping> createRegions(const RegionLayout& layout, bool otherProcess);
   void mapPeerRegions();

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 
 #include "error.h"
@@ -39,9 +40,14 @@ double seconds(const char* name, double fallback) {
   bad(name, v, "a duration such as 5, 2.5s or 500ms");
 }
 
-double limit(const char* name, double fallback) {
+double limit(const char* name, double fallback, double lowest) {
   double x = seconds(name, fallback);
-  if (!(x > 0 && x < 1e9)) bad(name, str(name), "a time limit above 0 (such as 5, 2.5s or 500ms)");
+  bool inRange = (lowest > 0 ? x >= lowest : x > 0) && x < 1e9;
+  if (!inRange) {
+    char from[64] = "above 0";
+    if (lowest > 0) std::snprintf(from, sizeof(from), "of at least %gms", lowest * 1000);
+    bad(name, str(name), (std::string("a time limit ") + from + " and below 1e9 s (such as 5, 2.5s or 500ms)").c_str());
+  }
   return x;
 }
 

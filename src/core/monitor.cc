@@ -31,7 +31,9 @@ double nowSeconds() {
 }
 }  // namespace
 
-double Monitor::timeoutSeconds() { return env::limit("MININCL_TIMEOUT", 5.0); }
+// (At least 10 of the monitor's 10 ms ticks: below that a rank that is merely descheduled
+// for a moment looks hung, and healthy runs fail.)
+double Monitor::timeoutSeconds() { return env::limit("MININCL_TIMEOUT", 5.0, 0.1); }
 
 std::chrono::steady_clock::time_point Monitor::timeoutFromNow() {
   using Clock = std::chrono::steady_clock;

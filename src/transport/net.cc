@@ -240,7 +240,7 @@ void NetProxy::connectAll() {
     }
     for (int link = kCtrlLink; link < setup_.nChannels; ++link) {
       std::string what = "rank " + std::to_string(setup_.rank) + " connecting to rank " + std::to_string(peer) + " (network transport)";
-      Socket s = Socket::connect(setup_.listeners[peer], deadline, what);
+      Socket s = Socket::connect(setup_.listeners[peer], deadline, what, true);  // (it listened before it said where)
       Hello h{kNetMagic, setup_.nonce, setup_.rank, link};
       s.sendAll(&h, sizeof(h), deadline, what);
       place(peer, link, std::move(s));
