@@ -1359,6 +1359,34 @@ def test_two_jobs_at_one_root_address_fail_instead_of_mixing_ranks() -> None:
     assert out["first rank 0"] == out["first rank 1"] == "joined", out
 
 
+def test_a_rank_left_waiting_hears_of_another_jobs_rank_at_its_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 of the second job came to the first job's root and was turned away; the first
+    job's rank 0, left waiting for its own rank 1, used to hear only "missing ranks: 1"."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "2")
+    out: dict[str, str] = {}
+
+    def join(name: str, job: str, rank: int) -> None:
+        try:
+            minincl.Communicator(2, minincl.unique_id_for_address("127.0.0.1", port, job), rank).destroy()
+            out[name] = "joined"
+        except minincl.Error as e:
+            out[name] = f"{type(e).__name__}: {e}"
+
+    first = threading.Thread(target=join, args=("first rank 0", "job-a", 0))
+    first.start()
+    time.sleep(0.3)
+    join("second rank 1", "job-b", 1)
+    first.join(30)
+    assert out["second rank 1"].startswith("InvalidUsage: bootstrap failed: wrong unique id"), out
+    assert out["first rank 0"].startswith("Timeout: bootstrap failed: only 1 of 2 ranks joined"), out
+    assert "missing ranks: 1 (1 process(es) of another unique id came to this address" in out["first rank 0"], out
+
+
 def test_unknown_protocol_name_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MININCL_PROTO", "fast")
     with pytest.raises(minincl.InvalidArgument, match='unknown name "fast"'):

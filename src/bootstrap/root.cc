@@ -43,6 +43,7 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
   int nranks = -1;
   std::string failure;
   mnclResult_t status = mnclInvalidUsage;  // of a failure: the ranks disagree, or (Timeout) some never came
+  int strangers = 0;  // hellos with another id: a second job at this address, say
   try {
     while (nranks < 0 || (int)joined.size() < nranks) {
       Socket s = listener.accept(deadline, "bootstrap root waiting for ranks");
@@ -57,6 +58,7 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
         reply(s, h.nonce, mnclInvalidUsage,
               "wrong unique id: this bootstrap root serves another id (two jobs given the same root address?)",
               nullptr);
+        ++strangers;
         continue;
       }
       if (!started) deadline = deadlineIn(timeout);
@@ -99,6 +101,10 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
     status = mnclTimeout;
     failure = "only " + std::to_string(joined.size()) + " of " + std::to_string(nranks) +
               " ranks joined before the bootstrap timeout; missing ranks: " + missing;
+    if (strangers > 0) {
+      failure += " (" + std::to_string(strangers) + " process(es) of another unique id came to this address and were " +
+                 "turned away: another job given the same root address? a missing rank may be among them)";
+    }
     MNCL_WARN(kInit, "bootstrap root: %s", failure.c_str());
   }
   for (Joined& j : joined) reply(j.sock, nonce, failure.empty() ? mnclSuccess : status, failure, failure.empty() ? &table : nullptr);
