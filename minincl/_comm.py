@@ -58,8 +58,8 @@ def _device_index(device: DeviceSpec) -> int:
         raise InvalidArgument(f"device={device!r}: a CUDA device number is at least 0")
     if not _core.build_info()["cuda"]:
         raise InvalidUsage(
-            f"device={device!r}: this build of minincl has no CUDA backend (nvcc was not found when it was "
-            "built); use device='cpu'"
+            f"device={device!r}: this build of minincl has no CUDA backend (built without CUDA: nvcc was not "
+            "found, or -C cmake.define.MININCL_CUDA=OFF); use device='cpu'"
         )
     if gpu_count() == 0:
         raise InvalidArgument(f"device={device!r}: no usable CUDA GPU here (no driver or no device)")

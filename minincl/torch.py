@@ -36,7 +36,13 @@ from datetime import timedelta
 from types import FrameType
 from typing import Any, Callable
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError as missing:  # (minincl itself runs without it; this module is its backend)
+    raise ModuleNotFoundError(
+        "minincl.torch is minincl's torch.distributed backend and needs PyTorch: pip install torch (or minincl[torch])",
+        name="torch",
+    ) from missing
 import torch.distributed as dist
 from torch._C._distributed_c10d import FakeProcessGroup
 from torch.distributed import ReduceOp

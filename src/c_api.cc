@@ -408,9 +408,10 @@ mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist) {
 
 namespace {
 // The new communicator of a split or shrink; its init fails at once if the process of one of
-// `members` (the parent's ranks) exits before joining.
-mnclComm_t newChild(Comm& parent, const UniqueIdData& id, int rank, int nranks, const std::vector<int>& members,
-                    const CommOptions& options) {
+// `members` (the parent's ranks) exits before joining. (static: in the extern "C" block it
+// would otherwise be exported under its bare name.)
+static mnclComm_t newChild(Comm& parent, const UniqueIdData& id, int rank, int nranks, const std::vector<int>& members,
+                           const CommOptions& options) {
   auto c = std::make_unique<mnclComm>();
   WaitCheck whileTheyLive([&] { parent.failIfMemberGone(members); });
   c->impl = std::make_unique<Comm>(id, rank, nranks, parent.device(), options);

@@ -849,7 +849,7 @@ void Comm::prepareDevice() {
 #else
   MNCL_CHECK(device_ < 0, mnclInvalidUsage,
              "device cuda:" + std::to_string(device_) +
-                 ": this build of minincl has no CUDA backend (built without nvcc); use the CPU (device=\"cpu\", "
+                 ": this build of minincl has no CUDA backend (built without CUDA: nvcc was not found, or MININCL_CUDA=OFF); use the CPU (device=\"cpu\", "
                  "MNCL_DEVICE_CPU in C)");
 #endif
 }
