@@ -22,7 +22,7 @@ import pytest
 import workers
 from conftest import ALGOS, PROTOS, TYPES_OPS, counts_for, env_as, needs, run_ranks
 from test_algorithms import check_collective, check_small_allreduces
-from test_errors import mismatched_allreduce_stories
+from test_errors import CALLS_RUN_AS_OTHERS, mismatched_allreduce_stories
 
 import minincl
 
@@ -264,6 +264,29 @@ def test_mismatched_collectives_are_named_over_the_network() -> None:
     with net_comms(2) as comms:
         results = mismatched_allreduce_stories(comms)
     assert any("mismatched calls" in r and "count=10" in r and "count=20" in r for r in results), results
+
+
+@pytest.mark.parametrize("case", [c for c in CALLS_RUN_AS_OTHERS if c != "alltoall vs send"])
+def test_mismatches_over_the_network_name_calls_as_the_user_made_them(case: str) -> None:
+    """Over TCP a rank that saw the mismatch in a step named the calls as they run (rank 1's
+    barrier as an int32 allreduce, an alltoall as a send), while the other, a moment later,
+    named them as made: a peer's call log travels with its heartbeats, after the steps. Now
+    both wait for it (a few ticks at most) and name the calls alike."""
+    first, second, names = CALLS_RUN_AS_OTHERS[case]
+
+    def body(c: Any) -> str:
+        try:
+            (first if c.rank == 0 else second)(c)
+        except minincl.Error as e:
+            return f"{type(e).__name__}: {e}"
+        return "ok"
+
+    with net_comms(2) as comms:
+        results = run_ranks(comms, body)
+    assert results[0] != "ok", results
+    for story in results:
+        if story != "ok":
+            assert "int32" not in story and all(name in story for name in names), results
 
 
 def test_receives_waiting_in_a_cycle_over_the_network_are_a_deadlock_error() -> None:

@@ -765,6 +765,9 @@ void Comm::logCall(const LoggedCall& call) {
 }
 
 uint64_t Comm::collectiveCallsMade() const { return region_ ? dev::loadAcquire(&region_->ctrl()->calls.made) : 0; }
+uint64_t Comm::peerCollectiveCallsMade(int r) const {
+  return peerRegions_[r] ? dev::loadAcquire(&peerRegions_[r]->ctrl()->calls.made) : 0;
+}
 
 void Comm::countP2p(bool isSend, int peer, size_t channelBytes) {
   if (!region_) return;

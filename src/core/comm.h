@@ -139,6 +139,7 @@ class Comm {
   // theirs (see call_log.h).
   void logCall(const LoggedCall& call);
   uint64_t collectiveCallsMade() const;  // logged so far
+  uint64_t peerCollectiveCallsMade(int r) const;  // as rank r's log here says (a network peer's: a mirror)
   // Counts a send or receive this rank posts, for the same log. `channelBytes`: of a send,
   // the most that one of its channels carries to the peer, with the group's earlier sends to
   // it (see p2pSplit).
