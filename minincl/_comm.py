@@ -439,6 +439,7 @@ def launch(
                 results[rank] = (ok, value)
 
     deadline = None if timeout is None else time.monotonic() + timeout
+    after_failure = False  # the deadline is a failed rank's grace, not the launch timeout
     while len(results) < nranks:
         collect(0.1)
         if any(not ok for ok, _ in results.values()):
@@ -446,13 +447,13 @@ def launch(
             # never would, so the job ends soon after (as mpirun and torchrun end theirs).
             soon = time.monotonic() + _LAUNCH_GRACE_SECONDS
             if deadline is None or soon < deadline:
-                deadline, timeout = soon, None
+                deadline, after_failure = soon, True
         if all(not p.is_alive() for p in procs) or (deadline is not None and time.monotonic() > deadline):
             collect(0.5)
             break
     killed = set()
     # One wait for all of them, not 5 s each; none past the launch timeout (those left are stuck).
-    timed_out = timeout is not None and deadline is not None and time.monotonic() > deadline
+    timed_out = deadline is not None and not after_failure and time.monotonic() > deadline
     join_by = time.monotonic() + (0.5 if timed_out else 5)
     for r, p in enumerate(procs):
         p.join(timeout=max(0.0, join_by - time.monotonic()))
@@ -464,7 +465,7 @@ def launch(
     errors: dict[int, str] = {}
     for r, p in enumerate(procs):
         if r in killed and r not in results:
-            why = f"the launch timeout of {timeout} s" if timeout is not None else "another rank failed"
+            why = "another rank failed" if after_failure or timeout is None else f"the launch timeout of {timeout} s"
             errors[r] = f"still running after {why} (killed)"
         elif r not in results:
             errors[r] = _no_result_story(p.exitcode, getattr(fn, "__name__", "fn"))
