@@ -951,11 +951,8 @@ void bindCalls(py::handle comm) {
             "Sends send to rank peer and receives recv from recv_peer (default: peer), as one group; returns recv.");
 }
 
-}  // namespace
-
-PYBIND11_MODULE(_core, m) {
-  m.doc() = "minincl's compiled core; use the `minincl` package";
-
+// Exceptions from the core become the minincl.Error subclass of their code.
+void bindErrors() {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -968,8 +965,10 @@ PYBIND11_MODULE(_core, m) {
       Py_XDECREF(text);
     }
   });
-  py_interrupt::rememberMainThread();
+}
 
+// The module's functions: unique ids, what this build and machine have, init failures.
+void bindModuleFunctions(py::module_& m) {
   m.def("get_unique_id", [] {
     mnclUniqueId id;
     checkResult(mnclGetUniqueId(&id));
@@ -1022,6 +1021,10 @@ PYBIND11_MODULE(_core, m) {
     d["cpu_vector_isa"] = vectorIsaInUse();  // the CPU's 16-bit float arithmetic
     return d;
   });
+}
+
+// Groups: a thread's open group, ended (run or dropped) by group_end.
+void bindGroups(py::module_& m) {
   m.def("group_start", [] {
     groupStart();
     if (groupDepth() == 1) tlsGroup = new PyGroup();
@@ -1043,8 +1046,10 @@ PYBIND11_MODULE(_core, m) {
       "Ends this thread's innermost group; the outermost runs its calls, or with discard=True (an "
       "exception left the block) drops them.");
 
-  py_ops::bind(m);
+}
 
+// Work (an async_op=True call's handle) and Communicator.
+void bindCommunicator(py::module_& m) {
   py::class_<Work>(m, "Work", "Handle of an async_op=True call")
       .def("wait", &Work::wait, "Blocks until the operation finished; raises its error; returns its result.")
       .def("is_completed", &Work::isCompleted)
@@ -1100,7 +1105,18 @@ PYBIND11_MODULE(_core, m) {
            "waiting for its peers after MININCL_TIMEOUT is stopped: it raises Aborted). Later calls raise "
            "InvalidUsage; rank, nranks and device stay readable. Also what leaving a `with` block does.");
   bindCalls(comm);
+}
 
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "minincl's compiled core; use the `minincl` package";
+  bindErrors();
+  py_interrupt::rememberMainThread();
+  bindModuleFunctions(m);
+  bindGroups(m);
+  py_ops::bind(m);
+  bindCommunicator(m);
 #ifdef MININCL_HAVE_TOPO
   bindTopo(m);
 #endif
