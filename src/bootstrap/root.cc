@@ -33,6 +33,36 @@ void reply(Socket& s, uint64_t nonce, int status, const std::string& msg, const 
   }
 }
 
+// What is wrong with rank `h` joining, or "": the ranks must agree on nranks, and each come once.
+std::string joiningFailure(const RootHello& h, int nranks, const std::vector<Joined>& joined) {
+  if (h.nranks != nranks) {
+    return "mismatched nranks: one rank said " + std::to_string(nranks) + ", rank " + std::to_string(h.rank) + " said " +
+           std::to_string(h.nranks);
+  }
+  if (h.rank < 0 || h.rank >= nranks) return "rank " + std::to_string(h.rank) + " is out of range for nranks=" + std::to_string(nranks);
+  for (const Joined& j : joined) {
+    if (j.rank == h.rank) return "duplicate rank: two processes both said they are rank " + std::to_string(h.rank);
+  }
+  return "";
+}
+
+// The timeout's story: who is missing, and whether strangers (hellos of another id) came.
+std::string missingRanksFailure(int nranks, const std::vector<Joined>& joined, int strangers) {
+  std::string missing;
+  for (int r = 0; r < nranks; ++r) {
+    bool in = false;
+    for (const Joined& j : joined) in |= j.rank == r;
+    if (!in) missing += (missing.empty() ? "" : ",") + std::to_string(r);
+  }
+  std::string failure = "only " + std::to_string(joined.size()) + " of " + std::to_string(nranks) +
+                        " ranks joined before the bootstrap timeout; missing ranks: " + missing;
+  if (strangers > 0) {
+    failure += " (" + std::to_string(strangers) + " process(es) of another unique id came to this address and were " +
+               "turned away: another job given the same root address? a missing rank may be among them)";
+  }
+  return failure;
+}
+
 void serve(Socket listener, uint64_t nonce, double timeout) {
   // The clock starts when the first rank of this id arrives: an id may be made long before
   // its ranks start (a job that loads its data first). Until then the root waits, as NCCL's.
@@ -74,16 +104,7 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
         nranks = h.nranks;
         table.assign(nranks > 0 ? nranks : 0, sockaddr_storage{});
       }
-      if (h.nranks != nranks) {
-        failure = "mismatched nranks: one rank said " + std::to_string(nranks) + ", rank " +
-                  std::to_string(h.rank) + " said " + std::to_string(h.nranks);
-      } else if (h.rank < 0 || h.rank >= nranks) {
-        failure = "rank " + std::to_string(h.rank) + " is out of range for nranks=" + std::to_string(nranks);
-      } else {
-        for (const Joined& j : joined) {
-          if (j.rank == h.rank) failure = "duplicate rank: two processes both said they are rank " + std::to_string(h.rank);
-        }
-      }
+      failure = joiningFailure(h, nranks, joined);
       if (!failure.empty()) {
         reply(s, nonce, mnclInvalidUsage, failure, nullptr);
         break;
@@ -91,20 +112,9 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
       table[h.rank] = h.listen;
       joined.push_back({std::move(s), h.rank});
     }
-  } catch (const Error& e) {
-    std::string missing;
-    for (int r = 0; r < nranks; ++r) {
-      bool in = false;
-      for (const Joined& j : joined) in |= j.rank == r;
-      if (!in) missing += (missing.empty() ? "" : ",") + std::to_string(r);
-    }
+  } catch (const Error&) {  // (the deadline: ranks never came)
     status = mnclTimeout;
-    failure = "only " + std::to_string(joined.size()) + " of " + std::to_string(nranks) +
-              " ranks joined before the bootstrap timeout; missing ranks: " + missing;
-    if (strangers > 0) {
-      failure += " (" + std::to_string(strangers) + " process(es) of another unique id came to this address and were " +
-                 "turned away: another job given the same root address? a missing rank may be among them)";
-    }
+    failure = missingRanksFailure(nranks, joined, strangers);
     MNCL_WARN(kInit, "bootstrap root: %s", failure.c_str());
   }
   for (Joined& j : joined) reply(j.sock, nonce, failure.empty() ? mnclSuccess : status, failure, failure.empty() ? &table : nullptr);
