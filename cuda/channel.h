@@ -167,7 +167,7 @@ MNCL_DEV bool sendSlotFree(DevChannel& ch, int peer) {
 // error. (A sender on this host already past its check may still land a step; a network
 // proxy never does, see netSettle.)
 MNCL_DEV void retractOutput(DevChannel& ch, int p) {
-  storeRelease(&ch.recvFrom[p].ctrl->outputFromStep, (uint64_t)0);
+  ch.recvFrom[p].ctrl->retractOutput();
 #if !defined(__CUDACC__)
   if (ch.netSettle) ch.netSettle(ch.netProgressArg);
 #endif

@@ -92,6 +92,22 @@ struct ConnCtrl {
   alignas(128) uint64_t outputFromStep;
   uint64_t outputAt, outputBytes;
   StepInfo outputInfo;
+
+  // Receiver: publishes its output for the operation whose first step from the sender is
+  // `firstStep` and which is `info`.
+  MNCL_DEV void publishOutput(uint64_t firstStep, uint64_t at, uint64_t bytes, const StepInfo& info) {
+    storeRelaxed(&outputAt, at);
+    storeRelaxed(&outputBytes, bytes);
+    outputInfo = info;
+    storeRelease(&outputFromStep, firstStep + 1);
+  }
+  // Whether the output published is for that operation (acquire: then outputAt and
+  // outputBytes are its).
+  MNCL_DEV bool outputPublishedFor(uint64_t firstStep, const StepInfo& info) const {
+    return loadAcquire(&outputFromStep) == firstStep + 1 && sameInfo(outputInfo, info);
+  }
+  // Receiver: takes it back (the operation stopped early).
+  MNCL_DEV void retractOutput() { storeRelease(&outputFromStep, (uint64_t)0); }
 };
 
 // What a receiver leaves in ConnCtrl::dataAt once it has taken a pointer step (send/recv;

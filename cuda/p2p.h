@@ -254,8 +254,7 @@ struct P2pEngine {
   // for the op's first step): then it takes every step we post, whatever its length.
   MNCL_DEV bool receiverStarted(const P2pOp& op) const {
     const ConnCtrl* c = ch.sendTo[op.peer].ctrl;
-    return loadAcquire(&c->outputFromStep) == op.firstStep + 1 && sameInfo(c->outputInfo, infoOf(op)) &&
-           loadRelaxed(&c->outputBytes) == op.bytes;
+    return c->outputPublishedFor(op.firstStep, infoOf(op)) && loadRelaxed(&c->outputBytes) == op.bytes;
   }
 
   // The address to post for a send's next `len` bytes, or 0 to copy them into the slot:
@@ -317,10 +316,7 @@ struct P2pEngine {
     ConnCtrl* c = ch.recvFrom[op.peer].ctrl;
     op.firstStep = ch.recvStep[op.peer];
     op.started = true;
-    storeRelaxed(&c->outputAt, (uint64_t)(uintptr_t)op.buf);
-    storeRelaxed(&c->outputBytes, op.bytes);
-    c->outputInfo = infoOf(op);
-    storeRelease(&c->outputFromStep, op.firstStep + 1);
+    c->publishOutput(op.firstStep, (uint64_t)(uintptr_t)op.buf, op.bytes, infoOf(op));
   }
 
   // Takes step `step` if it is a pointer step: its address, or 0 (in the slot; acquire: the

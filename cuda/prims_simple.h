@@ -323,14 +323,10 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   // Tells the sender `p` where our output is, for the operation now starting.
   MNCL_DEV void publishOutput(int p) {
     ConnCtrl* c = cx_.ch.recvFrom[p].ctrl;
-    uint64_t from = cx_.ch.opFirstRecvStep[p] + 1;
+    uint64_t firstStep = cx_.ch.opFirstRecvStep[p];
     const DevWork& w = cx_.work;
-    // Done already by an earlier primitive of this operation?
-    if (loadRelaxed(&c->outputFromStep) == from && sameInfo(c->outputInfo, w.info())) return;
-    storeRelaxed(&c->outputAt, (uint64_t)(uintptr_t)w.recv);
-    storeRelaxed(&c->outputBytes, outputBytes());
-    c->outputInfo = w.info();
-    storeRelease(&c->outputFromStep, from);
+    if (c->outputPublishedFor(firstStep, w.info())) return;  // (by an earlier primitive of this operation)
+    c->publishOutput(firstStep, (uint64_t)(uintptr_t)w.recv, outputBytes(), w.info());
   }
 
   // Where we may write this step's copy for receiver `p`, straight into its output: here,
@@ -343,7 +339,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     const ConnCtrl* c = f.ctrl;
     kernel = kernel && f.kernelWrites;
     if (!(f.directWrites || kernel) || !outputsAlike(w.coll)) return {};
-    if (loadAcquire(&c->outputFromStep) != cx_.ch.opFirstSendStep[p] + 1 || !sameInfo(c->outputInfo, w.info())) return {};
+    if (!c->outputPublishedFor(cx_.ch.opFirstSendStep[p], w.info())) return {};
     // (The receiver's output is as big as ours: it published it for this very call.)
     uint64_t off = finalOutputOffset(dst, n, false), bytes = n * sizeof(T);
     if (off == kNotOutput) return {};

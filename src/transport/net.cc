@@ -513,7 +513,7 @@ char* NetProxy::landing(const DataLink& l) const {
   const StepHeader& h = l.inHeader;
   const dev::ConnCtrl* c = l.in.ctrl;
   if (h.outputOffset == dev::kNotOutput || h.length == 0) return nullptr;
-  if (dev::loadAcquire(&c->outputFromStep) != h.opFirstStep + 1 || !dev::sameInfo(c->outputInfo, h.info)) return nullptr;
+  if (!c->outputPublishedFor(h.opFirstStep, h.info)) return nullptr;
   uint64_t bytes = dev::loadRelaxed(&c->outputBytes);
   if (h.outputOffset > bytes || h.length > bytes - h.outputOffset) return nullptr;
   return reinterpret_cast<char*>(dev::loadRelaxed(&c->outputAt) + h.outputOffset);
