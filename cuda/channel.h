@@ -102,9 +102,16 @@ struct DevChannel {
 #endif
 };
 
-// Adds to one of a channel's counters: its thread alone writes it, while the host may read
-// it (Comm::stats, during an async call), so the store is atomic, if relaxed.
-MNCL_DEV void countUp(uint64_t& counter, int64_t by = 1) { storeRelaxed(&counter, counter + (uint64_t)by); }
+// Adds to one of a channel's counters: its thread alone writes it, while a CPU host may read
+// it (Comm::stats, during an async call), so there the store is atomic, if relaxed. (A GPU
+// channel's lie in shared memory during a kernel; the host reads the device copy after it.)
+MNCL_DEV void countUp(uint64_t& counter, int64_t by = 1) {
+#if defined(__CUDACC__)
+  counter += (uint64_t)by;
+#else
+  storeRelaxed(&counter, counter + (uint64_t)by);
+#endif
+}
 
 #if defined(__CUDACC__) && defined(MNCL_GPU_TRACE)
 #define MNCL_TRACE(ch, point)                                                        \

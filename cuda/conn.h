@@ -106,6 +106,9 @@ struct ConnCtrl {
   MNCL_DEV bool outputPublishedFor(uint64_t firstStep, const StepInfo& info) const {
     return loadAcquire(&outputFromStep) == firstStep + 1 && sameInfo(outputInfo, info);
   }
+  // Whether the output published is for the operation whose first step is `firstStep`,
+  // whatever its description (a sender waiting for its receiver to start).
+  MNCL_DEV bool outputPublishedFrom(uint64_t firstStep) const { return loadAcquire(&outputFromStep) == firstStep + 1; }
   // Receiver: takes it back (the operation stopped early).
   MNCL_DEV void retractOutput() { storeRelease(&outputFromStep, (uint64_t)0); }
 };
@@ -157,14 +160,14 @@ struct ConnFifo {
   // operation whose first step from the sender is readAheadOp - 1 (0: none).
   uint64_t readAheadOp = 0, readAheadFrom = 0, readAheadTo = 0, readAheadInto = 0;
 
-  // The peer's `bytes` at `at` (as the peer addresses them) as this process addresses them:
-  // the same address (the peer is this process), or through our mapping of its window;
-  // null if neither (a kernel copy may still reach them).
   // Step `step`'s Simple slot.
   MNCL_HOSTDEV char* simpleSlot(uint64_t step, const ProtoSizes& sizes) const {
     return simple + (step % kSteps) * (size_t)sizes.simpleSlotBytes;
   }
 
+  // The peer's `bytes` at `at` (as the peer addresses them) as this process addresses them:
+  // the same address (the peer is this process), or through our mapping of its window;
+  // null if neither (a kernel copy may still reach them).
   MNCL_HOSTDEV char* mappedHere(uint64_t at, uint64_t bytes) const {
     if (peerPid == 0) return reinterpret_cast<char*>(at);
     uint64_t rel = at - peerWindowAt;

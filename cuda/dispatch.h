@@ -168,7 +168,7 @@ MNCL_DEV bool runTyped(DevChannel& ch, const DevWork& w, Fn fn, DevError* err) {
 }
 
 // Copy-only collectives move bytes: rewrite the element counts once. The steps' StepInfo
-// then counts bytes too (the host's error messages count back: see enqueue.cc's describe).
+// then counts bytes too (the host's error messages count back: see device_error.cc's describe).
 MNCL_HOSTDEV bool isCopyOnly(Coll c) { return c == Coll::broadcast || c == Coll::allgather; }
 
 MNCL_HOSTDEV DevWork asBytes(const DevWork& w) {

@@ -361,9 +361,9 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
 #else
     const ConnFifo& f = cx_.ch.sendTo[p];
     if (!(f.directWrites || f.kernelWrites) || !outputsAlike(cx_.work.coll)) return;
-    uint64_t from = cx_.ch.opFirstSendStep[p] + 1;
+    uint64_t firstStep = cx_.ch.opFirstSendStep[p];
     uint32_t limit = cx_.ch.spinBudget + 256;  // the pauses, then some yields
-    for (uint32_t spins = 0; spins < limit && loadAcquire(&f.ctrl->outputFromStep) != from; ++spins) {
+    for (uint32_t spins = 0; spins < limit && !f.ctrl->outputPublishedFrom(firstStep); ++spins) {
       cx_.waiter.backoff(spins);
     }
 #endif

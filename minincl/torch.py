@@ -294,9 +294,17 @@ class ProcessGroupMinincl(dist.ProcessGroup):
             else:
                 for op in ops:
                     op.body(dc.comm)
+            # Every result is copied out before a refusal (an expand()ed output) is raised: the
+            # other outputs of the call and of its batch are the caller's all the same.
+            refusal: Exception | None = None
             for op in ops:
                 for step in op.after:
-                    step()
+                    try:
+                        step()
+                    except ValueError as e:
+                        refusal = refusal or e
+            if refusal is not None:
+                raise refusal
 
         if caller_waits:
             dc.lane.run_now(job, [op.work for op in ops])

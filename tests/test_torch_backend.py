@@ -349,7 +349,16 @@ def _expanded_output_on_one_rank(rank: int) -> Result:
         out = torch.zeros(WORLD * 4)
     after = values(rank, 3)
     dist.all_reduce(after)
-    return [out, after]
+    # In a batch, the other calls' outputs (here a transposed one, copied back) are written.
+    bad = torch.zeros(1).expand(4) if rank == 1 else torch.zeros(4)
+    beside = values(rank, 6).reshape(3, 2).t()
+    try:
+        with dist._coalescing_manager():
+            dist.all_reduce(bad)
+            dist.all_reduce(beside)
+    except ValueError as e:
+        assert rank == 1 and "share memory" in str(e), e
+    return [out, after, beside]
 
 
 def _want_non_contiguous(rank: int) -> Result:
@@ -573,6 +582,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
         lambda r: [
             torch.zeros(WORLD * 4) if r == 1 else torch.cat([values(q, 4) for q in range(WORLD)]),
             _want_sum(r, 3),
+            _want_sum(r, 6).reshape(3, 2).t(),
         ],
     ),
     "all_gather_into_tensor": (

@@ -163,7 +163,7 @@ Socket Socket::connect(const SockAddr& addr, Deadline deadline, const std::strin
     if (listening && refusedSince && Clock::now() - *refusedSince >= std::chrono::seconds(1)) {
       throwError(mnclRemoteError, what + ": " + addr.str() +
                                       " refuses connections, where that rank was listening: its init failed or its "
-                                      "process exited (see its error)");
+                                      "process exited (see its error), or a firewall or route refuses it");
     }
     checkCancel(what);
     if (Clock::now() >= deadline) {

@@ -661,7 +661,8 @@ void Comm::enableGpuPointerSteps() {
 
 // The settings later phases of init read, read now: a malformed one then fails this rank
 // before it joins the others, who hear of it at once (Bootstrap::reportInitFailure) instead
-// of waiting for this rank until the bootstrap timeout (describeSelf reads the rest).
+// of waiting for this rank until the bootstrap timeout (describeSelf reads the CPU's others;
+// the GPU's transport and kernel settings and rank 0's topology files are still read later).
 void Comm::checkLaterSettings() {
   Monitor::timeoutSeconds();
   pointerStepSettings(0);

@@ -134,9 +134,10 @@ void runChannel(CommLaunch& plan, int c) {
   if (res.ok && !plan.p2p[c].empty()) {
     res.ok = dev::runP2p(ch.dev, plan.p2p[c].data(), (int)plan.p2p[c].size(), &res.error);
   }
-  // A mismatch (or a failed read) found by the device code fails the communicator at once:
-  // the call's other channels may be waiting for steps that never come (a recv longer than
-  // its send spreads over more channels than the send), and the failure ends their waits.
+  // A mismatch (or a failed read) found by the device code fails the communicator (at once;
+  // with a network peer, once its call log came, 300 ms at most: see deviceErrorMessage): the
+  // call's other channels may be waiting for steps that never come (a recv longer than its
+  // send spreads over more channels than the send), and the failure ends their waits.
   if (!res.ok && (res.error.peer >= 0 || res.error.undispatched)) {
     auto [code, message] = deviceErrorMessage(*plan.comm, res.error);
     plan.comm->fail(code, message);
