@@ -1138,7 +1138,7 @@ def test_a_bad_setting_on_one_rank_fails_the_others_at_once(tmp_path: Any, name:
     """Settings that only a later phase of init read (the network's, the monitor's timeout,
     pointer steps'), set wrong on one rank of three, failed that rank after it had joined the
     others, and they waited for it until the bootstrap timeout (60 s by default), told to
-    raise that. Every setting is now read before a rank joins, so the others hear of its
+    raise that. A CPU rank now reads its settings before it joins, so the others hear of its
     failure at once (RemoteError naming it and the setting), not a Timeout."""
     script = tmp_path / "rank.py"
     script.write_text(_RANK_THAT_REPORTS_ITS_INIT)
