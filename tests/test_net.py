@@ -22,7 +22,7 @@ import pytest
 import workers
 from conftest import ALGOS, PROTOS, TYPES_OPS, counts_for, env_as, needs, run_ranks
 from test_algorithms import check_collective, check_small_allreduces
-from test_errors import CALLS_RUN_AS_OTHERS, mismatched_allreduce_stories
+from test_errors import CALLS_RUN_AS_OTHERS, calls_run_as_others_stories, mismatched_allreduce_stories
 
 import minincl
 
@@ -272,17 +272,9 @@ def test_mismatches_over_the_network_name_calls_as_the_user_made_them(case: str)
     barrier as an int32 allreduce, an alltoall as a send), while the other, a moment later,
     named them as made: a peer's call log travels with its heartbeats, after the steps. Now
     both wait for it (a few ticks at most) and name the calls alike."""
-    first, second, names = CALLS_RUN_AS_OTHERS[case]
-
-    def body(c: Any) -> str:
-        try:
-            (first if c.rank == 0 else second)(c)
-        except minincl.Error as e:
-            return f"{type(e).__name__}: {e}"
-        return "ok"
-
+    names = CALLS_RUN_AS_OTHERS[case][2]
     with net_comms(2) as comms:
-        results = run_ranks(comms, body)
+        results = calls_run_as_others_stories(comms, case)
     assert all(r != "ok" for r in results), results
     for story in results:
         if story != "ok":
