@@ -294,6 +294,14 @@ uint32_t gpuSpinsFromEnv() {
   MNCL_CHECK(spins >= 0 && spins <= UINT32_MAX, mnclInvalidArgument, "MININCL_GPU_SPINS must be between 0 and 2^32-1");
   return (uint32_t)spins;
 }
+
+// MININCL_GPU_TRANSPORT: "ipc" or "host" forces one; unset, IPC where it works.
+std::string gpuTransportFromEnv() {
+  std::string mode = env::str("MININCL_GPU_TRANSPORT");
+  MNCL_CHECK(mode.empty() || mode == "ipc" || mode == "host", mnclInvalidArgument,
+             "MININCL_GPU_TRANSPORT must be ipc or host (or unset: ipc, host if IPC fails)");
+  return mode;
+}
 }  // namespace
 
 void Comm::setSpinBudgets(bool channelsShareCores, bool anyNet) {
@@ -455,9 +463,7 @@ void Comm::createGpuRegion(size_t bytes) {
 // memory through CUDA IPC, or else, for every rank alike, pinned host memory: the shared
 // host regions registered with CUDA (MININCL_GPU_TRANSPORT=ipc|host forces one).
 void Comm::openPeerGpuRegions() {
-  std::string mode = env::str("MININCL_GPU_TRANSPORT");
-  MNCL_CHECK(mode.empty() || mode == "ipc" || mode == "host", mnclInvalidArgument,
-        "MININCL_GPU_TRANSPORT must be ipc or host (or unset: ipc, host if IPC fails)");
+  const std::string mode = gpuTransportFromEnv();
   bool otherProcess = false;
   for (const PeerInfo& p : peers_) otherProcess |= p.pid != peers_[rank_].pid;
   bool hostFifos = false;
@@ -661,8 +667,8 @@ void Comm::enableGpuPointerSteps() {
 
 // The settings later phases of init read, read now: a malformed one then fails this rank
 // before it joins the others, who hear of it at once (Bootstrap::reportInitFailure) instead
-// of waiting for this rank until the bootstrap timeout (describeSelf reads the CPU's others;
-// the GPU's transport and kernel settings and rank 0's topology files are still read later).
+// of waiting for this rank until the bootstrap timeout (describeSelf reads the others). Rank
+// 0's topology files are read later, but a file it cannot read only makes a plan without it.
 void Comm::checkLaterSettings() {
   Monitor::timeoutSeconds();
   pointerStepSettings(0);
@@ -672,6 +678,10 @@ void Comm::checkLaterSettings() {
   if (onGpu()) {
     gpuSpinsFromEnv();
     gpuChannelsWanted(1);
+    gpuTransportFromEnv();
+#if defined(MININCL_HAVE_CUDA)
+    gpu::GpuComm::settingsFromEnv();
+#endif
   } else {
     channelsWanted(1);
   }

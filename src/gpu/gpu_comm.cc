@@ -224,6 +224,13 @@ bool outsideThisGpu(const Channel& ch, int device) {
 }
 }  // namespace
 
+GpuComm::Settings GpuComm::settingsFromEnv() {
+  Settings s;
+  s.cacheChannels = env::integer("MININCL_GPU_CHANNEL_CACHE", 1) != 0;
+  s.pathKernels = env::integer("MININCL_GPU_PATH_KERNELS", 1) != 0;
+  return s;
+}
+
 void GpuComm::upload(const std::vector<std::unique_ptr<Channel>>& channels, const uint32_t* abortWordOnDevice) {
   nChannels_ = (int)channels.size();
   MNCL_CHECK(nChannels_ <= dev::kMaxGpuChannels, mnclInvalidArgument,
@@ -232,9 +239,10 @@ void GpuComm::upload(const std::vector<std::unique_ptr<Channel>>& channels, cons
   const dev::ChannelArrays layout(n);
   size_t per = alignUp(layout.bytes, 256);
   arraysStride_ = (uint32_t)per;
-  bool cache = env::integer("MININCL_GPU_CHANNEL_CACHE", 1) != 0 && layout.bytes <= dev::kMaxCachedArraysBytes;
+  const Settings settings = settingsFromEnv();
+  bool cache = settings.cacheChannels && layout.bytes <= dev::kMaxCachedArraysBytes;
   cachedArraysBytes_ = cache ? (uint32_t)layout.bytes : 0;
-  pathKernels_ = env::integer("MININCL_GPU_PATH_KERNELS", 1) != 0;
+  pathKernels_ = settings.pathKernels;
   std::vector<char> staging(per * nChannels_, 0);
   std::vector<dev::DevChannel> devChannels(nChannels_);
   MNCL_CUDA_CHECK(cudaMalloc(&arrays_, std::max<size_t>(staging.size(), 1)));

@@ -67,6 +67,14 @@ class GpuComm {
   GpuComm(const GpuComm&) = delete;
   GpuComm& operator=(const GpuComm&) = delete;
 
+  // The settings upload() follows, read from the environment. Comm reads them before it
+  // joins the others too, so that a malformed one fails this rank before they wait for it.
+  struct Settings {
+    bool cacheChannels = true;  // MININCL_GPU_CHANNEL_CACHE (0: arrays stay in device memory)
+    bool pathKernels = true;    // MININCL_GPU_PATH_KERNELS (0: always the protocol's kernel)
+  };
+  static Settings settingsFromEnv();
+
   int device() const { return device_; }
   // Copies every channel (its struct and the arrays it points to) to device memory, where
   // the kernels use them from now on; step counters start at zero there.
