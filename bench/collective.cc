@@ -14,21 +14,21 @@ Shape shapeFor(Coll coll, size_t bytes, size_t typeSize, int nranks) {
   switch (coll) {
     case Coll::AllGather:
       count -= count % n;
-      return {count * typeSize, count, count / n, count / n, count};
+      return {count * typeSize, count / n, count / n, count};
     case Coll::ReduceScatter:
       count -= count % n;
-      return {count * typeSize, count, count / n, count, count / n};
+      return {count * typeSize, count / n, count, count / n};
     case Coll::AlltoAll:
       count -= count % n;
-      return {count * typeSize, count, count / n, count, count};
+      return {count * typeSize, count / n, count, count};
     case Coll::Gather:
       count -= count % n;
-      return {count * typeSize, count, count / n, count / n, count};
+      return {count * typeSize, count / n, count / n, count};
     case Coll::Scatter:
       count -= count % n;
-      return {count * typeSize, count, count / n, count, count / n};
+      return {count * typeSize, count / n, count, count / n};
     default:
-      return {count * typeSize, count, count, count, count};
+      return {count * typeSize, count, count, count};
   }
 }
 

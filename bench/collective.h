@@ -11,8 +11,7 @@ namespace perf {
 
 struct Shape {
   size_t bytes;       // the "size" column: bytes of the largest of the two buffers
-  size_t count;       // the "count" column: bytes / element size
-  size_t paramCount;  // the count argument of the C call
+  size_t paramCount;  // the count argument of the C call: the "count" column, as nccl-tests prints
   size_t sendCount;   // elements in the send buffer
   size_t recvCount;   // elements in the receive buffer
 };

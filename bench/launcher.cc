@@ -147,24 +147,23 @@ int runProcesses(const Options& opt, char** argv, const RankMain& rankMain) {
     }
     pids.push_back(pid);
   }
-  int worst = 0;
+  // The status is the first failed rank's: the others may only have been stopped here.
+  int first = 0;
   for (size_t left = pids.size(); left > 0; --left) {
     int ws = 0;
     pid_t done = wait(&ws);
     if (done < 0) break;
     int code = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
-    if (code != 0) {
-      std::fprintf(stderr, "minincl-perf: a rank process (pid %d) ended with status %d; stopping the others\n",
-                   static_cast<int>(done), code);
-      if (worst == 0) {
-        for (pid_t p : pids) {
-          if (p != done) kill(p, SIGTERM);
-        }
-      }
-      worst = code;
+    if (code == 0) continue;
+    if (first != 0) continue;  // (stopped by us, or failing in its turn: the first says why)
+    std::fprintf(stderr, "minincl-perf: a rank process (pid %d) ended with status %d; stopping the others\n",
+                 static_cast<int>(done), code);
+    for (pid_t p : pids) {
+      if (p != done) kill(p, SIGTERM);
     }
+    first = code;
   }
-  return worst;
+  return first;
 }
 
 }  // namespace perf

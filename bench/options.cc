@@ -55,12 +55,19 @@ constexpr OpName kOps[] = {{"sum", mnclSum},         {"prod", mnclProd}, {"max",
   std::exit(code);
 }
 
+// A wrong argument: one line naming it (the usage text would bury it), exit status 2.
+[[noreturn]] void fail(const char* prog, const std::string& why) {
+  const char* slash = std::strrchr(prog, '/');
+  const char* name = slash ? slash + 1 : prog;
+  std::fprintf(stderr, "%s: %s (%s --help lists the options)\n", name, why.c_str(), name);
+  std::exit(2);
+}
+
 Coll parseColl(const char* name, const char* prog) {
   for (int i = 0; i < (int)std::size(kCollNames); ++i) {
     if (std::strcmp(name, kCollNames[i]) == 0) return static_cast<Coll>(i);
   }
-  std::fprintf(stderr, "%s: unknown collective '%s'\n", prog, name);
-  usage(prog, 2);
+  fail(prog, std::string("unknown collective '") + name + "'");
 }
 
 }  // namespace
@@ -168,51 +175,36 @@ Options parseOptions(int argc, char** argv) {
           for (const OpName& op : kOps) {
             if (arg == op.name) { o.op = op.op; found = true; }
           }
-          if (!found) { std::fprintf(stderr, "%s: unknown op '%s'\n", prog, optarg); usage(prog, 2); }
+          if (!found) fail(prog, "-o: unknown op '" + arg + "'");
           break;
         }
         case 'd': {
           const TypeInfo* t = findType(arg);
-          if (!t) { std::fprintf(stderr, "%s: unknown type '%s'\n", prog, optarg); usage(prog, 2); }
+          if (!t) fail(prog, "-d: unknown type '" + arg + "'");
           o.dtype = t->type;
           break;
         }
         case 'h': usage(prog, 0);
-        default: usage(prog, 2);
+        default: fail(prog, "unknown option or missing value");  // (getopt has named it)
       }
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: bad value for -%c: %s\n", prog, c, e.what());
-    usage(prog, 2);
+    fail(prog, std::string("bad value for -") + static_cast<char>(c) + ": " + e.what());
   }
-  if (optind < argc) {
-    std::fprintf(stderr, "%s: unexpected argument '%s'\n", prog, argv[optind]);
-    usage(prog, 2);
+  if (optind < argc) fail(prog, std::string("unexpected argument '") + argv[optind] + "'");
+  if ((o.nThreads > 0) == (o.nProcs > 0)) fail(prog, "give exactly one of -t N (threads) or -p N (processes)");
+  if (o.grouped && o.nThreads == 0) fail(prog, "-g goes with -t N (ranks of this process)");
+  if (o.maxBytes < o.minBytes) {
+    fail(prog, "-b " + std::to_string(o.minBytes) + " is larger than -e " + std::to_string(o.maxBytes));
   }
-  if ((o.nThreads > 0) == (o.nProcs > 0)) {
-    std::fprintf(stderr, "%s: give exactly one of -t N (threads) or -p N (processes)\n", prog);
-    usage(prog, 2);
-  }
-  if (o.grouped && o.nThreads == 0) {
-    std::fprintf(stderr, "%s: -g goes with -t N (ranks of this process)\n", prog);
-    usage(prog, 2);
-  }
-  if (o.maxBytes < o.minBytes || (o.stepBytes == 0 && o.factor <= 1.0) || o.iters < 1 ||
-      o.warmup < 0 || o.average < 0 || o.average > 3) {
-    std::fprintf(stderr, "%s: need -b <= -e, -f > 1 (or -i > 0), -n >= 1, -w >= 0, -a in 0..3\n", prog);
-    usage(prog, 2);
-  }
+  if (o.stepBytes == 0 && o.factor <= 1.0) fail(prog, "-f must be above 1 (or give -i BYTES)");
   bool bitwise = o.op == mnclBand || o.op == mnclBor || o.op == mnclBxor;
   if (bitwise && typeInfo(o.dtype).isFloat) {
-    std::fprintf(stderr, "%s: -o band / bor / bxor combine integers bit by bit; -d %s is a float type\n", prog,
-                 typeInfo(o.dtype).name);
-    usage(prog, 2);
+    fail(prog, std::string("-o band / bor / bxor combine integers bit by bit; -d ") + typeInfo(o.dtype).name +
+                   " is a float type");
   }
   int n = o.nThreads > 0 ? o.nThreads : o.nProcs;
-  if (o.root < 0 || o.root >= n) {
-    std::fprintf(stderr, "%s: root %d is not a rank of %d\n", prog, o.root, n);
-    usage(prog, 2);
-  }
+  if (o.root >= n) fail(prog, "-r " + std::to_string(o.root) + " is not a rank of " + std::to_string(n));
   return o;
 }
 

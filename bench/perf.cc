@@ -7,6 +7,8 @@
 // input, runs -w warm-up calls, lines the ranks up, times -n calls, and (with -c 1) runs once
 // more and checks the output against a host reference. Times and wrong counts are combined
 // across ranks with minincl itself, so threads and processes take the same path.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -227,6 +229,22 @@ int runGrouped(const Options& opt, std::vector<mnclComm_t>& comms) {
   }
 }
 
+// Refuses sizes whose buffers (each rank's send and receive buffers, and the host copies
+// it fills and checks them through) would not fit this machine's memory, before any rank
+// allocates them: otherwise -e 64G ends in an allocation failure, or the OOM killer.
+bool fitsInMemory(const Options& opt, int nranks) {
+  size_t typeSize = typeInfo(opt.dtype).size;
+  Shape largest = shapeFor(opt.coll, opt.maxBytes, typeSize, nranks);
+  double perRank = static_cast<double>((largest.sendCount + largest.recvCount) * typeSize);
+  if (opt.device == "cpu") perRank *= 2;  // (the device buffers are host memory too)
+  double need = perRank * nranks;
+  double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (have <= 0 || need <= have) return true;
+  std::fprintf(stderr, "minincl-perf: -e %zu (%.1f GiB) needs about %.1f GiB of buffers for %d ranks; this machine has %.1f GiB\n",
+               opt.maxBytes, static_cast<double>(opt.maxBytes) / (1 << 30), need / (1 << 30), nranks, have / (1 << 30));
+  return false;
+}
+
 }  // namespace
 }  // namespace perf
 
@@ -243,6 +261,7 @@ int main(int argc, char** argv) {
                  opt.minBytes, opt.maxBytes, type.name, collName(opt.coll), nranks, least);
     return 2;
   }
+  if (!fitsInMemory(opt, nranks)) return 2;
   RankMain rankMain = [&opt](mnclComm_t& comm, int rank, int nranks) { return runRank(opt, comm, rank, nranks); };
   try {
     if (opt.grouped) return runOneThread(opt, [&opt](std::vector<mnclComm_t>& comms) { return runGrouped(opt, comms); });

@@ -34,7 +34,7 @@ void printRow(const Options& opt, const Shape& shape, double usec, double algbw,
   char wrongText[32];
   if (wrong < 0) std::snprintf(wrongText, sizeof wrongText, "N/A");
   else std::snprintf(wrongText, sizeof wrongText, "%lld", wrong);
-  std::printf(" %11zu %13zu %9s %9s %6d %9.2f %8.2f %8.2f %7s\n", shape.bytes, shape.count,
+  std::printf(" %11zu %13zu %9s %9s %6d %9.2f %8.2f %8.2f %7s\n", shape.bytes, shape.paramCount,
               typeInfo(opt.dtype).name, reduces(opt.coll) ? opName(opt.op) : "none",
               hasRoot(opt.coll) ? opt.root : -1, usec, algbw, busbw, wrongText);
   std::fflush(stdout);

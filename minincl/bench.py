@@ -128,12 +128,15 @@ def _smallest_row(cfg: Config, n: int) -> int:
 
 
 def sizes(cfg: Config, n: int) -> list[int]:
-    """-b, -e and -f's sizes, less those too small for one element per rank (they would
+    """-b, -e and -f's sizes, each rounded down to whole elements per rank (as its row
+    reports it) and each once, less those too small for one element per rank (they would
     repeat the 0-byte row); -b 0 itself is a row, the cost of a call that moves nothing."""
+    unit = _smallest_row(cfg, n)
     out, s = [], cfg.min_bytes
     while s <= cfg.max_bytes:
-        if s == 0 or s >= _smallest_row(cfg, n):
-            out.append(s)
+        rounded = s - s % unit
+        if (s == 0 or rounded > 0) and (not out or rounded != out[-1]):
+            out.append(rounded)
         nxt = int(s * cfg.factor)
         s = nxt if nxt > s else s + 1
     return out
@@ -360,10 +363,16 @@ def _header(cfg: Config, n: int, where: str = "processes") -> str:
     return "\n".join(lines)
 
 
+def _bandwidths(cfg: Config, n: int, row: tuple[int, int, float, int]) -> tuple[float, float]:
+    """(algbw, busbw) of a row, in GB/s."""
+    nbytes, _, secs, _ = row
+    algbw = nbytes / secs / 1e9 if secs > 0 else 0.0
+    return algbw, algbw * bus_factor(cfg.coll, n)
+
+
 def _row(cfg: Config, n: int, row: tuple[int, int, float, int]) -> str:
     nbytes, count, secs, wrong = row
-    algbw = nbytes / secs / 1e9 if secs > 0 else 0.0
-    busbw = algbw * bus_factor(cfg.coll, n)
+    algbw, busbw = _bandwidths(cfg, n, row)
     redop = _redop(cfg)
     root = str(cfg.root) if cfg.coll in ROOTED else "-1"
     wrong_s = "N/A" if wrong < 0 else str(wrong)
@@ -459,7 +468,9 @@ def run(args: argparse.Namespace) -> int:
         args.window,
     )
     if args.op in BITWISE and not np.issubdtype(DTYPES.get(args.dtype, np.float32), np.integer):
-        raise SystemExit(f"--op {args.op} combines integers bit by bit; --dtype {args.dtype} is not an integer type")
+        raise SystemExit(
+            f"minincl bench: --op {args.op} combines integers bit by bit; --dtype {args.dtype} is not an integer type"
+        )
     if not sizes(cfg, args.ranks):
         least = _smallest_row(cfg, args.ranks)
         raise SystemExit(
@@ -467,8 +478,13 @@ def run(args: argparse.Namespace) -> int:
             f"element per rank for {args.collective} on {args.ranks} ranks (it takes {least} B)"
         )
     if args.device == "cuda" and args.dtype in NARROW_FLOATS:
-        raise SystemExit(f"--dtype {args.dtype} on the GPU: CuPy has no such type; use minincl-perf -D cuda -d ...")
+        raise SystemExit(
+            f"minincl bench: --dtype {args.dtype} on the GPU: CuPy has no such type; use minincl-perf -D cuda -d ..."
+        )
+    if args.device == "cpu":
+        _check_memory(cfg, args.ranks, args.maxbytes)
     if args.device == "cuda":
+        _check_gpu()
         comms = Communicator.init_all(args.ranks, device="cuda")
         try:
             rows = bench_gpu_ranks(comms, cfg)
@@ -480,4 +496,37 @@ def run(args: argparse.Namespace) -> int:
     wrong = sum(r[3] for r in rows if r[3] > 0)
     if cfg.check:
         print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+    busbw = [_bandwidths(cfg, args.ranks, r)[1] for r in rows]
+    print(f"# Avg bus bandwidth    : {sum(busbw) / max(len(busbw), 1):.3f}")  # (GB/s, as nccl-tests)
     return 0 if wrong == 0 else 1
+
+
+def _check_gpu() -> None:
+    """--device cuda where it cannot run: said in the command's terms."""
+    from ._comm import gpu_count
+    from ._core import build_info
+
+    if not build_info()["cuda"]:
+        raise SystemExit(
+            "minincl bench: --device cuda: this build of minincl has no CUDA backend (nvcc was not found when it "
+            "was built, or -C cmake.define.MININCL_CUDA=OFF); use --device cpu"
+        )
+    if gpu_count() == 0:
+        raise SystemExit("minincl bench: --device cuda: no usable GPU here; use --device cpu")
+
+
+def _check_memory(cfg: Config, n: int, max_text: str) -> None:
+    """Refuses a sweep whose largest buffers would not fit this machine's memory, before the
+    ranks start: otherwise they allocate their way to a MemoryError or the OOM killer."""
+    largest = sizes(cfg, n)[-1]
+    send_bytes = largest // n if cfg.coll in ("allgather", "gather") else largest
+    recv_bytes = largest // n if cfg.coll in ("reduce_scatter", "scatter") else largest
+    widen = 8 / np.dtype(numpy_dtype(cfg.dtype)).itemsize
+    # (The input is built as int64 before its cast; a check compares float64 copies.)
+    per_rank = send_bytes * (1 + widen) + recv_bytes * (1 + (2 * widen if cfg.check else 0))
+    have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if per_rank * n > have:
+        raise SystemExit(
+            f"minincl bench: -e {max_text} needs about {per_rank * n / 2**30:.1f} GiB for {n} ranks; "
+            f"this machine has {have / 2**30:.1f} GiB"
+        )

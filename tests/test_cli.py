@@ -112,6 +112,8 @@ def test_a_reader_that_leaves_ends_the_command_quietly(command: list[str]) -> No
         (["-f", "1"], "-f/--stepfactor: 1 is below"),  # (a row per byte)
         (["--iters", "-1"], "--iters: -1 is below 0"),
         (["-b", "abc"], "'abc' is not a size"),
+        # (a MemoryError after minutes of smaller rows, or the OOM killer)
+        (["-e", "100000G"], "minincl bench: -e 100000G needs about"),
     ],
 )
 def test_bench_refuses_bad_options_naming_them(options: list[str], words: str) -> None:
@@ -129,6 +131,16 @@ def test_bench_times_a_zero_byte_call_and_refuses_sizes_too_small_for_every_rank
     assert small.returncode != 0
     said = "no size from -b 1 to -e 16 holds a whole float64 element per rank for allgather on 3 ranks (it takes 24 B)"
     assert said in small.stderr, small.stdout + small.stderr  # (it printed 0-byte rows as if asked)
+
+
+def test_bench_rows_are_each_size_once_and_end_with_the_average_bus_bandwidth() -> None:
+    """-f 1.01 from 8 B gave 8, 8, 8, 8, 12, ...: sizes rounded down to whole elements, repeated."""
+    out = run_cli("bench", "allreduce", "-b", "8", "-e", "40", "-f", "1.01", "--iters", "2", "--check")
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if line.strip() and not line.startswith("#")]
+    assert [int(r[0]) for r in rows] == list(range(8, 41, 4)), out.stdout
+    average = [line for line in out.stdout.splitlines() if line.startswith("# Avg bus bandwidth")]
+    assert len(average) == 1 and float(average[0].split(":")[1]) > 0, out.stdout
 
 
 def test_info_names_the_build() -> None:

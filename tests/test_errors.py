@@ -146,6 +146,8 @@ def test_time_limits_in_the_environment_are_checked_where_they_are_set(monkeypat
         ("MININCL_SIMPLE_SLOT_BYTES", "2G", "MININCL_SIMPLE_SLOT_BYTES must be a multiple of 4096, at most 1G"),
         ("MININCL_PIPELINE_CHUNK_BYTES", "99999999999G", 'MININCL_PIPELINE_CHUNK_BYTES="99999999999G" is not a size'),
         ("MININCL_WINDOW_BYTES", "-1", 'MININCL_WINDOW_BYTES="-1" is not a size'),  # (accepted by threads)
+        # (clamped, then said as "MININCL_STREAM_STRETCHES=9223372036854775807 is not between 1 and 16")
+        ("MININCL_STREAM_STRETCHES", "99999999999999999999", "is not an integer that fits in 64 bits"),
     ],
 )
 def test_sizes_in_the_environment_are_checked_before_they_are_used(

@@ -5,6 +5,7 @@ the rows must reach the largest size asked for."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -103,12 +104,43 @@ def test_perf_names_a_wrong_option(tmp_path: Path):
         (["-t", "2", "-f", "x"], "bad value for -f: 'x' is not a number"),
         # (it printed the table's header, then every rank's error)
         (["-t", "2", "-o", "band", "-d", "float"], "-o band / bor / bxor combine integers bit by bit"),
+        # (these two said "need -b <= -e, -f > 1 (or -i > 0), -n >= 1, -w >= 0, -a in 0..3")
+        (["-t", "2", "-b", "1K", "-e", "8"], "-b 1024 is larger than -e 8"),
+        (["-t", "2", "-f", "1"], "-f must be above 1 (or give -i BYTES)"),
+        # (a std::bad_alloc in every rank, or the OOM killer)
+        (["-t", "2", "-e", "100000G"], "minincl-perf: -e 107374182400000 (100000.0 GiB) needs about"),
+        (["-p", "2", "-e", "100000G"], "of buffers for 2 ranks; this machine has"),
     ],
 )
 def test_perf_refuses_what_it_ignored_or_misread(tmp_path: Path, options: list[str], said: str):
     run = perf(tmp_path, "allreduce", *options)
-    assert run.returncode != 0
+    assert run.returncode == 2
     assert said in run.stderr, run.stderr
+    assert "usage:" not in run.stderr, run.stderr  # (the one line, not under 24 of usage)
+
+
+@pytest.mark.parametrize("collective,count", [("allgather", 85), ("reduce_scatter", 85), ("alltoall", 85)])
+def test_perf_count_column_is_the_calls_count_as_in_nccl_tests(tmp_path: Path, collective: str, count: int):
+    """nccl-tests prints the count each rank passes to the call; it said 255 (every rank's)."""
+    run = perf(tmp_path, collective, "-t", "3", "-b", "1020", "-e", "1020", "-n", "1", "-w", "0", "-c", "1")
+    assert run.returncode == 0, run.stderr
+    assert [(row[0], row[1], row[-1]) for row in table_rows(run.stdout)] == [("1020", str(count), "0")], run.stdout
+
+
+def test_perf_exits_with_the_first_failed_ranks_status(tmp_path: Path):
+    """Every rank fails at init with status 1; those the launcher stopped (143) used to decide it."""
+    env = {**os.environ, "MININCL_NCHANNELS": "abc"}
+    run = subprocess.run(
+        [sys.executable, "-m", "minincl", "perf", "allreduce", "-p", "4", "-b", "8", "-e", "8"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert 'MININCL_NCHANNELS="abc" is not an integer' in run.stderr, run.stderr
+    assert run.stderr.count("ended with status") == 1, run.stderr
 
 
 def test_perf_header_says_an_additive_step(tmp_path: Path):

@@ -24,8 +24,10 @@ int64_t integer(const char* name, int64_t fallback) {
   std::string v = str(name);
   if (v.empty()) return fallback;
   char* end = nullptr;
+  errno = 0;
   long long x = std::strtoll(v.c_str(), &end, 10);
   if (*end != '\0') bad(name, v, "an integer");
+  if (errno == ERANGE) bad(name, v, "an integer that fits in 64 bits");  // (not clamped, then echoed back)
   return x;
 }
 
