@@ -238,11 +238,31 @@ def _in_window(comm: Communicator, a: np.ndarray) -> np.ndarray:
 def iterations(cfg: Config, nbytes: int) -> tuple[int, int]:
     """(timed, warm-up) calls for one size: --iters/--warmup if given, else enough calls to
     move about 64 MiB (20 to 1000) after as many warm-up calls, so one scheduling stall cannot
-    dominate a small size."""
+    dominate a small size (on CPU ranks, fewer where calls are slow: _within_time_budget)."""
     if cfg.iters > 0:
         return cfg.iters, cfg.warmup
     iters = max(20, min(1000, (64 << 20) // max(nbytes, 1)))
     return iters, max(cfg.warmup, iters)
+
+
+ROW_SECONDS = 1.0  # about how long the timed calls of a size may take, when --iters is not given
+
+
+def _within_time_budget(
+    comm: Communicator, cfg: Config, send: np.ndarray, recv: np.ndarray, iters: int, warmup: int
+) -> tuple[int, int]:
+    """Fewer calls where each is slow: with ranks far outnumbering the cores (64 on 2 took
+    0.12 s per 8-byte allreduce) 1000 calls and as many warm-ups ran for minutes a size. The
+    first warm-up calls are timed; the slowest rank's time decides for every rank. Returns
+    (timed, warm-up) calls, the warm-up ones still to make."""
+    probe = min(3, warmup)
+    t0 = time.perf_counter()
+    for _ in range(probe):
+        _run_one(cfg, comm, send, recv)
+    per_call = np.array([(time.perf_counter() - t0) / max(probe, 1)], dtype=np.float64)
+    comm.allreduce(per_call, op="max")
+    cap = max(5, int(ROW_SECONDS / per_call[0])) if per_call[0] > 0 else iters
+    return min(iters, cap), max(0, min(warmup, cap) - probe)
 
 
 def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, int]]:
@@ -257,6 +277,8 @@ def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, i
         if cfg.window:  # the same values, in the communicator's window
             send, recv = _in_window(comm, send), _in_window(comm, recv)
         iters, warmup = iterations(cfg, nbytes)
+        if not cfg.iters:
+            iters, warmup = _within_time_budget(comm, cfg, send, recv, iters, warmup)
         for _ in range(warmup):
             _run_one(cfg, comm, send, recv)
         comm.barrier()
@@ -353,7 +375,7 @@ def _header(cfg: Config, n: int, where: str = "processes") -> str:
         algo, proto = "none (sends and receives)", "Simple"
     lines = [
         f"# minincl bench {cfg.coll}: {n} ranks ({where}), dtype {cfg.dtype}, op {_redop(cfg)}, "
-        f"algo {algo}, proto {proto}, iters {cfg.iters or 'by size'}, "
+        f"algo {algo}, proto {proto}, iters {cfg.iters or f'by size (at most ~{ROW_SECONDS:g} s of calls)'}, "
         f"warmup {cfg.warmup if cfg.iters else f'as many as iters (at least {cfg.warmup})'}",
         "#",
         f"# {'size':>12} {'count':>12} {'type':>13} {'redop':>9} {'root':>5} {'time':>10} "
