@@ -22,19 +22,19 @@ ninja -C "$BD" _core minincl_shared minincl-perf
 STAGE=$BD/stage
 rm -rf "$STAGE" .prebuilt
 mkdir -p .prebuilt
-# The wheel's layout, run paths included: minincl/_core*.so, minincl/lib/libminincl.so,
-# minincl/include/minincl.h, minincl/bin/minincl-perf.
+# The wheel's layout, run paths included: minincl/_core*.so, minincl/lib/libminincl.so.<soversion>
+# (and libminincl.so, a linker script), minincl/include/minincl.h, minincl/bin/minincl-perf.
 cmake --install "$BD" --prefix "$STAGE" --strip >/dev/null
 cp minincl/*.py "$STAGE/minincl/"
 if [ -n "${MININCL_PREBUILD_TRACE:-}" ]; then
-  # Its own libminincl.so (the trace changes what kernels and host share), found through
-  # LD_LIBRARY_PATH=trace/lib by the device check.
+  # Its own library (the trace changes what kernels and host share), found by its SONAME
+  # (libminincl.so.<soversion>) through LD_LIBRARY_PATH=trace/lib by the device check.
   cmake -S . -B "$BD-trace" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMININCL_CUDA=ON -DMININCL_CUDA_QUICK=ON \
     -DMININCL_GPU_TRACE=ON -DPython_EXECUTABLE="$(command -v "$PY")" -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)" >/dev/null
   ninja -C "$BD-trace" minincl-perf
   mkdir -p "$STAGE/trace/bin" "$STAGE/trace/lib"
   cp "$BD-trace"/bench/minincl-perf "$STAGE/trace/bin/"
-  cp "$BD-trace"/libminincl.so "$STAGE/trace/lib/"
+  cp "$BD-trace"/libminincl.so.[0-9]* "$STAGE/trace/lib/"
   strip --strip-debug "$STAGE"/trace/bin/* "$STAGE"/trace/lib/*
 fi
 tar czf .prebuilt/prebuilt.tgz -C "$STAGE" .

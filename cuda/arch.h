@@ -243,7 +243,9 @@ struct LongWaitHook {
   void (*fn)(void* arg) = nullptr;
   void* arg = nullptr;
 };
-extern thread_local LongWaitHook tlsLongWaitHook;
+// Exported from libminincl (the device code is otherwise built with hidden visibility): the
+// Python module sets it.
+extern thread_local LongWaitHook tlsLongWaitHook __attribute__((visibility("default")));
 inline void Waiter::backoff(uint32_t spins) {
   if (progress) progress(progressArg);
   cpuBackoff(spins, spinBudget);

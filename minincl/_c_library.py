@@ -1,11 +1,17 @@
-"""Where the C API lives in an installed package: minincl.h under include/, libminincl.so
-under lib/ with a CMake package for it under lib/cmake/minincl, and the nccl-tests-style
-benchmark on it, bin/minincl-perf. The Python module runs on the same library, so a C or C++
-program built against it runs the very runtime the package was built with."""
+"""Where the C API lives in an installed package: minincl.h under include/, the library under
+lib/ with a CMake package for it under lib/cmake/minincl, and the nccl-tests-style benchmark on
+it, bin/minincl-perf. The Python module runs on the same library, so a C or C++ program built
+against it runs the very runtime the package was built with.
+
+The library is the file named by its SONAME (libminincl.so.0.1 for minincl 0.1.x); lib/ also
+holds libminincl.so, a linker script naming that file, for `-lminincl` (a wheel cannot hold the
+usual symlink)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from ._core import build_info
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -16,13 +22,14 @@ def get_include() -> str:
 
 
 def get_library_dir() -> str:
-    """The directory holding libminincl.so (for a linker's -L and the program's run path)."""
+    """The directory holding the library (for a linker's -L and the program's run path)."""
     return str(_PACKAGE / "lib")
 
 
 def library_path() -> str:
-    """libminincl.so itself (what ctypes.CDLL opens to call the C API from Python)."""
-    return str(Path(get_library_dir()) / "libminincl.so")
+    """The library itself, named by its SONAME (what ctypes.CDLL opens to call the C API from
+    Python: the file the Python module runs on, so the process keeps one copy of the runtime)."""
+    return str(Path(get_library_dir()) / build_info()["library"])
 
 
 def get_cmake_dir() -> str:

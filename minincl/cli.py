@@ -20,7 +20,7 @@ def _info(_: argparse.Namespace) -> int:
     print(f"  CPU vectors   : {build['cpu_vector_isa']} (16- and 8-bit float arithmetic; MININCL_CPU_ISA)")
     gpus = _core.gpu_count()
     print("  devices       : cpu" + (f", cuda:0..{gpus - 1}" if gpus else " (no usable GPU)"))
-    print(f"  C API         : {_c_library.get_include()}/minincl.h, {_c_library.get_library_dir()}/libminincl.so")
+    print(f"  C API         : {_c_library.get_include()}/minincl.h, {_c_library.library_path()}")
     return 0
 
 

@@ -1,9 +1,11 @@
 """The C API as a C or C++ program sees it after `pip install`: tests/c_program.c compiled with
 the flags `minincl config --cflags --libs` prints (as C and as C++), and by a CMake project
 through find_package(minincl), against the package's minincl.h and libminincl.so, run as
-processes (one per rank); what every rank received is checked against NumPy. Also: every
-function minincl.h declares is exported by the library, the Python module runs on that library,
-and the library keeps CUDA's runtime to itself."""
+processes (one per rank); what every rank received is checked against NumPy. Also: the library
+exports the functions minincl.h declares under a version, and besides them only the C++ runtime
+the Python module runs on (privately versioned); it has a versioned SONAME, which its file bears
+and -lminincl finds; the Python module runs on that library; and the library keeps CUDA's
+runtime to itself."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import minincl
 
 SOURCE = Path(__file__).with_name("c_program.c")
 HEADER = Path(minincl.get_include()) / "minincl.h"
-LIBRARY = Path(minincl.get_library_dir()) / "libminincl.so"
+LIBRARY = Path(minincl._c_library.library_path())
 COMPILERS = {"c": ["cc", "-std=c11"], "c++": ["c++", "-std=c++17", "-x", "c++"]}
 
 
@@ -73,8 +75,14 @@ def program(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         pytest.skip(f"no {tool} on this machine")
     build_dir = tmp_path_factory.mktemp(f"build_{request.param.replace('+', 'p')}")
     if request.param == "cmake":
-        return build_with_cmake(build_dir)
-    return build_with_compiler(build_dir, COMPILERS[request.param])
+        exe = build_with_cmake(build_dir)
+    else:
+        exe = build_with_compiler(build_dir, COMPILERS[request.param])
+    # It needs the library by its SONAME (the file -lminincl's linker script names).
+    if shutil.which("readelf") is not None:
+        needed = subprocess.run(["readelf", "-d", str(exe)], capture_output=True, text=True, check=True).stdout
+        assert f"Shared library: [{LIBRARY.name}]" in needed, needed
+    return exe
 
 
 def inputs(nranks: int, count: int) -> np.ndarray:
@@ -125,24 +133,71 @@ def test_the_library_exports_every_function_the_header_declares():
     assert missing == []
 
 
+def exported_symbols() -> dict[str, str]:
+    """The library's exported (defined, dynamic) symbols: raw name -> version node."""
+    out = subprocess.run(
+        ["readelf", "--dyn-syms", "--wide", str(LIBRARY)], capture_output=True, text=True, check=True
+    ).stdout
+    symbols: dict[str, str] = {}
+    for line in out.splitlines():
+        fields = line.split()
+        # Num: Value Size Type Bind Vis Ndx Name@@VERSION; skipped: UND (needed from elsewhere),
+        # ABS (the version nodes' own names)
+        if len(fields) >= 8 and fields[0][:-1].isdigit() and fields[6] not in ("UND", "ABS") and fields[4] != "LOCAL":
+            name, _, version = fields[7].partition("@")
+            symbols[name] = version.lstrip("@")
+    return symbols
+
+
+def test_the_library_exports_the_c_api_and_the_modules_runtime_only():
+    """The C API under MININCL_<soversion>, the C++ runtime (namespace mncl, for minincl._core)
+    under MININCL_PRIVATE_<version>; no template instantiations of the standard library's."""
+    if shutil.which("readelf") is None or shutil.which("c++filt") is None:
+        pytest.skip("no readelf / c++filt on this machine")
+    soversion = minincl.build_info()["library"].removeprefix("libminincl.so.")
+    symbols = exported_symbols()
+    c_names = sorted(name for name in symbols if not name.startswith("_Z"))
+    assert c_names == sorted(declared_functions())
+    assert {symbols[name] for name in c_names} == {f"MININCL_{soversion}"}
+
+    cxx = sorted(name for name in symbols if name.startswith("_Z"))
+    assert {symbols[name] for name in cxx} == {f"MININCL_PRIVATE_{minincl.__version__}"}
+    demangled = subprocess.run(["c++filt"], input="\n".join(cxx), capture_output=True, text=True, check=True)
+    prefixes = ("mncl::", "typeinfo for mncl::", "typeinfo name for mncl::", "vtable for mncl::")
+    assert [name for name in demangled.stdout.splitlines() if not name.startswith(prefixes)] == []
+    assert "typeinfo for mncl::Error" in demangled.stdout  # (the module catches it, thrown in here)
+
+
+def test_the_library_is_named_by_its_versioned_soname():
+    """The file bears its SONAME (libminincl.so.<major>.<minor> while the major is 0); lib/'s
+    libminincl.so is a linker script naming it, which -lminincl links."""
+    if shutil.which("readelf") is None:
+        pytest.skip("no readelf on this machine")
+    dynamic = subprocess.run(["readelf", "-d", str(LIBRARY)], capture_output=True, text=True, check=True).stdout
+    assert f"Library soname: [{LIBRARY.name}]" in dynamic, dynamic
+    major, minor = minincl.__version__.split(".")[:2]
+    assert LIBRARY.name == (f"libminincl.so.{major}.{minor}" if major == "0" else f"libminincl.so.{major}")
+    script = (LIBRARY.parent / "libminincl.so").read_text()
+    assert f"INPUT({LIBRARY.name})" in script
+
+
 def test_the_library_keeps_cudas_runtime_to_itself():
     """Exported, the static CUDA runtime's functions could stand in for PyTorch's or CuPy's own
     in one process. (A build without CUDA has none to export.)"""
-    if shutil.which("nm") is None:
-        pytest.skip("no nm on this machine")
-    symbols = subprocess.run(["nm", "-D", "--defined-only", str(LIBRARY)], capture_output=True, text=True, check=True)
-    exported = [line.split()[-1] for line in symbols.stdout.splitlines() if line.strip()]
-    assert any(name == "mnclAllReduce" for name in exported)
+    if shutil.which("readelf") is None:
+        pytest.skip("no readelf on this machine")
+    exported = exported_symbols()
+    assert "mnclAllReduce" in exported
     assert [name for name in exported if name.startswith(("cuda", "__cuda"))] == []
 
 
 def test_the_python_module_runs_on_the_library():
-    """One copy of the runtime in a process: the module needs libminincl.so and defines none of
-    the C API itself."""
+    """One copy of the runtime in a process: the module needs the library (by its SONAME) and
+    defines none of the C API itself."""
     if shutil.which("readelf") is None or shutil.which("nm") is None:
         pytest.skip("no readelf / nm on this machine")
     module = minincl._core.__file__
     needed = subprocess.run(["readelf", "-d", module], capture_output=True, text=True, check=True).stdout
-    assert "[libminincl.so]" in needed, needed
+    assert f"Shared library: [{LIBRARY.name}]" in needed, needed
     symbols = subprocess.run(["nm", "-D", "--defined-only", module], capture_output=True, text=True, check=True)
     assert [line for line in symbols.stdout.splitlines() if " mncl" in line] == []

@@ -1019,6 +1019,7 @@ void bindModuleFunctions(py::module_& m) {
     d["compiler"] = std::string(__VERSION__);
 #endif
     d["cpu_vector_isa"] = vectorIsaInUse();  // the CPU's 16-bit float arithmetic
+    d["library"] = std::string(MININCL_SONAME);  // the C API's library file, named by its SONAME
     return d;
   });
 }
