@@ -132,7 +132,8 @@ def sizes(cfg: Config, n: int) -> list[int]:
     reports it) and each once, less those too small for one element per rank (they would
     repeat the 0-byte row); -b 0 itself is a row, the cost of a call that moves nothing."""
     unit = _smallest_row(cfg, n)
-    out, s = [], cfg.min_bytes
+    out: list[int] = []
+    s = cfg.min_bytes
     while s <= cfg.max_bytes:
         rounded = s - s % unit
         if (s == 0 or rounded > 0) and (not out or rounded != out[-1]):

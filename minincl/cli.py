@@ -25,6 +25,9 @@ def _info(_: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
+    if args.cmake and (args.cflags or args.libs):  # (it printed the directory alone)
+        print("minincl config: --cmake names a directory, not flags: ask for it alone", file=sys.stderr)
+        return 2
     if args.cmake:
         print(_c_library.get_cmake_dir())
         return 0

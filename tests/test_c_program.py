@@ -201,3 +201,15 @@ def test_the_python_module_runs_on_the_library():
     assert f"Shared library: [{LIBRARY.name}]" in needed, needed
     symbols = subprocess.run(["nm", "-D", "--defined-only", module], capture_output=True, text=True, check=True)
     assert [line for line in symbols.stdout.splitlines() if " mncl" in line] == []
+
+
+def test_config_refuses_the_cmake_directory_mixed_with_flags(tmp_path: Path):
+    """`--cflags --cmake` printed the directory alone, dropping the flags asked for."""
+    run = subprocess.run(
+        [sys.executable, "-m", "minincl", "config", "--cflags", "--cmake"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 2 and run.stdout == "", run.stdout
+    assert "--cmake names a directory, not flags: ask for it alone" in run.stderr, run.stderr
