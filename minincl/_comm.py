@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing as mp
 import os
 import pickle
@@ -337,9 +338,23 @@ def init_from_env(device: DeviceSpec = None) -> Communicator:
 # ---- launch: local processes ----
 
 
+def end_with_parent() -> None:
+    """Makes this rank process (started by multiprocessing) end when its launcher does: a
+    launcher killed by a signal left its ranks running on as orphans, maybe forever."""
+    parent = mp.parent_process()
+    if parent is None:
+        return
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1  # (the kernel sends the signal when the launching thread exits)
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent.pid:  # (it had gone already)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _launch_child(
     fn: Callable[..., Any], nranks: int, rank: int, uid: bytes, device: DeviceSpec, args: tuple[Any, ...], queue: Any
 ) -> None:
+    end_with_parent()
     try:
         if device == "cuda" and gpu_count() > 0:  # one GPU per rank while there are enough
             device = f"cuda:{rank % gpu_count()}"

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from ._comm import end_with_parent
 from .errors import Error
 
 
@@ -42,6 +43,7 @@ def _pack(value: Any) -> bytes:
 
 
 def _child(fn: Callable[..., Any], rank: int, nranks: int, port: int, args: tuple[Any, ...], results: Any) -> None:
+    end_with_parent()
     os.environ.update(
         {
             "RANK": str(rank),

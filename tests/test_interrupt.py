@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -199,6 +200,87 @@ def test_ctrl_c_in_one_process_fails_the_other_processes_call(tmp_path: Path) ->
     assert results[0] == "KeyboardInterrupt"
     assert results[1].startswith("RemoteError: rank 0 "), results[1]
     assert "interrupted (KeyboardInterrupt)" in results[1]
+
+
+def test_ctrl_c_while_a_call_is_busy_fails_the_peers_next_call(tmp_path: Path) -> None:
+    """The SIGINT lands while rank 1 copies and reduces a 64 MiB allreduce, not while it
+    waits: the call ended, then raised KeyboardInterrupt with the communicator still up, and
+    the peers waited in their next call until rank 1 destroyed it (here after 20 s; in a REPL,
+    never). Now the peers' next call raises RemoteError naming the interruption at once."""
+    (tmp_path / "busy_rank.py").write_text(
+        textwrap.dedent("""
+            import os, signal, threading, time
+            import numpy as np
+            import minincl
+
+            def story(comm):
+                x = np.ones(1 << 24, np.float32)
+                comm.barrier()
+                if comm.rank == 1:
+                    signal.signal(signal.SIGINT, signal.default_int_handler)
+                    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+                start = time.monotonic()
+                try:
+                    while time.monotonic() - start < 60:
+                        comm.allreduce(x)
+                    return "no interruption"
+                except KeyboardInterrupt:
+                    time.sleep(20)  # (saving a checkpoint, say)
+                    return "KeyboardInterrupt"
+                except minincl.Error as e:
+                    return f"{type(e).__name__} after {time.monotonic() - start:.1f} s: {e}"
+        """)
+    )
+    code = textwrap.dedent("""
+        import json, sys
+        sys.path.insert(0, ".")
+        import minincl
+        from busy_rank import story
+        print(json.dumps(minincl.launch(story, 3, timeout=120)))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    assert results[1] == "KeyboardInterrupt", results
+    for peer in (results[0], results[2]):
+        assert peer.startswith("RemoteError after "), results
+        assert float(peer.split()[2]) < 15, results  # (not the 21 s of rank 1's sleep)
+        assert "rank 1 " in peer and "interrupted (KeyboardInterrupt)" in peer, results
+
+
+def test_killing_the_launcher_ends_its_rank_processes(tmp_path: Path) -> None:
+    """launch()'s ranks ran on as orphans when the launching process was killed."""
+    code = textwrap.dedent("""
+        import os, time
+        import minincl
+
+        def story(comm):
+            print("rank", os.getpid(), flush=True)
+            while True:
+                comm.barrier()
+                time.sleep(0.01)
+
+        if __name__ == "__main__":
+            minincl.launch(story, 2, timeout=300)
+    """)
+    (tmp_path / "launcher.py").write_text(code)
+    parent = subprocess.Popen([sys.executable, "launcher.py"], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert parent.stdout is not None
+        ranks = [int(parent.stdout.readline().split()[1]) for _ in range(2)]
+        parent.kill()
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{pid}").exists() for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        alive = [
+            pid
+            for pid in ranks
+            if Path(f"/proc/{pid}/status").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+        ]
+        assert alive == [], f"rank processes {alive} outlived their launcher"
+    finally:
+        parent.kill()
 
 
 EXIT_WHILE_BLOCKED = """

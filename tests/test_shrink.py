@@ -351,3 +351,39 @@ def test_c_api_lost_ranks_feed_shrink() -> None:
         for c in [*news, *comms]:
             if c:
                 lib.mnclCommDestroy(c)
+
+
+@pytest.mark.parametrize("call", ["split", "shrink"])
+def test_abort_from_another_thread_stops_a_split_or_shrink_waiting_for_a_rank(
+    monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """Rank 2 never comes; rank 0's communicator is aborted from the main thread. The
+    rendezvous waited on the bootstrap's sockets, which never looked at the abort: both it
+    and abort() itself took the whole bootstrap timeout (here 30 s)."""
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "30")
+    comms = minincl.Communicator.init_all(3)
+    outcome: dict[int, str] = {}
+
+    def rendezvous(c: minincl.Communicator) -> None:
+        start = time.monotonic()
+        try:
+            c.split(0, c.rank) if call == "split" else c.shrink([])
+            outcome[c.rank] = "returned"
+        except minincl.Error as e:
+            outcome[c.rank] = f"{type(e).__name__} after {time.monotonic() - start:.1f} s: {e}"
+
+    threads = [threading.Thread(target=rendezvous, args=(c,)) for c in comms[:2]]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    start = time.monotonic()
+    comms[0].abort()
+    aborted_in = time.monotonic() - start
+    for t in threads:
+        t.join(60)
+    for c in comms:
+        c.destroy()
+    assert aborted_in < 10, aborted_in
+    assert outcome[0].startswith("Aborted after "), outcome
+    assert float(outcome[0].split()[2]) < 10, outcome
+    assert "the communicator was aborted" in outcome[0], outcome

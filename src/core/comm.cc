@@ -929,14 +929,20 @@ void Comm::awaitPeersOutOfCalls() const {
 }
 
 void Comm::stopCallsForDestroy() {
+  stops_.fetch_add(1, std::memory_order_acq_rel);
   fail(mnclAborted, "the communicator was destroyed while this call still waited for its peers (a destroy stops "
                     "such calls after MININCL_TIMEOUT; abort() stops them at once)");
 }
 
 void Comm::abort() {
+  stops_.fetch_add(1, std::memory_order_acq_rel);
   fail(mnclAborted, "the communicator was aborted (mnclCommAbort / comm.abort())");
   uint32_t spins = 0;
   while (callsInside_.load(std::memory_order_acquire) > 0) dev::cpuBackoff(spins++);
+}
+
+void Comm::failIfStoppedSince(uint32_t before) const {
+  if (stops_.load(std::memory_order_acquire) != before) throwError(mnclAborted, errorMessage());
 }
 
 void Comm::awaitQueuedWork() const {

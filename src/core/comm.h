@@ -134,6 +134,8 @@ class Comm {
   // For a destroy that waited MININCL_TIMEOUT for calls on other threads: fails the
   // communicator, so that those still waiting for their peers stop (rather than wait for ever).
   void stopCallsForDestroy();
+  // Throws Aborted if abort() or a destroy stopped the calls since stops_ read `before`.
+  void failIfStoppedSince(uint32_t before) const;
 
   // Logs a collective call this rank starts, where its peers' monitors compare it with
   // theirs (see call_log.h).
@@ -290,6 +292,10 @@ class Comm {
   const bool logsCalls_ = log::enabled(log::kInfo, log::kColl);
   const bool logsP2p_ = log::enabled(log::kInfo, log::kP2p);
   std::atomic<int> callsInside_{0};
+  // How many times abort() or a destroy stopped this communicator's calls: a split's or
+  // shrink's rendezvous, which waits on the bootstrap's sockets rather than on the channels,
+  // watches it (failIfStoppedSince) so that those stop it too.
+  std::atomic<uint32_t> stops_{0};
   std::atomic<double> callTimeout_{0};  // see callTimeout()
   int splits_ = 0;  // tags bootstrap messages of successive splits apart
   // Shrink exchanges completed with each rank (see shrinkInfo): they tag the next one's

@@ -15,6 +15,8 @@ namespace mncl {
 
 bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdData* id, std::vector<int>* members_) {
   MNCL_CHECK(!failed(), asyncError(), errorMessage());
+  const uint32_t stops = stops_.load(std::memory_order_acquire);
+  WaitCheck untilStopped([&] { failIfStoppedSince(stops); });  // (an abort() from another thread)
   struct Entry {
     int32_t color, key, rank;
   };
@@ -79,6 +81,8 @@ void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* new
     excluded[r] = 1;
   }
   if (abortFirst) abort();  // (only once the arguments are known good)
+  const uint32_t stops = stops_.load(std::memory_order_acquire);
+  WaitCheck untilStopped([&] { failIfStoppedSince(stops); });  // (an abort() from another thread)
   std::vector<int> kept;
   for (int r = 0; r < nranks_; ++r) {
     if (!excluded[r]) kept.push_back(r);
@@ -100,6 +104,7 @@ void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* new
       differ = shrinkAsLeader(kept, excluded, &reply);
     }
   } catch (const Error& e) {
+    if (e.code() == mnclAborted) throw Error(e.code(), "shrink: " + std::string(e.what()));  // (no advice to give)
     throw Error(e.code(), "shrink: " + std::string(e.what()) +
                               " (every rank kept must call shrink with the same ranks to exclude, and a rank that "
                               "died or will not call must be among them)");

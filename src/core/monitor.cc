@@ -154,8 +154,9 @@ void Monitor::checkPeer(int r, double now) {
     w.lastBeat = beat;
     w.lastChange = now;
   } else if (now - w.lastChange > timeout_) {
-    fail(mnclTimeout, who + " has shown no sign of life for " + std::to_string((int)timeout_) +
-                          " s (MININCL_TIMEOUT); it is hung or unreachable");
+    char limit[32];
+    std::snprintf(limit, sizeof limit, "%g", timeout_);  // (0.2, not the 0 an int cast gave)
+    fail(mnclTimeout, who + " has shown no sign of life for " + limit + " s (MININCL_TIMEOUT); it is hung or unreachable");
   }
 }
 

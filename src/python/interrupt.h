@@ -57,10 +57,10 @@ class InterruptibleCallBase {
     };
     if constexpr (std::is_void_v<decltype(body())>) {
       run();
-      rethrowIfInterrupted();
+      checkAfterReturn();
     } else {
       auto result = run();
-      rethrowIfInterrupted();
+      checkAfterReturn();
       return result;
     }
   }
@@ -68,6 +68,15 @@ class InterruptibleCallBase {
   // For a wait that holds the GIL between timed waits (Work.wait): runs the pending
   // handlers now; if one raised, stops the call and raises its exception.
   void checkNow();
+
+  // With the GIL, once the call has returned: a signal that came while it was busy (copying
+  // or reducing, where no wait polls) has its handler run here, not at Python's next
+  // bytecode. If that raises, the call's communicators fail as for an interrupted wait:
+  // otherwise the peers would wait in their next call for a rank that has gone elsewhere.
+  void checkAfterReturn() {
+    if (hook_ && !raised_) runHandlers("as it ended");
+    rethrowIfInterrupted();
+  }
 
  protected:
   using StopFn = void (*)(InterruptibleCallBase* self, const std::string& why);
@@ -84,7 +93,7 @@ class InterruptibleCallBase {
  private:
   static void poll(void* self);
   [[noreturn]] void rethrow();
-  void runHandlers();  // with the GIL
+  void runHandlers(const char* when);  // with the GIL; `when` ends the peers' message
 
   StopFn stop_;
   dev::LongWaitHook* hook_ = nullptr;  // this thread's (looked up once: another library's thread-local)
