@@ -433,7 +433,8 @@ def launch(
     at module level). The processes are spawned: each imports the main script, so a script
     must call ``launch`` under ``if __name__ == "__main__":``. If a rank fails or dies,
     raises :class:`LaunchError` with every rank's story. ``timeout``: seconds after which
-    ranks still running are killed (and named in the LaunchError).
+    ranks still running are killed (and named in the LaunchError). The rank processes end
+    with the launching process (SIGTERM, on Linux) if it is killed.
     """
     _check_launchable(fn, nranks)
     ctx = mp.get_context("spawn")
