@@ -27,13 +27,17 @@
 namespace perf {
 namespace {
 
-// The sizes -b, -e and -f (or -i) name, less those too small to hold one element per rank
-// (they would repeat the 0-byte row); -b 0 itself is a row: the cost of a call that moves nothing.
+// The sizes -b, -e and -f (or -i) name, each once as its row reports it (rounded down to whole
+// elements per rank: -f 1.01 from 8 named 8 four times), less those too small to hold one
+// element per rank (they would repeat the 0-byte row); -b 0 itself is a row: the cost of a
+// call that moves nothing.
 std::vector<size_t> rowSizes(const Options& opt, int nranks) {
   size_t typeSize = typeInfo(opt.dtype).size;
   std::vector<size_t> out;
   for (size_t s = opt.minBytes; s <= opt.maxBytes;) {
-    if (s == 0 || shapeFor(opt.coll, s, typeSize, nranks).paramCount > 0) out.push_back(s);
+    Shape shape = shapeFor(opt.coll, s, typeSize, nranks);
+    bool again = !out.empty() && shapeFor(opt.coll, out.back(), typeSize, nranks).bytes == shape.bytes;
+    if ((s == 0 || shape.paramCount > 0) && !again) out.push_back(s);
     size_t next = opt.stepBytes ? s + opt.stepBytes : static_cast<size_t>(static_cast<double>(s) * opt.factor);
     s = next > s ? next : s + 1;
   }

@@ -376,7 +376,7 @@ def _header(cfg: Config, n: int, where: str = "processes") -> str:
         algo, proto = "none (sends and receives)", "Simple"
     lines = [
         f"# minincl bench {cfg.coll}: {n} ranks ({where}), dtype {cfg.dtype}, op {_redop(cfg)}, "
-        f"algo {algo}, proto {proto}, iters {cfg.iters or f'by size (at most ~{ROW_SECONDS:g} s of calls)'}, "
+        f"algo {algo}, proto {proto}, iters {cfg.iters or 'by size'}, "
         f"warmup {cfg.warmup if cfg.iters else f'as many as iters (at least {cfg.warmup})'}",
         "#",
         f"# {'size':>12} {'count':>12} {'type':>13} {'redop':>9} {'root':>5} {'time':>10} "
@@ -520,7 +520,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg.check:
         print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
     busbw = [_bandwidths(cfg, args.ranks, r)[1] for r in rows]
-    print(f"# Avg bus bandwidth    : {sum(busbw) / max(len(busbw), 1):.3f}")  # (GB/s, as nccl-tests)
+    print(f"# Avg bus bandwidth    : {sum(busbw) / max(len(busbw), 1):g}")  # (GB/s, as nccl-tests)
     return 0 if wrong == 0 else 1
 
 

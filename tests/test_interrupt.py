@@ -8,11 +8,14 @@ be, inherits SIGINT ignored, and Python then leaves it so.)"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -248,6 +251,29 @@ def test_ctrl_c_while_a_call_is_busy_fails_the_peers_next_call(tmp_path: Path) -
         assert "rank 1 " in peer and "interrupted (KeyboardInterrupt)" in peer, results
 
 
+def test_a_handler_that_destroys_then_exits_as_a_busy_call_ends(tmp_path: Path) -> None:
+    """A SIGTERM handler that destroys the communicator, then exits, runs as a busy call
+    returns (one rank: no wait polls for it); the communicator is gone by the time the call
+    would fail it for the interruption, and the process exits with the handler's status."""
+    code = textwrap.dedent("""
+        import os, signal, sys, threading
+        import numpy as np
+        import minincl
+
+        comm = minincl.Communicator.init_all(1)[0]
+        def handler(signum, frame):
+            comm.destroy()
+            sys.exit(3)
+        signal.signal(signal.SIGTERM, handler)
+        x, y = np.ones(1 << 24, np.float32), np.zeros(1 << 24, np.float32)
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+        while True:
+            comm.allreduce(x, y)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 3, (out.returncode, out.stderr[-3000:])
+
+
 def test_killing_the_launcher_ends_its_rank_processes(tmp_path: Path) -> None:
     """launch()'s ranks ran on as orphans when the launching process was killed."""
     code = textwrap.dedent("""
@@ -265,22 +291,41 @@ def test_killing_the_launcher_ends_its_rank_processes(tmp_path: Path) -> None:
     """)
     (tmp_path / "launcher.py").write_text(code)
     parent = subprocess.Popen([sys.executable, "launcher.py"], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    ranks: list[int] = []
     try:
         assert parent.stdout is not None
-        ranks = [int(parent.stdout.readline().split()[1]) for _ in range(2)]
+        stdout = parent.stdout
+
+        def read_ranks() -> None:  # (on a thread: a readline that never returns must not hang the test)
+            for line in stdout:
+                ranks.append(int(line.split()[1]))
+                if len(ranks) == 2:
+                    return
+
+        reader = threading.Thread(target=read_ranks, daemon=True)
+        reader.start()
+        reader.join(120)
+        assert len(ranks) == 2, ranks
         parent.kill()
         parent.wait(timeout=30)
         deadline = time.monotonic() + 30
-        while any(Path(f"/proc/{pid}").exists() for pid in ranks) and time.monotonic() < deadline:
+        while [pid for pid in ranks if running(pid)] and time.monotonic() < deadline:
             time.sleep(0.1)
-        alive = [
-            pid
-            for pid in ranks
-            if Path(f"/proc/{pid}/status").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
-        ]
+        alive = [pid for pid in ranks if running(pid)]
         assert alive == [], f"rank processes {alive} outlived their launcher"
     finally:
         parent.kill()
+        for pid in ranks:  # (should the test fail, not left spinning on the machine)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def running(pid: int) -> bool:
+    """Whether the process exists and is not a zombie."""
+    try:
+        return "(zombie)" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
 
 
 EXIT_WHILE_BLOCKED = """

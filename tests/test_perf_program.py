@@ -127,6 +127,13 @@ def test_perf_count_column_is_the_calls_count_as_in_nccl_tests(tmp_path: Path, c
     assert [(row[0], row[1], row[-1]) for row in table_rows(run.stdout)] == [("1020", str(count), "0")], run.stdout
 
 
+def test_perf_rows_are_each_size_once(tmp_path: Path):
+    """-f 1.01 from 8 B named 8 four times (sizes rounded down to whole elements)."""
+    run = perf(tmp_path, "allreduce", "-t", "2", "-b", "8", "-e", "16", "-f", "1.01", "-n", "1", "-w", "0")
+    assert run.returncode == 0, run.stderr
+    assert [row[0] for row in table_rows(run.stdout)] == ["8", "12", "16"], run.stdout
+
+
 def test_perf_exits_with_the_first_failed_ranks_status(tmp_path: Path):
     """Every rank fails at init with status 1; those the launcher stopped (143) used to decide it."""
     env = {**os.environ, "MININCL_NCHANNELS": "abc"}

@@ -518,10 +518,10 @@ int Comm::gpuChannelsWanted(int ranksOnDevice) const {
   int sms = 0;
   MNCL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
   int fallback = std::clamp(sms / ranksOnDevice, 1, dev::kMaxGpuChannels);
-  int want = (int)env::integer("MININCL_NCHANNELS", fallback);
-  MNCL_CHECK(want >= 1 && want <= dev::kMaxGpuChannels, mnclInvalidArgument,
+  int64_t wanted = env::integer("MININCL_NCHANNELS", fallback);  // (range-checked before the cast)
+  MNCL_CHECK(wanted >= 1 && wanted <= dev::kMaxGpuChannels, mnclInvalidArgument,
         "MININCL_NCHANNELS must be between 1 and " + std::to_string(dev::kMaxGpuChannels) + " on a GPU");
-  want = withinChannelBounds(want, dev::kMaxGpuChannels);
+  int want = withinChannelBounds((int)wanted, dev::kMaxGpuChannels);
   MNCL_CHECK(want * ranksOnDevice <= sms, mnclInvalidArgument,
         std::to_string(ranksOnDevice) + " ranks x " + std::to_string(want) + " channels on cuda:" + std::to_string(device_) +
             " need more blocks than its " + std::to_string(sms) +
@@ -929,20 +929,29 @@ void Comm::awaitPeersOutOfCalls() const {
 }
 
 void Comm::stopCallsForDestroy() {
-  stops_.fetch_add(1, std::memory_order_acq_rel);
-  fail(mnclAborted, "the communicator was destroyed while this call still waited for its peers (a destroy stops "
-                    "such calls after MININCL_TIMEOUT; abort() stops them at once)");
+  stop("the communicator was destroyed while this call still waited for its peers (a destroy stops such calls "
+       "after MININCL_TIMEOUT; abort() stops them at once)");
 }
 
 void Comm::abort() {
-  stops_.fetch_add(1, std::memory_order_acq_rel);
-  fail(mnclAborted, "the communicator was aborted (mnclCommAbort / comm.abort())");
+  stop("the communicator was aborted (mnclCommAbort / comm.abort())");
   uint32_t spins = 0;
   while (callsInside_.load(std::memory_order_acquire) > 0) dev::cpuBackoff(spins++);
 }
 
+void Comm::stop(const std::string& why) {
+  fail(mnclAborted, why);  // (first: a rendezvous that sees the count raises `why`)
+  {
+    std::lock_guard<std::mutex> lock(errorMutex_);
+    stopReason_ = why;
+  }
+  stops_.fetch_add(1, std::memory_order_acq_rel);
+}
+
 void Comm::failIfStoppedSince(uint32_t before) const {
-  if (stops_.load(std::memory_order_acquire) != before) throwError(mnclAborted, errorMessage());
+  if (stops_.load(std::memory_order_acquire) == before) return;
+  std::lock_guard<std::mutex> lock(errorMutex_);
+  throwError(mnclAborted, stopReason_);
 }
 
 void Comm::awaitQueuedWork() const {

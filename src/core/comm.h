@@ -134,7 +134,10 @@ class Comm {
   // For a destroy that waited MININCL_TIMEOUT for calls on other threads: fails the
   // communicator, so that those still waiting for their peers stop (rather than wait for ever).
   void stopCallsForDestroy();
-  // Throws Aborted if abort() or a destroy stopped the calls since stops_ read `before`.
+  // Fails the communicator with Aborted (`why`), for abort() and destroy(), from any thread
+  // or a signal handler; a split's or shrink's rendezvous under way stops too.
+  void stop(const std::string& why);
+  // Throws Aborted if the communicator was stopped since stops_ read `before`.
   void failIfStoppedSince(uint32_t before) const;
 
   // Logs a collective call this rank starts, where its peers' monitors compare it with
@@ -296,6 +299,7 @@ class Comm {
   // shrink's rendezvous, which waits on the bootstrap's sockets rather than on the channels,
   // watches it (failIfStoppedSince) so that those stop it too.
   std::atomic<uint32_t> stops_{0};
+  std::string stopReason_;  // the last stop's (errorMutex_)
   std::atomic<double> callTimeout_{0};  // see callTimeout()
   int splits_ = 0;  // tags bootstrap messages of successive splits apart
   // Shrink exchanges completed with each rank (see shrinkInfo): they tag the next one's

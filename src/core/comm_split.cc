@@ -14,8 +14,8 @@
 namespace mncl {
 
 bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdData* id, std::vector<int>* members_) {
+  const uint32_t stops = stops_.load(std::memory_order_acquire);  // (before: a stop meanwhile fails it below)
   MNCL_CHECK(!failed(), asyncError(), errorMessage());
-  const uint32_t stops = stops_.load(std::memory_order_acquire);
   WaitCheck untilStopped([&] { failIfStoppedSince(stops); });  // (an abort() from another thread)
   struct Entry {
     int32_t color, key, rank;

@@ -85,9 +85,9 @@ void Comm::agreeOnPlan() {
 int Comm::channelsWanted(int coresPerRank) const {
   int fallback = std::clamp(coresPerRank, 1, 4);
   if (topoPlan_.onGpus && topoPlan_.searchChannels > 0) fallback = std::min(fallback, topoPlan_.searchChannels);
-  int want = (int)env::integer("MININCL_NCHANNELS", fallback);
-  MNCL_CHECK(want >= 1 && want <= 64, mnclInvalidArgument, "MININCL_NCHANNELS must be between 1 and 64");
-  return withinChannelBounds(want, 64);
+  int64_t wanted = env::integer("MININCL_NCHANNELS", fallback);  // (range-checked before the cast)
+  MNCL_CHECK(wanted >= 1 && wanted <= 64, mnclInvalidArgument, "MININCL_NCHANNELS must be between 1 and 64");
+  return withinChannelBounds((int)wanted, 64);
 }
 
 int Comm::withinChannelBounds(int want, int most) const {

@@ -24,16 +24,17 @@ void InterruptibleCallBase::poll(void* self) {
   if (call->raised_ || now < call->nextPoll_) return;
   call->nextPoll_ = now + kPollPeriod;
   py::gil_scoped_acquire gil;
-  call->runHandlers("while it waited for its peers");
+  std::string why = call->runHandlers("while it waited for its peers");
+  if (!why.empty()) call->stop_(call, why);
 }
 
-void InterruptibleCallBase::runHandlers(const char* when) {
+std::string InterruptibleCallBase::runHandlers(const char* when) {
   // (Off the main thread, PyErr_CheckSignals does nothing. It must be the first Python this
   // runs: any Python code would run the handler itself, and its exception be lost.)
-  if (raised_ || PyErr_CheckSignals() == 0) return;
+  if (raised_ || PyErr_CheckSignals() == 0) return "";
   raised_.emplace();  // takes the handler's exception
   const char* name = reinterpret_cast<PyTypeObject*>(raised_->type().ptr())->tp_name;
-  stop_(this, std::string("the call was interrupted (") + name + ") " + when);
+  return std::string("the call was interrupted (") + name + ") " + when;
 }
 
 void InterruptibleCallBase::rethrow() {
@@ -43,7 +44,8 @@ void InterruptibleCallBase::rethrow() {
 }
 
 void InterruptibleCallBase::checkNow() {
-  runHandlers("while it waited for its peers");
+  std::string why = runHandlers("while it waited for its peers");
+  if (!why.empty()) stop_(this, why);
   rethrowIfInterrupted();
 }
 

@@ -57,10 +57,10 @@ class InterruptibleCallBase {
     };
     if constexpr (std::is_void_v<decltype(body())>) {
       run();
-      checkAfterReturn();
+      rethrowIfInterrupted();
     } else {
       auto result = run();
-      checkAfterReturn();
+      rethrowIfInterrupted();
       return result;
     }
   }
@@ -71,10 +71,15 @@ class InterruptibleCallBase {
 
   // With the GIL, once the call has returned: a signal that came while it was busy (copying
   // or reducing, where no wait polls) has its handler run here, not at Python's next
-  // bytecode. If that raises, the call's communicators fail as for an interrupted wait:
-  // otherwise the peers would wait in their next call for a rank that has gone elsewhere.
-  void checkAfterReturn() {
-    if (hook_ && !raised_) runHandlers("as it ended");
+  // bytecode. If that raises, `stop(why)` fails the call's communicators as for an
+  // interrupted wait (otherwise the peers would wait in their next call for a rank that has
+  // gone elsewhere), and the exception is raised. The call has left them by now, and the
+  // handler may have closed them: `stop` must check.
+  template <typename Stop>
+  void checkAfterReturn(Stop&& stop) {
+    if (!hook_ || raised_) return;
+    std::string why = runHandlers("as it ended");
+    if (!why.empty()) stop(why);
     rethrowIfInterrupted();
   }
 
@@ -93,7 +98,9 @@ class InterruptibleCallBase {
  private:
   static void poll(void* self);
   [[noreturn]] void rethrow();
-  void runHandlers(const char* when);  // with the GIL; `when` ends the peers' message
+  // With the GIL: runs the pending handlers; if one raised, keeps its exception and returns
+  // why the call stops (for the peers; `when` ends it), else "".
+  std::string runHandlers(const char* when);
 
   StopFn stop_;
   dev::LongWaitHook* hook_ = nullptr;  // this thread's (looked up once: another library's thread-local)

@@ -151,7 +151,7 @@ class PyComm {
   // abort() or destroy() from a signal handler on the thread inside a call: `why` fails that
   // call (it raises Aborted) and its peers' waits; the close follows once it has returned.
   void stopFromInside(const std::string& why) {
-    comm_->fail(mnclAborted, why);
+    comm_->stop(why);
     closeWhenFree_ = true;
   }
   void closeDeferred() noexcept {
@@ -539,6 +539,14 @@ class PyComm {
     asyncHeld_.clear();
   }
 
+  // failInside once a call has returned (InterruptibleCall::checkAfterReturn), unless the
+  // communicator is closing (its destroy tells the peers): the handler may have closed it,
+  // and a close may wait for work that needs the GIL this thread holds.
+  void failAfterReturn(const std::string& why) {
+    std::shared_lock<std::shared_timed_mutex> lock(callMutex_, std::try_to_lock);
+    if (lock.owns_lock() && !destroyed_) failInside(why);
+  }
+
   // failInside from an async_op call's Work.wait(), outside any call.
   void failForInterrupt(const std::string& why) {
     std::shared_lock<std::shared_timed_mutex> lock(callMutex_);
@@ -573,6 +581,9 @@ class PyComm {
         throwError(mnclInvalidUsage, "the group's calls on the communicator of rank(s) " + closed +
                                          " did not run: it was destroyed or aborted before the group ended");
       }
+    });
+    interruptible.checkAfterReturn([&comms](const std::string& why) {
+      for (PyComm* c : comms) c->failAfterReturn(why);
     });
   }
 
@@ -806,6 +817,7 @@ class PyComm {
     if (!async_.idle()) awaitAsyncCalls();  // program order with earlier async calls
     py_interrupt::InterruptibleCall interruptible([this](const std::string& why) { failInside(why); });
     interruptible.withoutGil([&] { withLive([&](Comm& cm) { op(cm, cudaStream); }); });
+    interruptible.checkAfterReturn([this](const std::string& why) { failAfterReturn(why); });
     return result;
   }
 
