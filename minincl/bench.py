@@ -215,19 +215,20 @@ def _run_one(cfg: Config, comm: Communicator, send: np.ndarray, recv: np.ndarray
             comm.recv(recv, (r - 1) % n)
 
 
-def _buffers(cfg: Config, n: int, rank: int, nbytes: int, dtype: Any) -> tuple[int, np.ndarray, np.ndarray]:
-    item = np.dtype(dtype).itemsize
-    if cfg.coll in ("allgather", "gather"):
+def _shape(coll: str, n: int, nbytes: int, item: int) -> tuple[int, int, int]:
+    """(count, send elements, receive elements) of one rank's call for a size (nccl-tests')."""
+    if coll in BLOCKED:
         count = nbytes // item // n
-        return count, _pattern(rank, count, dtype), np.zeros(count * n, dtype)
-    if cfg.coll in ("reduce_scatter", "scatter"):
-        count = nbytes // item // n
-        return count, _pattern(rank, count * n, dtype), np.zeros(count, dtype)
-    if cfg.coll == "alltoall":
-        count = nbytes // item // n
-        return count, _pattern(rank, count * n, dtype), np.zeros(count * n, dtype)
+        send = count if coll in ("allgather", "gather") else count * n
+        recv = count if coll in ("reduce_scatter", "scatter") else count * n
+        return count, send, recv
     count = nbytes // item
-    return count, _pattern(rank, count, dtype), np.zeros(count, dtype)
+    return count, count, count
+
+
+def _buffers(cfg: Config, n: int, rank: int, nbytes: int, dtype: Any) -> tuple[int, np.ndarray, np.ndarray]:
+    count, send, recv = _shape(cfg.coll, n, nbytes, np.dtype(dtype).itemsize)
+    return count, _pattern(rank, send, dtype), np.zeros(recv, dtype)
 
 
 def _in_window(comm: Communicator, a: np.ndarray) -> np.ndarray:
@@ -541,12 +542,10 @@ def _check_gpu() -> None:
 def _check_memory(cfg: Config, n: int, max_text: str) -> None:
     """Refuses a sweep whose largest buffers would not fit this machine's memory, before the
     ranks start: otherwise they allocate their way to a MemoryError or the OOM killer."""
-    largest = sizes(cfg, n)[-1]
-    send_bytes = largest // n if cfg.coll in ("allgather", "gather") else largest
-    recv_bytes = largest // n if cfg.coll in ("reduce_scatter", "scatter") else largest
-    widen = 8 / np.dtype(numpy_dtype(cfg.dtype)).itemsize
+    item = np.dtype(numpy_dtype(cfg.dtype)).itemsize
+    _, send, recv = _shape(cfg.coll, n, sizes(cfg, n)[-1], item)
     # (The input is built as int64 before its cast; a check compares float64 copies.)
-    per_rank = send_bytes * (1 + widen) + recv_bytes * (1 + (2 * widen if cfg.check else 0))
+    per_rank = send * (item + 8) + recv * (item + (16 if cfg.check else 0))
     have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if per_rank * n > have:
         raise SystemExit(
