@@ -488,7 +488,7 @@ def test_the_other_hosts_shrink_a_lost_one_away(tmp_path: Path, how: str) -> Non
         assert ok, result
         ended, lost, rank, nranks, summed, ranks = result
         assert ended in ("RemoteError", "Timeout") and (rank, nranks) == (old // 2, 2), result
-        assert lost == ([1] if how == "killed" else []), result  # (a hung rank may come back)
+        assert lost == [1], result  # (the hung one: its heartbeat stopped for MININCL_TIMEOUT)
         assert summed == [4.0] * 3 and ranks == [0, 2], result
 
 

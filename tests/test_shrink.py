@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -23,18 +24,22 @@ MNCL_INVALID_ARGUMENT, MNCL_INVALID_USAGE, MNCL_ABORTED, INT32, FLOAT32, SUM = 4
 MNCL_SHRINK_DEFAULT, MNCL_SHRINK_ABORT = 0, 1
 
 
-def test_the_survivors_of_a_dead_rank_shrink_it_away(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """4 processes; rank 2 is killed mid-run. The others' calls fail naming it, then shrink
-    makes a communicator of ranks 0, 1, 3 (new ranks 0, 1, 2) whose calls are right."""
-    monkeypatch.setenv("MININCL_TIMEOUT", "5")
+@pytest.mark.parametrize("how", ["killed", "hung"])
+def test_the_survivors_of_a_dead_rank_shrink_it_away(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, how: str) -> None:
+    """4 processes; rank 2 is killed mid-run, or stops (SIGSTOP) and is given up on after
+    MININCL_TIMEOUT. The others' calls fail naming it, lost_ranks() lists it, then shrink with
+    that list makes a communicator of ranks 0, 1, 3 (new ranks 0, 1, 2) whose calls are right."""
+    sig = signal.SIGKILL if how == "killed" else signal.SIGSTOP
+    monkeypatch.setenv("MININCL_TIMEOUT", "5" if how == "killed" else "2")
     t0 = time.monotonic()
     with pytest.raises(LaunchError) as info:
-        minincl.launch(workers.shrink_after_a_death, 4, 2, str(tmp_path), timeout=120)
+        minincl.launch(workers.shrink_after_a_death, 4, 2, str(tmp_path), int(sig), timeout=120)
     assert "rank 2: process killed by SIGKILL" in str(info.value)
     survivors = info.value.results
     assert sorted(survivors) == [0, 1, 3], survivors
     for old, (ended, lost, rank, nranks, summed, ranks) in survivors.items():
-        assert ended == "RemoteError" and lost == [2], (ended, lost)
+        want = ("RemoteError",) if how == "killed" else ("Timeout", "RemoteError")  # (from a survivor that timed out)
+        assert ended in want and lost == [2], (ended, lost)
         assert (rank, nranks) == ([0, 1, 3].index(old), 3)
         assert summed == [1.0 + 2.0 + 4.0] * 3
         assert ranks == [0, 1, 3]

@@ -858,6 +858,8 @@ def stop_mid_run(
         deadline = time.monotonic() + 30
         while len(os.listdir(flags)) < comm.nranks - 1 and time.monotonic() < deadline:
             time.sleep(0.001)
+        with open(flags + ".victim", "w") as f:  # (a survivor may kill it: see shrink_after_a_death)
+            f.write(str(os.getpid()))
         os.kill(os.getpid(), sig)
         time.sleep(60)  # (stopped, not killed: the parent kills it)
     open(os.path.join(flags, str(comm.rank)), "w").close()
@@ -1160,20 +1162,24 @@ def shrink_after_a_death(
     comm: minincl.Communicator, victim: int, flags: str, sig: int = signal.SIGKILL
 ) -> tuple[str, list[int], int, int, list[float], Any]:
     """The victim kills (or stops) itself between calls; the others' calls fail, and they
-    shrink it away: (how their calls ended, the ranks they saw lost, new rank, new size, an
-    allreduce and an allgather on the new communicator). A killed victim's loss may reach a
-    rank through another survivor's failure before its own sight of it: allow a second."""
+    shrink away the ranks lost_ranks() lists: (how their calls ended, those ranks, new rank,
+    new size, an allreduce and an allgather on the new communicator). A killed victim's loss
+    may reach a rank through another survivor's failure before its own sight of it (over
+    TCP): allow a second. A stopped victim is killed by the lowest survivor once it is done."""
     ended = stop_mid_run(comm, victim, flags, sig, 1 << 10, 100000)
     lost, deadline = comm.lost_ranks(), time.monotonic() + 1
-    while sig == signal.SIGKILL and victim not in lost and time.monotonic() < deadline:
+    while victim not in lost and time.monotonic() < deadline:
         time.sleep(0.01)
         lost = comm.lost_ranks()
-    with comm.shrink([victim]) as new:
+    with comm.shrink(lost) as new:
         x = np.full(3, comm.rank + 1, np.float32)
         new.allreduce(x)
         ranks = new.allgather(np.array([comm.rank], np.int64))
         new.barrier()
     comm.destroy()
+    if sig == signal.SIGSTOP and new.rank == 0:
+        with open(flags + ".victim") as f:
+            os.kill(int(f.read()), signal.SIGKILL)
     return ended.split(" ")[0], lost, new.rank, new.nranks, x.tolist(), ranks.tolist()
 
 

@@ -834,7 +834,17 @@ std::vector<int> Comm::lostRanks() const {
 bool Comm::lost(int r) const {
   bool left = peerRegions_[r]->ctrl()->gone();
   bool cut = overNetwork(r) && netProxy_ && netProxy_->lost(r);
-  return left || exited(r) || cut;
+  return left || exited(r) || cut || givenUpOn(r);
+}
+
+// By this rank's monitor, or by a peer's, which then failed naming r (this rank may hear of
+// that failure before its own monitor's time for r runs out).
+bool Comm::givenUpOn(int r) const {
+  if (monitor_ && monitor_->gaveUpOn(r)) return true;
+  for (int p = 0; p < nranks_; ++p) {
+    if (p != r && p != rank_ && dev::loadAcquire(&peerRegions_[p]->ctrl()->gaveUpOn) == (uint32_t)r + 1) return true;
+  }
+  return false;
 }
 
 bool Comm::exited(int r) const {

@@ -181,9 +181,11 @@ class Comm {
   // it will never join.
   void failIfMemberGone(const std::vector<int>& members) const;
   // The ranks this rank has seen go: they destroyed or aborted their communicator, their
-  // process exited (on this host), or their network connection broke. (Not a hung rank: it may come back.)
+  // process exited (on this host), their network connection broke, or their heartbeat
+  // stopped for MININCL_TIMEOUT (given up on for good: a rank alive but stuck in its own code is not lost).
   std::vector<int> lostRanks() const;
   bool lost(int r) const;  // whether lostRanks() lists rank r
+  bool givenUpOn(int r) const;  // its heartbeat stopped for MININCL_TIMEOUT (see Monitor::gaveUpOn)
   bool exited(int r) const;  // whether rank r's process, on this host, is gone
 
   // GPU: whether this communicator's last kernel may still be running.

@@ -40,7 +40,11 @@ std::chrono::steady_clock::time_point Monitor::timeoutFromNow() {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeoutSeconds()));
 }
 
-Monitor::Monitor(Comm& comm) : comm_(comm), timeout_(timeoutSeconds()), watch_(comm.nranks()) {
+Monitor::Monitor(Comm& comm)
+    : comm_(comm),
+      timeout_(timeoutSeconds()),
+      watch_(comm.nranks()),
+      gaveUp_(std::make_unique<std::atomic<bool>[]>(comm.nranks())) {
   double now = nowSeconds();
   lastTick_ = now;
   for (auto& w : watch_) w.lastChange = now;
@@ -62,10 +66,13 @@ void Monitor::loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!cv_.wait_for(lock, std::chrono::milliseconds(10), [&] { return stop_; })) {
     dev::storeRelease(&mine->heartbeat, mine->heartbeat + 1);
-    if (comm_.failed()) continue;  // already stopping; nothing new to learn
-    comm_.checkGpuErrors();
     double now = nowSeconds();
     noteOwnStall(now);
+    if (comm_.failed()) {  // already stopping: nothing to report, only peers to give up on
+      giveUpOnStoppedPeers(now);
+      continue;
+    }
+    comm_.checkGpuErrors();
     for (int r = 0; r < comm_.nranks(); ++r) {
       if (r != comm_.rank()) checkPeer(r, now);
     }
@@ -149,14 +156,34 @@ void Monitor::checkPeer(int r, double now) {
     fail(mnclRemoteError, who + " exited (or was killed) without destroying its communicator");
     return;
   }
-  uint64_t beat = dev::loadAcquire(&ctrl->heartbeat);
+  if (!heartbeatStopped(r, now)) return;
+  gaveUp_[r].store(true, std::memory_order_release);
+  // (Published before the failure it explains: a survivor that hears of this rank's failure
+  // first lists r in lost_ranks() too, so the survivors agree on the ranks to shrink away.)
+  RankCtrl* mine = comm_.region_->ctrl();
+  if (dev::loadAcquire(&mine->gaveUpOn) == 0) dev::storeRelease(&mine->gaveUpOn, (uint32_t)r + 1);
+  char limit[32];
+  std::snprintf(limit, sizeof limit, "%g", timeout_);  // (0.2, not the 0 an int cast gave)
+  fail(mnclTimeout, who + " has shown no sign of life for " + limit + " s (MININCL_TIMEOUT); it is hung or unreachable");
+}
+
+bool Monitor::heartbeatStopped(int r, double now) {
+  PeerWatch& w = watch_[r];
+  uint64_t beat = dev::loadAcquire(&comm_.peerRegions_[r]->ctrl()->heartbeat);
   if (beat != w.lastBeat) {
     w.lastBeat = beat;
     w.lastChange = now;
-  } else if (now - w.lastChange > timeout_) {
-    char limit[32];
-    std::snprintf(limit, sizeof limit, "%g", timeout_);  // (0.2, not the 0 an int cast gave)
-    fail(mnclTimeout, who + " has shown no sign of life for " + limit + " s (MININCL_TIMEOUT); it is hung or unreachable");
+  }
+  return now - w.lastChange > timeout_;
+}
+
+// A failed peer's heartbeat goes on while its process lives; a peer that stopped or hung
+// keeps saying it runs. (Threads of this process share its heartbeat: none to give up on.)
+void Monitor::giveUpOnStoppedPeers(double now) {
+  for (int r = 0; r < comm_.nranks(); ++r) {
+    if (r == comm_.rank() || inThisProcess(r) || gaveUp_[r].load(std::memory_order_relaxed)) continue;
+    bool running = dev::loadAcquire(&comm_.peerRegions_[r]->ctrl()->state) == RankCtrl::kRunning;
+    if (heartbeatStopped(r, now) && running) gaveUp_[r].store(true, std::memory_order_release);
   }
 }
 

@@ -3,7 +3,8 @@
 // Every 10 ms it bumps this rank's heartbeat and looks at each peer's control block:
 //  - the peer failed (aborted, or hit an error)     -> RemoteError naming it, at once;
 //  - the peer's process is gone (same host)         -> RemoteError, at once;
-//  - the peer's heartbeat stopped for MININCL_TIMEOUT -> Timeout;
+//  - the peer's heartbeat stopped for MININCL_TIMEOUT -> Timeout, and the peer is given up
+//    on: lost_ranks() lists it (see gaveUpOn);
 //  - the peer destroyed its communicator while this rank is inside a call the peer never
 //    made (a later collective, a receive beyond its sends) -> RemoteError, at once; inside
 //    another call (the peer may have done its part) for MININCL_TIMEOUT -> RemoteError;
@@ -27,6 +28,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -54,12 +56,18 @@ class Monitor {
   // more just before (SIGSTOP, a debugger): its peers may have given up on it. "" otherwise. Any
   // thread: a call that learns of a peer's failure may run before this loop's next look.
   std::string stallNote() const;
+  // Whether this loop gave up on peer r: its heartbeat stopped for MININCL_TIMEOUT while its
+  // state said running (a stopped or hung process). For good, as a peer that left; after this
+  // communicator failed the loop still looks, so that every such peer is found. Any thread.
+  bool gaveUpOn(int r) const { return gaveUp_[r].load(std::memory_order_acquire); }
 
  private:
   void loop();
   void noteOwnStall(double now);
   void fail(mnclResult_t code, const std::string& message);  // comm_.fail (which adds stallNote)
   void checkPeer(int r, double now);
+  bool heartbeatStopped(int r, double now);  // for MININCL_TIMEOUT (watch_[r] follows it)
+  void giveUpOnStoppedPeers(double now);     // (after this communicator failed)
   bool inThisProcess(int r) const;  // (a thread of this process: its heartbeat is ours)
   bool checkCalls(int r);
   std::string callThePeerNeverMade(int r) const;
@@ -95,6 +103,7 @@ class Monitor {
     double blockedSince = 0;
   };
   std::vector<PeerWatch> watch_;
+  std::unique_ptr<std::atomic<bool>[]> gaveUp_;  // [rank]: see gaveUpOn
   std::vector<uint64_t> cycleKey_;  // the wait cycle seen last (its ranks and their calls' numbers)
   double cycleSince_ = 0;
   uint64_t myCall_ = 0;  // this rank's call (CallActivity::entered), and since when

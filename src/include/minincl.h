@@ -166,8 +166,9 @@ mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newc
 mnclResult_t mnclCommShrink(mnclComm_t comm, int* excludeRanksList, int excludeRanksCount, mnclComm_t* newcomm,
                             void* config, int shrinkFlags);
 /* The ranks this rank has seen go (minincl's own, not NCCL's): they destroyed or
- * aborted their communicator, their process exited (on this host), or their network connection broke; a
- * hung rank is not among them. *count gets how many; ranks (NULL, or room for
+ * aborted their communicator, their process exited (on this host), their network connection broke, or
+ * their heartbeat stopped for MININCL_TIMEOUT (a stopped or hung process, given up on for good; a rank
+ * alive but stuck in its own code is not among them). *count gets how many; ranks (NULL, or room for
  * mnclCommCount's ranks) gets them in order. Works on a communicator that failed, so that
  * survivors can pass the list to mnclCommShrink. */
 mnclResult_t mnclCommLostRanks(const mnclComm_t comm, int* ranks, int* count);

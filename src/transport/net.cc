@@ -83,7 +83,7 @@ struct NetProxy::CtrlMessage {
     uint32_t state;
     uint32_t full;  // the rest follows
   } beat;
-  uint32_t failCode;
+  uint32_t failCode, gaveUpOn;
   char failMessage[sizeof(RankCtrl::failMessage)];
   CallLog calls;  // (the peer's monitor compares it with its own)
 };
@@ -589,6 +589,7 @@ bool NetProxy::progressCtrl(CtrlLink& c) {
     constexpr size_t kCtrlRest = offsetof(CtrlMessage, failCode);  // where the rest starts
     CtrlMessage now{};
     now.failCode = own->failCode;
+    now.gaveUpOn = dev::loadAcquire(&own->gaveUpOn);
     std::memcpy(now.failMessage, own->failMessage, sizeof(now.failMessage));
     now.failMessage[sizeof(now.failMessage) - 1] = '\0';
     copyCallLog(own->calls, now.calls);
@@ -637,6 +638,7 @@ ssize_t NetProxy::receiveCtrl(CtrlLink& c) {
   RankCtrl* m = c.mirror->ctrl();
   if (c.in.beat.full) {
     m->failCode = c.in.failCode;
+    dev::storeRelease(&m->gaveUpOn, c.in.gaveUpOn);
     std::memcpy(m->failMessage, c.in.failMessage, sizeof(m->failMessage));
     m->failMessage[sizeof(m->failMessage) - 1] = '\0';
     copyCallLog(c.in.calls, m->calls);
