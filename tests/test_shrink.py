@@ -132,20 +132,28 @@ def test_a_rank_that_aborted_is_lost_and_shrunk_away() -> None:
         (0, {1: [], 2: [], 3: []}, "shrink: rank 0 is kept but gone (lost_ranks() lists it)"),
         (3, {0: [], 1: [3], 2: [3]}, "shrink: rank 3 is kept but gone (lost_ranks() lists it"),
         (3, {0: [3], 1: [], 2: [3]}, "were given other ranks to exclude than rank 0"),
+        (3, {0: [], 1: [], 2: []}, "shrink: rank 3 is kept but gone (lost_ranks() lists it"),
     ],
-    ids=["all keep it", "the leader is gone", "the leader keeps it", "a member keeps it"],
+    ids=["all keep it", "the leader is gone", "the leader keeps it", "a member keeps it", "all keep it, hung"],
 )
 def test_a_dead_rank_kept_fails_the_shrink_at_once_and_a_retry_works(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, victim: int, first: dict[int, list[int]], said: str
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    victim: int,
+    first: dict[int, list[int]],
+    said: str,
+    request: pytest.FixtureRequest,
 ) -> None:
-    """4 processes, the victim killed. A first shrink that keeps it can never complete: every
-    survivor fails at once (it waited MININCL_BOOTSTRAP_TIMEOUT before), the lowest rank kept
-    naming the rank gone or the ranks whose lists differ, the others what it found; then a
-    shrink that excludes it works."""
-    monkeypatch.setenv("MININCL_TIMEOUT", "5")
+    """4 processes, the victim killed (or stopped, and given up on after MININCL_TIMEOUT). A
+    first shrink that keeps it can never complete: every survivor fails at once (it waited
+    MININCL_BOOTSTRAP_TIMEOUT before), the lowest rank kept naming the rank gone or the ranks
+    whose lists differ, the others what it found; then a shrink that excludes it works."""
+    hung = "hung" in request.node.callspec.id
+    monkeypatch.setenv("MININCL_TIMEOUT", "2" if hung else "5")
     monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "30")
+    sig = int(signal.SIGSTOP if hung else signal.SIGKILL)
     with pytest.raises(LaunchError) as info:
-        minincl.launch(workers.shrink_with_a_wrong_list_first, 4, victim, str(tmp_path), first, timeout=120)
+        minincl.launch(workers.shrink_with_a_wrong_list_first, 4, victim, str(tmp_path), first, sig, timeout=120)
     survivors = info.value.results
     assert sorted(survivors) == sorted(first), survivors
     kept = sorted(first)

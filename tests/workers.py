@@ -1111,12 +1111,12 @@ def call_sequence(comm: minincl.Communicator, seed: int, steps: int, windows: bo
 
 
 def shrink_with_a_wrong_list_first(
-    comm: minincl.Communicator, victim: int, flags: str, first: dict[int, list[int]]
+    comm: minincl.Communicator, victim: int, flags: str, first: dict[int, list[int]], sig: int = signal.SIGKILL
 ) -> tuple[str, int, int, list[float]]:
-    """The victim kills itself between calls; each survivor first shrinks with its list in
-    `first` (one keeps the victim, or the lists differ), then with [victim]: (how the first
-    try ended, and how long it took; the new communicator's rank, size and allreduce)."""
-    stop_mid_run(comm, victim, flags, signal.SIGKILL, 1 << 10, 100000)
+    """The victim kills (or stops) itself between calls; each survivor first shrinks with its
+    list in `first` (one keeps the victim, or the lists differ), then with [victim]: (how the
+    first try ended, and how long it took; the new communicator's rank, size and allreduce)."""
+    stop_mid_run(comm, victim, flags, sig, 1 << 10, 100000)
     deadline = time.monotonic() + 2  # (the victim's loss seen here too, not only through a peer)
     while victim not in comm.lost_ranks() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -1130,6 +1130,8 @@ def shrink_with_a_wrong_list_first(
         x = np.full(3, comm.rank + 1, np.float32)
         new.allreduce(x)
     comm.destroy()
+    if sig == signal.SIGSTOP and new.rank == 0:
+        kill_stopped_victim(flags)
     return ended, new.rank, new.nranks, x.tolist()
 
 
@@ -1178,9 +1180,14 @@ def shrink_after_a_death(
         new.barrier()
     comm.destroy()
     if sig == signal.SIGSTOP and new.rank == 0:
-        with open(flags + ".victim") as f:
-            os.kill(int(f.read()), signal.SIGKILL)
+        kill_stopped_victim(flags)
     return ended.split(" ")[0], lost, new.rank, new.nranks, x.tolist(), ranks.tolist()
+
+
+def kill_stopped_victim(flags: str) -> None:
+    """Ends stop_mid_run's victim, stopped (SIGSTOP): its launcher would wait for its timeout."""
+    with open(flags + ".victim") as f:
+        os.kill(int(f.read()), signal.SIGKILL)
 
 
 def dies_after_the_rendezvous(comm: minincl.Communicator, how: str) -> str:
