@@ -361,6 +361,26 @@ def test_torch_cuda_tensor_to_cpu_communicator_is_refused(torch_cuda: Any) -> No
         c.destroy()
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("MININCL_GPU_THREADS", "48"),
+        ("MININCL_GPU_CHANNEL_CACHE", "yes"),
+        ("MININCL_GPU_TRANSPORT", "carrier-pigeon"),
+        ("MININCL_GPU_SPINS", "-1"),
+    ],
+)
+def test_a_bad_gpu_setting_fails_the_init(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    """A GPU rank reads its own settings before it joins (MININCL_GPU_THREADS was read at the
+    first launch), so a malformed one fails the init naming it, not a later call; across
+    processes the peers then fail at once (test_a_bad_setting_on_one_rank_fails_the_others_at_once)."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(minincl.Error) as info:
+        for c in minincl.Communicator.init_all(2, device=DEVICE):
+            c.destroy()
+    assert name in str(info.value), info.value
+
+
 @pytest.mark.skipif(GPUS < 2, reason="needs two GPUs")
 def test_array_on_another_gpu_is_refused(gpus: GpuPool, cp: Any) -> None:
     c = gpus.get(2)[0]  # on cuda:0

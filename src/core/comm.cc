@@ -17,6 +17,7 @@
 #include "../enqueue/device_error.h"
 #include "../enqueue/enqueue.h"
 #include "../enqueue/executor.h"
+#include "../enqueue/gpu_launch.h"
 #include "../enqueue/work_plan.h"
 #include "../gpu/cuda_api.h"
 #include "../gpu/gpu_comm.h"
@@ -681,6 +682,7 @@ void Comm::checkLaterSettings() {
     gpuTransportFromEnv();
 #if defined(MININCL_HAVE_CUDA)
     gpu::GpuComm::settingsFromEnv();
+    gpuThreadsFromEnv();
 #endif
   } else {
     channelsWanted(1);

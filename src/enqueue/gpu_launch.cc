@@ -15,6 +15,13 @@
 
 namespace mncl {
 
+int gpuThreadsFromEnv() {
+  int64_t t = env::integer("MININCL_GPU_THREADS", 0);
+  MNCL_CHECK(t == 0 || (t % 32 == 0 && t >= 32 && t <= dev::kGpuThreads), mnclInvalidArgument,
+             "MININCL_GPU_THREADS must be 0 (by size) or a multiple of 32 up to " + std::to_string(dev::kGpuThreads));
+  return (int)t;
+}
+
 namespace {
 
 // Where one communicator's calls from one caller stream run.
@@ -117,14 +124,9 @@ struct Launch {
 // Threads per block, for collectives and groups of sends and receives alike: a whole block
 // where there is data to move, fewer for small operations, where each barrier of the block's
 // 16 warps costs more than the copy (a thread moves 16 bytes per pass). MININCL_GPU_THREADS
-// (a multiple of 32, at most 512) fixes it.
+// fixes it (read once per process).
 int threadsForBytes(size_t perChannel) {
-  static const int fixed = [] {
-    int64_t t = env::integer("MININCL_GPU_THREADS", 0);
-    MNCL_CHECK(t == 0 || (t % 32 == 0 && t >= 32 && t <= dev::kGpuThreads), mnclInvalidArgument,
-               "MININCL_GPU_THREADS must be 0 (by size) or a multiple of 32 up to " + std::to_string(dev::kGpuThreads));
-    return (int)t;
-  }();
+  static const int fixed = gpuThreadsFromEnv();
   if (fixed) return fixed;
   size_t warps = (perChannel / 16 + 31) / 32;
   return (int)std::clamp<size_t>(warps, 1, dev::kGpuThreads / 32) * 32;
