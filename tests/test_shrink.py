@@ -7,6 +7,8 @@ from __future__ import annotations
 import ctypes
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -44,6 +46,18 @@ def test_the_survivors_of_a_dead_rank_shrink_it_away(monkeypatch: pytest.MonkeyP
         assert summed == [1.0 + 2.0 + 4.0] * 3
         assert ranks == [0, 1, 3]
     assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.parametrize("how", ["", "hang"])
+def test_the_example_training_survives_a_lost_rank(how: str) -> None:
+    """examples/survive_a_lost_rank.py: 4 ranks of gradient descent, rank 2 dies (or hangs) at
+    step 7; the survivors shrink it away and end with one process's weights (it checks them)."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "survive_a_lost_rank.py"
+    done = subprocess.run(
+        [sys.executable, str(example), *([how] if how else [])], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("lost [2], weights within") == 3 and done.stdout.endswith("ok\n"), done.stdout
 
 
 def test_live_ranks_left_out_do_not_call_and_the_parent_still_works() -> None:

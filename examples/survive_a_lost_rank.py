@@ -1,0 +1,115 @@
+"""Surviving a lost rank: data-parallel training that shrinks a dead or hung rank away and goes on.
+
+Four ranks fit a linear model by full-batch gradient descent, each on its share of the
+samples, averaging their gradients with allreduce. At step 7 rank 2 dies (SIGKILL), or with
+`hang` stops (SIGSTOP: a hung process, whose heartbeat stops). The others' allreduce fails:
+`RemoteError` at once for a dead process, `Timeout` (or `RemoteError` from a survivor that
+timed out first) after MININCL_TIMEOUT for a hung one. Each survivor asks `lost_ranks()` which
+ranks are gone, `shrink`s them away, shares the samples among the ranks left and takes the
+step again. The weights they end with equal one process's full-batch descent: losing a rank
+changed who computes, not what.
+
+    python examples/survive_a_lost_rank.py          # rank 2 dies
+    python examples/survive_a_lost_rank.py hang     # rank 2 hangs
+
+(`launch` runs the ranks as local processes; with torchrun or Slurm the same `train` works on
+`minincl.init_from_env()`.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+
+import numpy as np
+
+import minincl
+
+RANKS, VICTIM, LOST_AT_STEP, STEPS = 4, 2, 7, 20
+SAMPLES, FEATURES, LEARNING_RATE = 840, 8, 0.05  # (840 samples share evenly among 4 or 3 ranks)
+
+
+def dataset() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((SAMPLES, FEATURES))
+    y = x @ np.arange(1.0, FEATURES + 1) + 0.1 * rng.standard_normal(SAMPLES)
+    return x, y
+
+
+def gradient(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Of the mean squared error over these samples."""
+    return 2 * x.T @ (x @ w - y) / len(y)
+
+
+def reference() -> np.ndarray:
+    """One process, every sample at every step."""
+    x, y = dataset()
+    w = np.zeros(FEATURES)
+    for _ in range(STEPS):
+        w -= LEARNING_RATE * gradient(w, x, y)
+    return w
+
+
+def lose_this_rank(hang: bool, pid_file: str) -> None:
+    if not hang:
+        os.kill(os.getpid(), signal.SIGKILL)  # (as a crash: no destroy, no goodbye)
+    with open(pid_file, "w") as f:  # (for the survivor that plays the job scheduler below)
+        f.write(str(os.getpid()))
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def train(comm: minincl.Communicator, hang: bool, pid_file: str) -> tuple[np.ndarray, list[int]]:
+    """Returns the weights and the ranks (of the first communicator) that were lost."""
+    x, y = dataset()
+    w = np.zeros(FEATURES)
+    lost_so_far: list[int] = []
+    step = 0
+    while step < STEPS:
+        if step == LOST_AT_STEP and comm.rank == VICTIM and not lost_so_far:
+            lose_this_rank(hang, pid_file)
+        share = slice(comm.rank * SAMPLES // comm.nranks, (comm.rank + 1) * SAMPLES // comm.nranks)
+        g = gradient(w, x[share], y[share])  # (equal shares: their average is the whole mean)
+        try:
+            comm.allreduce(g, op="avg")
+        except minincl.Error as e:
+            lost = comm.lost_ranks()
+            if not lost:  # (an error no rank's loss explains: a bug, not a failure to survive)
+                raise
+            print(f"rank {comm.rank}: step {step} failed ({type(e).__name__}); shrinking away rank(s) {lost}")
+            survivors = comm.shrink(lost)
+            comm.destroy()
+            lost_so_far += lost  # (ranks of the first communicator: only one shrink happens here)
+            comm = survivors
+            continue  # the same step, on the ranks left
+        w -= LEARNING_RATE * g
+        step += 1
+    if hang and comm.rank == 0:
+        with open(pid_file) as f:
+            os.kill(int(f.read()), signal.SIGKILL)  # (a job scheduler would end the hung process)
+    comm.destroy()
+    return w, lost_so_far
+
+
+def main(hang: bool = False) -> dict[int, tuple[float, list[int]]]:
+    """Runs the ranks; returns each survivor's (largest difference from the reference, lost ranks)."""
+    os.environ.setdefault("MININCL_TIMEOUT", "2")  # give up on a silent rank after 2 s (default 5)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            results = dict(enumerate(minincl.launch(train, RANKS, hang, os.path.join(tmp, "victim.pid"), timeout=120)))
+        except minincl.LaunchError as e:  # (the victim's process ended by a signal: expected)
+            results = e.results
+    want = reference()
+    return {rank: (float(np.abs(w - want).max()), lost) for rank, (w, lost) in results.items()}
+
+
+if __name__ == "__main__":
+    outcome = main(hang=sys.argv[1:] == ["hang"])
+    for rank, (diff, lost) in sorted(outcome.items()):
+        print(f"rank {rank}: lost {lost}, weights within {diff:.1e} of one process's")
+    ok = sorted(outcome) == [r for r in range(RANKS) if r != VICTIM] and all(
+        d < 1e-9 and lost == [VICTIM] for d, lost in outcome.values()
+    )
+    print("ok" if ok else "MISMATCH")
+    sys.exit(0 if ok else 1)
