@@ -1,5 +1,6 @@
-# Types of the compiled core (src/python/module.cc, reduce_op.cc, topo_bindings.cc), for type
-# checkers and editors; tests/test_typing.py checks that it names what the module defines.
+# Types of the compiled core (src/python/module.cc, call_methods.cc, reduce_op.cc,
+# topo_bindings.cc), for type checkers and editors; tests/test_typing.py checks that it names
+# what the module defines.
 #
 # An array is anything with DLPack, __cuda_array_interface__ or the buffer protocol (NumPy,
 # PyTorch, CuPy, ...). A call returns the array it wrote: `recv` when given, else `send` (in
