@@ -15,6 +15,8 @@
 #include <cstring>
 #include <type_traits>
 
+// Device functions, and those host code shares: both already say inline (`MNCL_HOSTDEV
+// inline` is a duplicate that only the CPU build rejects).
 #if defined(__CUDACC__)
 #define MNCL_DEV __device__ __forceinline__
 #define MNCL_HOSTDEV __host__ __device__ __forceinline__

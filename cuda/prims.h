@@ -38,6 +38,19 @@
 //      from delivers at least one step in this operation: Simple publishes our output to each
 //      of them when the object is made, and a publication no step followed still looks
 //      current to the next call of the same description.
+// And what every schedule lives with:
+//   4. There is no scratch memory. A partial result lives only in a connection's FIFO, from
+//      the primitive that sends it to the peer's that receives it. `src` is always this
+//      rank's input (the reduction's pre-operation, premulsum's scaling, applies to every
+//      src): a result already written to dst goes on by the primitive that received it
+//      (recvCopySend, recvReduceCopySend), not by send(dst). So a butterfly that keeps a
+//      partial sum to both send and add is not expressible; a halving-doubling allreduce is,
+//      as a reduce tree and a broadcast tree per chunk.
+//   5. Steps pair up and never wait in a cycle. Both ends of a connection run the same
+//      steps (number and sizes); a sender runs at most kSteps (conn.h) steps ahead of its
+//      receiver, then waits for a slot; a channel is one thread of blocking calls. Order each
+//      rank's primitives so that no ranks wait on one another around a cycle (tree.h's kLag
+//      keeps its up and down passes from filling each other's slots).
 // To debug a new schedule, run it with MININCL_POINTER_STEPS=0 MININCL_DIRECT_WRITES=0 first
 // (every step through the FIFO slots).
 #pragma once

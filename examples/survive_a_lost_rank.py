@@ -5,9 +5,13 @@ samples, averaging their gradients with allreduce. At step 7 rank 2 dies (SIGKIL
 `hang` stops (SIGSTOP: a hung process, whose heartbeat stops). The others' allreduce fails:
 `RemoteError` at once for a dead process, `Timeout` (or `RemoteError` from a survivor that
 timed out first) after MININCL_TIMEOUT for a hung one. Each survivor asks `lost_ranks()` which
-ranks are gone, `shrink`s them away, shares the samples among the ranks left and takes the
-step again. The weights they end with equal one process's full-batch descent: losing a rank
-changed who computes, not what.
+ranks are gone and `shrink`s them away. The survivors may have failed in different steps (a
+call fails as soon as a peer's process is gone, even where that peer had sent its part, so
+ranks that had received all of step 6 fail in step 7 while another fails in step 6): they
+agree on the earliest (an allreduce with op="min" on the new communicator), go back to their
+weights before it, share the samples among the ranks left and take that step again. The
+weights they end with equal one process's full-batch descent: losing a rank changed who
+computes, not what.
 
     python examples/survive_a_lost_rank.py          # rank 2 dies
     python examples/survive_a_lost_rank.py hang     # rank 2 hangs
@@ -64,6 +68,7 @@ def train(comm: minincl.Communicator, hang: bool, pid_file: str) -> tuple[np.nda
     """Returns the weights and the ranks (of the first communicator) that were lost."""
     x, y = dataset()
     w = np.zeros(FEATURES)
+    before = {0: w.copy()}  # the weights before each of the last two steps
     lost_so_far: list[int] = []
     step = 0
     while step < STEPS:
@@ -82,9 +87,14 @@ def train(comm: minincl.Communicator, hang: bool, pid_file: str) -> tuple[np.nda
             comm.destroy()
             lost_so_far += lost  # (ranks of the first communicator: only one shrink happens here)
             comm = survivors
-            continue  # the same step, on the ranks left
+            # (A step ends on every rank only once every rank has begun it: the survivors
+            # failed in this step or the one before.)
+            step = int(comm.allreduce(np.array([step]), op="min")[0])
+            w = before[step].copy()
+            continue  # that step again, on the ranks left
         w -= LEARNING_RATE * g
         step += 1
+        before = {step - 1: before[step - 1], step: w.copy()}
     if hang and comm.rank == 0:
         with open(pid_file) as f:
             os.kill(int(f.read()), signal.SIGKILL)  # (a job scheduler would end the hung process)

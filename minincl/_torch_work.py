@@ -35,7 +35,8 @@ class MinincclWork(dist._Work):
     ``wait()`` blocks until the operation ran and re-raises its error (a ``minincl.RemoteError``
     when a peer died, ...; each also a ``torch.distributed.DistBackendError``, as NCCL raises).
     ``get_future()`` gives the ``torch.futures.Future`` that DDP chains its callbacks on; its
-    value is the list of output tensors, as with gloo and NCCL.
+    value is the list of output tensors, as with gloo and NCCL, and an error fails it as theirs
+    do (``wait()`` on it raises ``RuntimeError`` naming the error).
     ``start`` is called once, before anything waits on the work: it starts the deferred
     point-to-point ops (this one's, and those the waiting thread posted since on any group).
     """
@@ -55,7 +56,8 @@ class MinincclWork(dist._Work):
         self._done = False
         self._error: BaseException | None = None
         self._event: threading.Event | None = None  # made by a wait() that comes before the end
-        self._future: torch.futures.Future[Any] | None = None  # made by get_future()
+        self._future: torch.futures.Future[Any] | None = None  # made by get_future(): the outcome comes in here
+        self._given: torch.futures.Future[Any] | None = None  # and goes out through this one (see get_future)
         self._source: list[int] = []  # a receive from any source: the rank it received from
 
     def _ensure_started(self) -> None:
@@ -106,16 +108,22 @@ class MinincclWork(dist._Work):
         return self._error
 
     def get_future(self) -> torch.futures.Future[Any]:
+        """The future given out is chained on the one the outcome completes. Future.set_exception
+        completes a future *successfully*, with the exception as its value, where C++ looks:
+        DDP's reducer took that value for the output tensors and crashed (SIGSEGV) when a peer
+        died. An exception in a `then` callback fails the chained future itself, as gloo's
+        and NCCL's errors fail theirs."""
         self._ensure_started()
         with _LAZY:
             made = self._future is None
             if made:
                 self._future = torch.futures.Future(devices=[*self._devices] if self._devices else None)
-            future, done = self._future, self._done
-        assert future is not None
+                self._given = self._future.then(_outputs_or_raise)
+            future, given, done = self._future, self._given, self._done
+        assert future is not None and given is not None
         if made and done:  # (else _finish completes it)
             self._complete(future)
-        return future
+        return given
 
     def _source_rank(self) -> int:
         """The rank a receive from any source received from (torch's dist.recv(src=None))."""
@@ -130,6 +138,10 @@ class MinincclWork(dist._Work):
 
     def synchronize(self) -> None:
         self.wait()
+
+
+def _outputs_or_raise(outcome: torch.futures.Future[Any]) -> Any:
+    return outcome.wait()  # (raises the error set_exception gave it)
 
 
 def _run(job: Job, works: list[MinincclWork]) -> None:

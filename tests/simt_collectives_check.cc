@@ -14,13 +14,13 @@
 #include <cstring>
 #include <string>
 
+#include "algorithms.h"
 #include "dispatch.h"
 #include "simt_block.h"
 
 namespace mncl::dev {
 
 constexpr const char* kCollNames[] = {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter"};
-constexpr const char* kAlgoNames[] = {"ring", "tree", "direct"};
 constexpr const char* kProtoNames[] = {"simple", "ll", "ll128"};
 constexpr int kChannels = 2;
 
@@ -74,7 +74,7 @@ std::string describe(const Case& c, int n, int threads, size_t elemSize) {
   char s[200];
   const char* op = c.op == RedOp::avg ? " avg" : c.op == RedOp::premulsum ? " premulsum" : "";
   std::snprintf(s, sizeof s, "%s%s %s%s/%s, %d ranks, %d threads, %zu x %zu-byte elements", kCollNames[(int)c.coll], op,
-                kAlgoNames[(int)c.algo], c.algo == Algo::direct && c.coll == Coll::allreduce ? (c.variant ? " two-shot" : " one-shot") : "",
+                kAlgoNames[(int)c.algo], algoVariantName(c.algo, c.coll, c.variant),
                 kProtoNames[(int)c.proto], n, threads, c.count, elemSize);
   return s;
 }
@@ -149,27 +149,29 @@ void check(std::vector<Ranks*> channels, int threads, const Case& c, DataType dt
   }
 }
 
-bool available(Coll coll, Algo algo) {
-  return algo != Algo::tree || coll == Coll::allreduce || coll == Coll::broadcast || coll == Coll::reduce;
+// Every algorithm (algorithms.h) x variant that implements the collective on these ranks.
+std::vector<std::pair<Algo, int>> algorithmsFor(Coll coll, int nranks) {
+  std::vector<std::pair<Algo, int>> all;
+  for (int a = 0; a < (int)Algo::count; ++a) {
+    if (!algoImplements((Algo)a, coll, nranks)) continue;
+    for (int v = 0; v < algoVariants((Algo)a, coll); ++v) all.push_back({(Algo)a, v});
+  }
+  return all;
 }
 
 void checkAll(std::vector<Ranks*> channels, int threads, std::vector<Proto> protos, std::vector<size_t> counts) {
   for (int coll = 0; coll < 5; ++coll) {
     for (Proto proto : protos) {
-      for (Algo algo : {Algo::ring, Algo::tree, Algo::direct}) {
-        if (!available((Coll)coll, algo)) continue;
-        int variants = algo == Algo::direct && (Coll)coll == Coll::allreduce ? 2 : 1;
-        for (int v = 0; v < variants; ++v) {
-          for (size_t count : counts) check<float>(channels, threads, {(Coll)coll, algo, proto, v, count}, DataType::f32);
-          // Other element sizes change the vector loop's elements and the slices' alignment
-          // (copies move bytes whatever the type); avg divides after the sum; premulsum
-          // scales each rank's input (its own, and its peers' where pointer steps read them).
-          if (coll != (int)Coll::broadcast && coll != (int)Coll::allgather) {
-            check<uint8_t>(channels, threads, {(Coll)coll, algo, proto, v, 4099}, DataType::u8);
-            check<double>(channels, threads, {(Coll)coll, algo, proto, v, 1009}, DataType::f64);
-            check<float>(channels, threads, {(Coll)coll, algo, proto, v, 4099, RedOp::avg}, DataType::f32);
-            check<float>(channels, threads, {(Coll)coll, algo, proto, v, 4099, RedOp::premulsum}, DataType::f32);
-          }
+      for (auto [algo, v] : algorithmsFor((Coll)coll, channels[0]->n)) {
+        for (size_t count : counts) check<float>(channels, threads, {(Coll)coll, algo, proto, v, count}, DataType::f32);
+        // Other element sizes change the vector loop's elements and the slices' alignment
+        // (copies move bytes whatever the type); avg divides after the sum; premulsum
+        // scales each rank's input (its own, and its peers' where pointer steps read them).
+        if (coll != (int)Coll::broadcast && coll != (int)Coll::allgather) {
+          check<uint8_t>(channels, threads, {(Coll)coll, algo, proto, v, 4099}, DataType::u8);
+          check<double>(channels, threads, {(Coll)coll, algo, proto, v, 1009}, DataType::f64);
+          check<float>(channels, threads, {(Coll)coll, algo, proto, v, 4099, RedOp::avg}, DataType::f32);
+          check<float>(channels, threads, {(Coll)coll, algo, proto, v, 4099, RedOp::premulsum}, DataType::f32);
         }
       }
     }
@@ -306,15 +308,14 @@ int main(int argc, char** argv) {
     for (bool directAccess : {false, true}) {
       Ranks ranks(n, sizes, directAccess);
       for (Proto proto : directAccess ? std::vector<Proto>{Proto::simple} : std::vector<Proto>{Proto::simple, Proto::ll, Proto::ll128}) {
-        for (Algo algo : {Algo::ring, Algo::tree, Algo::direct}) {
-          for (int v = 0; v < (algo == Algo::direct ? 2 : 1); ++v) {
-            check<float>({&ranks}, threads, {Coll::allreduce, algo, proto, v, 20011}, DataType::f32);
-          }
+        for (auto [algo, v] : algorithmsFor(Coll::allreduce, n)) {
+          check<float>({&ranks}, threads, {Coll::allreduce, algo, proto, v, 20011}, DataType::f32);
         }
       }
     }
   }
-  for (Algo algo : {Algo::ring, Algo::tree, Algo::direct}) {
+  for (int a = 0; a < (int)Algo::count; ++a) {
+    Algo algo = (Algo)a;
     checkAbortWithMissingPeer(sizes, threads, algo);
     for (bool directAccess : {false, true}) checkMismatch(sizes, threads, algo, directAccess);
   }

@@ -7,6 +7,7 @@
 //
 //   c++ -std=c++20 -O1 -pthread -DMNCL_SIMT_EMULATION -Icuda tests/simt_lines_check.cc
 //   ./a.out [threads-per-block]
+#include "algorithms.h"
 #include "direct.h"
 #include "prims_lines.h"
 #include "ring.h"
@@ -14,6 +15,9 @@
 #include "tree.h"
 
 namespace mncl::dev {
+
+// (Each algorithm's case: the checks below run every Algo.)
+static_assert((int)Algo::count == 3, "runOne: add the new algorithm's case");
 
 template <template <class, class> class Prims, typename T, typename Fn>
 void runOne(PrimsContext<Fn> cx) {
@@ -102,8 +106,7 @@ void check(Ranks& ranks, int threads, Coll coll, Algo algo, Proto proto, int var
     ++failures;
     std::printf("FAIL %s %s/%s%s %d ranks, %d threads, %zu x %zu-byte elements: %s, %zu wrong\n",
                 coll == Coll::broadcast ? "broadcast" : "allreduce",
-                algo == Algo::ring ? "ring" : algo == Algo::tree ? "tree" : "direct", proto == Proto::ll ? "ll" : "ll128",
-                algo == Algo::direct && coll != Coll::broadcast ? (variant ? " two-shot" : " one-shot") : "", n,
+                kAlgoNames[(int)algo], proto == Proto::ll ? "ll" : "ll128", algoVariantName(algo, coll, variant), n,
                 threads, count, sizeof(T), ran ? "ran" : "stopped early", wrong);
   }
 }
@@ -175,8 +178,9 @@ int main(int argc, char** argv) {
   for (int n : {2, 3}) {
     Ranks ranks(n, sizes);
     for (Proto proto : {Proto::ll, Proto::ll128}) {
-      for (Algo algo : {Algo::ring, Algo::tree, Algo::direct}) {
-        for (int variant = 0; variant < (algo == Algo::direct ? 2 : 1); ++variant) {
+      for (int a = 0; a < (int)Algo::count; ++a) {
+        Algo algo = (Algo)a;
+        for (int variant = 0; variant < algoVariants(algo, Coll::allreduce); ++variant) {
           for (size_t count : {1, 7, 1009, 4099}) {
             check<uint8_t>(ranks, threads, Coll::allreduce, algo, proto, variant, count, DataType::u8);
             check<float>(ranks, threads, Coll::allreduce, algo, proto, variant, count, DataType::f32);
@@ -188,7 +192,8 @@ int main(int argc, char** argv) {
     }
   }
   for (Proto proto : {Proto::ll, Proto::ll128}) {
-    for (Algo algo : {Algo::ring, Algo::tree, Algo::direct}) {
+    for (int a = 0; a < (int)Algo::count; ++a) {
+      Algo algo = (Algo)a;
       checkAbortWithMissingPeer(sizes, threads, algo, proto);
       checkMismatch(sizes, threads, algo, proto);
     }

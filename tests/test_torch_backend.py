@@ -1070,6 +1070,38 @@ def test_dead_peer_raises_through_work_wait(tmp_path: Path) -> None:
     assert outcome["seconds"] < 60, outcome
 
 
+def die_during_ddp(out: str) -> None:
+    """Rank 1 exits after DDP's third step (its first steps' forwards broadcast the rebuilt
+    buckets; later ones make no call, and backward's all_reduce is the first to fail), rank 0
+    trains on: its backward must raise."""
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("minincl")
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
+
+    def steps() -> str:
+        for step in range(100):
+            model(torch.randn(2, 8)).sum().backward()
+            if rank == 1 and step == 2:
+                os._exit(3)
+        return "every step succeeded"
+
+    Path(out).write_text(json.dumps(outcome_of(steps)))
+    os._exit(0)
+
+
+def test_a_dead_peer_fails_ddp_backward(tmp_path: Path) -> None:
+    """DDP's reducer reads the all_reduce's future in C++: one completed by set_exception
+    looked successful there, with the exception as its value, and the survivor crashed
+    (SIGSEGV) in backward. The future now fails, and backward raises, as with gloo."""
+    out = tmp_path / "rank0.json"
+    with pytest.raises(mtorch.LocalRunError, match="rank 1: no result") as info:
+        run_local(die_during_ddp, WORLD, str(out), timeout=90)
+    assert out.exists(), str(info.value)
+    outcome = json.loads(out.read_text())
+    assert outcome["type"] == "RuntimeError" and "RemoteError: rank 1 " in outcome["message"], outcome
+
+
 def recv_first() -> dict[str, Any]:
     """Both ranks receive before they send: what each raised."""
     rank = int(os.environ["RANK"])

@@ -146,9 +146,9 @@ class PyComm {
 
  private:
   // A split's or shrink's rendezvous, `f(comm, &nranks, &rank, &id, &members)`: (nranks,
-  // unique id, rank, members) of the new group, or None where f returns false. Ctrl-C while the other ranks are
-  // awaited cancels the rendezvous's socket waits and fails this communicator (its ranks are
-  // somewhere inside the rendezvous).
+  // unique id, rank, members) of the new group, or None where f returns false. Ctrl-C while
+  // the other ranks are awaited cancels the rendezvous's socket waits and fails this
+  // communicator (its ranks are somewhere inside the rendezvous).
   template <typename F>
   py::object rendezvous(F f);
 

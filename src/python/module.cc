@@ -88,7 +88,9 @@ void bindModuleFunctions(py::module_& m) {
   m.def("_cap_bootstrap_timeout", &capBootstrapTimeout, py::arg("seconds"),
         "Caps the bootstrap timeout of the unique ids and inits this thread starts (0: no cap); "
         "returns the cap before (the torch backend's group timeout).");
-  m.def("version", [] { return std::string(std::to_string(MNCL_MAJOR) + "." + std::to_string(MNCL_MINOR) + "." + std::to_string(MNCL_PATCH)); });
+  m.def("version", [] {
+    return std::to_string(MNCL_MAJOR) + "." + std::to_string(MNCL_MINOR) + "." + std::to_string(MNCL_PATCH);
+  });
   m.def("gpu_count", [] { return gpu::usableDeviceCount(); },
         "How many CUDA GPUs this process can use (0 without a driver, a GPU or a CUDA build).");
   m.def("_cuda_current_device", [] { return gpu::currentDevice(); });
@@ -145,7 +147,6 @@ void bindGroups(py::module_& m) {
       py::arg("discard") = false,
       "Ends this thread's innermost group; the outermost runs its calls, or with discard=True (an "
       "exception left the block) drops them.");
-
 }
 
 // Work (an async_op=True call's handle) and Communicator.
@@ -180,7 +181,8 @@ void bindCommunicator(py::module_& m) {
       .def("_shrink_info", &PyComm::shrinkInfo, py::arg("exclude"))
       .def("lost_ranks", &PyComm::lostRanks,
            "The ranks this rank has seen go: they destroyed or aborted their communicator, their process exited (on "
-           "this host), or their network connection broke; not a hung rank. (For shrink.)")
+           "this host), their network connection broke, or their heartbeat stopped for MININCL_TIMEOUT (a stopped "
+           "or hung process, given up on for good). (For shrink.)")
       .def("stats", &PyComm::stats,
            "Counters: channels; pointer_steps, steps whose data a receiver read straight from this rank's buffers; "
            "direct_writes, steps written straight into a receiver's output; network_steps_landed, steps from "

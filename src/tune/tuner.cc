@@ -6,6 +6,7 @@
 #include "../core/env.h"
 #include "../core/error.h"
 #include "../core/log.h"
+#include "../../cuda/algorithms.h"
 #include "../../cuda/channel.h"
 #include "../../cuda/tree.h"
 
@@ -16,10 +17,8 @@ struct ProtoCost {
   double stepLatencyUs, bandwidthGBs;
 };
 
-const char* const kAlgoNames[] = {"ring", "tree", "direct"};
 const char* const kProtoNames[] = {"simple", "ll", "ll128"};
 const char* const kCollNames[] = {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "sendrecv"};
-static_assert(std::size(kAlgoNames) == (size_t)Algo::count);
 static_assert(std::size(kProtoNames) == (size_t)Proto::count);
 static_assert(std::size(kCollNames) == (size_t)Coll::count);
 
@@ -139,14 +138,7 @@ void Tuner::initGpu(int nranks, int maxChannels) {
   gpu_ = true;
 }
 
-bool Tuner::available(Coll coll, Algo a) const {
-  switch (a) {
-    case Algo::ring: return coll != Coll::sendrecv;
-    case Algo::tree: return coll == Coll::allreduce || coll == Coll::broadcast || coll == Coll::reduce;
-    case Algo::direct: return coll != Coll::sendrecv && nranks_ - 1 <= dev::kMaxPeers;
-    default: return false;
-  }
-}
+bool Tuner::available(Coll coll, Algo a) const { return algoImplements(a, coll, nranks_); }
 
 // Steps on the critical path, and bytes each rank moves per byte of the buffer, for each
 // algorithm (n ranks, the tree's depth d):
@@ -249,7 +241,7 @@ Plan Tuner::chooseUncached(Coll coll, size_t bytes) const {
   double bestTime = std::numeric_limits<double>::infinity();
   for (int a = 0; a < (int)Algo::count; ++a) {
     if (!(algoMask_ & (1u << a)) || !available(coll, (Algo)a)) continue;
-    int variants = (Algo)a == Algo::direct && coll == Coll::allreduce ? 2 : 1;
+    int variants = algoVariants((Algo)a, coll);
     for (int p = 0; p < (int)Proto::count; ++p) {
       if (!(protoMask_ & (1u << p))) continue;
       for (int v = 0; v < variants; ++v) {
@@ -272,7 +264,7 @@ Plan Tuner::chooseUncached(Coll coll, size_t bytes) const {
   }
   MNCL_INFO(kTune, "%s %zu bytes on %d ranks: %s%s/%s on %d channel(s), estimated %.1f us", collName(coll), bytes,
             nranks_, algoName(best.algo),
-            best.algo == Algo::direct && coll == Coll::allreduce ? (best.variant ? " two-shot" : " one-shot") : "",
+            algoVariantName(best.algo, coll, best.variant),
             protoName(best.proto), best.nChannels, bestTime);
   return best;
 }

@@ -1,0 +1,36 @@
+// What the host and the checks know of each algorithm (ring.h, tree.h, direct.h): its name,
+// the collectives its struct implements, and its variants. The tuner offers exactly these,
+// and tests/simt_*_check.cc run every one, so a new algorithm's entries here are all they
+// need (README "Adding an algorithm"). Host code only.
+#pragma once
+
+#include "channel.h"
+#include "dtypes.h"
+
+namespace mncl {
+
+// Indexed by Algo: MININCL_ALGO's names, and the tuner's and the checks' reports.
+inline constexpr const char* kAlgoNames[] = {"ring", "tree", "direct"};
+static_assert(sizeof(kAlgoNames) / sizeof(kAlgoNames[0]) == (size_t)Algo::count, "a name for each Algo");
+
+// Whether algorithm `a` implements collective `c` on `nranks` ranks (dispatch.h's
+// runAlgorithm has its case).
+constexpr bool algoImplements(Algo a, Coll c, int nranks) {
+  switch (a) {
+    case Algo::ring: return c != Coll::sendrecv;
+    case Algo::tree: return c == Coll::allreduce || c == Coll::broadcast || c == Coll::reduce;
+    case Algo::direct: return c != Coll::sendrecv && nranks - 1 <= dev::kMaxPeers;  // (every peer at once)
+    default: return false;
+  }
+}
+
+// How many variants of collective `c` algorithm `a` has (DevWork::algoVariant; the tuner
+// prices each): direct's allreduce, one-shot (0) or two-shot (1).
+constexpr int algoVariants(Algo a, Coll c) { return a == Algo::direct && c == Coll::allreduce ? 2 : 1; }
+
+// " one-shot" / " two-shot", or "" for an algorithm with one variant of `c`.
+constexpr const char* algoVariantName(Algo a, Coll c, int variant) {
+  return algoVariants(a, c) < 2 ? "" : variant ? " two-shot" : " one-shot";
+}
+
+}  // namespace mncl
