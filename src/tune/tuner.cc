@@ -254,13 +254,18 @@ Plan Tuner::chooseUncached(Coll coll, size_t bytes) const {
     }
   }
   if (bestTime == std::numeric_limits<double>::infinity()) {
-    std::string allowed;
+    std::string allowed, uncosted;  // (an algorithm being added may have no cost yet)
     for (int a = 0; a < (int)Algo::count; ++a) {
-      if (available(coll, (Algo)a)) allowed += std::string(allowed.empty() ? "" : ", ") + kAlgoNames[a];
+      if (!available(coll, (Algo)a)) continue;
+      bool costed = estimate(coll, (Algo)a, Proto::simple, 0, bytes, nch) < std::numeric_limits<double>::infinity();
+      std::string& list = costed ? allowed : uncosted;
+      list += std::string(list.empty() ? "" : ", ") + kAlgoNames[a];
     }
     throwError(mnclInvalidUsage, std::string("MININCL_ALGO / MININCL_PROTO allow no algorithm that implements ") +
                                      collName(coll) + " on " + std::to_string(nranks_) + " ranks (algorithms that do: " +
-                                     allowed + ")");
+                                     allowed + ")" +
+                                     (uncosted.empty() ? "" : "; " + uncosted + " implement it but have no cost in "
+                                                              "Tuner::estimate, so are never chosen"));
   }
   MNCL_INFO(kTune, "%s %zu bytes on %d ranks: %s%s/%s on %d channel(s), estimated %.1f us", collName(coll), bytes,
             nranks_, algoName(best.algo),
