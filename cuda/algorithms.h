@@ -28,6 +28,17 @@ constexpr bool algoImplements(Algo a, Coll c, int nranks) {
 // prices each): direct's allreduce, one-shot (0) or two-shot (1).
 constexpr int algoVariants(Algo a, Coll c) { return a == Algo::direct && c == Coll::allreduce ? 2 : 1; }
 
+// (The tuner keeps a plan's variant in one bit: tuner.cc's packPlan.)
+constexpr bool variantsFitOneBit() {
+  for (int a = 0; a < (int)Algo::count; ++a) {
+    for (int c = 0; c < (int)Coll::count; ++c) {
+      if (algoVariants((Algo)a, (Coll)c) > 2) return false;
+    }
+  }
+  return true;
+}
+static_assert(variantsFitOneBit(), "two variants at most: widen the tuner's packPlan for more");
+
 // " one-shot" / " two-shot", or "" for an algorithm with one variant of `c`.
 constexpr const char* algoVariantName(Algo a, Coll c, int variant) {
   return algoVariants(a, c) < 2 ? "" : variant ? " two-shot" : " one-shot";

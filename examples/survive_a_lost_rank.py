@@ -5,13 +5,13 @@ samples, averaging their gradients with allreduce. At step 7 rank 2 dies (SIGKIL
 `hang` stops (SIGSTOP: a hung process, whose heartbeat stops). The others' allreduce fails:
 `RemoteError` at once for a dead process, `Timeout` (or `RemoteError` from a survivor that
 timed out first) after MININCL_TIMEOUT for a hung one. Each survivor asks `lost_ranks()` which
-ranks are gone and `shrink`s them away. The survivors may have failed in different steps (a
-call fails as soon as a peer's process is gone, even where that peer had sent its part, so
-ranks that had received all of step 6 fail in step 7 while another fails in step 6): they
-agree on the earliest (an allreduce with op="min" on the new communicator), go back to their
-weights before it, share the samples among the ranks left and take that step again. The
-weights they end with equal one process's full-batch descent: losing a rank changed who
-computes, not what.
+ranks are gone and `shrink`s them away (again, should the survivors' lists differ). The
+survivors may have failed in different steps (a call fails as soon as a peer's process is
+gone, even where that peer had sent its part, so ranks that had received all of step 6 fail
+in step 7 while another fails in step 6): they agree on the earliest (an allreduce with
+op="min" on the new communicator), go back to their weights before it, share the samples
+among the ranks left and take that step again. The weights they end with equal one process's
+full-batch descent: losing a rank changed who computes, not what.
 
     python examples/survive_a_lost_rank.py          # rank 2 dies
     python examples/survive_a_lost_rank.py hang     # rank 2 hangs
@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -64,6 +65,24 @@ def lose_this_rank(hang: bool, pid_file: str) -> None:
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
+def shrink_away_the_lost(comm: minincl.Communicator) -> tuple[minincl.Communicator, list[int]]:
+    """A communicator of the ranks left, and the ranks lost. A loss may reach one survivor a
+    moment after another (through a third rank over TCP; a second hung rank once this rank's
+    own MININCL_TIMEOUT for it runs out), and shrink refuses, on every rank kept, lists that
+    differ or keep a rank gone: look again and retry."""
+    deadline = time.monotonic() + 10
+    while True:
+        lost = comm.lost_ranks()
+        if lost:
+            try:
+                return comm.shrink(lost), lost
+            except minincl.InvalidUsage:
+                pass
+        if time.monotonic() > deadline:  # (an error no rank's loss explains: a bug, not a loss)
+            raise RuntimeError(f"rank {comm.rank}: a call failed, and the ranks lost are {lost} after 10 s")
+        time.sleep(0.1)
+
+
 def train(comm: minincl.Communicator, hang: bool, pid_file: str) -> tuple[np.ndarray, list[int]]:
     """Returns the weights and the ranks (of the first communicator) that were lost."""
     x, y = dataset()
@@ -79,11 +98,8 @@ def train(comm: minincl.Communicator, hang: bool, pid_file: str) -> tuple[np.nda
         try:
             comm.allreduce(g, op="avg")
         except minincl.Error as e:
-            lost = comm.lost_ranks()
-            if not lost:  # (an error no rank's loss explains: a bug, not a failure to survive)
-                raise
-            print(f"rank {comm.rank}: step {step} failed ({type(e).__name__}); shrinking away rank(s) {lost}")
-            survivors = comm.shrink(lost)
+            print(f"rank {comm.rank}: step {step} failed ({type(e).__name__}); shrinking away the ranks lost")
+            survivors, lost = shrink_away_the_lost(comm)
             comm.destroy()
             lost_so_far += lost  # (ranks of the first communicator: only one shrink happens here)
             comm = survivors

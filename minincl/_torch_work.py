@@ -69,7 +69,9 @@ class MinincclWork(dist._Work):
         with _LAZY:
             self._error = None if error is None else as_backend_error(error)
             self._done = True
-            event, future = self._event, self._future
+            # (The outcome's future lets go of the work once completed: the error it holds
+            # leads back here through its traceback, a cycle the collector cannot see into.)
+            event, future, self._future = self._event, self._future, None
         if future is not None:
             self._complete(future)
         if event is not None:
@@ -114,15 +116,20 @@ class MinincclWork(dist._Work):
         died. An exception in a `then` callback fails the chained future itself, as gloo's
         and NCCL's errors fail theirs."""
         self._ensure_started()
+        completed_here: torch.futures.Future[Any] | None = None
         with _LAZY:
-            made = self._future is None
-            if made:
-                self._future = torch.futures.Future(devices=[*self._devices] if self._devices else None)
-                self._given = self._future.then(_outputs_or_raise)
-            future, given, done = self._future, self._given, self._done
-        assert future is not None and given is not None
-        if made and done:  # (else _finish completes it)
-            self._complete(future)
+            if self._given is None:
+                future: torch.futures.Future[Any] = torch.futures.Future(
+                    devices=[*self._devices] if self._devices else None
+                )
+                self._given = future.then(_outputs_or_raise)
+                if self._done:
+                    completed_here = future
+                else:
+                    self._future = future  # (_finish completes it)
+            given = self._given
+        if completed_here is not None:
+            self._complete(completed_here)
         return given
 
     def _source_rank(self) -> int:
@@ -145,14 +152,15 @@ def _outputs_or_raise(outcome: torch.futures.Future[Any]) -> Any:
 
 
 def _run(job: Job, works: list[MinincclWork]) -> None:
+    error: BaseException | None = None
     try:
         job()
     except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the works
-        for w in works:
-            w._finish(e)
-        return
+        error = e
+    # (Out of the except block: an error a future's callback raises while the works finish
+    # would otherwise carry this one as its context.)
     for w in works:
-        w._finish(None)
+        w._finish(error)
 
 
 class Lane:

@@ -744,7 +744,9 @@ class _AllOf(MinincclWork):
 
     def get_future(self) -> torch.futures.Future[Any]:
         futures = [w.get_future() for w in self._works]
-        return torch.futures.collect_all(futures).then(lambda _: self._outputs)
+        # (collect_all fails as soon as one fails; wait() passes that on, else the chained
+        # future would succeed with outputs the other works may still be writing.)
+        return torch.futures.collect_all(futures).then(lambda every: (every.wait(), self._outputs)[1])
 
 
 def _copy_split(flat: torch.Tensor, outs: list[torch.Tensor]) -> Callable[[], None]:

@@ -1102,6 +1102,37 @@ def test_a_dead_peer_fails_ddp_backward(tmp_path: Path) -> None:
     assert outcome["type"] == "RuntimeError" and "RemoteError: rank 1 " in outcome["message"], outcome
 
 
+def test_a_failed_work_fails_its_future_and_is_freed() -> None:
+    """A failed work's future (and a coalesced one's, with another work still running) raises
+    on wait, as gloo's does; the work and its outputs are then freed (the error's traceback
+    leads back to them, and the outcome's future, which the collector cannot see into, held it)."""
+    import gc
+    import weakref
+
+    from minincl._torch_work import MinincclWork, _run
+    from minincl.torch import _AllOf
+
+    def peer_died() -> None:
+        raise RuntimeError("peer died")
+
+    work = MinincclWork([torch.zeros(1000)])
+    future = work.get_future()
+    _run(peer_died, [work])
+    with pytest.raises(RuntimeError, match="peer died"):
+        future.wait()
+    gone = weakref.ref(work)
+    del work, future
+    gc.collect()
+    assert gone() is None
+
+    failed, running = MinincclWork([torch.zeros(2)]), MinincclWork([torch.zeros(2)])
+    both = _AllOf([failed, running]).get_future()
+    _run(peer_died, [failed])
+    with pytest.raises(RuntimeError, match="peer died"):
+        both.wait()
+    _run(lambda: None, [running])
+
+
 def recv_first() -> dict[str, Any]:
     """Both ranks receive before they send: what each raised."""
     rank = int(os.environ["RANK"])

@@ -17,7 +17,6 @@
 #include "../enqueue/device_error.h"
 #include "../enqueue/enqueue.h"
 #include "../enqueue/executor.h"
-#include "../enqueue/gpu_launch.h"
 #include "../enqueue/work_plan.h"
 #include "../gpu/cuda_api.h"
 #include "../gpu/gpu_comm.h"
@@ -682,7 +681,6 @@ void Comm::checkLaterSettings() {
     gpuTransportFromEnv();
 #if defined(MININCL_HAVE_CUDA)
     gpu::GpuComm::settingsFromEnv();
-    gpuThreadsFromEnv();
 #endif
   } else {
     channelsWanted(1);
@@ -839,8 +837,10 @@ bool Comm::lost(int r) const {
   return left || exited(r) || cut || givenUpOn(r);
 }
 
-// By this rank's monitor, or by a peer's, which then failed naming r (this rank may hear of
-// that failure before its own monitor's time for r runs out).
+// By this rank's monitor, or by a peer's, which failed then, or passed such a give-up on with
+// its own failure (this rank may hear of the failure before its own monitor's time for r runs
+// out). A peer publishes one rank given up on: a second silent rank is listed once this
+// rank's own time for it runs out.
 bool Comm::givenUpOn(int r) const {
   if (monitor_ && monitor_->gaveUpOn(r)) return true;
   for (int p = 0; p < nranks_; ++p) {

@@ -129,6 +129,11 @@ void Monitor::checkPeer(int r, double now) {
   std::string who = "rank " + std::to_string(r) + " (pid " + std::to_string(peer.pid) + ")";
   uint32_t state = dev::loadAcquire(&ctrl->state);
   if (state == RankCtrl::kFailed) {
+    // (The rank it gave up on, if any, passed on with the failure and on the same links: a
+    // rank that hears of it from us first lists that rank as lost too.)
+    uint32_t gaveUpOn = dev::loadAcquire(&ctrl->gaveUpOn);
+    RankCtrl* mine = comm_.region_->ctrl();
+    if (gaveUpOn != 0 && dev::loadAcquire(&mine->gaveUpOn) == 0) dev::storeRelease(&mine->gaveUpOn, gaveUpOn);
     fail(mnclRemoteError, who + " failed: " + std::string(ctrl->failMessage));
     return;
   }

@@ -15,13 +15,6 @@
 
 namespace mncl {
 
-int gpuThreadsFromEnv() {
-  int64_t t = env::integer("MININCL_GPU_THREADS", 0);
-  MNCL_CHECK(t == 0 || (t % 32 == 0 && t >= 32 && t <= dev::kGpuThreads), mnclInvalidArgument,
-             "MININCL_GPU_THREADS must be 0 (by size) or a multiple of 32 up to " + std::to_string(dev::kGpuThreads));
-  return (int)t;
-}
-
 namespace {
 
 // Where one communicator's calls from one caller stream run.
@@ -124,17 +117,16 @@ struct Launch {
 // Threads per block, for collectives and groups of sends and receives alike: a whole block
 // where there is data to move, fewer for small operations, where each barrier of the block's
 // 16 warps costs more than the copy (a thread moves 16 bytes per pass). MININCL_GPU_THREADS
-// fixes it (read once per process).
-int threadsForBytes(size_t perChannel) {
-  static const int fixed = gpuThreadsFromEnv();
-  if (fixed) return fixed;
+// fixes it (GpuComm::threadsPerBlock).
+int threadsForBytes(const Comm& comm, size_t perChannel) {
+  if (int fixed = comm.gpu()->threadsPerBlock()) return fixed;
   size_t warps = (perChannel / 16 + 31) / 32;
   return (int)std::clamp<size_t>(warps, 1, dev::kGpuThreads / 32) * 32;
 }
 
 int threadsFor(const Comm& comm, const CollCall& c, int nChannels) {
   size_t bytes = c.count * dataTypeSize(c.dtype) * opBlocks(c.coll, comm.nranks());
-  return threadsForBytes(bytes / (size_t)std::max(nChannels, 1));
+  return threadsForBytes(comm, bytes / (size_t)std::max(nChannels, 1));
 }
 
 Launch planColl(Comm& comm, const CollCall& c, cudaStream_t stream) {
@@ -205,7 +197,7 @@ Launch planP2p(Comm& comm, const std::vector<const P2pCall*>& calls, cudaStream_
   l.works.first[nch] = (int16_t)at;
   l.errors = g.errorsOnDevice();
   l.nChannels = nch;
-  l.nThreads = threadsForBytes(mostBytes);
+  l.nThreads = threadsForBytes(comm, mostBytes);
   l.stream = stream;
   L.kernel = true;
   return L;

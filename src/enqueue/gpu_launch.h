@@ -24,8 +24,4 @@ struct GpuCall {
 // A group of one collective per rank, all on one GPU and one stream, runs as one kernel instead.
 void launchGpuCalls(const std::vector<GpuCall>& calls);
 
-// MININCL_GPU_THREADS: threads per block, 0 (by each operation's size) or a multiple of 32 up
-// to 512; throws naming it otherwise. (CUDA builds only.)
-int gpuThreadsFromEnv();
-
 }  // namespace mncl

@@ -228,6 +228,10 @@ GpuComm::Settings GpuComm::settingsFromEnv() {
   Settings s;
   s.cacheChannels = env::integer("MININCL_GPU_CHANNEL_CACHE", 1) != 0;
   s.pathKernels = env::integer("MININCL_GPU_PATH_KERNELS", 1) != 0;
+  int64_t t = env::integer("MININCL_GPU_THREADS", 0);
+  MNCL_CHECK(t == 0 || (t % 32 == 0 && t >= 32 && t <= dev::kGpuThreads), mnclInvalidArgument,
+             "MININCL_GPU_THREADS must be 0 (by size) or a multiple of 32 up to " + std::to_string(dev::kGpuThreads));
+  s.threadsPerBlock = (int)t;
   return s;
 }
 
@@ -243,6 +247,7 @@ void GpuComm::upload(const std::vector<std::unique_ptr<Channel>>& channels, cons
   bool cache = settings.cacheChannels && layout.bytes <= dev::kMaxCachedArraysBytes;
   cachedArraysBytes_ = cache ? (uint32_t)layout.bytes : 0;
   pathKernels_ = settings.pathKernels;
+  threadsPerBlock_ = settings.threadsPerBlock;
   std::vector<char> staging(per * nChannels_, 0);
   std::vector<dev::DevChannel> devChannels(nChannels_);
   MNCL_CUDA_CHECK(cudaMalloc(&arrays_, std::max<size_t>(staging.size(), 1)));

@@ -72,6 +72,7 @@ class GpuComm {
   struct Settings {
     bool cacheChannels = true;  // MININCL_GPU_CHANNEL_CACHE (0: arrays stay in device memory)
     bool pathKernels = true;    // MININCL_GPU_PATH_KERNELS (0: always the protocol's kernel)
+    int threadsPerBlock = 0;    // MININCL_GPU_THREADS (0: by each operation's size)
   };
   static Settings settingsFromEnv();
 
@@ -90,6 +91,8 @@ class GpuComm {
   // Whether small operations run the kernel of their one path (dev::GpuLaunch::pathKernels);
   // MININCL_GPU_PATH_KERNELS=0 when the communicator was made: always their protocol's kernel.
   bool pathKernels() const { return pathKernels_; }
+  // Threads per block, MININCL_GPU_THREADS when the communicator was made; 0: by size.
+  int threadsPerBlock() const { return threadsPerBlock_; }
   int nChannels() const { return nChannels_; }
   dev::DevError* errorsOnDevice() const { return static_cast<dev::DevError*>(errors_.device()); }
   // The first error record a kernel of this communicator left; false if there is none.
@@ -125,6 +128,7 @@ class GpuComm {
   uint32_t arraysStride_ = 0;
   uint32_t cachedArraysBytes_ = 0;
   bool pathKernels_ = true;
+  int threadsPerBlock_ = 0;
   HostMapped errors_;
   cudaStream_t side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
