@@ -837,10 +837,10 @@ bool Comm::lost(int r) const {
   return left || exited(r) || cut || givenUpOn(r);
 }
 
-// By this rank's monitor, or by a peer's, which failed then, or passed such a give-up on with
-// its own failure (this rank may hear of the failure before its own monitor's time for r runs
-// out). A peer publishes one rank given up on: a second silent rank is listed once this
-// rank's own time for it runs out.
+// By this rank's monitor, or by a peer's: a peer publishes the rank whose silence failed it,
+// or the one that a peer whose failure failed it had published (this rank may hear of the
+// failure before its own monitor's time for r runs out). One rank each: a second silent rank
+// is listed once this rank's own time for it runs out.
 bool Comm::givenUpOn(int r) const {
   if (monitor_ && monitor_->gaveUpOn(r)) return true;
   for (int p = 0; p < nranks_; ++p) {
