@@ -593,35 +593,24 @@ void PyComm::barrier() {
   run(false, py::none(), py::none(), {}, [this](Comm& cm, void*) { enqueueBarrier(cm, &barrierWord_); });
 }
 
-void PyComm::abort() {
+void PyComm::abort() { end(true); }
+void PyComm::destroy() { end(false); }
+
+void PyComm::end(bool abortFirst) {
   if (destroyed_) return;
   if (heldHere()) {
-    stopFromInside("the communicator was aborted (comm.abort(), from a signal handler during this call)");
+    stopFromInside(abortFirst ? "the communicator was aborted (comm.abort(), from a signal handler during this call)"
+                              : "the communicator was destroyed (comm.destroy(), from a signal handler during this call)");
     return;
   }
   {
     py_gil::Released nogil;
     std::lock_guard<std::mutex> life(lifeMutex_);
     if (destroyed_) return;
-    comm_->abort();
+    if (abortFirst) comm_->abort();
     close();
   }
   asyncHeld_.clear();  // (close() waited for the queued calls)
-}
-
-void PyComm::destroy() {
-  if (destroyed_) return;
-  if (heldHere()) {
-    stopFromInside("the communicator was destroyed (comm.destroy(), from a signal handler during this call)");
-    return;
-  }
-  {
-    py_gil::Released nogil;
-    std::lock_guard<std::mutex> life(lifeMutex_);
-    if (destroyed_) return;
-    close();
-  }
-  asyncHeld_.clear();
 }
 
 void PyComm::close() {

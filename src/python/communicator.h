@@ -152,6 +152,10 @@ class PyComm {
   template <typename F>
   py::object rendezvous(F f);
 
+  // abort() (abortFirst) and destroy(): from a signal handler inside a call on this thread,
+  // stops that call, and the close follows once it has returned; otherwise closes here.
+  void end(bool abortFirst);
+
   // Frees the communicator once no call uses it: calls on other threads, and queued
   // async_op ones, end first. One still waiting for its peers after MININCL_TIMEOUT is
   // stopped (it raises Aborted): its peers may never come, and destroy() must not hang.
