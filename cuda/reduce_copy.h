@@ -4,8 +4,9 @@
 // that are some rank's input not yet through it: their values are, as they are loaded.
 //
 // Behind it, one implementation per target, each picking a path by the step's shape:
-//   GPU, and the tests' SIMT emulation: a 16-byte vector loop (reduceCopyVectors) when every
-//     pointer is 16-byte aligned, and one element per thread for what it leaves (or for all).
+//   GPU, and the tests' SIMT emulation: a 16-byte vector loop (reduceCopyVectors) from where
+//     every pointer is 16-byte aligned, and an element-wise loop (reduceCopyElements) for
+//     what it leaves: the head before that point, the tail, or all when they never align.
 //   CPU: copies by memcpy, or by non-temporal stores (streamCopy) for outputs nobody reads
 //     during the operation (nStream); loops over restrict pointers for the common shapes
 //     (reduce2, reduce2x2; premulsum's preReduce2); 16- and 8-bit floats with the CPU's vector
@@ -14,6 +15,7 @@
 #pragma once
 
 #include <cstring>
+#include <type_traits>
 
 #include "channel.h"
 #include "reduce_ops.h"
@@ -123,10 +125,11 @@ MNCL_DEV void preVectors(const Fn& fn, Vec16<T> (&v)[N], T rankScalar) {
 // it has in flight over the memory latency, and one load per thread leaves most of it idle.
 constexpr int kUnroll = 4;
 
-// The 16-byte part of reduceCopy: vectors [0, nvec), each thread taking kUnroll of them, a
-// block apart, per round; every load of a round is issued before any of them is used.
+// The 16-byte part of reduceCopy: the nvec vectors from element `at` (where every pointer is
+// 16-byte aligned), each thread taking kUnroll of them, a block apart, per round; every load
+// of a round is issued before any of them is used.
 template <typename T, typename Fn>
-MNCL_DEV void reduceCopyVectors(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
+MNCL_DEV void reduceCopyVectors(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t at,
                                 size_t nvec, bool finish, const PreOps<T>* pre = nullptr) {
   constexpr int kVec = Vec16<T>::kElems;
   const size_t stride = (size_t)nthreads();
@@ -135,7 +138,7 @@ MNCL_DEV void reduceCopyVectors(const Fn& fn, int nsrc, const T* const* srcs, in
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       size_t i = first + u * stride;
-      if (i < nvec) acc[u] = loadFresh16(srcs[0] + i * kVec);
+      if (i < nvec) acc[u] = loadFresh16(srcs[0] + at + i * kVec);
     }
     if constexpr (Fn::kHasPre) {
       if (pre && pre->has(0)) preVectors(fn, acc, pre->scalar[0]);
@@ -145,7 +148,7 @@ MNCL_DEV void reduceCopyVectors(const Fn& fn, int nsrc, const T* const* srcs, in
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         size_t i = first + u * stride;
-        if (i < nvec) x[u] = loadFresh16(srcs[s] + i * kVec);
+        if (i < nvec) x[u] = loadFresh16(srcs[s] + at + i * kVec);
       }
       if constexpr (Fn::kHasPre) {
         if (pre && pre->has(s)) preVectors(fn, x, pre->scalar[s]);
@@ -162,9 +165,144 @@ MNCL_DEV void reduceCopyVectors(const Fn& fn, int nsrc, const T* const* srcs, in
       if (finish) {
         for (int j = 0; j < kVec; ++j) acc[u].e[j] = fn.post(acc[u].e[j]);
       }
-      for (int d = 0; d < ndst; ++d) *reinterpret_cast<Bits16*>(dsts[d] + i * kVec) = acc[u].u;
+      for (int d = 0; d < ndst; ++d) *reinterpret_cast<Bits16*>(dsts[d] + at + i * kVec) = acc[u].u;
     }
   }
+}
+#endif
+
+#if MNCL_SIMT
+// Elements each thread keeps in flight per source in the element-wise loop: 16 bytes' worth,
+// at most 4 (more made the Simple kernel, at its 128 registers, spill: 8 float32s, 2 float64s
+// with premulsum's scalars; ptxas -v).
+template <typename T>
+constexpr int kElemUnroll = sizeof(T) >= 4 ? 16 / (int)sizeof(T) : 4;
+
+// One element of the result: the sources combined (each through the pre-operation where
+// `pre` names it) and finished, to every destination.
+template <typename T, typename Fn>
+MNCL_DEV void reduceCopyElement(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t i,
+                                bool finish, const PreOps<T>* pre) {
+  T v = loadFresh(srcs[0] + i);
+  if constexpr (Fn::kHasPre) {
+    if (pre && pre->has(0)) v = fn.preWith(v, pre->scalar[0]);
+  }
+  for (int s = 1; s < nsrc; ++s) {
+    T x = loadFresh(srcs[s] + i);
+    if constexpr (Fn::kHasPre) {
+      if (pre && pre->has(s)) x = fn.preWith(x, pre->scalar[s]);
+    }
+    v = fn(v, x);
+  }
+  if (finish) v = fn.post(v);
+  for (int d = 0; d < ndst; ++d) dsts[d][i] = v;
+}
+
+// The element-wise part of reduceCopy, for elements [begin, end): what pointers that are not
+// 16-byte aligned together leave (a buffer that starts off 16 bytes, against a FIFO slot that
+// does not). Unrolled as the vector loop is, in whole rounds of kElemUnroll elements a thread,
+// every load of a round issued before any is used (one load per thread at a time leaves the
+// memory system idle); then what is left, an element at a time.
+template <typename T, typename Fn>
+MNCL_DEV void reduceCopyElements(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t begin,
+                                 size_t end, bool finish, const PreOps<T>* pre = nullptr) {
+  constexpr int kU = kElemUnroll<T>;
+  const size_t stride = (size_t)nthreads();
+  size_t i = begin + tid();
+  for (; i + (kU - 1) * stride < end; i += kU * stride) {
+    T acc[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) acc[u] = loadFresh(srcs[0] + i + u * stride);
+    if constexpr (Fn::kHasPre) {
+      if (pre && pre->has(0)) {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) acc[u] = fn.preWith(acc[u], pre->scalar[0]);
+      }
+    }
+    for (int s = 1; s < nsrc; ++s) {
+      T x[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) x[u] = loadFresh(srcs[s] + i + u * stride);
+      if constexpr (Fn::kHasPre) {
+        if (pre && pre->has(s)) {
+#pragma unroll
+          for (int u = 0; u < kU; ++u) x[u] = fn.preWith(x[u], pre->scalar[s]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) acc[u] = fn(acc[u], x[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      T v = finish ? fn.post(acc[u]) : acc[u];
+      for (int d = 0; d < ndst; ++d) dsts[d][i + u * stride] = v;
+    }
+  }
+  for (; i < end; i += stride) reduceCopyElement(fn, nsrc, srcs, ndst, dsts, i, finish, pre);
+}
+
+// How many elements come before every pointer is 16-byte aligned, when they all lie the same
+// distance past a 16-byte boundary (a misaligned buffer read and written in place, or against
+// a peer's buffer at the same offset); `n` when they never align together. (FIFO slots and
+// channel slices are 64-byte aligned: a buffer that starts off 16 bytes meets them apart.)
+template <typename T>
+MNCL_DEV size_t elementsBeforeAligned(int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n) {
+  uintptr_t off = nsrc > 0 ? (uintptr_t)srcs[0] & 15 : (uintptr_t)dsts[0] & 15;
+  for (int s = 0; s < nsrc; ++s) {
+    if (((uintptr_t)srcs[s] & 15) != off) return n;
+  }
+  for (int d = 0; d < ndst; ++d) {
+    if (((uintptr_t)dsts[d] & 15) != off) return n;
+  }
+  if (off == 0) return 0;
+  if (off % sizeof(T) != 0) return n;  // (not on an element boundary: never aligned)
+  size_t head = (16 - off) / sizeof(T);
+  return head < n ? head : n;
+}
+
+// A copy of bytes (copy-only collectives and sends run on bytes, whatever the type) as words
+// of W, which every pointer is aligned to, then the bytes left: a float32 buffer 4 bytes off
+// 16 moves 4 bytes a load, not one.
+template <typename W, typename T>
+MNCL_DEV void copyBytesAsWords(int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n) {
+  const W* wordSrcs[kMaxSrcs];
+  W* wordDsts[kMaxDsts];
+  for (int s = 0; s < nsrc; ++s) wordSrcs[s] = reinterpret_cast<const W*>(srcs[s]);
+  for (int d = 0; d < ndst; ++d) wordDsts[d] = reinterpret_cast<W*>(dsts[d]);
+  size_t words = n / sizeof(W);
+  reduceCopyElements(FuncCopy<W>{}, nsrc, wordSrcs, ndst, wordDsts, 0, words, false);
+  reduceCopyElements(FuncCopy<T>{}, nsrc, srcs, ndst, dsts, words * sizeof(W), n, false);
+}
+
+// Where a copy of bytes whose pointers never align to 16 bytes together goes as words: the
+// widest that all of them allow. Returns false if only bytes will do.
+template <typename T>
+MNCL_DEV bool copiedAsWords(int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n) {
+  uintptr_t bits = 0;
+  for (int s = 0; s < nsrc; ++s) bits |= (uintptr_t)srcs[s];
+  for (int d = 0; d < ndst; ++d) bits |= (uintptr_t)dsts[d];
+  if ((bits & 7) == 0) copyBytesAsWords<uint64_t>(nsrc, srcs, ndst, dsts, n);
+  else if ((bits & 3) == 0) copyBytesAsWords<uint32_t>(nsrc, srcs, ndst, dsts, n);
+  else if ((bits & 1) == 0) copyBytesAsWords<uint16_t>(nsrc, srcs, ndst, dsts, n);
+  else return false;
+  return true;
+}
+
+// reduceCopy on the GPU: the elements before the pointers align (if they ever do) one by
+// one, then 16-byte vectors, then the elements after the last whole vector. (Bytes that
+// never align are copied as words where they can be.)
+template <typename T, typename Fn>
+MNCL_DEV void reduceCopySimt(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n,
+                             bool finish, const PreOps<T>* pre) {
+  constexpr int kVec = Vec16<T>::kElems;
+  size_t head = elementsBeforeAligned(nsrc, srcs, ndst, dsts, n);
+  if constexpr (sizeof(T) == 1 && std::is_same_v<Fn, FuncCopy<T>>) {
+    if (head == n && n >= 16 && copiedAsWords(nsrc, srcs, ndst, dsts, n)) return;
+  }
+  reduceCopyElements(fn, nsrc, srcs, ndst, dsts, 0, head, finish, pre);
+  size_t nvec = (n - head) / kVec;
+  reduceCopyVectors(fn, nsrc, srcs, ndst, dsts, head, nvec, finish, pre);
+  reduceCopyElements(fn, nsrc, srcs, ndst, dsts, head + nvec * kVec, n, finish, pre);
 }
 #endif
 
@@ -172,12 +310,7 @@ template <typename T>
 MNCL_DEV void copyElems(T* dst, const T* src, size_t n) {
   if (dst == src || n == 0) return;
 #if MNCL_SIMT
-  // 16 bytes at a time when both ends allow it; loads fresh from L2 (src may be a FIFO slot).
-  constexpr int kVec = Vec16<T>::kElems;
-  bool aligned = (((uintptr_t)dst | (uintptr_t)src) & 15) == 0;
-  size_t nvec = aligned ? n / kVec : 0;
-  reduceCopyVectors(FuncCopy<T>{}, 1, &src, 1, &dst, nvec, false);
-  for (size_t i = nvec * kVec + tid(); i < n; i += nthreads()) dst[i] = loadFresh(src + i);
+  reduceCopySimt<T>(FuncCopy<T>{}, 1, &src, 1, &dst, n, false, nullptr);  // (loads fresh from L2: src may be a FIFO slot)
 #else
   std::memcpy(dst, src, n * sizeof(T));
 #endif
@@ -189,30 +322,7 @@ template <typename T, typename Fn>
 MNCL_DEV void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
                          size_t n, bool finish, int /*nStream*/ = 0, const PreOps<T>* pre = nullptr) {
   if (n == 0 || ndst == 0) return;  // (data already in place: loading it would only cost time)
-  finish = finish && Fn::kHasPost;
-  // 16-byte loads and stores when every pointer allows them (FIFO slots and channel slices
-  // are 64-byte aligned; a ring chunk of an odd size may not be: it takes the scalar loop).
-  bool aligned = true;
-  for (int s = 0; s < nsrc; ++s) aligned &= ((uintptr_t)srcs[s] & 15) == 0;
-  for (int d = 0; d < ndst; ++d) aligned &= ((uintptr_t)dsts[d] & 15) == 0;
-  constexpr int kVec = Vec16<T>::kElems;
-  size_t nvec = aligned ? n / kVec : 0;
-  reduceCopyVectors(fn, nsrc, srcs, ndst, dsts, nvec, finish, pre);
-  for (size_t i = nvec * kVec + tid(); i < n; i += nthreads()) {
-    T v = loadFresh(srcs[0] + i);
-    if constexpr (Fn::kHasPre) {
-      if (pre && pre->has(0)) v = fn.preWith(v, pre->scalar[0]);
-    }
-    for (int s = 1; s < nsrc; ++s) {
-      T x = loadFresh(srcs[s] + i);
-      if constexpr (Fn::kHasPre) {
-        if (pre && pre->has(s)) x = fn.preWith(x, pre->scalar[s]);
-      }
-      v = fn(v, x);
-    }
-    if (finish) v = fn.post(v);
-    for (int d = 0; d < ndst; ++d) dsts[d][i] = v;
-  }
+  reduceCopySimt(fn, nsrc, srcs, ndst, dsts, n, finish && Fn::kHasPost, pre);
 }
 
 #else

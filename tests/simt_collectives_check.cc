@@ -11,7 +11,9 @@
 //
 //   c++ -std=c++20 -O1 -pthread -DMNCL_SIMT_EMULATION -Icuda tests/simt_collectives_check.cc
 //   ./a.out [threads-per-block [most-ranks [9-ranks-too]]]
+#include <algorithm>
 #include <cstring>
+#include <span>
 #include <string>
 
 #include "algorithms.h"
@@ -68,14 +70,18 @@ struct Case {
   int variant;
   size_t count;  // elements per rank block (allgather: sent; reduce_scatter: received)
   RedOp op = RedOp::sum;
+  // Elements into the allocations where the buffers start: off 16 bytes, a buffer meets the
+  // 64-byte aligned FIFO slots and channel slices apart (the element-wise loop), and a peer's
+  // buffer at the same offset together (the vector loop after a head).
+  size_t sendOffset = 0, recvOffset = 0;
 };
 
 std::string describe(const Case& c, int n, int threads, size_t elemSize) {
   char s[200];
   const char* op = c.op == RedOp::avg ? " avg" : c.op == RedOp::premulsum ? " premulsum" : "";
-  std::snprintf(s, sizeof s, "%s%s %s%s/%s, %d ranks, %d threads, %zu x %zu-byte elements", kCollNames[(int)c.coll], op,
-                kAlgoNames[(int)c.algo], algoVariantName(c.algo, c.coll, c.variant),
-                kProtoNames[(int)c.proto], n, threads, c.count, elemSize);
+  std::snprintf(s, sizeof s, "%s%s %s%s/%s, %d ranks, %d threads, %zu x %zu-byte elements, buffers %zu and %zu in",
+                kCollNames[(int)c.coll], op, kAlgoNames[(int)c.algo], algoVariantName(c.algo, c.coll, c.variant),
+                kProtoNames[(int)c.proto], n, threads, c.count, elemSize, c.sendOffset, c.recvOffset);
   return s;
 }
 
@@ -86,11 +92,15 @@ void check(std::vector<Ranks*> channels, int threads, const Case& c, DataType dt
   int n = channels[0]->n, root = (int)(c.count % n);
   bool gathers = c.coll == Coll::allgather, scatters = c.coll == Coll::reducescatter;
   size_t sendCount = c.count * (scatters ? n : 1), recvCount = c.count * (gathers ? n : 1);
-  std::vector<std::vector<T>> send(n), recv(n);
+  std::vector<std::vector<T>> sendStore(n), recvStore(n);
+  std::vector<std::span<T>> send(n), recv(n);  // (c.sendOffset and c.recvOffset into their stores)
   for (int r = 0; r < n; ++r) {
-    send[r].resize(sendCount);
+    sendStore[r].resize(c.sendOffset + sendCount);
+    recvStore[r].resize(c.recvOffset + recvCount);
+    send[r] = std::span<T>(sendStore[r]).subspan(c.sendOffset);
+    recv[r] = std::span<T>(recvStore[r]).subspan(c.recvOffset);
     for (size_t i = 0; i < sendCount; ++i) send[r][i] = (T)((i * (r + 3) + r) % 7);
-    recv[r].assign(recvCount, (T)99);
+    std::fill(recv[r].begin(), recv[r].end(), (T)99);
   }
   // Channel ch of every rank takes the same slice of each rank block.
   size_t share = sliceOf(c.count, (int)channels.size(), sizeof(T));
@@ -164,6 +174,11 @@ void checkAll(std::vector<Ranks*> channels, int threads, std::vector<Proto> prot
     for (Proto proto : protos) {
       for (auto [algo, v] : algorithmsFor((Coll)coll, channels[0]->n)) {
         for (size_t count : counts) check<float>(channels, threads, {(Coll)coll, algo, proto, v, count}, DataType::f32);
+        // Buffers off 16 bytes: both by one element (with pointer steps, peers' buffers
+        // together), and apart; copies (on bytes) as 4- and 8-byte words.
+        for (auto [sendOffset, recvOffset] : {std::pair<size_t, size_t>{1, 1}, {1, 2}, {2, 2}}) {
+          check<float>(channels, threads, {(Coll)coll, algo, proto, v, 4099, RedOp::sum, sendOffset, recvOffset}, DataType::f32);
+        }
         // Other element sizes change the vector loop's elements and the slices' alignment
         // (copies move bytes whatever the type); avg divides after the sum; premulsum
         // scales each rank's input (its own, and its peers' where pointer steps read them).

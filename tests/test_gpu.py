@@ -633,6 +633,40 @@ def test_buffers_off_word_boundaries(gpus: GpuPool, cp: Any, proto: str) -> None
             assert cp.asnumpy(held[r][:1]).tolist() == [0], where
 
 
+@pytest.mark.parametrize("proto", PROTOS)
+def test_copies_off_word_boundaries(gpus: GpuPool, cp: Any, proto: str) -> None:
+    """Copies run on bytes: arrays off 16 bytes take the element-wise loop as the widest
+    words every pointer allows (float64 one element in: 8-byte words; float32 4; float16 2;
+    int8 bytes), and buffers at the same offset on every rank the vector loop after a head.
+    Allgather, broadcast and a ring of sends, 3 ranks, ring, against NumPy."""
+    comms = gpus.get(3, "ring", proto)
+    n = 3
+    for dtype, count in (("int8", 1009), ("float16", 70_001), ("float32", 300_007), ("float64", 65_537)):
+        inputs = [((np.arange(count) * (r + 3)) % 7 + r).astype(dtype) for r in range(n)]
+        held = [cp.zeros(count + 1, dtype) for _ in range(n)]
+        for r in range(n):
+            held[r][1:] = cp.asarray(inputs[r])
+        gathered = [cp.full(n * count + 2, 99, dtype) for _ in range(n)]
+        received = [cp.full(count + 1, 99, dtype) for _ in range(n)]
+        with minincl.group():
+            for c in comms:
+                c.allgather(held[c.rank][1:], gathered[c.rank][2:])  # off by one and by two elements
+        with minincl.group():
+            for c in comms:
+                r = c.rank
+                c.send(held[r][1:], (r + 1) % n)
+                c.recv(received[r][1:], (r - 1) % n)
+        with minincl.group():
+            for c in comms:
+                c.broadcast(held[c.rank][1:], root=1)  # in place, off by one on every rank
+        for r in range(n):
+            where = f"{dtype} count {count} rank {r} ({proto})"
+            np.testing.assert_array_equal(cp.asnumpy(gathered[r][2:]), np.concatenate(inputs), err_msg=where)
+            np.testing.assert_array_equal(cp.asnumpy(gathered[r][:2]), np.full(2, 99, dtype), err_msg=where)
+            np.testing.assert_array_equal(cp.asnumpy(received[r][1:]), inputs[(r - 1) % n], err_msg=where)
+            np.testing.assert_array_equal(cp.asnumpy(held[r][1:]), inputs[1], err_msg=where)
+
+
 @pytest.mark.parametrize("proto", ["ll", "ll128"])
 @pytest.mark.parametrize("algo", list(ALGOS))
 def test_line_protocols_at_default_step_sizes(gpus: GpuPool, cp: Any, algo: str, proto: str) -> None:
