@@ -5,27 +5,20 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <optional>
 
-#include "../enqueue/device_error.h"
 #include "../enqueue/enqueue.h"
 #include "../enqueue/executor.h"
 #include "../enqueue/work_plan.h"
-#include "../gpu/cuda_api.h"
 #include "../gpu/gpu_comm.h"
-#if defined(MININCL_HAVE_CUDA)
-#include "../../cuda/gpu/kernels.h"
-#endif
 #include "../transport/net.h"
 #include "../transport/peer_memory.h"
 #include "affinity.h"
+#include "comm_settings.h"
 #include "env.h"
 #include "error.h"
 #include "log.h"
@@ -158,6 +151,26 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
             rank, nranks, nch, transportName, mine.sizes.simpleSlotBytes, dev::kSteps,
             mine.sizes.llSlotLines, mine.sizes.ll128SlotLines);
   if (rank == 0) logPlan();
+}
+
+void Comm::prepareDevice() {
+  MNCL_CHECK(device_ >= 0 || device_ == MNCL_DEVICE_CPU, mnclInvalidArgument,
+             "device " + std::to_string(device_) + " is neither a CUDA device (0, 1, ...) nor the CPU (MNCL_DEVICE_CPU, -1)");
+#if defined(MININCL_HAVE_CUDA)
+  // Init leaves the communicator's GPU current. (Giving the caller's back is no kindness where
+  // the caller never chose one: CUDA reports device 0 then, and since CUDA 12 making it current
+  // makes a context there, hundreds of MB on a GPU this process may never use.)
+  if (onGpu()) {
+    gpu::useDevice(device_);
+    abortPinned_ = std::make_unique<gpu::HostMapped>(sizeof(uint32_t));
+    abort_ = static_cast<uint32_t*>(abortPinned_->host());
+  }
+#else
+  MNCL_CHECK(device_ < 0, mnclInvalidUsage,
+             "device cuda:" + std::to_string(device_) +
+                 ": this build of minincl has no CUDA backend (built without CUDA: nvcc was not found, or MININCL_CUDA=OFF); use the CPU (device=\"cpu\", "
+                 "MNCL_DEVICE_CPU in C)");
+#endif
 }
 
 // What this rank tells the others at init; also checks the settings read here.
@@ -294,14 +307,6 @@ uint32_t gpuSpinsFromEnv() {
   MNCL_CHECK(spins >= 0 && spins <= UINT32_MAX, mnclInvalidArgument, "MININCL_GPU_SPINS must be between 0 and 2^32-1");
   return (uint32_t)spins;
 }
-
-// MININCL_GPU_TRANSPORT: "ipc" or "host" forces one; unset, IPC where it works.
-std::string gpuTransportFromEnv() {
-  std::string mode = env::str("MININCL_GPU_TRANSPORT");
-  MNCL_CHECK(mode.empty() || mode == "ipc" || mode == "host", mnclInvalidArgument,
-             "MININCL_GPU_TRANSPORT must be ipc or host (or unset: ipc, host if IPC fails)");
-  return mode;
-}
 }  // namespace
 
 void Comm::setSpinBudgets(bool channelsShareCores, bool anyNet) {
@@ -435,236 +440,6 @@ void Comm::connect(const RegionLayout& layout) {
   else enablePointerSteps();
 }
 
-// ---- GPU: FIFOs in device memory ----
-
-#if defined(MININCL_HAVE_CUDA)
-
-void Comm::createGpuRegion(size_t bytes) {
-  gpu_ = std::make_unique<gpu::GpuComm>(device_);
-  auto region = std::make_shared<gpu::DeviceRegion>(bytes, gpu_->sideStream());
-  gpuRegion_ = region;
-  peers_[rank_].gpuRegionId = registerRegion(region);
-  bool otherProcess = false;
-  for (const PeerInfo& p : peers_) otherProcess |= p.pid != peers_[rank_].pid;
-  if (otherProcess) {
-    try {
-      cudaIpcMemHandle_t h = region->ipcHandle();
-      static_assert(sizeof(h) <= sizeof(PeerInfo::gpuIpcHandle), "IPC handle does not fit");
-      std::memcpy(peers_[rank_].gpuIpcHandle, &h, sizeof(h));
-      peers_[rank_].gpuIpcOk = 1;
-    } catch (const Error& e) {
-      MNCL_WARN(kInit, "rank %d: %s", rank_, e.what());
-    }
-  }
-}
-
-// Where each rank's FIFOs are. Ranks of this process: device memory, by address (after
-// enabling peer access when the peer is on another GPU); ranks of other processes: device
-// memory through CUDA IPC, or else, for every rank alike, pinned host memory: the shared
-// host regions registered with CUDA (MININCL_GPU_TRANSPORT=ipc|host forces one).
-void Comm::openPeerGpuRegions() {
-  const std::string mode = gpuTransportFromEnv();
-  bool otherProcess = false;
-  for (const PeerInfo& p : peers_) otherProcess |= p.pid != peers_[rank_].pid;
-  bool hostFifos = false;
-  if (otherProcess) {
-    // A receiver's FIFOs are all in one place, so every rank must agree.
-    std::vector<int32_t> ok(nranks_, 0);
-    ok[rank_] = mode != "host" && openPeerIpcRegions();
-    bootstrap_->allgather(ok.data(), sizeof(int32_t));
-    hostFifos = std::find(ok.begin(), ok.end(), 0) != ok.end();
-    MNCL_CHECK(!(hostFifos && mode == "ipc"), mnclSystemError,
-          "MININCL_GPU_TRANSPORT=ipc, but CUDA IPC does not work between these ranks (see the warnings above)");
-    if (hostFifos && rank_ == 0 && mode != "host") {
-      MNCL_WARN(kInit, "CUDA IPC is unavailable between some ranks: every rank's FIFOs are in pinned host memory (slower)");
-    }
-  }
-  for (int r = 0; r < nranks_; ++r) {
-    const PeerInfo& p = peers_[r];
-    if (hostFifos) {
-      peerFifos_[r] = gpu::registeredHostMemory(peerRegions_[r]);
-    } else if (r == rank_) {
-      peerFifos_[r] = gpuRegion_;
-    } else if (p.pid == peers_[rank_].pid) {
-      gpu::enablePeerAccess(device_, p.device);
-      peerFifos_[r] = findRegion(p.gpuRegionId);
-    }  // (other processes: opened by openPeerIpcRegions)
-    MNCL_CHECK(peerFifos_[r] != nullptr, mnclInternalError, "rank " + std::to_string(r) + "'s FIFO memory vanished during init");
-  }
-  if (hostFifos) gpuRegion_.reset();
-}
-
-bool Comm::openPeerIpcRegions() {
-  for (int r = 0; r < nranks_; ++r) {
-    const PeerInfo& p = peers_[r];
-    if (p.pid == peers_[rank_].pid) continue;
-    if (!p.gpuIpcOk) return false;
-    try {
-      cudaIpcMemHandle_t h;
-      std::memcpy(&h, p.gpuIpcHandle, sizeof(h));
-      peerFifos_[r] = std::make_shared<gpu::IpcRegion>(h, gpuRegion_->size());
-    } catch (const Error& e) {
-      MNCL_WARN(kInit, "rank %d: opening rank %d's device memory: %s", rank_, r, e.what());
-      return false;
-    }
-  }
-  return true;
-}
-
-// Every block of every rank on a GPU must be resident at once (they wait on each other), so
-// the ranks sharing it split its SMs (up to 32 channels each); the tuner gives small
-// operations fewer. (256 MiB on 8 ranks of one H200 ran 1.5x faster on 16 channels than on 8.)
-int Comm::gpuChannelsWanted(int ranksOnDevice) const {
-  int sms = 0;
-  MNCL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
-  int fallback = std::clamp(sms / ranksOnDevice, 1, dev::kMaxGpuChannels);
-  int64_t wanted = env::integer("MININCL_NCHANNELS", fallback);  // (range-checked before the cast)
-  MNCL_CHECK(wanted >= 1 && wanted <= dev::kMaxGpuChannels, mnclInvalidArgument,
-        "MININCL_NCHANNELS must be between 1 and " + std::to_string(dev::kMaxGpuChannels) + " on a GPU");
-  int want = withinChannelBounds((int)wanted, dev::kMaxGpuChannels);
-  MNCL_CHECK(want * ranksOnDevice <= sms, mnclInvalidArgument,
-        std::to_string(ranksOnDevice) + " ranks x " + std::to_string(want) + " channels on cuda:" + std::to_string(device_) +
-            " need more blocks than its " + std::to_string(sms) +
-            " SMs can hold at once, and the ranks' blocks wait on each other: lower MININCL_NCHANNELS (or the "
-            "config's minCTAs)");
-  return want;
-}
-
-bool Comm::gpuWorkPending() const { return gpu_ && gpu_->mayBeRunning(); }
-
-void Comm::checkGpuErrors() {
-  dev::DevError e;
-  if (gpu_ && !failed() && gpu_->firstError(&e)) {
-    auto [code, message] = deviceErrorMessage(*this, e);
-    fail(code, message);
-  }
-}
-
-#else
-
-int Comm::gpuChannelsWanted(int) const { return 1; }
-bool Comm::gpuWorkPending() const { return false; }
-void Comm::createGpuRegion(size_t) {}
-void Comm::openPeerGpuRegions() {}
-bool Comm::openPeerIpcRegions() { return false; }
-void Comm::checkGpuErrors() {}
-
-#endif
-
-// Pointer steps from each peer whose memory this rank reads directly: in this process; in
-// another one where cross-memory attach works (checked by reading a known word of the
-// peer's), unless MININCL_POINTER_STEPS=1 keeps them in the process, or cores are
-// oversubscribed and the variable is unset (see below; work_plan.cc says which copies go
-// through the kernel). Also from any peer process whose window this rank maps, for data in
-// that window (no kernel involved: a plain read of shared memory). The receiving end says
-// so in its control words; the sender reads them before each step.
-// Direct writes (MININCL_DIRECT_WRITES, default 1) go the other way: into the output of a
-// receiver in this process, or into its window when the output lies there.
-namespace {
-// MININCL_POINTER_STEPS, MININCL_DIRECT_WRITES and MININCL_POINTER_STEP_BYTES, checked.
-struct PointerStepSettings {
-  int64_t mode, directWrites, minBytes;
-  bool modeChosen;  // MININCL_POINTER_STEPS is set
-  int64_t readBytes, netPointerBytes;  // MININCL_POINTER_READ_BYTES, MININCL_NET_POINTER_BYTES
-};
-// The default mode is 2 (the fastest where it works): it matters to CPU ranks in different
-// processes only, and GPU communicators take every nonzero mode alike.
-PointerStepSettings pointerStepSettings(int64_t defaultMinBytes) {
-  PointerStepSettings s{env::integer("MININCL_POINTER_STEPS", 2), env::integer("MININCL_DIRECT_WRITES", 1),
-                        env::bytes("MININCL_POINTER_STEP_BYTES", defaultMinBytes),
-                        std::getenv("MININCL_POINTER_STEPS") != nullptr};
-  MNCL_CHECK(s.mode >= 0 && s.mode <= 2, mnclInvalidArgument, "MININCL_POINTER_STEPS must be 0, 1 or 2");
-  MNCL_CHECK(s.directWrites == 0 || s.directWrites == 1, mnclInvalidArgument, "MININCL_DIRECT_WRITES must be 0 or 1");
-  MNCL_CHECK(s.minBytes >= 0 && s.minBytes <= (1ll << 31), mnclInvalidArgument,
-             "MININCL_POINTER_STEP_BYTES must be between 0 and 2^31");
-  s.readBytes = env::bytes("MININCL_POINTER_READ_BYTES", 1 << 20);
-  s.netPointerBytes = env::bytes("MININCL_NET_POINTER_BYTES", 128 << 10);
-  MNCL_CHECK(s.readBytes >= 4096 && s.readBytes <= (1ll << 30), mnclInvalidArgument,
-             "MININCL_POINTER_READ_BYTES must be between 4K and 1G");
-  return s;
-}
-}  // namespace
-
-void Comm::enablePointerSteps() {
-  auto [mode, directWrites, minBytes, modeChosen, readBytes, netPointerBytes] = pointerStepSettings(32 << 10);
-  for (auto& ch : channels_) {
-    ch->dev.pointerStepMinBytes = (uint32_t)minBytes;
-    ch->dev.pointerReadBytes = (uint32_t)readBytes;
-    if (window_) {
-      ch->dev.window = window_->base();
-      ch->dev.windowBytes = window_->size();
-    }
-  }
-  pid_t me = getpid();
-  for (int p = 0; p < nranks_; ++p) {
-    if (p == rank_) continue;
-    if (netPeer_[p]) {  // our proxy reads pointer steps, and sends them from where they lie
-      for (auto& ch : channels_) {
-        dev::storeRelease(&ch->sendTo[p].ctrl->readsSenderMemory, (uint32_t)(mode >= 1));
-        ch->dev.proxiedPointerMinBytes = (uint64_t)netPointerBytes;
-      }
-      continue;
-    }
-    bool local = peers_[p].pid == me;
-    bool readable = mode >= 1 && local;
-    // Kernel copies make senders wait for their receivers' reads, and cores shared by more
-    // ranks than they hold spend that wait switching between them (4 ranks on 2 cores: ~1.3x
-    // slower with them): by default only where every channel has a core.
-    if (mode == 2 && !local && (modeChosen || !oversubscribed_)) {
-      readable = canReadPeerMemory(peers_[p].pid, peers_[p].probeAddr);
-      if (!readable && modeChosen) {
-        MNCL_WARN(kInit, "rank %d: cannot read rank %d's memory (cross-memory attach); its steps go through the FIFO", rank_, p);
-      } else if (!readable) {
-        MNCL_INFO(kInit, "rank %d: cannot read rank %d's memory (cross-memory attach); its steps go through the FIFO", rank_, p);
-      }
-    }
-    const std::shared_ptr<Mapping>& theirs = peerWindows_[p];
-    for (auto& ch : channels_) {
-      for (dev::ConnFifo* f : {&ch->recvFrom[p], &ch->sendTo[p]}) {
-        f->peerPid = local ? 0 : peers_[p].pid;
-        if (theirs && mode >= 1) {  // the peer's window, through our own mapping of it
-          f->peerWindow = theirs->base();
-          f->peerWindowAt = peers_[p].windowAt;
-          f->peerWindowBytes = peers_[p].windowBytes;
-        }
-      }
-      dev::storeRelease(&ch->recvFrom[p].ctrl->readsSenderMemory, (uint32_t)readable);
-      if (theirs && mode >= 1) dev::storeRelease(&ch->recvFrom[p].ctrl->mapsSenderWindow, 1u);
-      ch->sendTo[p].directWrites = directWrites == 1 && mode >= 1 && (local || theirs);
-      // We can read p, so the kernel lets us write into it too (the same permission check).
-      ch->sendTo[p].kernelWrites = directWrites == 1 && !local && readable;
-    }
-  }
-}
-
-// On a GPU, pointer steps and direct writes between ranks of this process on the same GPU:
-// their buffers are device memory at addresses valid in every kernel of the process. (Not
-// across processes: CUDA IPC maps the FIFOs, not the callers' buffers.) The receiving end's
-// flag is in device memory, set with a copy.
-void Comm::enableGpuPointerSteps() {
-#if defined(MININCL_HAVE_CUDA)
-  auto [mode, directWrites, minBytes, modeChosen, readBytes, netPointerBytes] = pointerStepSettings(0);
-  for (auto& ch : channels_) ch->dev.pointerStepMinBytes = (uint32_t)minBytes;
-  pid_t me = getpid();
-  for (int p = 0; p < nranks_; ++p) {
-    if (p == rank_) continue;
-    bool local = peers_[p].pid == me && peers_[p].device == device_;
-    bool readable = mode >= 1 && local;
-    gpuReadablePeers_ += readable;
-    for (auto& ch : channels_) {
-      for (dev::ConnFifo* f : {&ch->recvFrom[p], &ch->sendTo[p]}) f->peerPid = peers_[p].pid == me ? 0 : peers_[p].pid;
-      if (readable) {  // (the FIFO memory starts zeroed: nothing to write for 0)
-        static const uint32_t one = 1;
-        MNCL_CUDA_CHECK(cudaMemcpyAsync(&ch->recvFrom[p].ctrl->readsSenderMemory, &one, sizeof(one), cudaMemcpyDefault,
-                                        gpu_->sideStream()));
-      }
-      ch->sendTo[p].directWrites = directWrites == 1 && readable;
-    }
-  }
-  MNCL_CUDA_CHECK(cudaStreamSynchronize(gpu_->sideStream()));
-#endif
-}
-
 // The settings later phases of init read, read now: a malformed one then fails this rank
 // before it joins the others, who hear of it at once (Bootstrap::reportInitFailure) instead
 // of waiting for this rank until the bootstrap timeout (describeSelf reads the others). Rank
@@ -725,284 +500,6 @@ Comm::~Comm() {
   peerFifos_.clear();  // before the device state that the regions' memory belongs with
   gpuRegion_.reset();
   gpu_.reset();
-}
-
-// A mismatch in the last calls before a destroy has no next call to raise it (a broadcast
-// whose ranks passed different roots ends on every rank, with wrong results): say so.
-void Comm::warnOfUnreportedMismatch() const {
-  if (!region_ || failed()) return;  // (a failure was reported when it happened)
-  for (int r = 0; r < nranks_; ++r) {
-    std::string mismatch = r == rank_ ? "" : loggedCallMismatch(r);
-    if (mismatch.empty()) continue;
-    MNCL_WARN(kInit, "rank %d, at destroy: %s; that call's results are wrong", rank_, mismatch.c_str());
-    return;
-  }
-}
-
-void Comm::leave() {
-  if (!region_) return;
-  RankCtrl* ctrl = region_->ctrl();
-  dev::storeRelease(&ctrl->destroyed, 1u);
-  // Running -> left in one step: a failed rank keeps its state, and so the reason peers read,
-  // even where the monitor fails us between a load and a store.
-  uint32_t running = RankCtrl::kRunning;
-  std::atomic_ref<uint32_t>(ctrl->state).compare_exchange_strong(running, RankCtrl::kLeft, std::memory_order_acq_rel);
-}
-
-void Comm::fail(mnclResult_t code, const std::string& what) {
-  std::string message = what + (monitor_ ? monitor_->stallNote() : std::string());
-  {
-    std::lock_guard<std::mutex> lock(errorMutex_);
-    if (error_ != mnclSuccess) return;
-    error_ = code;
-    errorMessage_ = message;
-  }
-  dev::storeRelease(abort_, 1u);
-  if (region_) {
-    RankCtrl* ctrl = region_->ctrl();
-    ctrl->failCode = code;
-    std::strncpy(ctrl->failMessage, message.c_str(), sizeof(ctrl->failMessage) - 1);
-    dev::storeRelease(&ctrl->state, (uint32_t)RankCtrl::kFailed);
-  }
-  if (code != mnclAborted) MNCL_WARN(kInit, "rank %d: %s", rank_, message.c_str());
-}
-
-void Comm::logCall(const LoggedCall& call) {
-  if (region_) mncl::logCall(region_->ctrl()->calls, call);
-  if (logsCalls_) {
-    MNCL_INFO(kColl, "rank %d/%d: collective call %llu: %s", rank_, nranks_,
-              (unsigned long long)collectiveCallsMade(), describeCall(call).c_str());
-  }
-}
-
-uint64_t Comm::collectiveCallsMade() const { return region_ ? dev::loadAcquire(&region_->ctrl()->calls.made) : 0; }
-uint64_t Comm::peerCollectiveCallsMade(int r) const {
-  return peerRegions_[r] ? dev::loadAcquire(&peerRegions_[r]->ctrl()->calls.made) : 0;
-}
-
-void Comm::countP2p(bool isSend, int peer, size_t channelBytes) {
-  if (!region_) return;
-  // (A send that puts more on a channel than its way to the peer holds cannot end before its
-  // receive; over the network, twice that, for what the path between the sockets holds.)
-  bool longSend = false;
-  if (isSend && !onGpu() && peer != rank_ && nChannels() > 0) {
-    size_t held = (size_t)dev::kSteps * channel(0).dev.sizes.simpleSlotBytes;
-    if (netPeer_[peer]) held = 2 * netProxy_->mostHeldPerChannel();
-    longSend = held > 0 && channelBytes > held;
-  }
-  mncl::countP2p(region_->ctrl()->calls, isSend, peer == rank_ ? -1 : peer, longSend);
-}
-
-int Comm::pendingSender() const {
-  if (!region_ || rank_ >= kP2pPeers) return -1;
-  const CallLog& mine = region_->ctrl()->calls;
-  for (int p = 0; p < nranks_ && p < kP2pPeers; ++p) {
-    if (p == rank_ || !peerRegions_[p]) continue;
-    if (peerP2p(peerRegions_[p]->ctrl()->calls, rank_).sends > peerP2p(mine, p).recvs) return p;
-  }
-  return -1;
-}
-
-mnclResult_t Comm::asyncError() const {
-  std::lock_guard<std::mutex> lock(errorMutex_);
-  return error_;
-}
-
-std::string Comm::errorMessage() const {
-  std::lock_guard<std::mutex> lock(errorMutex_);
-  return errorMessage_;
-}
-
-const char* Comm::failedMessage() const {
-  std::lock_guard<std::mutex> lock(errorMutex_);
-  return error_ == mnclSuccess ? "" : errorMessage_.c_str();
-}
-
-void Comm::throwStoredError() const {
-  std::lock_guard<std::mutex> lock(errorMutex_);
-  throw Error(error_ == mnclSuccess ? mnclInternalError : error_, errorMessage_);
-}
-
-std::vector<int> Comm::lostRanks() const {
-  std::vector<int> gone;
-  for (int r = 0; r < nranks_; ++r) {
-    if (r != rank_ && lost(r)) gone.push_back(r);
-  }
-  return gone;
-}
-
-bool Comm::lost(int r) const {
-  bool left = peerRegions_[r]->ctrl()->gone();
-  bool cut = overNetwork(r) && netProxy_ && netProxy_->lost(r);
-  return left || exited(r) || cut || givenUpOn(r);
-}
-
-// By this rank's monitor, or by a peer's: a peer publishes the rank whose silence failed it,
-// or the one that a peer whose failure failed it had published (this rank may hear of the
-// failure before its own monitor's time for r runs out). One rank each: a second silent rank
-// is listed once this rank's own time for it runs out.
-bool Comm::givenUpOn(int r) const {
-  if (monitor_ && monitor_->gaveUpOn(r)) return true;
-  for (int p = 0; p < nranks_; ++p) {
-    if (p != r && p != rank_ && dev::loadAcquire(&peerRegions_[p]->ctrl()->gaveUpOn) == (uint32_t)r + 1) return true;
-  }
-  return false;
-}
-
-bool Comm::exited(int r) const {
-  const PeerInfo &peer = peers_[r], &me = peers_[rank_];
-  return peer.hostHash == me.hostHash && peer.pid != me.pid && processGone(peer.pid);
-}
-
-std::string Comm::peerFailure(int r) const {
-  const RankCtrl* ctrl = peerRegions_[r]->ctrl();
-  if (dev::loadAcquire(&ctrl->state) != RankCtrl::kFailed) return "";
-  return "rank " + std::to_string(r) + " (pid " + std::to_string(peers_[r].pid) + ") failed: " + ctrl->failMessage;
-}
-
-void Comm::prepareDevice() {
-  MNCL_CHECK(device_ >= 0 || device_ == MNCL_DEVICE_CPU, mnclInvalidArgument,
-             "device " + std::to_string(device_) + " is neither a CUDA device (0, 1, ...) nor the CPU (MNCL_DEVICE_CPU, -1)");
-#if defined(MININCL_HAVE_CUDA)
-  // Init leaves the communicator's GPU current. (Giving the caller's back is no kindness where
-  // the caller never chose one: CUDA reports device 0 then, and since CUDA 12 making it current
-  // makes a context there, hundreds of MB on a GPU this process may never use.)
-  if (onGpu()) {
-    gpu::useDevice(device_);
-    abortPinned_ = std::make_unique<gpu::HostMapped>(sizeof(uint32_t));
-    abort_ = static_cast<uint32_t*>(abortPinned_->host());
-  }
-#else
-  MNCL_CHECK(device_ < 0, mnclInvalidUsage,
-             "device cuda:" + std::to_string(device_) +
-                 ": this build of minincl has no CUDA backend (built without CUDA: nvcc was not found, or MININCL_CUDA=OFF); use the CPU (device=\"cpu\", "
-                 "MNCL_DEVICE_CPU in C)");
-#endif
-}
-
-std::string Comm::loggedCallMismatch(int r) const {
-  if (!region_ || !peerRegions_[r]) return "";
-  const CallLog& mine = region_->ctrl()->calls;
-  const CallLog& theirs = peerRegions_[r]->ctrl()->calls;
-  uint64_t both = std::min(dev::loadAcquire(&mine.made), dev::loadAcquire(&theirs.made));
-  for (uint64_t seq = both; seq > 0 && seq + kCallLogSize > both; --seq) {
-    std::optional<LoggedCall> a = loggedCall(mine, seq), b = loggedCall(theirs, seq);
-    if (!a || !b || *a == *b) continue;
-    return "mismatched calls: rank " + std::to_string(rank_) + " called " + describeCall(*a) + " but rank " +
-           std::to_string(r) + " (pid " + std::to_string(peers_[r].pid) + ") called " + describeCall(*b) +
-           " (collective call " + std::to_string(seq) +
-           " of this communicator); every rank must make the same collective calls in the same order";
-  }
-  return "";
-}
-
-std::string Comm::collectiveInside() const {
-  if (!region_) return "";
-  const CallLog& log = region_->ctrl()->calls;
-  std::optional<CallActivity> a = callActivity(log);
-  if (!a || a->inside != Inside::collectives) return "";
-  uint64_t made = dev::loadAcquire(&log.made);
-  std::optional<LoggedCall> call = loggedCall(log, made);
-  return "collective call " + std::to_string(made) + (call ? ", " + describeCall(*call) : std::string());
-}
-
-bool Comm::peerOutOfCalls(int r) const {
-  const RankCtrl* ctrl = peerRegions_[r]->ctrl();
-  uint32_t state = dev::loadAcquire(&ctrl->state);
-  if (state == RankCtrl::kLeft) return true;
-  bool otherProcess = peers_[r].pid != peers_[rank_].pid;
-  if (otherProcess && processGone(peers_[r].pid)) return true;
-  if (state != RankCtrl::kFailed) return false;
-  // (Pairs with the fence in launch (enqueue.cc), after a rank enters a call and before it
-  // checks whether it failed: either it sees its failure there, or we see it inside here.)
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  std::optional<CallActivity> a = callActivity(ctrl->calls);
-  return a && a->inside == Inside::nothing;
-}
-
-void Comm::awaitPeersOutOfCalls() const {
-  if (!failed() || onGpu() || !region_) return;
-  using Clock = std::chrono::steady_clock;
-  auto deadline = Clock::now() + std::chrono::duration<double>(Monitor::timeoutSeconds());
-  for (int r = 0; r < nranks_; ++r) {
-    if (r == rank_ || netPeer_[r]) continue;  // (a network peer's proxy is ours: see netSettle)
-    // A peer whose monitor stopped beating (a stopped process) will not fail: not waited for
-    // once its heartbeat stood still for 100 ms (its monitor beats every 10).
-    const RankCtrl* ctrl = peerRegions_[r]->ctrl();
-    uint64_t beat = dev::loadAcquire(&ctrl->heartbeat);
-    auto beatSeen = Clock::now();
-    while (!peerOutOfCalls(r) && Clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-      uint64_t now = dev::loadAcquire(&ctrl->heartbeat);
-      if (now != beat) beat = now, beatSeen = Clock::now();
-      if (Clock::now() - beatSeen > std::chrono::milliseconds(100)) break;
-    }
-  }
-}
-
-void Comm::stopCallsForDestroy() {
-  stop("the communicator was destroyed while this call still waited for its peers (a destroy stops such calls "
-       "after MININCL_TIMEOUT; abort() stops them at once)");
-}
-
-void Comm::abort() {
-  stop("the communicator was aborted (mnclCommAbort / comm.abort())");
-  uint32_t spins = 0;
-  while (callsInside_.load(std::memory_order_acquire) > 0) dev::cpuBackoff(spins++);
-}
-
-void Comm::stop(const std::string& why) {
-  fail(mnclAborted, why);  // (first: a rendezvous that sees the count raises `why`)
-  {
-    std::lock_guard<std::mutex> lock(errorMutex_);
-    stopReason_ = why;
-  }
-  stops_.fetch_add(1, std::memory_order_acq_rel);
-}
-
-void Comm::failIfStoppedSince(uint32_t before) const {
-  if (stops_.load(std::memory_order_acquire) == before) return;
-  std::lock_guard<std::mutex> lock(errorMutex_);
-  throwError(mnclAborted, stopReason_);
-}
-
-void Comm::awaitQueuedWork() const {
-  uint32_t spins = 0;
-  while ((callsInside_.load(std::memory_order_acquire) > 0 || gpuWorkPending()) && !failed()) dev::cpuBackoff(spins++);
-}
-
-void Comm::setCallTimeout(double seconds) {
-  char shown[32];
-  std::snprintf(shown, sizeof(shown), "%g", seconds);  // (to_string wrote 1e300 as 301 digits)
-  MNCL_CHECK(seconds >= 0 && seconds < 1e9, mnclInvalidArgument,
-             std::string("a call timeout must be 0 (none) or a positive number of seconds below 1e9, not ") + shown);
-  callTimeout_.store(seconds, std::memory_order_relaxed);
-}
-
-Comm::CallScope::CallScope(Comm& c, Inside inside, uint64_t peers) : comm(c) {
-  int before = comm.callsInside_.fetch_add(1, std::memory_order_acq_rel);
-  if (before > 0 && !comm.onGpu()) refuseSecondThread();
-  if (comm.region_ && !comm.onGpu()) enterCall(comm.region_->ctrl()->calls, inside, peers);
-  if (comm.netProxy_) comm.netProxy_->wake();
-}
-
-// A CPU call runs on the communicator's channels (their connections, FIFOs and step counts)
-// from start to end: a second call entering meanwhile, from another thread, would mix its
-// steps with the first's, and both (and their peers) would read wrong data or wait for ever.
-// As in NCCL, a communicator takes one call at a time. Both calls fail, and the peers with
-// them: the second was already logged for the peers to compare with theirs.
-void Comm::CallScope::refuseSecondThread() {
-  comm.callsInside_.fetch_sub(1, std::memory_order_acq_rel);
-  std::string why = "two threads called on rank " + std::to_string(comm.rank_) +
-                    "'s communicator at once; it takes one call at a time (use a communicator per thread, or "
-                    "make the calls from one thread)";
-  comm.fail(mnclInvalidUsage, why);
-  throw Error(mnclInvalidUsage, why);
-}
-
-Comm::CallScope::~CallScope() {
-  comm.callsInside_.fetch_sub(1, std::memory_order_acq_rel);
-  if (comm.region_ && !comm.onGpu()) leaveCall(comm.region_->ctrl()->calls);
 }
 
 }  // namespace mncl

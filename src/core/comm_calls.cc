@@ -1,0 +1,116 @@
+// The calls inside a communicator: CallScope counts them (one at a time on the CPU) and says
+// in this rank's call log what each is inside; the log's entries, compared with the peers'
+// (see call_log.h), name mismatched calls and the sender a receive from any source waits for.
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "../transport/net.h"
+#include "comm.h"
+#include "error.h"
+#include "log.h"
+
+namespace mncl {
+
+void Comm::logCall(const LoggedCall& call) {
+  if (region_) mncl::logCall(region_->ctrl()->calls, call);
+  if (logsCalls_) {
+    MNCL_INFO(kColl, "rank %d/%d: collective call %llu: %s", rank_, nranks_,
+              (unsigned long long)collectiveCallsMade(), describeCall(call).c_str());
+  }
+}
+
+uint64_t Comm::collectiveCallsMade() const { return region_ ? dev::loadAcquire(&region_->ctrl()->calls.made) : 0; }
+uint64_t Comm::peerCollectiveCallsMade(int r) const {
+  return peerRegions_[r] ? dev::loadAcquire(&peerRegions_[r]->ctrl()->calls.made) : 0;
+}
+
+void Comm::countP2p(bool isSend, int peer, size_t channelBytes) {
+  if (!region_) return;
+  // (A send that puts more on a channel than its way to the peer holds cannot end before its
+  // receive; over the network, twice that, for what the path between the sockets holds.)
+  bool longSend = false;
+  if (isSend && !onGpu() && peer != rank_ && nChannels() > 0) {
+    size_t held = (size_t)dev::kSteps * channel(0).dev.sizes.simpleSlotBytes;
+    if (netPeer_[peer]) held = 2 * netProxy_->mostHeldPerChannel();
+    longSend = held > 0 && channelBytes > held;
+  }
+  mncl::countP2p(region_->ctrl()->calls, isSend, peer == rank_ ? -1 : peer, longSend);
+}
+
+int Comm::pendingSender() const {
+  if (!region_ || rank_ >= kP2pPeers) return -1;
+  const CallLog& mine = region_->ctrl()->calls;
+  for (int p = 0; p < nranks_ && p < kP2pPeers; ++p) {
+    if (p == rank_ || !peerRegions_[p]) continue;
+    if (peerP2p(peerRegions_[p]->ctrl()->calls, rank_).sends > peerP2p(mine, p).recvs) return p;
+  }
+  return -1;
+}
+
+std::string Comm::loggedCallMismatch(int r) const {
+  if (!region_ || !peerRegions_[r]) return "";
+  const CallLog& mine = region_->ctrl()->calls;
+  const CallLog& theirs = peerRegions_[r]->ctrl()->calls;
+  uint64_t both = std::min(dev::loadAcquire(&mine.made), dev::loadAcquire(&theirs.made));
+  for (uint64_t seq = both; seq > 0 && seq + kCallLogSize > both; --seq) {
+    std::optional<LoggedCall> a = loggedCall(mine, seq), b = loggedCall(theirs, seq);
+    if (!a || !b || *a == *b) continue;
+    return "mismatched calls: rank " + std::to_string(rank_) + " called " + describeCall(*a) + " but rank " +
+           std::to_string(r) + " (pid " + std::to_string(peers_[r].pid) + ") called " + describeCall(*b) +
+           " (collective call " + std::to_string(seq) +
+           " of this communicator); every rank must make the same collective calls in the same order";
+  }
+  return "";
+}
+
+std::string Comm::collectiveInside() const {
+  if (!region_) return "";
+  const CallLog& log = region_->ctrl()->calls;
+  std::optional<CallActivity> a = callActivity(log);
+  if (!a || a->inside != Inside::collectives) return "";
+  uint64_t made = dev::loadAcquire(&log.made);
+  std::optional<LoggedCall> call = loggedCall(log, made);
+  return "collective call " + std::to_string(made) + (call ? ", " + describeCall(*call) : std::string());
+}
+
+void Comm::awaitQueuedWork() const {
+  uint32_t spins = 0;
+  while ((callsInside_.load(std::memory_order_acquire) > 0 || gpuWorkPending()) && !failed()) dev::cpuBackoff(spins++);
+}
+
+void Comm::setCallTimeout(double seconds) {
+  char shown[32];
+  std::snprintf(shown, sizeof(shown), "%g", seconds);  // (to_string wrote 1e300 as 301 digits)
+  MNCL_CHECK(seconds >= 0 && seconds < 1e9, mnclInvalidArgument,
+             std::string("a call timeout must be 0 (none) or a positive number of seconds below 1e9, not ") + shown);
+  callTimeout_.store(seconds, std::memory_order_relaxed);
+}
+
+Comm::CallScope::CallScope(Comm& c, Inside inside, uint64_t peers) : comm(c) {
+  int before = comm.callsInside_.fetch_add(1, std::memory_order_acq_rel);
+  if (before > 0 && !comm.onGpu()) refuseSecondThread();
+  if (comm.region_ && !comm.onGpu()) enterCall(comm.region_->ctrl()->calls, inside, peers);
+  if (comm.netProxy_) comm.netProxy_->wake();
+}
+
+// A CPU call runs on the communicator's channels (their connections, FIFOs and step counts)
+// from start to end: a second call entering meanwhile, from another thread, would mix its
+// steps with the first's, and both (and their peers) would read wrong data or wait for ever.
+// As in NCCL, a communicator takes one call at a time. Both calls fail, and the peers with
+// them: the second was already logged for the peers to compare with theirs.
+void Comm::CallScope::refuseSecondThread() {
+  comm.callsInside_.fetch_sub(1, std::memory_order_acq_rel);
+  std::string why = "two threads called on rank " + std::to_string(comm.rank_) +
+                    "'s communicator at once; it takes one call at a time (use a communicator per thread, or "
+                    "make the calls from one thread)";
+  comm.fail(mnclInvalidUsage, why);
+  throw Error(mnclInvalidUsage, why);
+}
+
+Comm::CallScope::~CallScope() {
+  comm.callsInside_.fetch_sub(1, std::memory_order_acq_rel);
+  if (comm.region_ && !comm.onGpu()) leaveCall(comm.region_->ctrl()->calls);
+}
+
+}  // namespace mncl
