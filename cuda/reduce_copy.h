@@ -135,20 +135,22 @@ MNCL_DEV void reduceCopyVectors(const Fn& fn, int nsrc, const T* const* srcs, in
   const size_t stride = (size_t)nthreads();
   for (size_t first = tid(); first < nvec; first += kUnroll * stride) {
     Vec16<T> acc[kUnroll];
+    const T* src = srcs[0] + at;  // (once: each volatile load would read srcs[] again)
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       size_t i = first + u * stride;
-      if (i < nvec) acc[u] = loadFresh16(srcs[0] + at + i * kVec);
+      if (i < nvec) acc[u] = loadFresh16(src + i * kVec);
     }
     if constexpr (Fn::kHasPre) {
       if (pre && pre->has(0)) preVectors(fn, acc, pre->scalar[0]);
     }
     for (int s = 1; s < nsrc; ++s) {
       Vec16<T> x[kUnroll];
+      src = srcs[s] + at;
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         size_t i = first + u * stride;
-        if (i < nvec) x[u] = loadFresh16(srcs[s] + at + i * kVec);
+        if (i < nvec) x[u] = loadFresh16(src + i * kVec);
       }
       if constexpr (Fn::kHasPre) {
         if (pre && pre->has(s)) preVectors(fn, x, pre->scalar[s]);
@@ -211,8 +213,9 @@ MNCL_DEV void reduceCopyElements(const Fn& fn, int nsrc, const T* const* srcs, i
   size_t i = begin + tid();
   for (; i + (kU - 1) * stride < end; i += kU * stride) {
     T acc[kU];
+    const T* src = srcs[0] + i;  // (once: each volatile load would read srcs[] again)
 #pragma unroll
-    for (int u = 0; u < kU; ++u) acc[u] = loadFresh(srcs[0] + i + u * stride);
+    for (int u = 0; u < kU; ++u) acc[u] = loadFresh(src + u * stride);
     if constexpr (Fn::kHasPre) {
       if (pre && pre->has(0)) {
 #pragma unroll
@@ -221,8 +224,9 @@ MNCL_DEV void reduceCopyElements(const Fn& fn, int nsrc, const T* const* srcs, i
     }
     for (int s = 1; s < nsrc; ++s) {
       T x[kU];
+      src = srcs[s] + i;
 #pragma unroll
-      for (int u = 0; u < kU; ++u) x[u] = loadFresh(srcs[s] + i + u * stride);
+      for (int u = 0; u < kU; ++u) x[u] = loadFresh(src + u * stride);
       if constexpr (Fn::kHasPre) {
         if (pre && pre->has(s)) {
 #pragma unroll
@@ -262,16 +266,15 @@ MNCL_DEV size_t elementsBeforeAligned(int nsrc, const T* const* srcs, int ndst, 
 
 // A copy of bytes (copy-only collectives and sends run on bytes, whatever the type) as words
 // of W, which every pointer is aligned to, then the bytes left: a float32 buffer 4 bytes off
-// 16 moves 4 bytes a load, not one.
+// 16 moves 4 bytes a load, not one. (A copy takes its first source: the only one read.)
 template <typename W, typename T>
-MNCL_DEV void copyBytesAsWords(int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n) {
-  const W* wordSrcs[kMaxSrcs];
+MNCL_DEV void copyBytesAsWords(const T* const* srcs, int ndst, T* const* dsts, size_t n) {
+  const W* wordSrc = reinterpret_cast<const W*>(srcs[0]);
   W* wordDsts[kMaxDsts];
-  for (int s = 0; s < nsrc; ++s) wordSrcs[s] = reinterpret_cast<const W*>(srcs[s]);
   for (int d = 0; d < ndst; ++d) wordDsts[d] = reinterpret_cast<W*>(dsts[d]);
   size_t words = n / sizeof(W);
-  reduceCopyElements(FuncCopy<W>{}, nsrc, wordSrcs, ndst, wordDsts, 0, words, false);
-  reduceCopyElements(FuncCopy<T>{}, nsrc, srcs, ndst, dsts, words * sizeof(W), n, false);
+  reduceCopyElements(FuncCopy<W>{}, 1, &wordSrc, ndst, wordDsts, 0, words, false);
+  reduceCopyElements(FuncCopy<T>{}, 1, srcs, ndst, dsts, words * sizeof(W), n, false);
 }
 
 // Where a copy of bytes whose pointers never align to 16 bytes together goes as words: the
@@ -281,9 +284,9 @@ MNCL_DEV bool copiedAsWords(int nsrc, const T* const* srcs, int ndst, T* const* 
   uintptr_t bits = 0;
   for (int s = 0; s < nsrc; ++s) bits |= (uintptr_t)srcs[s];
   for (int d = 0; d < ndst; ++d) bits |= (uintptr_t)dsts[d];
-  if ((bits & 7) == 0) copyBytesAsWords<uint64_t>(nsrc, srcs, ndst, dsts, n);
-  else if ((bits & 3) == 0) copyBytesAsWords<uint32_t>(nsrc, srcs, ndst, dsts, n);
-  else if ((bits & 1) == 0) copyBytesAsWords<uint16_t>(nsrc, srcs, ndst, dsts, n);
+  if ((bits & 7) == 0) copyBytesAsWords<uint64_t>(srcs, ndst, dsts, n);
+  else if ((bits & 3) == 0) copyBytesAsWords<uint32_t>(srcs, ndst, dsts, n);
+  else if ((bits & 1) == 0) copyBytesAsWords<uint16_t>(srcs, ndst, dsts, n);
   else return false;
   return true;
 }
@@ -297,7 +300,7 @@ MNCL_DEV void reduceCopySimt(const Fn& fn, int nsrc, const T* const* srcs, int n
   constexpr int kVec = Vec16<T>::kElems;
   size_t head = elementsBeforeAligned(nsrc, srcs, ndst, dsts, n);
   if constexpr (sizeof(T) == 1 && std::is_same_v<Fn, FuncCopy<T>>) {
-    if (head == n && n >= 16 && copiedAsWords(nsrc, srcs, ndst, dsts, n)) return;
+    if (head == n && n >= 16 && nsrc > 0 && copiedAsWords(nsrc, srcs, ndst, dsts, n)) return;
   }
   reduceCopyElements(fn, nsrc, srcs, ndst, dsts, 0, head, finish, pre);
   size_t nvec = (n - head) / kVec;

@@ -178,6 +178,9 @@ void checkAll(std::vector<Ranks*> channels, int threads, std::vector<Proto> prot
         // together), and apart; copies (on bytes) as 4- and 8-byte words.
         for (auto [sendOffset, recvOffset] : {std::pair<size_t, size_t>{1, 1}, {1, 2}, {2, 2}}) {
           check<float>(channels, threads, {(Coll)coll, algo, proto, v, 4099, RedOp::sum, sendOffset, recvOffset}, DataType::f32);
+          // (and bytes off by one or two: copies a byte at a time, or as 2-byte words)
+          if (sendOffset == 1 && recvOffset == 1) continue;
+          check<uint8_t>(channels, threads, {(Coll)coll, algo, proto, v, 4099, RedOp::sum, sendOffset, recvOffset}, DataType::u8);
         }
         // Other element sizes change the vector loop's elements and the slices' alignment
         // (copies move bytes whatever the type); avg divides after the sum; premulsum

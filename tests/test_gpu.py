@@ -664,6 +664,7 @@ def test_copies_off_word_boundaries(gpus: GpuPool, cp: Any, proto: str) -> None:
             np.testing.assert_array_equal(cp.asnumpy(gathered[r][2:]), np.concatenate(inputs), err_msg=where)
             np.testing.assert_array_equal(cp.asnumpy(gathered[r][:2]), np.full(2, 99, dtype), err_msg=where)
             np.testing.assert_array_equal(cp.asnumpy(received[r][1:]), inputs[(r - 1) % n], err_msg=where)
+            assert cp.asnumpy(received[r][:1]).tolist() == [99], where
             np.testing.assert_array_equal(cp.asnumpy(held[r][1:]), inputs[1], err_msg=where)
 
 

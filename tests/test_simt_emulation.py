@@ -13,6 +13,9 @@ checker fails itself after a while).
   9 ranks.
 - simt_p2p_check.cc: groups of sends and receives as the p2p kernel runs them, split over
   three channels as the host splits them.
+- simt_reduce_copy_check.cc: reduceCopy and copyElems alone, with pointers at every offset
+  from a 16-byte boundary, each block's threads in turn: every element written once, every
+  source byte loaded once, nothing around the outputs touched.
 
 The kernels themselves need a GPU (test_gpu.py); this runs their lane logic on any machine."""
 
@@ -33,7 +36,7 @@ def build(name: str, out_dir: Path) -> Path:
     if cxx is None:
         pytest.skip("no C++ compiler on PATH")
     exe = out_dir / name
-    cmd = [cxx, "-std=c++20", "-O1", "-pthread", "-DMNCL_SIMT_EMULATION", f"-I{ROOT / 'cuda'}"]
+    cmd = [cxx, "-std=c++20", "-O1", "-pthread", "-DMNCL_SIMT_EMULATION", f"-I{ROOT / 'cuda'}", f"-I{ROOT / 'tests'}"]
     built = subprocess.run(
         [*cmd, str(ROOT / "tests" / f"{name}.cc"), "-o", str(exe)], capture_output=True, text=True, timeout=300
     )
@@ -86,3 +89,9 @@ def test_allreduce_of_nine_ranks_as_the_kernels_run_it(collectives_checker: Path
 def test_sends_and_receives_as_the_p2p_kernel_runs_them(p2p_checker: Path, threads: int) -> None:
     """2, 3 and 4 ranks exchanging messages of 0 to ~210 KB with every peer, 3 channels."""
     run_checker(p2p_checker, threads)
+
+
+def test_data_movers_at_every_alignment(tmp_path: Path) -> None:
+    """Copies of bytes (0-300, source and output each 0-15 bytes off 16) and reductions of
+    float32, float64, uint8 and uint16 at every element offset, blocks of 1, 7, 32 and 64."""
+    run_checker(build("simt_reduce_copy_check", tmp_path))
