@@ -776,8 +776,16 @@ CYCLE_WAITS = {
         "rank {r} posted 0 receive(s) from it)"
     ),
     "grouped sends first": (
-        "rank {p} waits for rank {r} to receive (its send 2 to rank {r} does not fit in their connections; "
-        "rank {r} posted 0 receive(s) from it)"
+        "rank {p} waits for rank {r} to receive (its send 2 to rank {r} does not fit in their connections, with the "
+        "1 before it that rank {r} has not received; rank {r} posted 0 receive(s) from it)"
+    ),
+    "two sends first": (
+        "rank {p} waits for rank {r} to receive (its send 2 to rank {r} does not fit in their connections, with the "
+        "1 before it that rank {r} has not received; rank {r} posted 0 receive(s) from it)"
+    ),
+    "nine short sends first": (
+        "rank {p} waits for rank {r} to receive (its send 9 to rank {r} does not fit in their connections, with the "
+        "8 before it that rank {r} has not received; rank {r} posted 0 receive(s) from it)"
     ),
 }
 
@@ -789,11 +797,13 @@ CYCLE_WAITS = {
 def test_sends_and_receives_waiting_in_a_cycle_are_a_deadlock_error(
     monkeypatch: pytest.MonkeyPatch, case: str, nranks: int, processes: bool, channels: str
 ) -> None:
-    """Every rank receives first (or first sends more than its connections hold, in one send
-    or in a group of two that fit alone): each waits for the rank before it, which waits
-    inside its call. After a second of that, every rank raises; one names every wait of the
-    cycle. (Each channel holds 8 slots of 16 KiB to each peer; the grouped sends of 96 KiB
-    both go on the first channel, so they overflow it with four channels as with one.)"""
+    """Every rank receives first (or first sends more than its connections hold: in one send,
+    in a group of two or in two calls of sends that fit alone, or in nine calls of short sends,
+    each taking a slot): each waits for the rank before it, which waits inside its call.
+    After a second of that, every rank raises; one names every wait of the cycle. (Each
+    channel holds 8 slots of 16 KiB to each peer; sends of 96 KiB or 4 KB all go on the first
+    channel, so they overflow it with four channels as with one. Nine short sends in a row
+    hung before: only one send's own size counted.)"""
     monkeypatch.setenv("MININCL_SIMPLE_SLOT_BYTES", "16K")
     monkeypatch.setenv("MININCL_NCHANNELS", channels)
     results = case_on_ranks(workers.p2p_ring, nranks, case, processes)
@@ -816,11 +826,12 @@ def test_sends_and_receives_waiting_for_a_rank_inside_a_collective_are_a_deadloc
     assert any("deadlock in sends and receives: " in r and any(w in r for w in waits) for r in results), results
 
 
-@pytest.mark.parametrize("case", ["short send first", "chain"])
+@pytest.mark.parametrize("case", ["short send first", "eight short sends first", "chain"])
 @pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
 def test_sends_and_receives_that_wait_longer_than_a_second_are_no_deadlock(case: str, processes: bool) -> None:
-    """A short send ends without its receive; a rank waiting on one that sleeps outside any
-    call, or on one waiting on such a rank, waits in no cycle: no error, the right values."""
+    """A short send ends without its receive, and so do eight in a row (the connection's 8
+    slots); a rank waiting on one that sleeps outside any call, or on one waiting on such a
+    rank, waits in no cycle: no error, the right values."""
     assert case_on_ranks(workers.p2p_ring, 3, case, processes) == ["ok"] * 3
 
 

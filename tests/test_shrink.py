@@ -414,3 +414,46 @@ def test_abort_from_another_thread_stops_a_split_or_shrink_waiting_for_a_rank(
     assert outcome[0].startswith("Aborted after "), outcome
     assert float(outcome[0].split()[2]) < 10, outcome
     assert "the communicator was aborted" in outcome[0], outcome
+
+
+@pytest.mark.parametrize("call", ["split", "shrink"])
+def test_two_threads_splitting_one_communicator_are_refused(monkeypatch: pytest.MonkeyPatch, call: str) -> None:
+    """Rank 0's first thread waits in a split (or shrink) for ranks 1 and 2, which come a
+    second later; its second thread calls one meanwhile. Both would read the parent's
+    bootstrap (they mixed each other's messages: splits of 1 rank where 2 were meant, then
+    the bootstrap timeout): the second is refused and the communicator fails. A split then
+    fails on every rank at once; a shrink, made for failed communicators, goes on."""
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "30")
+    comms = minincl.Communicator.init_all(3)
+    outcome: dict[str, str] = {}
+    news: list[minincl.Communicator] = []
+
+    def rendezvous(c: minincl.Communicator, name: str, delay: float) -> None:
+        time.sleep(delay)
+        start = time.monotonic()
+        try:
+            news.append(c.split(0, c.rank) if call == "split" else c.shrink([]))
+            outcome[name] = "returned"
+        except minincl.Error as e:
+            outcome[name] = f"{type(e).__name__} after {time.monotonic() - start:.1f} s: {e}"
+
+    plan = [(comms[0], "rank 0 first", 0.0), (comms[0], "rank 0 second", 0.3)]
+    plan += [(comms[1], "rank 1", 1.0), (comms[2], "rank 2", 1.0)]
+    threads = [threading.Thread(target=rendezvous, args=p) for p in plan]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for c in [*news, *comms]:
+        c.destroy()
+    why = (
+        f"two threads called split or shrink on rank 0's communicator at once (this one {call}); it takes one at a time"
+    )
+    assert outcome.pop("rank 0 second") == f"InvalidUsage after 0.0 s: {why}", outcome
+    if call == "shrink":
+        assert outcome == {"rank 0 first": "returned", "rank 1": "returned", "rank 2": "returned"}
+        return
+    assert outcome["rank 0 first"].startswith("InvalidUsage after "), outcome
+    assert outcome["rank 1"].startswith("RemoteError after ") and outcome["rank 2"].startswith("RemoteError after ")
+    for story in outcome.values():
+        assert why in story and float(story.split()[2]) < 10, outcome

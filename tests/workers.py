@@ -507,18 +507,29 @@ def different_calls(comm: minincl.Communicator, case: str) -> str:
 
 def p2p_ring(comm: minincl.Communicator, case: str) -> str:
     """Each rank sends to the next rank and receives from the one before, in an order given
-    by `case`. "recv first", "long send first" and "grouped sends first" wait in a cycle (the
-    send does not fit in the channels' connections, nor the group's two of 96 KiB on the one
-    channel each takes, with the 16 KiB slots of conftest.py). "short send first" (each
-    waits 1.5 s before its receive) and "chain" (rank 0 sends only after 1.5 s outside any
-    call, then receives; the others receive first, in a chain behind it) end. The error each
-    rank raised, or "ok" after checking what it received."""
+    by `case`. "recv first", "long send first", "grouped sends first", "two sends first" and
+    "nine short sends first" wait in a cycle (the send does not fit in the channels'
+    connections, nor two of 96 KiB on the one channel each takes, with the 16 KiB slots of
+    conftest.py, nor nine of 4 KB, a slot each of the 8 a connection has). "short send
+    first" (each waits 1.5 s before its receive), "eight short sends first" (they fill the
+    connection) and "chain" (rank 0 sends only after 1.5 s outside any call, then receives;
+    the others receive first, in a chain behind it) end. The error each rank raised, or "ok"
+    after checking what it received."""
     n, r = comm.nranks, comm.rank
     count = 8 << 20 if case == "long send first" else 1000
     out = np.full(count, r + 1, np.float32)
     got = np.zeros(count, np.float32)
     try:
-        if case == "recv first" or (case == "chain" and r != 0):
+        if case in ("nine short sends first", "eight short sends first", "two sends first"):
+            times = {"nine short sends first": 9, "eight short sends first": 8, "two sends first": 2}[case]
+            if case == "two sends first":
+                out, got = np.full(24576, r + 1, np.float32), np.zeros(24576, np.float32)  # 96 KiB: 6 slots each
+            for _ in range(times):  # (one call each)
+                comm.send(out, (r + 1) % n)
+            for _ in range(times):
+                got[:] = 0
+                comm.recv(got, (r - 1) % n)
+        elif case == "recv first" or (case == "chain" and r != 0):
             comm.recv(got, (r - 1) % n)
             comm.send(out, (r + 1) % n)
         elif case == "chain":
@@ -538,7 +549,7 @@ def p2p_ring(comm: minincl.Communicator, case: str) -> str:
             comm.recv(got, (r - 1) % n)
     except minincl.Error as e:
         return f"{type(e).__name__}: {e}"
-    np.testing.assert_array_equal(got, np.full(count, (r - 1) % n + 1, np.float32))
+    np.testing.assert_array_equal(got, np.full(got.size, (r - 1) % n + 1, np.float32))
     return "ok"
 
 

@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "../../cuda/conn.h"
 #include "../../cuda/dtypes.h"
 #include "../tune/tuner.h"
 
@@ -43,11 +44,13 @@ bool readEntry(const Entry& e, uint64_t seq, Words& w) {
 }
 }  // namespace
 
-void countP2p(CallLog& log, bool isSend, int peer, bool longSend) {
+void countP2p(CallLog& log, bool isSend, int peer, bool longSend, uint64_t steps) {
   uint64_t& n = isSend ? log.sendsPosted : log.recvsPosted;
   store(n, load(n) + 1);
   if (peer < 0 || peer >= kP2pPeers) return;
   CallLog::PeerWords& w = log.withPeer[peer];
+  uint64_t& stepsSoFar = isSend ? w.sendSteps : w.recvSteps;
+  store(stepsSoFar, load(stepsSoFar) + steps);
   uint64_t& k = isSend ? w.sends : w.recvs;
   store(k, load(k) + 1);
   if (isSend && longSend) store(w.lastLongSend, load(w.sends));
@@ -55,7 +58,12 @@ void countP2p(CallLog& log, bool isSend, int peer, bool longSend) {
 
 PeerP2p peerP2p(const CallLog& log, int peer) {
   const CallLog::PeerWords& w = log.withPeer[peer];
-  return {load(w.sends), load(w.recvs), load(w.lastLongSend)};
+  return {load(w.sends), load(w.recvs), load(w.lastLongSend), load(w.sendSteps), load(w.recvSteps)};
+}
+
+uint64_t sendAwaitingReceives(const PeerP2p& ours, const PeerP2p& theirs, bool sameHost) {
+  if (sameHost && ours.sendSteps > theirs.recvSteps + (uint64_t)dev::kSteps) return ours.sends;
+  return ours.lastLongSend > theirs.recvs ? ours.lastLongSend : 0;
 }
 
 void logCall(CallLog& log, const LoggedCall& c) {
@@ -102,6 +110,8 @@ void copyCallLog(const CallLog& from, CallLog& to) {
     store(to.withPeer[p].sends, c.sends);
     store(to.withPeer[p].recvs, c.recvs);
     store(to.withPeer[p].lastLongSend, c.lastLongSend);
+    store(to.withPeer[p].sendSteps, c.sendSteps);
+    store(to.withPeer[p].recvSteps, c.recvSteps);
   }
   uint64_t made = load(from.made, std::memory_order_acquire);
   for (uint64_t seq = made > kCallLogSize ? made - kCallLogSize + 1 : 1; seq <= made; ++seq) {

@@ -48,7 +48,7 @@ struct CallLog {
   uint64_t sendsPosted, recvsPosted;
   // ... and with each peer below kP2pPeers (see PeerP2p).
   struct PeerWords {
-    uint64_t sends, recvs, lastLongSend;
+    uint64_t sends, recvs, lastLongSend, sendSteps, recvSteps;
   } withPeer[kP2pPeers];
   // What the rank's thread is inside now (CPU communicators, one call at a time): see
   // CallActivity. `entered` is bumped (release) after the other two words change.
@@ -64,7 +64,11 @@ struct CallLog {
 //    sends to P before it in its group, which start on the same channel), is beyond the
 //    receives P has posted from it (a send that fits ends without its receive, so only a
 //    long one counts; over the network, one longer than twice what the sockets and FIFOs on
-//    the way hold: see Comm::countP2p).
+//    the way hold: see Comm::countP2p), or
+//  - on one host, its sends to P that P has posted no receives for take more FIFO steps than
+//    a connection holds (dev::kSteps): each op takes a step at least, and a slot's worth of
+//    bytes a step (small sends queued one call after another fill the FIFO as surely as one
+//    long send does).
 // Sends and receives pair up in order, so the counts say it; an op of an earlier, finished
 // call was paired, so whatever is unpaired belongs to the call the rank is inside now.
 // And, while every rank is inside a call (none can post anything new), a rank inside
@@ -72,7 +76,12 @@ struct CallLog {
 struct PeerP2p {
   uint64_t sends = 0, recvs = 0;  // posted to and from the peer so far
   uint64_t lastLongSend = 0;      // the number (from 1, among `sends`) of the newest long send
+  uint64_t sendSteps = 0, recvSteps = 0;  // the FIFO steps of `sends` and `recvs` (Comm::countP2p)
 };
+// The number of the newest send in `ours` (a rank's ops with peer P) that cannot end before P
+// posts more receives, by what P posted (`theirs`, P's ops with the rank); 0 if none. The
+// steps count between ranks of one host only (over the network the sockets hold more).
+uint64_t sendAwaitingReceives(const PeerP2p& ours, const PeerP2p& theirs, bool sameHost);
 
 // A rank inside sends and receives whose every peer is inside a later collective call waits
 // for ever: those peers post nothing until that collective ends, and it needs this rank
@@ -94,8 +103,8 @@ struct P2pBalance {
 };
 
 // Counts a send or receive the rank posts (its owner only; those of a group when it ends).
-// `peer` is counted only below kP2pPeers; `longSend`: see PeerP2p.
-void countP2p(CallLog& log, bool isSend, int peer, bool longSend);
+// `peer` is counted only below kP2pPeers; `longSend` and `steps`: see PeerP2p.
+void countP2p(CallLog& log, bool isSend, int peer, bool longSend, uint64_t steps);
 // What the rank posted with `peer` (< kP2pPeers) so far.
 PeerP2p peerP2p(const CallLog& log, int peer);
 // Logs the rank's next call (its owner only; calls of one communicator come one at a time).

@@ -147,8 +147,9 @@ class Comm {
   uint64_t peerCollectiveCallsMade(int r) const;  // as rank r's log here says (a network peer's: a mirror)
   // Counts a send or receive this rank posts, for the same log. `channelBytes`: of a send,
   // the most that one of its channels carries to the peer, with the group's earlier sends to
-  // it (see p2pSplit).
-  void countP2p(bool isSend, int peer, size_t channelBytes);
+  // it (see p2pSplit); `opBytes`: what the op alone puts on its first channel, which every
+  // op with that peer starts on (its FIFO steps, see PeerP2p).
+  void countP2p(bool isSend, int peer, size_t channelBytes, size_t opBytes);
 
   // Counts calls running inside; destroy/abort wait for them to leave. On the CPU, where a
   // call runs on the channels until it ends, it refuses a second call from another thread
@@ -242,8 +243,19 @@ class Comm {
 
   // Whether peer r is reached over the network (another host, or MININCL_TRANSPORT=net).
   bool overNetwork(int r) const { return netPeer_[r] != 0; }
+  // Whether ranks a and b reach each other through FIFOs in shared memory, without the network.
+  bool shareFifos(int a, int b) const {
+    return !peers_[a].netForced && peers_[a].hostHash == peers_[b].hostHash;
+  }
 
  private:
+  // Split and shrink from one thread at a time (see comm_split.cc).
+  struct RendezvousScope {
+    RendezvousScope(Comm& c, const char* call);
+    ~RendezvousScope();
+    Comm& comm;
+  };
+  std::atomic<int> rendezvousInside_{0};
   // shrinkInfo's part on the lowest rank kept: compares the others' excluded ranks with its
   // own and sends each the reply (the new group's id, or why there is none); returns the
   // ranks that disagree ("" if none).

@@ -25,17 +25,21 @@ uint64_t Comm::peerCollectiveCallsMade(int r) const {
   return peerRegions_[r] ? dev::loadAcquire(&peerRegions_[r]->ctrl()->calls.made) : 0;
 }
 
-void Comm::countP2p(bool isSend, int peer, size_t channelBytes) {
+void Comm::countP2p(bool isSend, int peer, size_t channelBytes, size_t opBytes) {
   if (!region_) return;
   // (A send that puts more on a channel than its way to the peer holds cannot end before its
   // receive; over the network, twice that, for what the path between the sockets holds.)
   bool longSend = false;
-  if (isSend && !onGpu() && peer != rank_ && nChannels() > 0) {
-    size_t held = (size_t)dev::kSteps * channel(0).dev.sizes.simpleSlotBytes;
+  uint64_t steps = 0;
+  if (!onGpu() && peer != rank_ && nChannels() > 0) {
+    size_t slot = channel(0).dev.sizes.simpleSlotBytes;
+    size_t held = (size_t)dev::kSteps * slot;
     if (netPeer_[peer]) held = 2 * netProxy_->mostHeldPerChannel();
-    longSend = held > 0 && channelBytes > held;
+    longSend = isSend && held > 0 && channelBytes > held;
+    // (Before its receive starts, an op takes a step at least, and at most a slot a step.)
+    steps = std::max<uint64_t>(1, (opBytes + slot - 1) / slot);
   }
-  mncl::countP2p(region_->ctrl()->calls, isSend, peer == rank_ ? -1 : peer, longSend);
+  mncl::countP2p(region_->ctrl()->calls, isSend, peer == rank_ ? -1 : peer, longSend, steps);
 }
 
 int Comm::pendingSender() const {

@@ -13,10 +13,31 @@
 
 namespace mncl {
 
+// Split and shrink talk over the parent's bootstrap, their messages tagged by how many came
+// before: two at once, from two threads of a rank, would read each other's messages, and the
+// peers could pair one thread's split with the other's. As with calls (CallScope), the second
+// is refused and fails the communicator, and with it the first (a split's waits end when it
+// fails) and the peers.
+Comm::RendezvousScope::RendezvousScope(Comm& c, const char* call) : comm(c) {
+  if (comm.rendezvousInside_.fetch_add(1, std::memory_order_acq_rel) == 0) return;
+  comm.rendezvousInside_.fetch_sub(1, std::memory_order_acq_rel);
+  std::string why = std::string("two threads called split or shrink on rank ") + std::to_string(comm.rank_) +
+                    "'s communicator at once (this one " + call + "); it takes one at a time";
+  comm.fail(mnclInvalidUsage, why);
+  throw Error(mnclInvalidUsage, why);
+}
+
+Comm::RendezvousScope::~RendezvousScope() { comm.rendezvousInside_.fetch_sub(1, std::memory_order_acq_rel); }
+
 bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdData* id, std::vector<int>* members_) {
+  RendezvousScope one(*this, "split");
   const uint32_t stops = stops_.load(std::memory_order_acquire);  // (before: a stop meanwhile fails it below)
   MNCL_CHECK(!failed(), asyncError(), errorMessage());
-  WaitCheck untilStopped([&] { failIfStoppedSince(stops); });  // (an abort() from another thread)
+  // (An abort() from another thread, or a failure: a peer's, or a second split meanwhile.)
+  WaitCheck untilStopped([&] {
+    failIfStoppedSince(stops);
+    if (failed()) throwStoredError();
+  });
   struct Entry {
     int32_t color, key, rank;
   };
@@ -81,6 +102,7 @@ void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* new
     excluded[r] = 1;
   }
   if (abortFirst) abort();  // (only once the arguments are known good)
+  RendezvousScope one(*this, "shrink");
   const uint32_t stops = stops_.load(std::memory_order_acquire);
   WaitCheck untilStopped([&] { failIfStoppedSince(stops); });  // (an abort() from another thread)
   std::vector<int> kept;

@@ -82,7 +82,9 @@ std::optional<Monitor::Wait> Monitor::waitOn(int r, int p, bool everyRankInside)
   PeerP2p mine = peerP2p(rLog, p);
   PeerP2p theirs = peerP2p(pLog, r);
   if (mine.recvs > theirs.sends) return Wait{r, p, false, mine.recvs, theirs.sends};
-  if (mine.lastLongSend > theirs.recvs) return Wait{r, p, true, mine.lastLongSend, theirs.recvs};
+  if (uint64_t send = sendAwaitingReceives(mine, theirs, comm_.shareFifos(r, p))) {
+    return Wait{r, p, true, send, theirs.recvs};
+  }
   if (!everyRankInside) return std::nullopt;
   std::optional<CallActivity> a = callActivity(rLog), b = callActivity(pLog);
   uint64_t s = dev::loadAcquire(&rLog.made), made = dev::loadAcquire(&pLog.made);
@@ -100,9 +102,11 @@ std::string Monitor::describe(const Wait& w) {
            std::to_string(w.peerPosted) + " and is inside sends or receives)";
   }
   if (w.longSend) {
+    uint64_t before = w.number - 1 > w.peerPosted ? w.number - 1 - w.peerPosted : 0;  // (not received yet)
     return r + " waits for " + p + " to receive (its send " + std::to_string(w.number) + " to " + p +
-           " does not fit in their connections; " + p + " posted " + std::to_string(w.peerPosted) +
-           " receive(s) from it)";
+           " does not fit in their connections" +
+           (before > 0 ? ", with the " + std::to_string(before) + " before it that " + p + " has not received" : "") +
+           "; " + p + " posted " + std::to_string(w.peerPosted) + " receive(s) from it)";
   }
   return r + " waits for " + p + " to send (its receive " + std::to_string(w.number) + " from " + p + "; " + p +
          " posted " + std::to_string(w.peerPosted) + " send(s) to it)";

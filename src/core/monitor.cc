@@ -216,9 +216,9 @@ std::string Monitor::callThePeerNeverMade(int r) const {
     return "having posted " + std::to_string(its.sends) + " send(s) to this rank, which waits on its receive " +
            std::to_string(ours.recvs) + " from it";
   }
-  if (ours.lastLongSend > its.recvs) {
+  if (uint64_t send = sendAwaitingReceives(ours, its, comm_.shareFifos(rank, r))) {
     return "having posted " + std::to_string(its.recvs) + " receive(s) from this rank, whose send " +
-           std::to_string(ours.lastLongSend) + " to it cannot end without one";
+           std::to_string(send) + " to it cannot end without one";
   }
   return "";
 }

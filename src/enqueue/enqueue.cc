@@ -269,6 +269,7 @@ void countGroupP2p(const std::vector<Recorded>& calls) {
     if (!r.isP2p) continue;
     noteP2p(r);
     size_t bytes = r.p2p.count * dataTypeSize(r.p2p.dtype);
+    size_t opBytes = p2pSplit(*r.comm, bytes, r.p2p.peer).bytesOn(0, bytes);
     if (r.p2p.isSend) {
       size_t i = 0;
       while (i < used && (sent[i].comm != r.comm || sent[i].peer != r.p2p.peer)) ++i;
@@ -280,7 +281,7 @@ void countGroupP2p(const std::vector<Recorded>& calls) {
       }
       bytes = addToChannels(sent[i].perChannel, p2pSplit(*r.comm, bytes, r.p2p.peer), bytes);
     }
-    r.comm->countP2p(r.p2p.isSend, r.p2p.peer, bytes);
+    r.comm->countP2p(r.p2p.isSend, r.p2p.peer, bytes, opBytes);
   }
 }
 
@@ -369,7 +370,8 @@ void recordOrRun(const Recorded& r) {
                    "the recv in one group (minincl.group(), mnclGroupStart / mnclGroupEnd)");
     noteP2p(r);
     size_t bytes = r.p2p.count * dataTypeSize(r.p2p.dtype);
-    r.comm->countP2p(r.p2p.isSend, r.p2p.peer, p2pSplit(*r.comm, bytes, r.p2p.peer).bytesOn(0, bytes));
+    size_t opBytes = p2pSplit(*r.comm, bytes, r.p2p.peer).bytesOn(0, bytes);
+    r.comm->countP2p(r.p2p.isSend, r.p2p.peer, opBytes, opBytes);
   }
   auto [inside, peers] = insideOf(r);
   if (r.comm->onGpu()) {
