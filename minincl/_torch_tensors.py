@@ -150,6 +150,8 @@ def stage(t: torch.Tensor, receives: bool = True) -> Staged:
             "convert it (.to_dense()); all_reduce also takes sparse COO tensors"
         )
     d = t.detach()  # minincl refuses to write behind autograd's back; a detached alias is fine
+    if d.is_neg():  # (a negated view's memory holds the negations: stage the values themselves)
+        return Staged(d.resolve_neg().contiguous(), d if receives else None)
     if d.is_contiguous():
         return Staged(d)
     if receives and torch._debug_has_internal_overlap(d) == 1:  # (1: some elements share memory)

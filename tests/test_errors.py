@@ -57,12 +57,39 @@ def test_argument_errors_write_nothing(pair: Any) -> None:
         (lambda: c.allgather(send, np.zeros(8, np.float32)), minincl.InvalidArgument, "expected 16"),
         (lambda: c.reduce_scatter(np.zeros(5, np.float32)), minincl.InvalidArgument, "not a multiple"),
         (lambda: c.allreduce(send, stream=1), minincl.InvalidArgument, "no stream"),
+        (
+            lambda: c.allreduce(send.astype(">f4"), recv),
+            minincl.InvalidArgument,
+            "send holds big-endian float32 elements",
+        ),
+        (
+            lambda: c.allreduce(np.zeros(8, "datetime64[s]"), recv),
+            minincl.InvalidArgument,
+            r"send has an unsupported element type \(datetime64\[s\]\)",
+        ),
+        (
+            lambda: c.allreduce(send, op=minincl.PreMulSum(10**400)),
+            minincl.InvalidArgument,
+            "premul_sum scalar .* is out of range for float32",
+        ),
     ]
     for call, exc, words in cases:
         with pytest.raises(exc, match=words):
             call()
     np.testing.assert_array_equal(recv, np.full(8, 7, np.float32))
     np.testing.assert_array_equal(send, np.arange(8, dtype=np.float32))
+
+
+def test_big_endian_bfloat16_is_refused(pair: Any) -> None:
+    """ml_dtypes' bfloat16 is a NumPy user type, read from the array itself: big-endian, it was
+    reduced as if native ([1, 2] + [1, 2] came back as [8.5e37, -0])."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    swapped = np.dtype(ml_dtypes.bfloat16).newbyteorder(">")
+    x = np.array([1, 2], ml_dtypes.bfloat16).astype(swapped)
+    with pytest.raises(
+        minincl.InvalidArgument, match=r"send \(in place\) holds big-endian bfloat16 elements; .*newbyteorder\('='\)"
+    ):
+        pair[0].allreduce(x)
 
 
 def test_buffers_that_overlap_without_being_in_place_are_refused(pair: Any) -> None:
@@ -95,6 +122,42 @@ def test_buffers_that_overlap_without_being_in_place_are_refused(pair: Any) -> N
         return "ok"
 
     assert run_ranks(pair, story) == ["ok", "ok"]
+
+
+def test_a_receive_that_overlaps_another_buffer_of_its_group_is_refused(pair: Any) -> None:
+    """sendrecv(x, x, peer), or a group's recv into the buffer a send reads (or another recv
+    writes): the receive overwrote what the send still read, and at 8K-64K elements one rank got
+    its own values back, silently. Refused on every rank before anything moves; separate
+    buffers then exchange as they should."""
+
+    def story(comm: Any) -> list[str]:
+        r, n = comm.rank, 65536
+        x = np.full(2 * n, r + 1, np.float32)
+        peer = 1 - r
+        errors = []
+        for call in (
+            lambda: comm.sendrecv(x[:n], x[:n], peer),
+            lambda: comm.sendrecv(x[:n], x[n // 2 : n // 2 + n], peer),
+            lambda: (comm.send(x[:n], peer), comm.recv(x[n - 1 : 2 * n - 1], peer)),
+            lambda: (comm.recv(x[:n], peer), comm.recv(x[1 : n + 1], peer)),
+        ):
+            with pytest.raises(minincl.InvalidUsage) as refused, minincl.group():
+                call()
+            errors.append(str(refused.value))
+        np.testing.assert_array_equal(x, np.full(2 * n, r + 1, np.float32))  # (nothing moved)
+        got = np.zeros(n, np.float32)
+        comm.sendrecv(x[:n], got, peer)
+        np.testing.assert_array_equal(got, np.full(n, peer + 1, np.float32))
+        return errors
+
+    for r, errors in enumerate(run_ranks(pair, story)):
+        p = 1 - r
+        recv, send = f"a recv from rank {p} (65536 float32", f"a send to rank {p} (65536 float32"
+        assert errors[0].startswith(f"in one group, the buffer of {recv}"), errors
+        assert f"overlaps that of {send} (262144 bytes)): the receive would write what the send reads" in errors[0]
+        assert "pass separate buffers (for sendrecv in place, a copy of the data to send)" in errors[0]
+        assert f"overlaps that of {send}" in errors[1] and f"overlaps that of {send}" in errors[2], errors
+        assert "the receive would write what the other receive writes" in errors[3], errors
 
 
 def test_an_async_calls_arrays_live_until_it_ran_though_its_work_was_dropped(pair: Any) -> None:

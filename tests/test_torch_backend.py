@@ -336,6 +336,27 @@ def _non_contiguous(rank: int) -> Result:
     return [m, b]
 
 
+def _negated_views(rank: int) -> Result:
+    """Tensors with the negative bit set (_neg_view(); the imaginary part of a conj()) hold
+    their values' negations: taken as they lay, a send arrived with the wrong sign and an
+    all_reduce MAX gave the minimum (gloo sends them right)."""
+    t = values(rank)._neg_view()  # reads as -values(rank)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    received = torch.zeros(6)._neg_view()
+    if rank == 0:
+        dist.send(values(0)._neg_view(), dst=1)
+    else:
+        dist.recv(received, src=0)
+    out = torch.zeros(3)
+    reduce_scatter_single(out, values(rank)._neg_view())
+    return [t.resolve_neg(), received.resolve_neg(), out]
+
+
+def _want_negated_views(rank: int) -> Result:
+    received = -values(0) if rank == 1 else torch.zeros(6)
+    return [-all_values().min(0).values.float(), received, -_want_sum(rank).chunk(WORLD)[rank]]
+
+
 def _expanded_output_on_one_rank(rank: int) -> Result:
     """Rank 1's output shares memory (expand()ed): it raises ValueError once the call has run,
     so the others' all_gather completes and the group stays in step. (Refused before the
@@ -640,6 +661,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
     ),
     "short_forms": (_short_forms, _want_short_forms),
     "non_contiguous": (_non_contiguous, _want_non_contiguous),
+    "negated_views": (_negated_views, _want_negated_views),
     "async_future": (_async_future, lambda r: [_want_sum(r), _want_sum(r) * 2]),
     "collective_in_a_callback": (_collective_in_a_callback, lambda r: [_want_sum(r)] * 3 + [_want_sum(r) * 2]),
     "sync_behind_async": (

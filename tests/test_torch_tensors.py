@@ -86,6 +86,11 @@ def test_refusals_are_clear_and_write_nothing(trio: Any) -> None:
         (lambda: c.allreduce(torch.zeros(4, dtype=torch.int16), out), r"unsupported element type \(torch.int16\)"),
         (lambda: c.allreduce(torch.zeros(4, device="meta"), out), "on device 'meta'"),
         (lambda: c.allreduce(torch.zeros(4, dtype=torch.float64), out), "must match"),
+        # (A negated view holds the negations: taken as it lies, every value had the wrong sign.)
+        (lambda: c.allreduce(torch.ones(4)._neg_view(), out), r"send is a negated view .* tensor.resolve_neg\(\)"),
+        (lambda: c.allreduce(torch.ones(4), out._neg_view()), "recv is a negated view"),
+        (lambda: c.allreduce(torch.ones(4).to_sparse(), out), "send is a torch.sparse_coo tensor"),
+        (lambda: c.allreduce(torch.eye(2).to_sparse_csr(), out), "send is a torch.sparse_csr tensor"),
     ]
     for call, words in cases:
         with pytest.raises(minincl.InvalidArgument, match=words):

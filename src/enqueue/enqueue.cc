@@ -306,6 +306,44 @@ void checkGroupSelfPairs(const std::vector<Recorded>& calls) {
   }
 }
 
+// A group's receives must write buffers of their own: one that overlaps another op's buffer
+// (a send's, which it would overwrite while the send reads it; a receive's, which both would
+// write) gives wrong data, silently (sendrecv(x, x, peer) returned this rank's own values).
+// Sorted by address, each receive is compared with the ops before it that reach furthest.
+// (An alltoall's, gather's or scatter's sends and receives lay their buffers out themselves.)
+void checkGroupReceivesApart(const std::vector<Recorded>& calls) {
+  struct Span {
+    uintptr_t from, to;
+    const P2pCall* op;
+  };
+  thread_local std::vector<Span> spans;
+  spans.clear();
+  for (const Recorded& r : calls) {
+    size_t bytes = r.isP2p && !r.ofCollective ? r.p2p.count * dataTypeSize(r.p2p.dtype) : 0;
+    auto at = reinterpret_cast<uintptr_t>(r.p2p.buf);
+    if (bytes > 0) spans.push_back({at, at + bytes, &r.p2p});
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.from < b.from; });
+  const Span *furthest = nullptr, *furthestRecv = nullptr;  // among the spans so far
+  auto describe = [](const P2pCall& op) {
+    return std::string(op.isSend ? "a send to" : "a recv from") + " rank " + std::to_string(op.peer) + " (" +
+           amountOf(op.count * dataTypeSize(op.dtype), op.dtype) + ")";
+  };
+  for (const Span& s : spans) {
+    const Span* hit = !s.op->isSend ? furthest : furthestRecv;
+    if (hit && hit->to > s.from) {
+      const P2pCall& recv = hit->op->isSend ? *s.op : *hit->op;
+      const P2pCall& other = hit->op->isSend ? *hit->op : *s.op;
+      throwError(mnclInvalidUsage, "in one group, the buffer of " + describe(recv) + " overlaps that of " +
+                                       describe(other) + ": the receive would write what " +
+                                       (other.isSend ? "the send reads" : "the other receive writes") +
+                                       "; pass separate buffers (for sendrecv in place, a copy of the data to send)");
+    }
+    if (!furthest || s.to > furthest->to) furthest = &s;
+    if (!s.op->isSend && (!furthestRecv || s.to > furthestRecv->to)) furthestRecv = &s;
+  }
+}
+
 // A group's collective calls enter their communicators' call logs when it runs, in the order
 // recorded, not when they were recorded: a group refused before its end (groupRefuse) leaves
 // no call in a log that its peers would wait to see made.
@@ -323,6 +361,7 @@ void runRecorded(std::vector<Recorded>& calls) {
                "a group mixes CPU and CUDA communicators: run each kind in a group of its own");
   }
   checkGroupSelfPairs(calls);  // (the checks first: a group refused logs no call)
+  checkGroupReceivesApart(calls);
   logGroupCalls(calls);
   countGroupP2p(calls);
   if (!calls.empty() && calls[0].comm->onGpu()) return runRecordedOnGpu(calls);

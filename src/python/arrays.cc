@@ -99,6 +99,11 @@ bool fromDLPack(DLDataType t, DataType* out) {
   }
 }
 
+[[noreturn]] void bigEndian(const char* role, py::handle dtype) {
+  invalid(std::string(role) + " holds big-endian " + std::string(py::str(dtype.attr("name"))) +
+          " elements; pass a native-endian copy: x.astype(x.dtype.newbyteorder('='))");
+}
+
 const char* kSupported =
     "int8, uint8, int32, uint32, int64, uint64, float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2";
 
@@ -129,6 +134,7 @@ bool viewNumpyUserType(py::handle obj, bool writable, const char* role, ArrayVie
   auto a = py::reinterpret_borrow<py::array>(obj);
   ArrayView v;
   if (!userTypeOf(a.dtype(), &v.dtype)) return false;
+  if (std::string(py::str(a.dtype().attr("byteorder"))) == ">") bigEndian(role, a.dtype());
   if (!(a.flags() & py::array::c_style)) {
     invalid(std::string(role) + " is not contiguous; pass a contiguous array (e.g. numpy.ascontiguousarray)");
   }
@@ -178,6 +184,11 @@ std::optional<ArrayView> viewBuffer(py::handle obj, bool writable, const char* r
       }
       PyErr_Clear();
     }
+    // (NumPy exports no buffer for datetimes or user types other than those above)
+    if (py::hasattr(obj, "dtype")) {
+      invalid(std::string(role) + " has an unsupported element type (" + std::string(py::str(obj.attr("dtype"))) +
+              "); supported: " + kSupported);
+    }
     invalid(std::string(role) + ": cannot read the buffer of a " + typeNameOf(obj));
   }
   ArrayView v;
@@ -189,6 +200,7 @@ std::optional<ArrayView> viewBuffer(py::handle obj, bool writable, const char* r
   for (int i = 0; i < b.ndim; ++i) v.shape.push_back(b.shape[i]);
   PyBuffer_Release(&b);
   if (!contiguous) invalid(std::string(role) + " is not contiguous; pass a contiguous array (e.g. numpy.ascontiguousarray)");
+  if (!typed && fmt.find_first_of(">!") != std::string::npos && py::hasattr(obj, "dtype")) bigEndian(role, obj.attr("dtype"));
   if (!typed) invalid(std::string(role) + " has an unsupported element type (buffer format '" + fmt + "'); supported: " + kSupported);
   v.keepAlive = py::reinterpret_borrow<py::object>(obj);
   return v;
@@ -334,6 +346,14 @@ py::object callMethod(py::handle obj, PyObject* name) {
   return py::reinterpret_steal<py::object>(r);
 }
 
+// Refuses a tensor of a layout other than torch.strided (sparse, MKL-DNN), naming it.
+void refuseLayout(py::handle t, const char* role) {
+  std::string layout = py::str(t.attr("layout"));
+  if (layout == "torch.strided") return;
+  invalid(std::string(role) + " is a " + layout + " tensor; minincl's calls take dense tensors (the torch "
+          "backend's all_reduce sums sparse COO ones), e.g. tensor.to_dense()");
+}
+
 ArrayView viewTorch(py::handle t, bool writable, const char* role) {
   MNCL_NAME(kDtype, "dtype");
   MNCL_NAME(kDevice, "device");
@@ -345,6 +365,7 @@ ArrayView viewTorch(py::handle t, bool writable, const char* role) {
   MNCL_NAME(kIsContiguous, "is_contiguous");
   MNCL_NAME(kNumel, "numel");
   MNCL_NAME(kDataPtr, "data_ptr");
+  MNCL_NAME(kIsNeg, "is_neg");
   ArrayView v;
   py::object dtype = attrOf(t, kDtype);
   auto it = torchTypes().find(dtype.ptr());
@@ -364,7 +385,14 @@ ArrayView viewTorch(py::handle t, bool writable, const char* role) {
     invalid(std::string(role) + " requires grad; pass tensor.detach() or run under torch.no_grad()");
   }
   if (!callMethod(t, kIsContiguous).cast<bool>()) {
+    refuseLayout(t, role);
     invalid(std::string(role) + " is not contiguous; pass a contiguous tensor (e.g. .contiguous())");
+  }
+  // (A negated view's memory holds the values' negations: read or written as they lie, every
+  // value would have the wrong sign.)
+  if (callMethod(t, kIsNeg).cast<bool>()) {
+    invalid(std::string(role) + " is a negated view (its negative bit is set: _neg_view(), or the imaginary part of "
+            "a conj()); pass " + (writable ? "a tensor of its own for the result" : "tensor.resolve_neg()"));
   }
   py::object shape = attrOf(t, kShape);  // torch.Size: a tuple
   for (py::handle d : py::reinterpret_borrow<py::tuple>(shape)) v.shape.push_back(d.cast<int64_t>());
@@ -384,7 +412,14 @@ ArrayView view(py::handle obj, bool writable, const char* role) {
     if (std::optional<ArrayView> v = viewBuffer(obj, writable, role)) return std::move(*v);
     bufferRefusers().insert(type);
   }
-  if (isTorchTensor(obj)) return viewTorch(obj, writable, role);
+  if (isTorchTensor(obj)) {
+    try {
+      return viewTorch(obj, writable, role);
+    } catch (py::error_already_set& e) {  // (sparse CSR and MKL-DNN tensors refuse is_contiguous() and data_ptr())
+      if (e.matches(PyExc_RuntimeError)) refuseLayout(obj, role);
+      throw;
+    }
+  }
   ArrayView cuda;
   py::object cai = cudaInterface(obj);
   if (!cai.is_none() && viewCudaArrayInterface(obj, cai, writable, role, &cuda)) return cuda;

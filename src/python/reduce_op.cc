@@ -46,7 +46,11 @@ uint64_t integerBits(py::handle scalar, DataType t) {
 }
 
 uint64_t floatBits(py::handle scalar, DataType t) {
-  double v = scalar.cast<double>();
+  double v = PyFloat_AsDouble(scalar.ptr());  // (an int past a double's range: OverflowError)
+  if (v == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    throwError(mnclInvalidArgument, "premul_sum scalar " + shown(scalar) + " is out of range for " + dataTypeName(t));
+  }
   uint64_t out = 0;
   switch (t) {
     case DataType::f64: std::memcpy(&out, &v, 8); break;
