@@ -148,6 +148,18 @@ def test_a_receive_that_overlaps_another_buffer_of_its_group_is_refused(pair: An
         got = np.zeros(n, np.float32)
         comm.sendrecv(x[:n], got, peer)
         np.testing.assert_array_equal(got, np.full(n, peer + 1, np.float32))
+        # A group of 24 (more than the check keeps on the stack): apart, then one overlap.
+        parts = np.zeros(12 * 64, np.float32)
+        with minincl.group():
+            for i in range(12):
+                comm.send(x[i * 64 : (i + 1) * 64], peer)
+                comm.recv(parts[i * 64 : (i + 1) * 64], peer)
+        np.testing.assert_array_equal(parts, np.full(12 * 64, peer + 1, np.float32))
+        with pytest.raises(minincl.InvalidUsage) as refused, minincl.group():
+            for i in range(12):
+                comm.send(x[i * 64 : (i + 1) * 64], peer)
+                comm.recv(parts[i * 64 : (i + 1) * 64] if i < 11 else x[700:764], peer)
+        errors.append(str(refused.value))
         return errors
 
     for r, errors in enumerate(run_ranks(pair, story)):
@@ -158,6 +170,7 @@ def test_a_receive_that_overlaps_another_buffer_of_its_group_is_refused(pair: An
         assert "pass separate buffers (for sendrecv in place, a copy of the data to send)" in errors[0]
         assert f"overlaps that of {send}" in errors[1] and f"overlaps that of {send}" in errors[2], errors
         assert "the receive would write what the other receive writes" in errors[3], errors
+        assert f"overlaps that of a send to rank {p} (64 float32" in errors[4], errors
 
 
 def test_an_async_calls_arrays_live_until_it_ran_though_its_work_was_dropped(pair: Any) -> None:

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "../../cuda/cpu/run_work.h"
@@ -316,20 +317,27 @@ void checkGroupReceivesApart(const std::vector<Recorded>& calls) {
     uintptr_t from, to;
     const P2pCall* op;
   };
-  thread_local std::vector<Span> spans;
-  spans.clear();
+  // (On the stack for a small group, a sendrecv's say: no allocation, no thread-local lookup.)
+  Span few[16];
+  std::vector<Span> many;
+  Span* spans = few;
+  size_t n = 0;
+  if (calls.size() > std::size(few)) {
+    many.resize(calls.size());
+    spans = many.data();
+  }
   for (const Recorded& r : calls) {
     size_t bytes = r.isP2p && !r.ofCollective ? r.p2p.count * dataTypeSize(r.p2p.dtype) : 0;
     auto at = reinterpret_cast<uintptr_t>(r.p2p.buf);
-    if (bytes > 0) spans.push_back({at, at + bytes, &r.p2p});
+    if (bytes > 0) spans[n++] = {at, at + bytes, &r.p2p};
   }
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.from < b.from; });
+  std::sort(spans, spans + n, [](const Span& a, const Span& b) { return a.from < b.from; });
   const Span *furthest = nullptr, *furthestRecv = nullptr;  // among the spans so far
   auto describe = [](const P2pCall& op) {
     return std::string(op.isSend ? "a send to" : "a recv from") + " rank " + std::to_string(op.peer) + " (" +
            amountOf(op.count * dataTypeSize(op.dtype), op.dtype) + ")";
   };
-  for (const Span& s : spans) {
+  for (const Span& s : std::span(spans, n)) {
     const Span* hit = !s.op->isSend ? furthest : furthestRecv;
     if (hit && hit->to > s.from) {
       const P2pCall& recv = hit->op->isSend ? *s.op : *hit->op;
