@@ -543,6 +543,8 @@ class ProcessGroupMinincl(dist.ProcessGroup):
                 _outputs_after([out]),
                 opts=opts,
             )
+        if _overlap(inp.buf, out.buf):  # in place: the receives would overwrite blocks still to send
+            inp = Staged(inp.buf.clone())
         sends = _split_rows(inp.buf, input_split_sizes, self.size())
         recvs = _split_rows(out.buf, output_split_sizes, self.size())
         return self._new_op(
@@ -770,6 +772,12 @@ def _split_rows(t: torch.Tensor, sizes: list[int] | None, n: int) -> list[torch.
         out.append(flat[offset * row_bytes : (offset + s) * row_bytes])
         offset += s
     return out
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share any bytes."""
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 def _exchange(sends: list[torch.Tensor], recvs: list[torch.Tensor]) -> Body:

@@ -416,6 +416,48 @@ def test_abort_from_another_thread_stops_a_split_or_shrink_waiting_for_a_rank(
     assert "the communicator was aborted" in outcome[0], outcome
 
 
+def test_c_api_shrink_with_abort_stops_a_split_waiting_on_another_thread() -> None:
+    """Ranks 0 and 1 wait in mnclCommSplit on threads (rank 2 never splits); other threads of
+    theirs shrink rank 2 away with MNCL_SHRINK_ABORT, which stops the splits first. The shrink
+    waits for the aborted splits to leave (it was refused as a second split or shrink at
+    once); the new communicator has 2 ranks."""
+    lib = ctypes.CDLL(minincl._c_library.library_path())
+    lib.mnclGetLastError.restype = ctypes.c_char_p
+    arr = (ctypes.c_void_p * 3)()
+    assert lib.mnclCommInitAll(arr, 3, None) == 0
+    comms = [ctypes.c_void_p(arr[r]) for r in range(3)]
+    splits = [ctypes.c_void_p() for _ in range(2)]
+    news = [ctypes.c_void_p() for _ in range(2)]
+    exclude = (ctypes.c_int * 1)(2)
+    codes: dict[str, int] = {}
+
+    def split(r: int) -> None:
+        codes[f"split {r}"] = lib.mnclCommSplit(comms[r], 0, r, ctypes.byref(splits[r]), None)
+
+    def shrink(r: int) -> None:
+        codes[f"shrink {r}"] = lib.mnclCommShrink(comms[r], exclude, 1, ctypes.byref(news[r]), None, MNCL_SHRINK_ABORT)
+
+    try:
+        splitters = [threading.Thread(target=split, args=(r,)) for r in range(2)]
+        for t in splitters:
+            t.start()
+        time.sleep(0.5)
+        shrinkers = [threading.Thread(target=shrink, args=(r,)) for r in range(2)]
+        for t in shrinkers:
+            t.start()
+        for t in [*splitters, *shrinkers]:
+            t.join(60)
+        want = {"split 0": MNCL_ABORTED, "split 1": MNCL_ABORTED, "shrink 0": 0, "shrink 1": 0}
+        assert codes == want, (codes, lib.mnclGetLastError(None))
+        for new in news:
+            count = ctypes.c_int(0)
+            assert lib.mnclCommCount(new, ctypes.byref(count)) == 0 and count.value == 2
+    finally:
+        for c in [*news, *splits, *comms]:
+            if c:
+                lib.mnclCommDestroy(c)
+
+
 @pytest.mark.parametrize("call", ["split", "shrink"])
 def test_two_threads_splitting_one_communicator_are_refused(monkeypatch: pytest.MonkeyPatch, call: str) -> None:
     """Rank 0's first thread waits in a split (or shrink) for ranks 1 and 2, which come a

@@ -202,6 +202,31 @@ def _all_to_all_uneven(rank: int) -> Result:
     return out
 
 
+# Rows [sender][receiver] of an uneven all_to_all_single in place: each rank receives as many
+# rows as it sends.
+IN_PLACE_SPLITS = [[1, 3], [3, 1]]
+
+
+def _all_to_all_uneven_in_place(rank: int) -> Result:
+    """The output is the input: the receives must not overwrite blocks still to be sent (they
+    were refused as overlapping sends, by the check that keeps sendrecv(x, x) from giving
+    wrong data)."""
+    send = IN_PLACE_SPLITS[rank]
+    t = _rows(rank, send)
+    dist.all_to_all_single(
+        t, t, output_split_sizes=[IN_PLACE_SPLITS[p][rank] for p in range(WORLD)], input_split_sizes=send
+    )
+    return t
+
+
+def _want_all_to_all_uneven_in_place(rank: int) -> Result:
+    blocks = []
+    for p in range(WORLD):
+        first = sum(IN_PLACE_SPLITS[p][:rank])
+        blocks.append(_rows(p, IN_PLACE_SPLITS[p])[first : first + IN_PLACE_SPLITS[p][rank]])
+    return torch.cat(blocks)
+
+
 def _all_to_all_list(rank: int) -> Result:
     send = [_rows(rank, [_split(rank, p)])[:, :1] + 10 * p for p in range(WORLD)]
     outs = [torch.empty(_split(p, rank), 1) for p in range(WORLD)]
@@ -635,6 +660,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
             ]
         ),
     ),
+    "all_to_all_single-uneven-in-place": (_all_to_all_uneven_in_place, _want_all_to_all_uneven_in_place),
     "all_to_all-list": (
         _all_to_all_list,
         lambda r: [_rows(p, [_split(p, r)])[:, :1] + 10 * r for p in range(WORLD)],

@@ -256,6 +256,7 @@ class Comm {
     Comm& comm;
   };
   std::atomic<int> rendezvousInside_{0};
+  void awaitRendezvousLeft() const;  // after an abort(): until another thread's split or shrink left
   // shrinkInfo's part on the lowest rank kept: compares the others' excluded ranks with its
   // own and sends each the reply (the new group's id, or why there is none); returns the
   // ranks that disagree ("" if none).

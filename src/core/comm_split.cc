@@ -2,6 +2,7 @@
 // communicator, in what order, and the unique id they init it with (its root started by
 // the new group's first rank), which every member then passes to an ordinary init.
 #include <algorithm>
+#include <chrono>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,6 +29,16 @@ Comm::RendezvousScope::RendezvousScope(Comm& c, const char* call) : comm(c) {
 }
 
 Comm::RendezvousScope::~RendezvousScope() { comm.rendezvousInside_.fetch_sub(1, std::memory_order_acq_rel); }
+
+// An abort() ends a rendezvous's waits at their next check (WaitCheck polls): a few seconds
+// at most, after which the next one is refused as usual.
+void Comm::awaitRendezvousLeft() const {
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  uint32_t spins = 0;
+  while (rendezvousInside_.load(std::memory_order_acquire) > 0 && std::chrono::steady_clock::now() < until) {
+    dev::cpuBackoff(spins++);
+  }
+}
 
 bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdData* id, std::vector<int>* members_) {
   RendezvousScope one(*this, "split");
@@ -101,7 +112,10 @@ void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* new
                "shrink: rank " + std::to_string(r) + " excludes itself; excluded ranks do not call shrink");
     excluded[r] = 1;
   }
-  if (abortFirst) abort();  // (only once the arguments are known good)
+  if (abortFirst) {  // (only once the arguments are known good)
+    abort();
+    awaitRendezvousLeft();  // (an aborted split or shrink on another thread is on its way out)
+  }
   RendezvousScope one(*this, "shrink");
   const uint32_t stops = stops_.load(std::memory_order_acquire);
   WaitCheck untilStopped([&] { failIfStoppedSince(stops); });  // (an abort() from another thread)
