@@ -311,20 +311,9 @@ void checkGroupSelfPairs(const std::vector<Recorded>& calls) {
 // (a send's, which it would overwrite while the send reads it; a receive's, which both would
 // write) gives wrong data, silently (sendrecv(x, x, peer) returned this rank's own values).
 // Sorted by address, each receive is compared with the ops before it that reach furthest.
-// (An alltoall's, gather's or scatter's sends and receives lay their buffers out themselves.
-// A receive from self into the very buffer a send to self reads copies nothing: the torch
-// backend's gather, scatter and all_to_all in place make those; it is left out.)
-bool copiesOntoItself(const std::vector<Recorded>& calls, const Recorded& recv) {
-  if (recv.p2p.isSend || recv.p2p.peer != recv.comm->rank()) return false;
-  for (const Recorded& r : calls) {
-    if (r.isP2p && r.p2p.isSend && r.comm == recv.comm && r.p2p.peer == recv.p2p.peer && r.p2p.buf == recv.p2p.buf &&
-        r.p2p.count * dataTypeSize(r.p2p.dtype) == recv.p2p.count * dataTypeSize(recv.p2p.dtype)) {
-      return true;
-    }
-  }
-  return false;
-}
-
+// (An alltoall's, gather's or scatter's sends and receives lay their buffers out themselves;
+// a receive from self copies from its send to self as memmove does, overlapping or not: the
+// torch backend's gather, scatter and all_to_all in place make such pairs in one buffer.)
 void checkGroupReceivesApart(const std::vector<Recorded>& calls) {
   struct Span {
     uintptr_t from, to;
@@ -340,9 +329,10 @@ void checkGroupReceivesApart(const std::vector<Recorded>& calls) {
     spans = many.data();
   }
   for (const Recorded& r : calls) {
-    size_t bytes = r.isP2p && !r.ofCollective ? r.p2p.count * dataTypeSize(r.p2p.dtype) : 0;
+    bool fromSelf = !r.p2p.isSend && r.p2p.peer == r.comm->rank();
+    size_t bytes = r.isP2p && !r.ofCollective && !fromSelf ? r.p2p.count * dataTypeSize(r.p2p.dtype) : 0;
     auto at = reinterpret_cast<uintptr_t>(r.p2p.buf);
-    if (bytes > 0 && !copiesOntoItself(calls, r)) spans[n++] = {at, at + bytes, &r.p2p};
+    if (bytes > 0) spans[n++] = {at, at + bytes, &r.p2p};
   }
   std::sort(spans, spans + n, [](const Span& a, const Span& b) { return a.from < b.from; });
   const Span *furthest = nullptr, *furthestRecv = nullptr;  // among the spans so far
