@@ -266,15 +266,20 @@ def test_ranks_that_disagree_fail(monkeypatch: pytest.MonkeyPatch, given: dict[i
             c.destroy()
 
 
+def c_api_ranks(n: int) -> tuple[Any, list[ctypes.c_void_p]]:
+    """The C library (errors as bytes) and n ranks of one mnclCommInitAll."""
+    lib = ctypes.CDLL(minincl._c_library.library_path())
+    lib.mnclGetLastError.restype = ctypes.c_char_p
+    arr = (ctypes.c_void_p * n)()
+    assert lib.mnclCommInitAll(arr, n, None) == 0
+    return lib, [ctypes.c_void_p(arr[r]) for r in range(n)]
+
+
 def test_c_api_shrink() -> None:
     """3 ranks; rank 1 is left out and makes no call. Rank 0 has an allreduce hung on another
     thread (rank 1 never joins it) and shrinks with MNCL_SHRINK_ABORT, which stops it; rank 2
     shrinks with MNCL_SHRINK_DEFAULT. The new communicator's allreduce is right."""
-    lib = ctypes.CDLL(minincl._c_library.library_path())
-    lib.mnclGetLastError.restype = ctypes.c_char_p
-    arr = (ctypes.c_void_p * 3)()
-    assert lib.mnclCommInitAll(arr, 3, None) == 0
-    comms = [ctypes.c_void_p(arr[r]) for r in range(3)]
+    lib, comms = c_api_ranks(3)
     news = [ctypes.c_void_p() for _ in range(3)]
     exclude = (ctypes.c_int * 1)(1)
     try:
@@ -334,11 +339,7 @@ def test_c_api_shrink() -> None:
 def test_c_api_lost_ranks_feed_shrink() -> None:
     """mnclCommLostRanks: 4 ranks, rank 2 destroys its communicator; the others list it (count
     alone with NULL ranks too) and shrink it away with that list."""
-    lib = ctypes.CDLL(minincl._c_library.library_path())
-    lib.mnclGetLastError.restype = ctypes.c_char_p
-    arr = (ctypes.c_void_p * 4)()
-    assert lib.mnclCommInitAll(arr, 4, None) == 0
-    comms = [ctypes.c_void_p(arr[r]) for r in range(4)]
+    lib, comms = c_api_ranks(4)
     news = [ctypes.c_void_p() for _ in range(4)]
     count = ctypes.c_int(-1)
     try:
@@ -421,11 +422,7 @@ def test_c_api_shrink_with_abort_stops_a_split_waiting_on_another_thread() -> No
     theirs shrink rank 2 away with MNCL_SHRINK_ABORT, which stops the splits first. The shrink
     waits for the aborted splits to leave (it was refused as a second split or shrink at
     once); the new communicator has 2 ranks."""
-    lib = ctypes.CDLL(minincl._c_library.library_path())
-    lib.mnclGetLastError.restype = ctypes.c_char_p
-    arr = (ctypes.c_void_p * 3)()
-    assert lib.mnclCommInitAll(arr, 3, None) == 0
-    comms = [ctypes.c_void_p(arr[r]) for r in range(3)]
+    lib, comms = c_api_ranks(3)
     splits = [ctypes.c_void_p() for _ in range(2)]
     news = [ctypes.c_void_p() for _ in range(2)]
     exclude = (ctypes.c_int * 1)(2)
