@@ -270,7 +270,8 @@ void countGroupP2p(const std::vector<Recorded>& calls) {
     if (!r.isP2p) continue;
     noteP2p(r);
     size_t bytes = r.p2p.count * dataTypeSize(r.p2p.dtype);
-    size_t opBytes = p2pSplit(*r.comm, bytes, r.p2p.peer).bytesOn(0, bytes);
+    P2pSplit split = p2pSplit(*r.comm, bytes, r.p2p.peer);
+    size_t opBytes = split.bytesOn(0, bytes);
     if (r.p2p.isSend) {
       size_t i = 0;
       while (i < used && (sent[i].comm != r.comm || sent[i].peer != r.p2p.peer)) ++i;
@@ -280,7 +281,7 @@ void countGroupP2p(const std::vector<Recorded>& calls) {
         sent[used].peer = r.p2p.peer;
         sent[used++].perChannel.clear();
       }
-      bytes = addToChannels(sent[i].perChannel, p2pSplit(*r.comm, bytes, r.p2p.peer), bytes);
+      bytes = addToChannels(sent[i].perChannel, split, bytes);
     }
     r.comm->countP2p(r.p2p.isSend, r.p2p.peer, bytes, opBytes);
   }
