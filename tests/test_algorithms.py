@@ -15,6 +15,7 @@ from conftest import (
     ALGOS,
     PROTOS,
     TYPES_OPS,
+    as_numpy,
     assert_same,
     counts_for,
     empty,
@@ -172,6 +173,36 @@ def test_thousands_of_small_allreduces_per_protocol(forced: ForcedPool) -> None:
     """Flags must never be taken from an earlier lap or operation: values change every call."""
     for proto in PROTOS:
         check_small_allreduces(forced.get(3, "ring", proto), 5000, proto)
+
+
+# Relative rounding of one addition in each floating type.
+EPSILON = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+
+
+@pytest.mark.parametrize("nranks", [3, 5])
+def test_inexact_sums_are_bitwise_identical_on_every_rank(forced: ForcedPool, nranks: int) -> None:
+    """Data parallelism keeps its replicas equal only if every rank gets the very same bits from
+    an allreduce. With values whose sums round, a rank that added in another order would get
+    other bits; each must also lie within n roundings of the exact sum."""
+    rng = np.random.default_rng(nranks)
+    for algo in ALGOS:
+        for proto in PROTOS:
+            comms = forced.get(nranks, algo, proto)
+            for dtype in EPSILON:
+                needs(dtype)
+                for count in (7, 1009, 40009):
+                    inputs = [rng.standard_normal(count) * 10.0 ** rng.uniform(-2, 2, count) for _ in range(nranks)]
+                    inputs = [as_numpy(make(x, dtype)).astype(np.float64) for x in inputs]  # as the type holds them
+                    results = run_ranks(comms, lambda c: c.allreduce(make(inputs[c.rank], dtype)))
+                    first = as_numpy(results[0])
+                    label = f"{algo}/{proto} {dtype} x{count}"
+                    for r in range(1, nranks):
+                        assert as_numpy(results[r]).tobytes() == first.tobytes(), (
+                            f"{label}: rank {r} differs from rank 0"
+                        )
+                    exact = np.sum(inputs, axis=0)
+                    bound = nranks * EPSILON[dtype] * np.sum(np.abs(inputs), axis=0)
+                    assert np.all(np.abs(first.astype(np.float64) - exact) <= bound), label
 
 
 def test_tuner_remembers_its_last_choice_per_collective(tmp_path: Path) -> None:
