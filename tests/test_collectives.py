@@ -343,6 +343,26 @@ def test_results_have_the_callers_array_type(comms_of: Any) -> None:
         assert swapped.dtype == np.uint8 and swapped.shape == (6,)
 
 
+@pytest.mark.parametrize("ndim", [1, 6, 7, 12])
+def test_new_results_keep_the_shape_of_arrays_of_many_dimensions(comms_of: Any, ndim: int) -> None:
+    """A view holds up to six dimensions in place and more on the heap: either way a new result
+    has the input's shape, with the first dimension times (allgather) or over (reduce_scatter)
+    the ranks, and NumPy's values."""
+    comms = comms_of(3)
+    shape = (6,) + tuple(1 + i % 2 for i in range(ndim - 1))  # (6, 1, 2, 1, 2, ...)
+
+    def body(c: Any) -> tuple[Any, Any, Any]:
+        x = np.arange(np.prod(shape), dtype=np.int32).reshape(shape) + c.rank
+        return c.allgather(x), c.reduce_scatter(x), c.allreduce(x, np.empty_like(x))
+
+    x = np.arange(np.prod(shape), dtype=np.int32).reshape(shape)
+    for rank, (gathered, scattered, reduced) in enumerate(run_ranks(comms, body)):
+        assert gathered.shape == (18,) + shape[1:] and scattered.shape == (2,) + shape[1:]
+        np.testing.assert_array_equal(gathered, np.concatenate([x, x + 1, x + 2]))
+        np.testing.assert_array_equal(reduced, 3 * x + 3)
+        np.testing.assert_array_equal(scattered, (3 * x + 3)[2 * rank : 2 * rank + 2])
+
+
 class HostArrayThroughCudaInterface:
     """Host memory described only by __cuda_array_interface__ (the way CuPy and PyTorch describe
     device memory), counting how often the interface is read: those libraries build it anew

@@ -205,13 +205,28 @@ void plan(CommLaunch& p, const Recorded& r) {
   else planColl(p, r.coll);
 }
 
+// The call scopes of a group's communicators, left together when it ends. A few (a sendrecv's
+// one) live on the stack: a small group allocates nothing.
+class CallScopes {
+ public:
+  void enter(Comm& comm, Inside inside, uint64_t peers) {
+    if (few_ < std::size(onStack_)) onStack_[few_++].emplace(comm, inside, peers);
+    else onHeap_.push_back(std::make_unique<Comm::CallScope>(comm, inside, peers));
+  }
+
+ private:
+  std::optional<Comm::CallScope> onStack_[4];
+  size_t few_ = 0;
+  std::vector<std::unique_ptr<Comm::CallScope>> onHeap_;
+};
+
 // A GPU group: every call is of a GPU communicator, launched in the order recorded (each
 // communicator's sends and receives together, after its collectives).
 void runRecordedOnGpu(std::vector<Recorded>& calls) {
   std::vector<GpuCall> gpuCalls;
-  std::vector<std::unique_ptr<Comm::CallScope>> scopes;
+  CallScopes scopes;
   for (Recorded& r : calls) gpuCalls.push_back({r.comm, r.isP2p, r.coll, r.p2p, r.callNumber});
-  for (Recorded& r : calls) scopes.push_back(std::make_unique<Comm::CallScope>(*r.comm));
+  for (Recorded& r : calls) scopes.enter(*r.comm, Inside::both, 0);
   launchGpuCalls(gpuCalls);
 }
 
@@ -392,10 +407,10 @@ void runRecorded(std::vector<Recorded>& calls) {
   for (Recorded& r : calls) planOf(r.comm);
   bool ran = false;
   try {
-    std::vector<std::unique_ptr<Comm::CallScope>> scopes;
+    CallScopes scopes;
     for (size_t i = 0; i < nplans; ++i) {
       auto [inside, peers] = insideOf(calls, plans[i].comm);
-      scopes.push_back(std::make_unique<Comm::CallScope>(*plans[i].comm, inside, peers));
+      scopes.enter(*plans[i].comm, inside, peers);
     }
     for (Recorded& r : calls) plan(planOf(r.comm), r);
     launch(plans.data(), nplans, &ran);

@@ -260,7 +260,7 @@ std::pair<ArrayView, ArrayView> PyComm::sendRecv(py::object send, py::object& re
   ArrayView r = py_arrays::view(recv, true, "recv");
   checkDevice(s, "send");
   checkDevice(r, "recv");
-  return {s, r};
+  return {std::move(s), std::move(r)};
 }
 
 std::vector<int64_t> PyComm::gatheredShape(const std::vector<int64_t>& s) {
@@ -307,7 +307,7 @@ py::object PyComm::reduce(py::object send, py::object recv, py::handle op, int r
 
 py::object PyComm::allgather(py::object send, py::object recv, bool asyncOp, py::object stream) {
   ArrayView s = py_arrays::view(send, false, "send");
-  if (recv.is_none()) recv = py_arrays::emptyLike(send, gatheredShape(s.shape));
+  if (recv.is_none()) recv = py_arrays::emptyLike(send, gatheredShape(s.shape.vector()));
   ArrayView r = py_arrays::view(recv, true, "recv");
   checkDevice(s, "send");
   checkDevice(r, "recv");
@@ -325,7 +325,7 @@ py::object PyComm::reduceScatter(py::object send, py::object recv, py::handle op
       throwError(mnclInvalidArgument, "reduce_scatter: send has " + std::to_string(s.count) +
                                           " elements, not a multiple of " + std::to_string(n) + " ranks");
     }
-    recv = py_arrays::emptyLike(send, scatteredShape(s.shape, s.count, n));
+    recv = py_arrays::emptyLike(send, scatteredShape(s.shape.vector(), s.count, n));
   }
   ArrayView r = py_arrays::view(recv, true, "recv");
   checkDevice(s, "send");
@@ -338,7 +338,7 @@ py::object PyComm::reduceScatter(py::object send, py::object recv, py::handle op
 
 py::object PyComm::alltoall(py::object send, py::object recv, bool asyncOp, py::object stream) {
   ArrayView s = py_arrays::view(send, false, "send");
-  if (recv.is_none()) recv = py_arrays::emptyLike(send, s.shape.empty() ? std::vector<int64_t>{(int64_t)s.count} : s.shape);
+  if (recv.is_none()) recv = py_arrays::emptyLike(send, s.shape.empty() ? std::vector<int64_t>{(int64_t)s.count} : s.shape.vector());
   ArrayView r = py_arrays::view(recv, true, "recv");
   checkDevice(s, "send");
   checkDevice(r, "recv");
@@ -362,7 +362,7 @@ py::object PyComm::gather(py::object send, py::object recv, int root, bool async
   void* rp = nullptr;
   py::object recvKeep = py::none();
   if (rank_ == root) {
-    if (recv.is_none()) recv = py_arrays::emptyLike(send, gatheredShape(s.shape));
+    if (recv.is_none()) recv = py_arrays::emptyLike(send, gatheredShape(s.shape.vector()));
     ArrayView r = py_arrays::view(recv, true, "recv");
     checkDevice(r, "recv");
     checkCounts("gather", s, r, s.count * (size_t)nranks_);
@@ -393,7 +393,7 @@ py::object PyComm::scatter(py::object send, py::object recv, int root, bool asyn
         throwError(mnclInvalidArgument, "scatter: send has " + std::to_string(s->count) + " elements, not a multiple of " +
                                             std::to_string(n) + " ranks");
       }
-      recv = py_arrays::emptyLike(send, scatteredShape(s->shape, s->count, n));
+      recv = py_arrays::emptyLike(send, scatteredShape(s->shape.vector(), s->count, n));
     }
   }
   ArrayView r = py_arrays::view(recv, true, "recv");
