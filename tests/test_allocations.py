@@ -1,0 +1,82 @@
+"""Small calls allocate nothing: a malloc costs more than a small call's own work, and the
+runtime reuses its plans from call to call for that reason. Counted by a malloc wrapper
+preloaded into a fresh interpreter (compiled here, skipped without a C compiler), over calls
+on two thread-ranks after a warm-up."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+COUNTER = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdatomic.h>
+#include <stddef.h>
+static atomic_long calls;
+void* malloc(size_t n) {
+  static void* (*real)(size_t);
+  if (!real) real = (void* (*)(size_t))dlsym(RTLD_NEXT, "malloc");
+  atomic_fetch_add(&calls, 1);
+  return real(n);
+}
+long mallocs_so_far(void) { return atomic_load(&calls); }
+"""
+
+PROGRAM = """
+import ctypes, sys, threading
+import numpy as np, minincl
+counter = ctypes.CDLL(None).mallocs_so_far
+comms = minincl.Communicator.init_all(2)
+kind, calls = sys.argv[1], int(sys.argv[2])
+def body(c, n):
+    x, y = np.ones(2, np.float32), np.zeros(2, np.float32)
+    if kind == "torch":
+        import torch
+        x, y = torch.ones(2), torch.zeros(2)
+    for _ in range(n):
+        if kind in ("allreduce", "torch"): c.allreduce(x, y)
+        elif kind == "sendrecv": c.sendrecv(x, y, 1 - c.rank)
+        elif c.rank == 0: c.send(x, 1)
+        else: c.recv(y, 0)
+def run(n):
+    threads = [threading.Thread(target=body, args=(c, n)) for c in comms]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+run(200)  # warm-up: plans, buffers and thread-locals are made once
+before = counter()
+run(calls)
+print(counter() - before)
+"""
+
+
+@pytest.fixture(scope="module")
+def counter(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the malloc counter")
+    d = tmp_path_factory.mktemp("mallocs")
+    (d / "counter.c").write_text(COUNTER)
+    out = d / "counter.so"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", str(d / "counter.c"), "-o", str(out), "-ldl"], check=True)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["allreduce", "sendrecv", "send/recv", "torch"])
+def test_small_calls_from_python_allocate_nothing(counter: Path, kind: str) -> None:
+    if kind == "torch":
+        pytest.importorskip("torch")
+    calls = 2000
+    env = {**os.environ, "LD_PRELOAD": str(counter)}
+    run = subprocess.run(
+        [sys.executable, "-c", PROGRAM, kind, str(calls)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    mallocs = int(run.stdout.split()[-1])
+    # (The two ranks make 2 x 2000 calls; a stray allocation of a monitor tick may land in them.)
+    assert mallocs < 0.05 * 2 * calls, f"{mallocs} mallocs in {2 * calls} calls of {kind}"
