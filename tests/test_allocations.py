@@ -39,11 +39,20 @@ def body(c, n):
     if kind == "torch":
         import torch
         x, y = torch.ones(2), torch.zeros(2)
+    call = {
+        "allreduce": lambda: c.allreduce(x, y),
+        "torch": lambda: c.allreduce(x, y),
+        "broadcast": lambda: c.broadcast(x, y, root=0),
+        "allgather": lambda: c.allgather(x[:1], y),
+        "reduce_scatter": lambda: c.reduce_scatter(x, y[:1]),
+        "alltoall": lambda: c.alltoall(x, y),
+        "gather": lambda: c.gather(x[:1], y if c.rank == 0 else None, root=0),
+        "scatter": lambda: c.scatter(x if c.rank == 0 else None, y[:1], root=0),
+        "sendrecv": lambda: c.sendrecv(x, y, 1 - c.rank),
+        "send/recv": lambda: c.send(x, 1) if c.rank == 0 else c.recv(y, 0),
+    }[kind]
     for _ in range(n):
-        if kind in ("allreduce", "torch"): c.allreduce(x, y)
-        elif kind == "sendrecv": c.sendrecv(x, y, 1 - c.rank)
-        elif c.rank == 0: c.send(x, 1)
-        else: c.recv(y, 0)
+        call()
 def run(n):
     threads = [threading.Thread(target=body, args=(c, n)) for c in comms]
     [t.start() for t in threads]
@@ -67,7 +76,21 @@ def counter(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("kind", ["allreduce", "sendrecv", "send/recv", "torch"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "allreduce",
+        "broadcast",
+        "allgather",
+        "reduce_scatter",
+        "alltoall",
+        "gather",
+        "scatter",
+        "sendrecv",
+        "send/recv",
+        "torch",
+    ],
+)
 def test_small_calls_from_python_allocate_nothing(counter: Path, kind: str) -> None:
     if kind == "torch":
         pytest.importorskip("torch")

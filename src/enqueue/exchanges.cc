@@ -14,6 +14,15 @@
 
 namespace mncl {
 
+namespace {
+// The parts of this thread's exchange, kept from call to call: a call allocates nothing.
+std::vector<P2pCall>& partsOfExchange() {
+  thread_local std::vector<P2pCall> parts;
+  parts.clear();
+  return parts;
+}
+}  // namespace
+
 void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, DataType dtype, void* stream) {
   checkUsable(comm);
   checkTypeOp(dtype, RedOp::sum, false);
@@ -32,7 +41,7 @@ void enqueueAlltoAll(Comm& comm, const void* send, void* recv, size_t count, Dat
   MNCL_CHECK(!inPlace || groupDepth() == 0, mnclInvalidUsage,
              "in-place alltoall inside a group is not supported: use a separate receive buffer");
   int me = comm.rank();
-  std::vector<P2pCall> calls;
+  std::vector<P2pCall>& calls = partsOfExchange();
   for (int p = 0; p < comm.nranks(); ++p) {
     calls.push_back({true, (char*)send + (size_t)p * bytes, count, dtype, p, stream});
     calls.push_back({false, (char*)recv + (size_t)p * bytes, count, dtype, p, stream});
@@ -90,7 +99,7 @@ void enqueueRootedExchange(Comm& comm, bool gather, const void* blocks, const vo
   bool atRoot = comm.rank() == root;
   size_t bytes = count * dataTypeSize(dtype);
   // (Every send and receive checked before the call is logged and any of them recorded.)
-  std::vector<P2pCall> calls;
+  std::vector<P2pCall>& calls = partsOfExchange();
   auto post = [&](bool isSend, const void* buf, int peer) {
     calls.push_back({isSend, const_cast<void*>(buf), count, dtype, peer, stream});
     validate(comm, calls.back());
