@@ -58,7 +58,12 @@ def one_rank() -> dict[str, float]:
 def two_ranks(comm: Any, coll: str, calls: int) -> float:
     x = np.zeros(2, np.float32)
     y = np.zeros(2, np.float32)
-    op = (lambda: comm.broadcast(x, root=0)) if coll == "broadcast" else (lambda: comm.allreduce(x, y))
+    op = {
+        "broadcast": lambda: comm.broadcast(x, root=0),
+        "allreduce": lambda: comm.allreduce(x, y),
+        "sendrecv": lambda: comm.sendrecv(x, y, 1 - comm.rank),
+        "alltoall": lambda: comm.alltoall(x, y),
+    }[coll]
     for _ in range(2000):
         op()
     reps = []
@@ -77,7 +82,12 @@ def main() -> None:
     args = p.parse_args()
     os.environ.setdefault("MININCL_CPU_BIND", "1")
     res = one_rank()
-    for coll, form in (("broadcast", "(x, root=0)"), ("allreduce", "(x, y)")):
+    for coll, form in (
+        ("broadcast", "(x, root=0)"),
+        ("allreduce", "(x, y)"),
+        ("sendrecv", "(x, y, peer)"),
+        ("alltoall", "(x, y)"),
+    ):
         res[f"2 processes, 8 B {coll} {form}"] = max(minincl.launch(two_ranks, 2, coll, 40_000))
     for k, v in res.items():
         print(f"{k:42s} {v:7.3f} us")
