@@ -236,11 +236,16 @@ int runGrouped(const Options& opt, std::vector<mnclComm_t>& comms) {
 // Refuses sizes whose buffers (each rank's send and receive buffers, and the host copies
 // it fills and checks them through) would not fit this machine's memory, before any rank
 // allocates them: otherwise -e 64G ends in an allocation failure, or the OOM killer.
+// What runRank holds at once: the host input (hostSend); with -c 1 also the host output
+// (hostRecv) and, while a check runs, the poison it writes first (a third copy of the
+// output); on the CPU the device buffers, send and recv, are host memory too.
 bool fitsInMemory(const Options& opt, int nranks) {
   size_t typeSize = typeInfo(opt.dtype).size;
   Shape largest = shapeFor(opt.coll, opt.maxBytes, typeSize, nranks);
-  double perRank = static_cast<double>((largest.sendCount + largest.recvCount) * typeSize);
-  if (opt.device == "cpu") perRank *= 2;  // (the device buffers are host memory too)
+  double send = static_cast<double>(largest.sendCount * typeSize);
+  double recv = static_cast<double>(largest.recvCount * typeSize);
+  double perRank = send + (opt.check ? 2 * recv : 0);
+  if (opt.device == "cpu") perRank += send + recv;
   double need = perRank * nranks;
   double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   if (have <= 0 || need <= have) return true;

@@ -119,6 +119,16 @@ def test_perf_refuses_what_it_ignored_or_misread(tmp_path: Path, options: list[s
     assert "usage:" not in run.stderr, run.stderr  # (the one line, not under 24 of usage)
 
 
+@pytest.mark.parametrize("check,gib", [("0", 600000), ("1", 1000000)])
+def test_perf_counts_the_check_buffers_in_what_it_needs(tmp_path: Path, check: str, gib: int):
+    """Each CPU rank of an allreduce of B bytes holds its send and receive buffers and the host
+    input: 3B; with -c 1 also the host output and the poison written before each check: 5B.
+    The estimate said 4B either way, so a run with -c 1 could pass it and meet the OOM killer."""
+    run = perf(tmp_path, "allreduce", "-t", "2", "-e", "100000G", "-c", check)
+    assert run.returncode == 2
+    assert f"needs about {gib}.0 GiB of buffers for 2 ranks" in run.stderr, run.stderr
+
+
 @pytest.mark.parametrize("collective,count", [("allgather", 85), ("reduce_scatter", 85), ("alltoall", 85)])
 def test_perf_count_column_is_the_calls_count_as_in_nccl_tests(tmp_path: Path, collective: str, count: int):
     """nccl-tests prints the count each rank passes to the call; it said 255 (every rank's)."""
