@@ -450,6 +450,7 @@ struct P2pEngine {
 
   // The longest step (ConnCtrl::stepLength is 32 bits).
   static constexpr uint64_t kLongestStep = uint64_t{1} << 30;
+  static_assert(kLongestStep <= UINT32_MAX);
   // The most a receiver reads of a pointer step at once when it has no sends left to post
   // (with some, DevChannel::pointerReadBytes, so that it soon posts them). One kernel read is
   // cheaper than several (2 processes reading 64 MiB from each other: 11.0 ms in one read,
