@@ -40,8 +40,23 @@ PointerStepSettings pointerStepSettings(int64_t defaultMinBytes) {
   return s;
 }
 
+// Smallest pointer step by default. Between processes a receiver reads a pointer step through
+// the kernel, a system call a step, worth it from 32 KiB. Where every rank is a thread of this
+// process it reads the sender's memory as its own, and a FIFO step costs two copies through
+// lines that move between cores: 2 thread-ranks' allreduce took 1.1-2.3x (fast runs) to
+// 4-8x (slow runs) the time at 4-32 KiB with 32 KiB than with 1 KiB (bench/RESULTS.md,
+// forty-fifth session).
+int64_t Comm::defaultPointerStepMinBytes() const {
+  pid_t me = getpid();
+  for (int p = 0; p < nranks_; ++p) {
+    if (p != rank_ && (netPeer_[p] || peers_[p].pid != me)) return 32 << 10;
+  }
+  return 1 << 10;
+}
+
 void Comm::enablePointerSteps() {
-  auto [mode, directWrites, minBytes, modeChosen, readBytes, netPointerBytes] = pointerStepSettings(32 << 10);
+  auto [mode, directWrites, minBytes, modeChosen, readBytes, netPointerBytes] =
+      pointerStepSettings(defaultPointerStepMinBytes());
   for (auto& ch : channels_) {
     ch->dev.pointerStepMinBytes = (uint32_t)minBytes;
     ch->dev.pointerReadBytes = (uint32_t)readBytes;
