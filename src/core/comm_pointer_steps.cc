@@ -43,8 +43,8 @@ PointerStepSettings pointerStepSettings(int64_t defaultMinBytes) {
 // Smallest pointer step by default. Between processes a receiver reads a pointer step through
 // the kernel, a system call a step, worth it from 32 KiB. Where every rank is a thread of this
 // process it reads the sender's memory as its own, and a FIFO step costs two copies through
-// lines that move between cores: 2 thread-ranks' allreduce took 1.1-2.3x (fast runs) to
-// 4-8x (slow runs) the time at 4-32 KiB with 32 KiB than with 1 KiB (bench/RESULTS.md,
+// lines that move between cores: 2 thread-ranks' allreduce took 1.9-3.2x (a fast run) to
+// 8-10x (a slow run) the time at 4-32 KiB with 32 KiB than with 1 KiB (bench/RESULTS.md,
 // forty-fifth session).
 int64_t Comm::defaultPointerStepMinBytes() const {
   pid_t me = getpid();

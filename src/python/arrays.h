@@ -18,8 +18,8 @@ namespace py = pybind11;
 class Dims {
  public:
   void push_back(int64_t d) {
+    if (n_ == kInline) heap_.assign(inline_, inline_ + kInline);  // (from the seventh on, all on the heap)
     if (n_ < kInline) inline_[n_] = d;
-    else if (n_ == kInline) heap_ = std::vector<int64_t>(inline_, inline_ + kInline), heap_.push_back(d);
     else heap_.push_back(d);
     ++n_;
   }
