@@ -141,6 +141,7 @@ def test_thread_ranks_take_pointer_steps_from_1_kib(monkeypatch: pytest.MonkeyPa
     16 KiB on 2 ranks has 8 KiB steps), not only those of 32 KiB as between processes.
     MININCL_POINTER_STEP_BYTES still decides where it is set."""
     monkeypatch.setenv("MININCL_PROTO", "simple")
+    monkeypatch.delenv("MININCL_ALGO", raising=False)  # (put back afterwards: init_forced sets it)
     if setting is None:
         monkeypatch.delenv("MININCL_POINTER_STEP_BYTES", raising=False)
     else:
@@ -157,7 +158,6 @@ def test_thread_ranks_take_pointer_steps_from_1_kib(monkeypatch: pytest.MonkeyPa
     finally:
         for c in comms:
             c.destroy()
-        os.environ.pop("MININCL_ALGO", None)
 
 
 def test_bad_pointer_steps_setting_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
