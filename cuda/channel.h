@@ -66,7 +66,14 @@ struct DevChannel {
   // Pointer steps posted during the current operation: before it returns, the channel waits
   // until its receivers have consumed them (the user may reuse the buffers right after).
   bool pointerStepsPosted = false;
-  uint32_t pointerStepMinBytes = 32 << 10;  // smaller steps are copied: not worth a handshake
+  // Smaller steps are copied: not worth a handshake. Per receiver: one that reads the step as
+  // its own memory (in this process, or our window that its process maps) from the second;
+  // one that reads it through the kernel, or a network proxy that sends it, from the first.
+  uint32_t pointerStepMinBytes = 32 << 10;
+  uint32_t mappedPointerStepMinBytes = 1 << 10;
+  MNCL_HOSTDEV uint32_t smallestPointerStep() const {
+    return mappedPointerStepMinBytes < pointerStepMinBytes ? mappedPointerStepMinBytes : pointerStepMinBytes;
+  }
   // CPU, between processes: the most a receiver reads through the kernel at once where it
   // chooses (a send/recv pointer step while its group has sends to post; an allgather or
   // broadcast read ahead).

@@ -245,9 +245,10 @@ struct P2pEngine {
   // can write there (its process is ours, or through its window or the kernel); else 0.
   MNCL_DEV uint64_t directWriteTarget(const P2pOp& op, size_t len) const {
     const ConnFifo& f = ch.sendTo[op.peer];
-    if (len < ch.pointerStepMinBytes || !(f.directWrites || f.kernelWrites)) return 0;
+    if (len < ch.smallestPointerStep() || !(f.directWrites || f.kernelWrites)) return 0;
     uint64_t there = loadRelaxed(&f.ctrl->outputAt) + op.done;
-    return (f.directWrites && f.mappedHere(there, len)) || f.kernelWrites ? there : 0;
+    if (f.directWrites && f.mappedHere(there, len)) return len >= ch.mappedPointerStepMinBytes ? there : 0;
+    return f.kernelWrites && len >= ch.pointerStepMinBytes ? there : 0;
   }
 
   // Whether the receiver has started the recv this send matches (its buffer is published
@@ -263,12 +264,14 @@ struct P2pEngine {
 #if MNCL_SIMT
     return 0;  // CPU only: settlePointerSteps copies with one thread
 #endif
-    if (!op.pointerSteps || len == 0 || len < ch.pointerStepMinBytes) return 0;
-    if (ch.sendTo[op.peer].proxied && op.totalBytes < ch.proxiedPointerMinBytes) return 0;
-    const ConnCtrl* c = ch.sendTo[op.peer].ctrl;
+    if (!op.pointerSteps || len == 0 || len < ch.smallestPointerStep()) return 0;
+    const ConnFifo& f = ch.sendTo[op.peer];
+    if (f.proxied && op.totalBytes < ch.proxiedPointerMinBytes) return 0;
     auto at = (uintptr_t)(op.buf + op.done);
-    bool readable = loadRelaxed(&c->readsSenderMemory) || (ch.inWindow(at, len) && loadRelaxed(&c->mapsSenderWindow));
-    return readable ? (uint64_t)at : 0;
+    bool readsSender = loadRelaxed(&f.ctrl->readsSenderMemory);
+    bool mapped = (readsSender && f.peerPid == 0 && !f.proxied) || (ch.inWindow(at, len) && loadRelaxed(&f.ctrl->mapsSenderWindow));
+    if (mapped) return len >= ch.mappedPointerStepMinBytes ? (uint64_t)at : 0;
+    return readsSender && len >= ch.pointerStepMinBytes ? (uint64_t)at : 0;
   }
 
   // Whether the receiver would read a pointer step at `at` through the kernel: it is in

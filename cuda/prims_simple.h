@@ -269,7 +269,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   MNCL_DEV const T* pointerToPublish(const T* src, T* dst, bool recv, bool finish, size_t n, const DirectWrite* written,
                                      bool& isInput) const {
     isInput = false;
-    if (n * sizeof(T) < cx_.ch.pointerStepMinBytes) return nullptr;
+    if (n * sizeof(T) < cx_.ch.smallestPointerStep()) return nullptr;
     // The caller's input, which this operation leaves as it is: a send buffer apart from the
     // output, or an in-place one this step does not write.
     bool inputHasValues = !recv && src && !(dst && finish && Fn::kHasPost);
@@ -282,15 +282,20 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     return dst && receiversCanRead(dst, n, written, false) ? dst : nullptr;
   }
 
-  // Whether every receiver without a direct write can read n elements at p (and one needs to).
+  // Whether every receiver without a direct write can read n elements at p, a step big enough
+  // for the way it reads (and one needs to).
   MNCL_DEV bool receiversCanRead(const T* p, size_t n, const DirectWrite* written, bool kernelCopy) const {
-    bool inWindow = cx_.ch.inWindow((uintptr_t)p, n * sizeof(T)), needed = false;
+    uint64_t bytes = n * sizeof(T);
+    bool inWindow = cx_.ch.inWindow((uintptr_t)p, bytes), needed = false;
     for (int i = 0; i < send_.n; ++i) {
       if (written[i].done()) continue;
       const ConnFifo& f = cx_.ch.sendTo[send_.peer[i]];
-      bool reads = loadRelaxed(&f.ctrl->readsSenderMemory) && (f.peerPid == 0 || kernelCopy) &&
+      bool readsSender = loadRelaxed(&f.ctrl->readsSenderMemory);
+      bool mapped = (readsSender && f.peerPid == 0 && !f.proxied) || (inWindow && loadRelaxed(&f.ctrl->mapsSenderWindow));
+      bool reads = readsSender && (f.peerPid == 0 || kernelCopy) &&
                    (!f.proxied || cx_.work.count * sizeof(T) >= cx_.ch.proxiedPointerMinBytes);
-      if (!reads && !(inWindow && loadRelaxed(&f.ctrl->mapsSenderWindow))) return false;
+      bool canRead = mapped ? bytes >= cx_.ch.mappedPointerStepMinBytes : reads && bytes >= cx_.ch.pointerStepMinBytes;
+      if (!canRead) return false;
       needed = true;
     }
     return needed;

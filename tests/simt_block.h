@@ -135,7 +135,7 @@ struct Ranks {
       ch.abortFlag = &abortFlag;
       ch.systemScope = false;
       ch.spinBudget = 0;
-      if (directAccess) ch.pointerStepMinBytes = 0;  // (a GPU's default)
+      if (directAccess) ch.pointerStepMinBytes = ch.mappedPointerStepMinBytes = 0;  // (a GPU's default)
     }
   }
   int n;

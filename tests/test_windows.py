@@ -24,6 +24,25 @@ def test_collectives_on_window_arrays(monkeypatch: pytest.MonkeyPatch, nranks: i
         assert direct_writes > 0  # and final values straight into the peers' windows
 
 
+@pytest.mark.parametrize("setting", [None, "32K"])
+def test_window_arrays_skip_the_fifo_from_1_kib(monkeypatch: pytest.MonkeyPatch, setting: str | None) -> None:
+    """A peer process reads our window as its own memory, with no system call: by default
+    steps in it go as pointer steps from 1 KiB, as between threads, while plain arrays between
+    processes keep 32 KiB (each of their pointer steps is a kernel read, and so is each
+    direct write). MININCL_POINTER_STEP_BYTES still decides for both where it is set."""
+    monkeypatch.setenv("MININCL_WINDOW_BYTES", "4M")
+    monkeypatch.setenv("MININCL_ALGO", "ring")
+    monkeypatch.setenv("MININCL_PROTO", "simple")
+    if setting is None:
+        monkeypatch.delenv("MININCL_POINTER_STEP_BYTES", raising=False)
+    else:
+        monkeypatch.setenv("MININCL_POINTER_STEP_BYTES", setting)
+    windows = [pointer_steps for pointer_steps, _ in minincl.launch(workers.small_steps_shortcuts, 2, True)]
+    plain = minincl.launch(workers.small_steps_shortcuts, 2, False)
+    assert plain == [(0, 0), (0, 0)]
+    assert all(n > 0 for n in windows) if setting is None else windows == [0, 0], windows
+
+
 def test_window_full_freed_and_outliving_its_communicator(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MININCL_WINDOW_BYTES", "4M")
     for full, total in minincl.launch(workers.window_errors, 2):

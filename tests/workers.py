@@ -323,6 +323,31 @@ def channels_after_init(comm: minincl.Communicator) -> int:
     return comm.stats()["channels"]
 
 
+def small_steps_shortcuts(comm: minincl.Communicator, in_window: bool) -> tuple[int, int]:
+    """16 KiB allreduces (8 KiB steps on 2 ranks) and a 16 KiB exchange with the partner, on
+    arrays in the window or plain ones, checked against NumPy. Returns the pointer steps sent
+    and the direct writes made. (Several allreduces: a rank's first step may find its peer
+    not yet started, and the exchange's steps only sometimes go as pointers.)"""
+    n, r, count = comm.nranks, comm.rank, 4096
+
+    def array(values: np.ndarray) -> np.ndarray:
+        a = comm.empty(values.shape, values.dtype) if in_window else np.empty_like(values)
+        a[...] = values
+        return a
+
+    xs = [np.arange(count, dtype=np.float32) * (q + 2) for q in range(n)]
+    send, out = array(xs[r]), array(np.zeros(count, np.float32))
+    for _ in range(8):
+        out[...] = 0
+        comm.allreduce(send, out)
+        np.testing.assert_array_equal(out, np.sum(xs, axis=0))
+    got = array(np.zeros(count, np.float32))
+    comm.sendrecv(send, got, r ^ 1)
+    np.testing.assert_array_equal(got, xs[r ^ 1])
+    stats = comm.stats()
+    return int(stats["pointer_steps"]), int(stats["direct_writes"])
+
+
 def window_collectives(comm: minincl.Communicator, counts: list[int]) -> tuple[int, int, int]:
     """Every collective on arrays from comm.empty (the window peers map), checked against
     NumPy; also with only one side in the window. Returns (checks, pointer steps sent,

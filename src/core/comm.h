@@ -293,7 +293,6 @@ class Comm {
   bool openPeerIpcRegions();  // false if any peer process's device memory cannot be opened
   void checkGpuErrors();  // the monitor's poll: a kernel's error record becomes the comm's error
   void enablePointerSteps();
-  int64_t defaultPointerStepMinBytes() const;  // (CPU; see comm_pointer_steps.cc)
   void enableGpuPointerSteps();
   void startNetProxy(const UniqueIdData& id, const RegionLayout& layout, int nch, bool sharesCores);
   void warnOfUnreportedMismatch() const;

@@ -25,10 +25,11 @@ namespace mncl {
 
 // The default mode is 2 (the fastest where it works): it matters to CPU ranks in different
 // processes only, and GPU communicators take every nonzero mode alike.
-PointerStepSettings pointerStepSettings(int64_t defaultMinBytes) {
-  PointerStepSettings s{env::integer("MININCL_POINTER_STEPS", 2), env::integer("MININCL_DIRECT_WRITES", 1),
-                        env::bytes("MININCL_POINTER_STEP_BYTES", defaultMinBytes),
-                        std::getenv("MININCL_POINTER_STEPS") != nullptr};
+PointerStepSettings pointerStepSettings(int64_t defaultMinBytes, int64_t defaultMappedMinBytes) {
+  bool minChosen = std::getenv("MININCL_POINTER_STEP_BYTES") != nullptr;
+  int64_t minBytes = env::bytes("MININCL_POINTER_STEP_BYTES", defaultMinBytes);
+  PointerStepSettings s{env::integer("MININCL_POINTER_STEPS", 2), env::integer("MININCL_DIRECT_WRITES", 1), minBytes,
+                        minChosen ? minBytes : defaultMappedMinBytes, std::getenv("MININCL_POINTER_STEPS") != nullptr};
   MNCL_CHECK(s.mode >= 0 && s.mode <= 2, mnclInvalidArgument, "MININCL_POINTER_STEPS must be 0, 1 or 2");
   MNCL_CHECK(s.directWrites == 0 || s.directWrites == 1, mnclInvalidArgument, "MININCL_DIRECT_WRITES must be 0 or 1");
   MNCL_CHECK(s.minBytes >= 0 && s.minBytes <= (1ll << 31), mnclInvalidArgument,
@@ -40,25 +41,22 @@ PointerStepSettings pointerStepSettings(int64_t defaultMinBytes) {
   return s;
 }
 
-// Smallest pointer step by default. Between processes a receiver reads a pointer step through
-// the kernel, a system call a step, worth it from 32 KiB. Where every rank is a thread of this
-// process it reads the sender's memory as its own, and a FIFO step costs two copies through
-// lines that move between cores: 2 thread-ranks' allreduce took 1.9-3.2x (a fast run) to
-// 8-10x (a slow run) the time at 4-32 KiB with 32 KiB than with 1 KiB (bench/RESULTS.md,
-// forty-fifth session).
-int64_t Comm::defaultPointerStepMinBytes() const {
-  pid_t me = getpid();
-  for (int p = 0; p < nranks_; ++p) {
-    if (p != rank_ && (netPeer_[p] || peers_[p].pid != me)) return 32 << 10;
-  }
-  return 1 << 10;
-}
+// Smallest pointer steps on CPUs by default. A receiver in another process reads a step
+// through the kernel, a system call a step, worth it from 32 KiB (a network proxy, which
+// sends what it reads, likewise). One that reads the step as its own memory (a thread of this
+// process, or a process that maps our window) pays no call, and a FIFO step costs two copies
+// through lines that move between cores: from 1 KiB. (2 thread-ranks' allreduce took
+// 1.9-10x the time at 4-32 KiB with 32 KiB, forty-fifth session; 2 processes' windows
+// 2.2-2.8x at 8-32 KiB, forty-sixth: bench/RESULTS.md.)
+constexpr int64_t kCpuPointerStepMinBytes = 32 << 10;
+constexpr int64_t kCpuMappedPointerStepMinBytes = 1 << 10;
 
 void Comm::enablePointerSteps() {
-  auto [mode, directWrites, minBytes, modeChosen, readBytes, netPointerBytes] =
-      pointerStepSettings(defaultPointerStepMinBytes());
+  auto [mode, directWrites, minBytes, mappedMinBytes, modeChosen, readBytes, netPointerBytes] =
+      pointerStepSettings(kCpuPointerStepMinBytes, kCpuMappedPointerStepMinBytes);
   for (auto& ch : channels_) {
     ch->dev.pointerStepMinBytes = (uint32_t)minBytes;
+    ch->dev.mappedPointerStepMinBytes = (uint32_t)mappedMinBytes;
     ch->dev.pointerReadBytes = (uint32_t)readBytes;
     if (window_) {
       ch->dev.window = window_->base();
@@ -113,8 +111,11 @@ void Comm::enablePointerSteps() {
 // flag is in device memory, set with a copy.
 void Comm::enableGpuPointerSteps() {
 #if defined(MININCL_HAVE_CUDA)
-  auto [mode, directWrites, minBytes, modeChosen, readBytes, netPointerBytes] = pointerStepSettings(0);
-  for (auto& ch : channels_) ch->dev.pointerStepMinBytes = (uint32_t)minBytes;
+  auto [mode, directWrites, minBytes, mappedMinBytes, modeChosen, readBytes, netPointerBytes] = pointerStepSettings(0, 0);
+  for (auto& ch : channels_) {
+    ch->dev.pointerStepMinBytes = (uint32_t)minBytes;
+    ch->dev.mappedPointerStepMinBytes = (uint32_t)mappedMinBytes;
+  }
   pid_t me = getpid();
   for (int p = 0; p < nranks_; ++p) {
     if (p == rank_) continue;
