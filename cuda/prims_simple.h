@@ -270,12 +270,17 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
                                      bool& isInput) const {
     isInput = false;
     if (n * sizeof(T) < cx_.ch.smallestPointerStep()) return nullptr;
-    // The caller's input, which this operation leaves as it is: a send buffer apart from the
-    // output, or an in-place one this step does not write.
+    // The caller's input, which keeps its values while receivers read them: where the output
+    // does not overlap it (the operation writes nothing else), where this step writes it
+    // (in place), or where the operation writes it only once every receiver has read it
+    // (DevWork::inputReadBeforeOverwritten). Through the kernel, not the last: 2 processes'
+    // in-place allreduce took 1.35-2.1x the time at 64 KiB-16 MiB with such reads
+    // (bench/RESULTS.md, forty-sixth session).
     bool inputHasValues = !recv && src && !(dst && finish && Fn::kHasPost);
-    bool untouched = src == dst || (cx_.work.sendApartFromRecv && inSendBuffer(src));
-    if (inputHasValues && untouched &&
-        receiversCanRead(src, n, written, cx_.work.readByKernel)) {
+    const DevWork& w = cx_.work;
+    bool keptAsItIs = src == dst || (inSendBuffer(src) && !inOutput(src, n));
+    bool untouched = keptAsItIs || (inSendBuffer(src) && w.inputReadBeforeOverwritten);
+    if (inputHasValues && untouched && receiversCanRead(src, n, written, w.readByKernel && keptAsItIs)) {
       isInput = true;
       return src;
     }
@@ -383,6 +388,12 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       int err = writePeerMemory(f.peerPid, reinterpret_cast<void*>(written[i].there), from, n * sizeof(T));
       if (err != 0) failPeerCopy(cx_.error, cx_.waiter, send_.peer[i], err, true);
     }
+  }
+
+  // Whether any of the n elements at p lies in this rank's output.
+  MNCL_DEV bool inOutput(const T* p, size_t n) const {
+    auto at = (uintptr_t)p, out = (uintptr_t)cx_.work.recv;
+    return at < out + outputBytes() && out < at + n * sizeof(T);
   }
 
   MNCL_DEV bool inSendBuffer(const T* p) const {

@@ -21,7 +21,10 @@ struct DevWork {
   uint64_t chanCount;
   int treeIndex;        // tree: which of the two trees this channel uses
   int algoVariant;      // direct allreduce: 0 one-shot, 1 two-shot
-  bool sendApartFromRecv;  // the send buffer overlaps no part of the receive buffer
+  // In place, the operation overwrites this rank's input only with final values, which exist
+  // only once every rank's input at their offset has been read (algorithms.h): a step of the
+  // input may go as a pointer step although the output overlaps it.
+  bool inputReadBeforeOverwritten;
   bool streamOutput;    // CPU: large output, write it with non-temporal stores
   bool readInputThemselves;  // CPU: allgather receivers read our input, not take direct writes
   // CPU, between processes (cross-memory attach; where each wins, see work_plan.cc):

@@ -74,14 +74,19 @@ struct Case {
   // 64-byte aligned FIFO slots and channel slices apart (the element-wise loop), and a peer's
   // buffer at the same offset together (the vector loop after a head).
   size_t sendOffset = 0, recvOffset = 0;
+  // The output over the input, as the API allows: the same buffer (allreduce, broadcast,
+  // reduce), or the input as this rank's block of the output (allgather) or the output as
+  // this rank's block of the input (reduce_scatter).
+  bool inPlace = false;
 };
 
 std::string describe(const Case& c, int n, int threads, size_t elemSize) {
   char s[200];
   const char* op = c.op == RedOp::avg ? " avg" : c.op == RedOp::premulsum ? " premulsum" : "";
-  std::snprintf(s, sizeof s, "%s%s %s%s/%s, %d ranks, %d threads, %zu x %zu-byte elements, buffers %zu and %zu in",
+  std::snprintf(s, sizeof s, "%s%s %s%s/%s, %d ranks, %d threads, %zu x %zu-byte elements, buffers %zu and %zu in%s",
                 kCollNames[(int)c.coll], op, kAlgoNames[(int)c.algo], algoVariantName(c.algo, c.coll, c.variant),
-                kProtoNames[(int)c.proto], n, threads, c.count, elemSize, c.sendOffset, c.recvOffset);
+                kProtoNames[(int)c.proto], n, threads, c.count, elemSize, c.sendOffset, c.recvOffset,
+                c.inPlace ? ", in place" : "");
   return s;
 }
 
@@ -92,15 +97,19 @@ void check(std::vector<Ranks*> channels, int threads, const Case& c, DataType dt
   int n = channels[0]->n, root = (int)(c.count % n);
   bool gathers = c.coll == Coll::allgather, scatters = c.coll == Coll::reducescatter;
   size_t sendCount = c.count * (scatters ? n : 1), recvCount = c.count * (gathers ? n : 1);
-  std::vector<std::vector<T>> sendStore(n), recvStore(n);
+  std::vector<std::vector<T>> sendStore(n), recvStore(n), input(n);
   std::vector<std::span<T>> send(n), recv(n);  // (c.sendOffset and c.recvOffset into their stores)
   for (int r = 0; r < n; ++r) {
     sendStore[r].resize(c.sendOffset + sendCount);
     recvStore[r].resize(c.recvOffset + recvCount);
     send[r] = std::span<T>(sendStore[r]).subspan(c.sendOffset);
     recv[r] = std::span<T>(recvStore[r]).subspan(c.recvOffset);
-    for (size_t i = 0; i < sendCount; ++i) send[r][i] = (T)((i * (r + 3) + r) % 7);
     std::fill(recv[r].begin(), recv[r].end(), (T)99);
+    if (c.inPlace && gathers) send[r] = recv[r].subspan(r * c.count, c.count);
+    else if (c.inPlace && scatters) recv[r] = send[r].subspan(r * c.count, c.count);
+    else if (c.inPlace) recv[r] = send[r];
+    for (size_t i = 0; i < sendCount; ++i) send[r][i] = (T)((i * (r + 3) + r) % 7);
+    input[r].assign(send[r].begin(), send[r].end());  // (in place, the output overwrites send)
   }
   // Channel ch of every rank takes the same slice of each rank block.
   size_t share = sliceOf(c.count, (int)channels.size(), sizeof(T));
@@ -124,7 +133,7 @@ void check(std::vector<Ranks*> channels, int threads, const Case& c, DataType dt
       w.chanCount = std::min(share, c.count - w.chanOffset);
       w.treeIndex = (int)ch % 2;
       w.algoVariant = c.variant;
-      w.sendApartFromRecv = true;
+      w.inputReadBeforeOverwritten = inputReadBeforeOverwritten(c.algo, c.coll);
     }
   }
   std::vector<DevError> errors;
@@ -139,11 +148,11 @@ void check(std::vector<Ranks*> channels, int threads, const Case& c, DataType dt
     if (c.coll == Coll::reduce && r != root) continue;  // (only the root's output is defined)
     for (size_t i = 0; i < recvCount; ++i) {
       T want = 0;
-      if (c.coll == Coll::broadcast) want = send[root][i];
-      else if (gathers) want = send[i / c.count][i % c.count];
+      if (c.coll == Coll::broadcast) want = input[root][i];
+      else if (gathers) want = input[i / c.count][i % c.count];
       else {
         for (int q = 0; q < n; ++q) {
-          T x = send[q][scatters ? r * c.count + i : i];
+          T x = input[q][scatters ? r * c.count + i : i];
           want = (T)(want + (c.op == RedOp::premulsum ? (T)(x * scalarOf<T>(q)) : x));
         }
         if (c.op == RedOp::avg) want = (T)(want / (T)n);  // (small integer sums: exact until divided)
@@ -174,6 +183,18 @@ void checkAll(std::vector<Ranks*> channels, int threads, std::vector<Proto> prot
     for (Proto proto : protos) {
       for (auto [algo, v] : algorithmsFor((Coll)coll, channels[0]->n)) {
         for (size_t count : counts) check<float>(channels, threads, {(Coll)coll, algo, proto, v, count}, DataType::f32);
+        // In place: pointer steps of an input the output overwrites (only once its receivers
+        // have read it: DevWork::inputReadBeforeOverwritten), premulsum's too.
+        for (size_t count : counts) {
+          Case c{(Coll)coll, algo, proto, v, count};
+          c.inPlace = true;
+          check<float>(channels, threads, c, DataType::f32);
+        }
+        if (coll != (int)Coll::broadcast && coll != (int)Coll::allgather) {
+          Case c{(Coll)coll, algo, proto, v, 4099, RedOp::premulsum};
+          c.inPlace = true;
+          check<float>(channels, threads, c, DataType::f32);
+        }
         // Buffers off 16 bytes: both by one element (with pointer steps, peers' buffers
         // together), and apart; copies (on bytes) as 4- and 8-byte words.
         for (auto [sendOffset, recvOffset] : {std::pair<size_t, size_t>{1, 1}, {1, 2}, {2, 2}}) {
@@ -207,7 +228,6 @@ DevWork simpleAllreduce(Algo algo, std::vector<float>& send, std::vector<float>&
   w.send = send.data();
   w.recv = recv.data();
   w.count = w.chanCount = send.size();
-  w.sendApartFromRecv = true;
   return w;
 }
 

@@ -68,7 +68,6 @@ DevWork workFor(Coll coll, Algo algo, Proto proto, DataType dt, const void* send
   w.recv = recv;
   w.count = count;
   w.chanCount = count;
-  w.sendApartFromRecv = true;
   return w;
 }
 

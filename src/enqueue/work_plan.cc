@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "../../cuda/algorithms.h"
 #include "../../cuda/reduce_copy.h"
 #include "../core/comm.h"
 #include "../core/env.h"
@@ -179,7 +180,7 @@ int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out)
     w.chanCount = std::min(share, c.count - off);
     w.treeIndex = ch % 2;
     w.algoVariant = p.variant;
-    w.sendApartFromRecv = sendApartFromRecv;
+    w.inputReadBeforeOverwritten = inputReadBeforeOverwritten(p.algo, c.coll);
     w.streamOutput = !comm.onGpu() && recvBytes >= streamOutputBytes(c.coll);
     w.readByKernel = !comm.onGpu() && readByKernel(c, recvBytes);
     w.writeByKernel = !comm.onGpu() && writeByKernel(c, recvBytes, !sendApartFromRecv);
