@@ -273,23 +273,29 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     // The caller's input, which keeps its values while receivers read them: where the output
     // does not overlap it (the operation writes nothing else), where this step writes it
     // (in place), or where the operation writes it only once every receiver has read it
-    // (DevWork::inputReadBeforeOverwritten). Through the kernel, not the last: 2 processes'
-    // in-place allreduce took 1.35-2.1x the time at 64 KiB-16 MiB with such reads
-    // (bench/RESULTS.md, forty-sixth session).
+    // (DevWork::inputReadBeforeOverwritten). The last only to receivers that map it: 2
+    // processes' in-place allreduce took 1.35-2.1x the time at 64 KiB-16 MiB with its reads
+    // through the kernel (bench/RESULTS.md, forty-sixth session).
     bool inputHasValues = !recv && src && !(dst && finish && Fn::kHasPost);
     const DevWork& w = cx_.work;
     bool keptAsItIs = src == dst || (inSendBuffer(src) && !inOutput(src, n));
     bool untouched = keptAsItIs || (inSendBuffer(src) && w.inputReadBeforeOverwritten);
-    if (inputHasValues && untouched && receiversCanRead(src, n, written, w.readByKernel && keptAsItIs)) {
+    Readers inputReaders = !keptAsItIs ? Readers::mapping : w.readByKernel ? Readers::kernel : Readers::proxies;
+    if (inputHasValues && untouched && receiversCanRead(src, n, written, inputReaders)) {
       isInput = true;
       return src;
     }
-    return dst && receiversCanRead(dst, n, written, false) ? dst : nullptr;
+    return dst && receiversCanRead(dst, n, written, Readers::proxies) ? dst : nullptr;
   }
+
+  // Who may take a pointer step, each kind with those before it: receivers that map the
+  // memory (a thread of this process, a process mapping our window); network proxies, which
+  // read it in this process; receivers in other processes, through a kernel copy.
+  enum class Readers { mapping, proxies, kernel };
 
   // Whether every receiver without a direct write can read n elements at p, a step big enough
   // for the way it reads (and one needs to).
-  MNCL_DEV bool receiversCanRead(const T* p, size_t n, const DirectWrite* written, bool kernelCopy) const {
+  MNCL_DEV bool receiversCanRead(const T* p, size_t n, const DirectWrite* written, Readers who) const {
     uint64_t bytes = n * sizeof(T);
     bool inWindow = cx_.ch.inWindow((uintptr_t)p, bytes), needed = false;
     for (int i = 0; i < send_.n; ++i) {
@@ -297,9 +303,11 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       const ConnFifo& f = cx_.ch.sendTo[send_.peer[i]];
       bool readsSender = loadRelaxed(&f.ctrl->readsSenderMemory);
       bool mapped = (readsSender && f.peerPid == 0 && !f.proxied) || (inWindow && loadRelaxed(&f.ctrl->mapsSenderWindow));
-      bool reads = readsSender && (f.peerPid == 0 || kernelCopy) &&
-                   (!f.proxied || cx_.work.count * sizeof(T) >= cx_.ch.proxiedPointerMinBytes);
-      bool canRead = mapped ? bytes >= cx_.ch.mappedPointerStepMinBytes : reads && bytes >= cx_.ch.pointerStepMinBytes;
+      bool byProxy = readsSender && f.proxied && who >= Readers::proxies &&
+                     cx_.work.count * sizeof(T) >= cx_.ch.proxiedPointerMinBytes;
+      bool byKernel = readsSender && !f.proxied && f.peerPid != 0 && who == Readers::kernel;
+      bool canRead = mapped ? bytes >= cx_.ch.mappedPointerStepMinBytes
+                            : (byProxy || byKernel) && bytes >= cx_.ch.pointerStepMinBytes;
       if (!canRead) return false;
       needed = true;
     }

@@ -136,12 +136,12 @@ def test_pointer_steps_can_be_turned_off(pointer_env: None, monkeypatch: pytest.
     assert ring_allreduce_counter(2, "pointer_steps") == [0, 0]
 
 
-@pytest.mark.parametrize("setting", [None, "32K"])
+@pytest.mark.parametrize("setting", [None, "", "32K"])
 def test_thread_ranks_take_pointer_steps_from_1_kib(monkeypatch: pytest.MonkeyPatch, setting: str | None) -> None:
     """Ranks that are threads of one process read each other's memory as their own: by default
     their Simple steps of 1 KiB and more go as pointer steps (an out-of-place ring allreduce of
     16 KiB on 2 ranks has 8 KiB steps), not only those of 32 KiB as between processes.
-    MININCL_POINTER_STEP_BYTES still decides where it is set."""
+    MININCL_POINTER_STEP_BYTES still decides where it is set (empty: unset)."""
     monkeypatch.setenv("MININCL_PROTO", "simple")
     monkeypatch.delenv("MININCL_ALGO", raising=False)  # (put back afterwards: init_forced sets it)
     if setting is None:
@@ -156,7 +156,7 @@ def test_thread_ranks_take_pointer_steps_from_1_kib(monkeypatch: pytest.MonkeyPa
         for g in got:
             np.testing.assert_array_equal(g, np.full(4096, 3.0, np.float32))
         pointer_steps = [c.stats()["pointer_steps"] for c in comms]
-        assert all(n > 0 for n in pointer_steps) if setting is None else pointer_steps == [0, 0], pointer_steps
+        assert all(n > 0 for n in pointer_steps) if not setting else pointer_steps == [0, 0], pointer_steps
     finally:
         for c in comms:
             c.destroy()

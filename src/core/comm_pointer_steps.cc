@@ -26,7 +26,7 @@ namespace mncl {
 // The default mode is 2 (the fastest where it works): it matters to CPU ranks in different
 // processes only, and GPU communicators take every nonzero mode alike.
 PointerStepSettings pointerStepSettings(int64_t defaultMinBytes, int64_t defaultMappedMinBytes) {
-  bool minChosen = std::getenv("MININCL_POINTER_STEP_BYTES") != nullptr;
+  bool minChosen = !env::str("MININCL_POINTER_STEP_BYTES").empty();  // (empty: unset, as env::bytes takes it)
   int64_t minBytes = env::bytes("MININCL_POINTER_STEP_BYTES", defaultMinBytes);
   PointerStepSettings s{env::integer("MININCL_POINTER_STEPS", 2), env::integer("MININCL_DIRECT_WRITES", 1), minBytes,
                         minChosen ? minBytes : defaultMappedMinBytes, std::getenv("MININCL_POINTER_STEPS") != nullptr};
