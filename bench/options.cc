@@ -42,6 +42,8 @@ constexpr OpName kOps[] = {{"sum", mnclSum},         {"prod", mnclProd}, {"max",
                "  -n N         timed iterations per size (default 20)\n"
                "  -w N         warm-up iterations per size (default 5)\n"
                "  -c 0|1       check results against a host reference (default 0)\n"
+               "  -I 0|1       in place: the output over the input (allreduce, broadcast,\n"
+               "               reduce: one buffer; allgather, reduce_scatter: a rank's block)\n"
                "  -o OP        sum | prod | max | min | avg | premulsum | band | bor | bxor\n"
                "               (default sum; the bitwise ones on integer types)\n"
                "  -d TYPE      int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2\n"
@@ -135,6 +137,11 @@ int parseInt(const std::string& text, int lo, int hi) {
 }
 }  // namespace
 
+bool hasInPlaceForm(Coll c) {
+  return c == Coll::AllReduce || c == Coll::Broadcast || c == Coll::Reduce || c == Coll::AllGather ||
+         c == Coll::ReduceScatter;
+}
+
 Options parseOptions(int argc, char** argv) {
   Options o;
   const char* prog = argv[0];
@@ -150,7 +157,7 @@ Options parseOptions(int argc, char** argv) {
   }
   int c;
   try {
-    while ((c = getopt(argc, argv, "hgk:t:p:b:e:f:i:n:w:c:o:d:r:a:A:P:C:D:")) != -1) {
+    while ((c = getopt(argc, argv, "hgk:t:p:b:e:f:i:n:w:c:I:o:d:r:a:A:P:C:D:")) != -1) {
       std::string arg = optarg ? optarg : "";
       switch (c) {
         case 'k': o.coll = parseColl(optarg, prog); break;
@@ -164,6 +171,7 @@ Options parseOptions(int argc, char** argv) {
         case 'n': o.iters = parseInt(arg, 1, 1 << 30); break;
         case 'w': o.warmup = parseInt(arg, 0, 1 << 30); break;
         case 'c': o.check = parseInt(arg, 0, 1) != 0; break;
+        case 'I': o.inPlace = parseInt(arg, 0, 1) != 0; break;
         case 'r': o.root = parseInt(arg, 0, 1 << 16); break;
         case 'a': o.average = parseInt(arg, 0, 3); break;
         case 'A': o.algo = arg; break;
@@ -194,6 +202,10 @@ Options parseOptions(int argc, char** argv) {
   if (optind < argc) fail(prog, std::string("unexpected argument '") + argv[optind] + "'");
   if ((o.nThreads > 0) == (o.nProcs > 0)) fail(prog, "give exactly one of -t N (threads) or -p N (processes)");
   if (o.grouped && o.nThreads == 0) fail(prog, "-g goes with -t N (ranks of this process)");
+  if (o.inPlace && !hasInPlaceForm(o.coll)) {
+    fail(prog, std::string("-I 1: ") + collName(o.coll) +
+                   " has no in-place form here (allreduce, broadcast, reduce, allgather and reduce_scatter do)");
+  }
   if (o.maxBytes < o.minBytes) {
     fail(prog, "-b " + std::to_string(o.minBytes) + " is larger than -e " + std::to_string(o.maxBytes));
   }

@@ -22,6 +22,7 @@ struct Options {
   int iters = 20;               // -n
   int warmup = 5;               // -w
   bool check = false;           // -c
+  bool inPlace = false;         // -I: the output over the input (nccl-tests' in-place column)
   mnclDataType_t dtype = mnclFloat32;  // -d
   mnclRedOp_t op = mnclSum;     // -o (kPreMulSum: each call creates, uses and destroys one)
   int root = 0;                 // -r
@@ -31,6 +32,11 @@ struct Options {
   int nChannels = 0;            // -C -> MININCL_NCHANNELS
   std::string device = "cpu";   // -D cpu|cuda
 };
+
+// The collectives with an in-place form: the same buffer (allreduce, broadcast, reduce), or
+// the input as this rank's block of the output (allgather) or the output as this rank's
+// block of the input (reduce_scatter).
+bool hasInPlaceForm(Coll c);
 
 // Parses argv; prints usage and exits on -h or on a bad option.
 Options parseOptions(int argc, char** argv);

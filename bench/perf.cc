@@ -91,6 +91,29 @@ double combineTime(Scalars& scalars, double seconds, int average, int nranks) {
   }
 }
 
+// Where a rank's input and output lie for one size: its two buffers, or in place (-I 1) one
+// over the other, in the buffer of the larger: the output's block `rank` holds the input
+// (allgather), the input's block `rank` is the output (reduce_scatter), or they are one.
+struct CallBuffers {
+  void* send;
+  void* recv;
+};
+CallBuffers callBuffers(const Options& opt, const Shape& shape, Buffer& send, Buffer& recv, int rank, size_t typeSize) {
+  if (!opt.inPlace) return {send.data(), recv.data()};
+  char* whole = static_cast<char*>(opt.coll == Coll::ReduceScatter ? send.data() : recv.data());
+  size_t sendAt = opt.coll == Coll::AllGather ? rank * shape.sendCount * typeSize : 0;
+  size_t recvAt = opt.coll == Coll::ReduceScatter ? rank * shape.recvCount * typeSize : 0;
+  return {whole + sendAt, whole + recvAt};
+}
+
+// Before a checked call: the output poisoned (a value that was not written shows), then the
+// input in place (in place, over the poison and the timed calls' results).
+void prepareCheck(Device& dev, const CallBuffers& b, const Shape& shape, size_t typeSize, const std::vector<char>& input) {
+  std::vector<char> poison(shape.recvCount * typeSize, static_cast<char>(0x5a));
+  dev.copyFromHost(b.recv, poison.data(), poison.size());
+  dev.copyFromHost(b.send, input.data(), shape.sendCount * typeSize);
+}
+
 int runRank(const Options& opt, mnclComm_t& comm, int rank, int nranks) {
   try {
     std::unique_ptr<Device> dev = makeDevice(opt.device, rank);
@@ -107,10 +130,11 @@ int runRank(const Options& opt, mnclComm_t& comm, int rank, int nranks) {
     long long wrongTotal = 0;
     for (size_t bytes : rowSizes(opt, nranks)) {
       Shape shape = shapeFor(opt.coll, bytes, typeSize, nranks);
+      CallBuffers args = callBuffers(opt, shape, send, recv, rank, typeSize);
       fillInput(opt, shape, rank, hostSend.data());
-      dev->copyFromHost(send.data(), hostSend.data(), shape.sendCount * typeSize);
+      dev->copyFromHost(args.send, hostSend.data(), shape.sendCount * typeSize);
       auto once = [&] {
-        mnclResult_t rc = runCollective(opt, shape, send.data(), recv.data(), comm, dev->stream(), rank, nranks);
+        mnclResult_t rc = runCollective(opt, shape, args.send, args.recv, comm, dev->stream(), rank, nranks);
         if (rc != mnclSuccess) {
           throw std::runtime_error(std::string(collName(opt.coll)) + " of " + std::to_string(shape.bytes) +
                                    " B: " + mnclGetErrorString(rc) + " (" + mnclGetLastError(comm) + ")");
@@ -127,11 +151,10 @@ int runRank(const Options& opt, mnclComm_t& comm, int rank, int nranks) {
 
       long long wrong = -1;
       if (opt.check) {
-        std::vector<char> poison(shape.recvCount * typeSize, static_cast<char>(0x5a));
-        dev->copyFromHost(recv.data(), poison.data(), poison.size());
+        prepareCheck(*dev, args, shape, typeSize, hostSend);
         once();
         dev->synchronize();
-        dev->copyToHost(hostRecv.data(), recv.data(), shape.recvCount * typeSize);
+        dev->copyToHost(hostRecv.data(), args.recv, shape.recvCount * typeSize);
         wrong = static_cast<long long>(scalars.sum(countWrong(opt, shape, rank, nranks, hostRecv.data())));
         wrongTotal += wrong;
       }
@@ -182,14 +205,17 @@ int runGrouped(const Options& opt, std::vector<mnclComm_t>& comms) {
     long long wrongTotal = 0;
     for (size_t bytes : rowSizes(opt, n)) {
       Shape shape = shapeFor(opt.coll, bytes, typeSize, n);
+      std::vector<CallBuffers> args;
+      std::vector<std::vector<char>> inputs(n, std::vector<char>(shape.sendCount * typeSize));
       for (int r = 0; r < n; ++r) {
-        fillInput(opt, shape, r, host.data());
-        devs[r]->copyFromHost(sends[r]->data(), host.data(), shape.sendCount * typeSize);
+        args.push_back(callBuffers(opt, shape, *sends[r], *recvs[r], r, typeSize));
+        fillInput(opt, shape, r, inputs[r].data());
+        devs[r]->copyFromHost(args[r].send, inputs[r].data(), inputs[r].size());
       }
       auto once = [&] {
         mnclResult_t rc = mnclGroupStart();
         for (int r = 0; r < n && rc == mnclSuccess; ++r) {
-          rc = runCollective(opt, shape, sends[r]->data(), recvs[r]->data(), comms[r], streams[r], r, n);
+          rc = runCollective(opt, shape, args[r].send, args[r].recv, comms[r], streams[r], r, n);
         }
         mnclResult_t end = mnclGroupEnd();
         if (rc == mnclSuccess) rc = end;
@@ -206,13 +232,12 @@ int runGrouped(const Options& opt, std::vector<mnclComm_t>& comms) {
       double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / opt.iters;
       long long wrong = -1;
       if (opt.check) {
-        std::vector<char> poison(shape.recvCount * typeSize, static_cast<char>(0x5a));
-        for (int r = 0; r < n; ++r) devs[r]->copyFromHost(recvs[r]->data(), poison.data(), poison.size());
+        for (int r = 0; r < n; ++r) prepareCheck(*devs[r], args[r], shape, typeSize, inputs[r]);
         once();
         syncAll();
         wrong = 0;
         for (int r = 0; r < n; ++r) {
-          devs[r]->copyToHost(host.data(), recvs[r]->data(), shape.recvCount * typeSize);
+          devs[r]->copyToHost(host.data(), args[r].recv, shape.recvCount * typeSize);
           wrong += static_cast<long long>(countWrong(opt, shape, r, n, host.data()));
         }
         wrongTotal += wrong;

@@ -80,6 +80,35 @@ def test_perf_checks_every_size_without_a_wrong_element(
     assert [row[-1] for row in rows] == ["0"] * len(rows), run.stdout
 
 
+@pytest.mark.parametrize(
+    "collective,ranks,dtype,op",
+    [
+        ("allreduce", ["-t", "3"], "float", "avg"),
+        ("allreduce", ["-p", "2"], "half", "sum"),
+        ("broadcast", ["-t", "3", "-g"], "int32", "sum"),
+        ("reduce", ["-p", "3"], "double", "max"),
+        ("allgather", ["-t", "5"], "int8", "sum"),
+        ("reduce_scatter", ["-t", "3", "-g"], "bfloat16", "premulsum"),
+    ],
+)
+def test_perf_in_place_checks_every_size(tmp_path: Path, collective: str, ranks: list[str], dtype: str, op: str):
+    """-I 1, as nccl-tests' in-place column: the output over the input (allgather: the input as
+    this rank's block of the output; reduce_scatter: the output as its block of the input),
+    each checked against the host reference."""
+    args = ["-b", "8", "-e", "256K", "-f", "8", "-n", "2", "-w", "1", "-c", "1", "-d", dtype, "-o", op, "-r", "1"]
+    run = perf(tmp_path, collective, *ranks, "-I", "1", *args)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "in place: 1" in run.stdout.splitlines()[0], run.stdout
+    rows = table_rows(run.stdout)
+    assert len(rows) >= 4 and [row[-1] for row in rows] == ["0"] * len(rows), run.stdout
+
+
+def test_perf_in_place_is_refused_where_there_is_none(tmp_path: Path):
+    run = perf(tmp_path, "sendrecv", "-t", "2", "-I", "1")
+    assert run.returncode == 2
+    assert "-I 1: sendrecv has no in-place form here" in run.stderr, run.stderr
+
+
 def test_perf_long_help_is_the_usage(tmp_path: Path):
     run = perf(tmp_path, "--help")  # (getopt said: invalid option -- '-')
     assert run.returncode == 0, run.stderr
