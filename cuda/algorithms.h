@@ -28,13 +28,15 @@ constexpr bool algoImplements(Algo a, Coll c, int nranks) {
 // prices each): direct's allreduce, one-shot (0) or two-shot (1).
 constexpr int algoVariants(Algo a, Coll c) { return a == Algo::direct && c == Coll::allreduce ? 2 : 1; }
 
-// Whether algorithm `a`'s schedule of collective `c` overwrites an in-place input only with
-// final values, which exist only once every rank's input at their offset has been read: an
-// allreduce that reduces each offset at one rank and passes the result on (ring, tree). Not
-// direct's one-shot, where each rank reduces every input itself and may write its output
-// while a peer still reads its input. (DevWork::inputReadBeforeOverwritten.)
-constexpr bool inputReadBeforeOverwritten(Algo a, Coll c) {
-  return c == Coll::allreduce && (a == Algo::ring || a == Algo::tree);
+// Whether algorithm `a`'s schedule of collective `c` (in its variant) overwrites an in-place
+// input only with final values, which exist only once every rank's input at their offset has
+// been read: an allreduce that reduces each offset at one rank and passes the result on
+// (ring, tree, direct's two-shot). Not direct's one-shot, where each rank reduces every input
+// itself and may write its output while a peer still reads its input.
+// (DevWork::inputReadBeforeOverwritten.)
+constexpr bool inputReadBeforeOverwritten(Algo a, Coll c, int variant) {
+  bool twoShot = a == Algo::direct && variant == 1;
+  return c == Coll::allreduce && (a == Algo::ring || a == Algo::tree || twoShot);
 }
 
 // (The tuner keeps a plan's variant in one bit: tuner.cc's packPlan.)

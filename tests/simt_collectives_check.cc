@@ -133,7 +133,7 @@ void check(std::vector<Ranks*> channels, int threads, const Case& c, DataType dt
       w.chanCount = std::min(share, c.count - w.chanOffset);
       w.treeIndex = (int)ch % 2;
       w.algoVariant = c.variant;
-      w.inputReadBeforeOverwritten = inputReadBeforeOverwritten(c.algo, c.coll);
+      w.inputReadBeforeOverwritten = inputReadBeforeOverwritten(c.algo, c.coll, c.variant);
     }
   }
   std::vector<DevError> errors;

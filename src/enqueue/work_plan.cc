@@ -180,7 +180,7 @@ int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out)
     w.chanCount = std::min(share, c.count - off);
     w.treeIndex = ch % 2;
     w.algoVariant = p.variant;
-    w.inputReadBeforeOverwritten = inputReadBeforeOverwritten(p.algo, c.coll);
+    w.inputReadBeforeOverwritten = inputReadBeforeOverwritten(p.algo, c.coll, p.variant);
     w.streamOutput = !comm.onGpu() && recvBytes >= streamOutputBytes(c.coll);
     w.readByKernel = !comm.onGpu() && readByKernel(c, recvBytes);
     w.writeByKernel = !comm.onGpu() && writeByKernel(c, recvBytes, !sendApartFromRecv);
