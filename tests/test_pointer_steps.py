@@ -72,18 +72,17 @@ def test_pointer_steps_give_numpys_answer(pointer_env: None, nranks: int, algo: 
     try:
         for coll in ALGOS[algo]:
             for dtype, op in (("float32", "sum"), ("int32", "max"), ("float16", "sum")):
-                op_used = op
                 root = nranks - 1
                 block = COUNT * nranks if coll == "reduce_scatter" else COUNT
-                inputs = [rank_values(r, block, dtype, op_used, seed=nranks) for r in range(nranks)]
+                inputs = [rank_values(r, block, dtype, op, seed=nranks) for r in range(nranks)]
                 got = run_ranks(
                     comms,
-                    lambda c: run_collective(c, coll, inputs[c.rank].astype(dtype), nranks, op_used, root, in_place),
+                    lambda c: run_collective(c, coll, inputs[c.rank].astype(dtype), nranks, op, root, in_place),
                 )
                 for r, g in enumerate(got):
-                    want = expected(coll, inputs, r, root, dtype, op_used)
+                    want = expected(coll, inputs, r, root, dtype, op)
                     if want is not None:
-                        assert_same(g, want, dtype, op_used)
+                        assert_same(g, want, dtype, op)
         # Every rank's steps skip the FIFO. In place too: a tree leaf's only sends are of an
         # input that the allreduce overwrites, but only with final values, after its parent has
         # read it (DevWork::inputReadBeforeOverwritten). A step of final values may go as a
