@@ -176,6 +176,15 @@ MNCL_DEV bool sendSlotFree(DevChannel& ch, int peer) {
   return head + kSteps > step;
 }
 
+// Whether the receiver at the end of send connection `f` reads `bytes` of ours at `at` as its
+// own memory, with no kernel copy: a thread of this process (not a network proxy), or a
+// process that maps our window, where they lie. Such a pointer step pays from
+// DevChannel::mappedPointerStepMinBytes; any other from pointerStepMinBytes.
+MNCL_DEV bool receiverMaps(const DevChannel& ch, const ConnFifo& f, uintptr_t at, uint64_t bytes) {
+  bool inProcess = f.peerPid == 0 && !f.proxied && loadRelaxed(&f.ctrl->readsSenderMemory);
+  return inProcess || (ch.inWindow(at, bytes) && loadRelaxed(&f.ctrl->mapsSenderWindow));
+}
+
 // Thread 0 of a channel that stopped early: takes back the output it published to peer p,
 // so that senders still running stop writing into a buffer the caller gets back with the
 // error. (A sender on this host already past its check may still land a step; a network

@@ -268,10 +268,8 @@ struct P2pEngine {
     const ConnFifo& f = ch.sendTo[op.peer];
     if (f.proxied && op.totalBytes < ch.proxiedPointerMinBytes) return 0;
     auto at = (uintptr_t)(op.buf + op.done);
-    bool readsSender = loadRelaxed(&f.ctrl->readsSenderMemory);
-    bool mapped = (readsSender && f.peerPid == 0 && !f.proxied) || (ch.inWindow(at, len) && loadRelaxed(&f.ctrl->mapsSenderWindow));
-    if (mapped) return len >= ch.mappedPointerStepMinBytes ? (uint64_t)at : 0;
-    return readsSender && len >= ch.pointerStepMinBytes ? (uint64_t)at : 0;
+    if (receiverMaps(ch, f, at, len)) return len >= ch.mappedPointerStepMinBytes ? (uint64_t)at : 0;
+    return loadRelaxed(&f.ctrl->readsSenderMemory) && len >= ch.pointerStepMinBytes ? (uint64_t)at : 0;
   }
 
   // Whether the receiver would read a pointer step at `at` through the kernel: it is in

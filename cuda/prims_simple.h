@@ -297,12 +297,12 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
   // for the way it reads (and one needs to).
   MNCL_DEV bool receiversCanRead(const T* p, size_t n, const DirectWrite* written, Readers who) const {
     uint64_t bytes = n * sizeof(T);
-    bool inWindow = cx_.ch.inWindow((uintptr_t)p, bytes), needed = false;
+    bool needed = false;
     for (int i = 0; i < send_.n; ++i) {
       if (written[i].done()) continue;
       const ConnFifo& f = cx_.ch.sendTo[send_.peer[i]];
       bool readsSender = loadRelaxed(&f.ctrl->readsSenderMemory);
-      bool mapped = (readsSender && f.peerPid == 0 && !f.proxied) || (inWindow && loadRelaxed(&f.ctrl->mapsSenderWindow));
+      bool mapped = receiverMaps(cx_.ch, f, (uintptr_t)p, bytes);
       bool byProxy = readsSender && f.proxied && who >= Readers::proxies &&
                      cx_.work.count * sizeof(T) >= cx_.ch.proxiedPointerMinBytes;
       bool byKernel = readsSender && !f.proxied && f.peerPid != 0 && who == Readers::kernel;
