@@ -53,7 +53,7 @@ from ._comm import Communicator, get_unique_id, group
 from ._core import build_info
 from ._torch_launch import LocalRunError, free_port, run_local
 from ._torch_sparse import summed_over_ranks
-from ._torch_tensors import Op, Staged, as_bytes, as_elements, op_name, reducible, stage
+from ._torch_tensors import Op, Staged, as_bytes, as_elements, op_name, plain_op, reducible, stage
 from ._torch_work import Lane, MinincclWork
 from .errors import InvalidUsage, Timeout
 
@@ -258,6 +258,36 @@ class ProcessGroupMinincl(dist.ProcessGroup):
             self._submit([op], grouped=False, caller_waits=getattr(opts, "asyncOp", True) is False)
         return work
 
+    @staticmethod
+    def _sync_form(tensors: Any, opts: Any, kind: type[Any]) -> bool:
+        """Whether a call came as torch makes it (a list, options of `kind`) for one tensor,
+        without ``async_op``: torch waits on it at once."""
+        return type(tensors) is list and len(tensors) == 1 and type(opts) is kind and not opts.asyncOp
+
+    def _at_once(self, t: torch.Tensor, run: Callable[[Communicator, torch.Tensor], object]) -> MinincclWork | None:
+        """Runs ``run(comm, t)`` on the caller's thread (Lane.run_now) where a call in torch's
+        own form without ``async_op`` (_sync_form) is of the common plain kind: on one dense
+        contiguous tensor of this group's device, with nothing deferred or coalescing. There
+        the general path's staging, op record and job (_new_op) cost ~5 us of an 8-byte
+        all_reduce's ~15 (bench/RESULTS.md, forty-seventh session). None: the call takes the
+        general path."""
+        if self._coalescing or _deferred_ops:
+            return None
+        if t.layout != torch.strided or not t.is_contiguous() or t.is_neg():
+            return None
+        cuda = t.is_cuda
+        dc = self._comms.get("cuda") if cuda else self._comms["cpu"] if t.is_cpu else None
+        if dc is None or (cuda and str(t.device) != dc.comm.device):
+            return None  # (the general path says what is wrong)
+        buf = t.detach() if t.requires_grad else t
+        work = MinincclWork([t], devices=[t.device] if cuda else None)
+
+        def job() -> None:
+            run(dc.comm, buf)
+
+        dc.lane.run_now(job, [work])
+        return work
+
     def _home(self, op: _Op) -> _DeviceComm:
         """The communicator and lane an op runs on."""
         if op.p2p and op.device in self._p2p_comms:
@@ -349,6 +379,11 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     def allreduce(  # type: ignore[override]
         self, tensors: list[torch.Tensor], opts: Any = None, op: Any = None, timeout: Any = None
     ) -> MinincclWork:
+        if self._sync_form(tensors, opts, dist.AllreduceOptions):
+            name = plain_op(opts.reduceOp, tensors[0].dtype)
+            work = name and self._at_once(tensors[0], lambda c, b: c.allreduce(b, op=name))
+            if work:
+                return work
         tensors, opts = call_forms.allreduce(tensors, opts, op)
         if any(t.layout == torch.sparse_coo for t in tensors):
             return self._sparse_allreduce(tensors, opts)
@@ -453,6 +488,11 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     def broadcast(  # type: ignore[override]
         self, tensors: list[torch.Tensor], opts: Any = None, timeout: Any = None, root: Any = None
     ) -> MinincclWork:
+        if self._sync_form(tensors, opts, dist.BroadcastOptions):
+            at = opts.rootRank
+            work = self._at_once(tensors[0], lambda c, b: c.broadcast(as_bytes(b), root=at))
+            if work:
+                return work
         tensors, opts = call_forms.broadcast(tensors, opts, root)
         root = opts.rootRank
         staged = [stage(t) for t in tensors]

@@ -318,6 +318,16 @@ def _gather_scatter(rank: int) -> Result:
     return [*(gathered or []), part]
 
 
+def _parameters(rank: int) -> Result:
+    """Tensors that require grad (a model's parameters, as DDP broadcasts them): written in
+    place, as gloo writes them, where minincl refuses them as they are (autograd's tensors)."""
+    summed = torch.nn.Parameter(values(rank))
+    dist.all_reduce(summed, op=dist.ReduceOp.MAX)
+    sent = torch.nn.Parameter(values(rank) * (rank + 1))
+    dist.broadcast(sent, src=1)
+    return [summed.detach(), sent.detach()]
+
+
 def _short_forms(rank: int) -> Result:
     """The process group's own methods in the short forms torch's C++ ProcessGroup offers
     (one tensor, loose root and op), as DDP calls ``process_group.allreduce(tensor)``."""
@@ -685,6 +695,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
         _gather_scatter,
         lambda r: ([values(q) for q in range(WORLD)] if r == 1 else []) + [values(r) * 7],
     ),
+    "parameters": (_parameters, lambda r: [all_values().max(0).values.float(), values(1) * 2]),
     "short_forms": (_short_forms, _want_short_forms),
     "non_contiguous": (_non_contiguous, _want_non_contiguous),
     "negated_views": (_negated_views, _want_negated_views),
