@@ -10,6 +10,7 @@ median of 5 loops, then the slower rank.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from typing import Callable
@@ -19,10 +20,25 @@ import torch.distributed as dist
 
 import minincl.torch
 
+# torch 2.13's names (their old ones, all_gather_into_tensor and reduce_scatter_tensor, warn on
+# every call: ~10 us of deprecation machinery).
+ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER_SINGLE = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+@functools.cache
+def _whole(numel: int, ranks: int) -> torch.Tensor:
+    """The output of an all_gather_single of `numel` elements a rank, or the input of a
+    reduce_scatter_single (made once)."""
+    return torch.empty(numel * ranks)
+
+
 CALLS: dict[str, Callable[[torch.Tensor], object]] = {
     "all_reduce": lambda t: dist.all_reduce(t),
     "all_reduce(async_op=True).wait()": lambda t: dist.all_reduce(t, async_op=True).wait(),
     "broadcast": lambda t: dist.broadcast(t, src=0),
+    "all_gather_single": lambda t: ALL_GATHER_SINGLE(_whole(t.numel(), dist.get_world_size()), t),
+    "reduce_scatter_single": lambda t: REDUCE_SCATTER_SINGLE(t, _whole(t.numel(), dist.get_world_size())),
     "barrier": lambda t: dist.barrier(),
 }
 

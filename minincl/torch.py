@@ -44,7 +44,7 @@ except ModuleNotFoundError as missing:  # (minincl itself runs without it; this 
         name="torch",
     ) from missing
 import torch.distributed as dist
-from torch._C._distributed_c10d import FakeProcessGroup
+from torch._C._distributed_c10d import AllgatherOptions, FakeProcessGroup
 from torch.distributed import ReduceOp
 
 from . import _core
@@ -259,31 +259,34 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         return work
 
     @staticmethod
-    def _sync_form(tensors: Any, opts: Any, kind: type[Any]) -> bool:
-        """Whether a call came as torch makes it (a list, options of `kind`) for one tensor,
-        without ``async_op``: torch waits on it at once."""
-        return type(tensors) is list and len(tensors) == 1 and type(opts) is kind and not opts.asyncOp
+    def _sync(opts: Any, kind: type[Any]) -> bool:
+        """Whether a call came with options as torch makes them, of `kind`, without
+        ``async_op``: torch waits on it at once."""
+        return type(opts) is kind and not opts.asyncOp
 
-    def _at_once(self, t: torch.Tensor, run: Callable[[Communicator, torch.Tensor], object]) -> MinincclWork | None:
-        """Runs ``run(comm, t)`` on the caller's thread (Lane.run_now) where a call in torch's
-        own form without ``async_op`` (_sync_form) is of the common plain kind: on one dense
-        contiguous tensor of this group's device, with nothing deferred or coalescing. There
+    def _at_once(self, tensors: list[torch.Tensor], run: Callable[..., object]) -> MinincclWork | None:
+        """Runs ``run(comm, *tensors)`` on the caller's thread (Lane.run_now) where a call that
+        torch waits on at once (_sync) is of the common plain kind: dense contiguous tensors of
+        this group's device (the output first), with nothing deferred or coalescing. There
         the general path's staging, op record and job (_new_op) cost ~5 us of an 8-byte
         all_reduce's ~15 (bench/RESULTS.md, forty-seventh session). None: the call takes the
         general path."""
         if self._coalescing or _deferred_ops:
             return None
-        if t.layout != torch.strided or not t.is_contiguous() or t.is_neg():
-            return None
-        cuda = t.is_cuda
-        dc = self._comms.get("cuda") if cuda else self._comms["cpu"] if t.is_cpu else None
-        if dc is None or (cuda and str(t.device) != dc.comm.device):
+        cuda = tensors[0].is_cuda
+        dc = self._comms.get("cuda") if cuda else self._comms["cpu"] if tensors[0].is_cpu else None
+        if dc is None:
             return None  # (the general path says what is wrong)
-        buf = t.detach() if t.requires_grad else t
-        work = MinincclWork([t], devices=[t.device] if cuda else None)
+        for t in tensors:
+            if t.layout != torch.strided or not t.is_contiguous() or t.is_neg():
+                return None
+            if t.is_cuda != cuda or (cuda and str(t.device) != dc.comm.device):
+                return None
+        bufs = [t.detach() if t.requires_grad else t for t in tensors]
+        work = MinincclWork(tensors[:1], devices=[tensors[0].device] if cuda else None)
 
         def job() -> None:
-            run(dc.comm, buf)
+            run(dc.comm, *bufs)
 
         dc.lane.run_now(job, [work])
         return work
@@ -379,9 +382,9 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     def allreduce(  # type: ignore[override]
         self, tensors: list[torch.Tensor], opts: Any = None, op: Any = None, timeout: Any = None
     ) -> MinincclWork:
-        if self._sync_form(tensors, opts, dist.AllreduceOptions):
+        if type(tensors) is list and len(tensors) == 1 and self._sync(opts, dist.AllreduceOptions):
             name = plain_op(opts.reduceOp, tensors[0].dtype)
-            work = name and self._at_once(tensors[0], lambda c, b: c.allreduce(b, op=name))
+            work = name and self._at_once(tensors, lambda c, b: c.allreduce(b, op=name))
             if work:
                 return work
         tensors, opts = call_forms.allreduce(tensors, opts, op)
@@ -422,6 +425,11 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         return self._reduce_op("reduce", tensors, opts, lambda c, b, o: c.reduce(b, op=o, root=root))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MinincclWork:
+        if self._sync(opts, dist.ReduceScatterOptions) and output.dtype == input.dtype:
+            name = plain_op(opts.reduceOp, output.dtype)
+            work = name and self._at_once([output, input], lambda c, o, i: c.reduce_scatter(i, o, op=name))
+            if work:
+                return work
         return self.reduce_scatter_single_coalesced([output], [input], opts)
 
     def reduce_scatter_single_coalesced(
@@ -488,9 +496,9 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     def broadcast(  # type: ignore[override]
         self, tensors: list[torch.Tensor], opts: Any = None, timeout: Any = None, root: Any = None
     ) -> MinincclWork:
-        if self._sync_form(tensors, opts, dist.BroadcastOptions):
+        if type(tensors) is list and len(tensors) == 1 and self._sync(opts, dist.BroadcastOptions):
             at = opts.rootRank
-            work = self._at_once(tensors[0], lambda c, b: c.broadcast(as_bytes(b), root=at))
+            work = self._at_once(tensors, lambda c, b: c.broadcast(as_bytes(b), root=at))
             if work:
                 return work
         tensors, opts = call_forms.broadcast(tensors, opts, root)
@@ -506,6 +514,10 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         return self._new_op("broadcast", tensors, tensors, body, _outputs_after(staged), opts=opts)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MinincclWork:
+        if self._sync(opts, AllgatherOptions) and output.dtype == input.dtype:
+            work = self._at_once([output, input], lambda c, o, i: c.allgather(as_bytes(i), as_bytes(o)))
+            if work:
+                return work
         return self.all_gather_single_coalesced([output], [input], opts)
 
     def all_gather_single_coalesced(

@@ -160,6 +160,16 @@ def _all_gather_into_tensor(rank: int) -> Result:
     return out
 
 
+def _all_gather_shapes_and_types(rank: int) -> Result:
+    """all_gather_single of a parameter (it requires grad) into an output of three
+    dimensions, and of int16, a type minincl has no reductions for (copied as bytes)."""
+    out = torch.empty(WORLD, 2, 3)
+    all_gather_single(out, torch.nn.Parameter(values(rank).reshape(2, 3)))
+    i16 = torch.empty(WORLD * 6, dtype=torch.int16)
+    all_gather_single(i16, values(rank, dtype=torch.int16))
+    return [out, i16]
+
+
 def _reduce_scatter(rank: int) -> Result:
     out = torch.empty(3)
     dist.reduce_scatter(out, list(values(rank).chunk(WORLD)), op=dist.ReduceOp.MAX)
@@ -369,6 +379,34 @@ def _non_contiguous(rank: int) -> Result:
     b = torch.arange(16.0).reshape(4, 4) if rank == 0 else torch.zeros(4, 4)
     dist.broadcast(b[:, 1], src=0)  # a column: strided
     return [m, b]
+
+
+def _contiguous_on_one_rank(rank: int) -> Result:
+    """Rank 0's tensors are contiguous (a call torch waits on then runs at once, with no
+    staging), rank 1's are transposed views (staged copies): both kinds of call must move
+    the same elements in the same type, or the ranks' calls do not match."""
+
+    def laid(t: torch.Tensor) -> torch.Tensor:  # the same values; on rank 1 laid out by columns
+        return t if rank == 0 else t.t().contiguous().t()
+
+    summed = laid(values(rank, 8).reshape(2, 4))
+    dist.all_reduce(summed, op=dist.ReduceOp.MAX)
+    sent = laid(values(rank, 8).reshape(2, 4) * (rank + 1))
+    dist.broadcast(sent, src=1)
+    gathered = laid(torch.zeros(WORLD * 2, 4))
+    all_gather_single(gathered, laid(values(rank, 8).reshape(2, 4)))
+    scattered = laid(torch.zeros(2, 4))
+    reduce_scatter_single(scattered, laid(values(rank, WORLD * 8).reshape(WORLD * 2, 4)))
+    return [summed, sent, gathered, scattered]
+
+
+def _want_contiguous_on_one_rank(rank: int) -> Result:
+    return [
+        all_values(8).max(0).values.float().reshape(2, 4),
+        values(1, 8).reshape(2, 4) * 2,
+        torch.cat([values(q, 8).reshape(2, 4) for q in range(WORLD)]),
+        _want_sum(rank, WORLD * 8).reshape(WORLD * 2, 4)[2 * rank : 2 * rank + 2],
+    ]
 
 
 def _negated_views(rank: int) -> Result:
@@ -645,6 +683,13 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
         _all_gather_into_tensor,
         lambda r: torch.cat([values(q, dtype=torch.bfloat16) for q in range(WORLD)]),
     ),
+    "all_gather_shapes_and_types": (
+        _all_gather_shapes_and_types,
+        lambda r: [
+            torch.stack([values(q).reshape(2, 3) for q in range(WORLD)]),
+            torch.cat([values(q, dtype=torch.int16) for q in range(WORLD)]),
+        ],
+    ),
     "reduce_scatter": (
         _reduce_scatter,
         lambda r: all_values().max(0).values.float().chunk(WORLD)[r],
@@ -698,6 +743,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
     "parameters": (_parameters, lambda r: [all_values().max(0).values.float(), values(1) * 2]),
     "short_forms": (_short_forms, _want_short_forms),
     "non_contiguous": (_non_contiguous, _want_non_contiguous),
+    "contiguous_on_one_rank": (_contiguous_on_one_rank, _want_contiguous_on_one_rank),
     "negated_views": (_negated_views, _want_negated_views),
     "async_future": (_async_future, lambda r: [_want_sum(r), _want_sum(r) * 2]),
     "collective_in_a_callback": (_collective_in_a_callback, lambda r: [_want_sum(r)] * 3 + [_want_sum(r) * 2]),
