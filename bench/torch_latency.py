@@ -33,6 +33,18 @@ def _whole(numel: int, ranks: int) -> torch.Tensor:
     return torch.empty(numel * ranks)
 
 
+def _round_trip(t: torch.Tensor) -> None:
+    """Rank 0 sends to rank 1 and receives its reply, rank 1 the reverse: two hops, as a
+    pipeline's stages pass activations and gradients (other ranks do nothing)."""
+    rank = dist.get_rank()
+    if rank == 0:
+        dist.send(t, 1)
+        dist.recv(t, 1)
+    elif rank == 1:
+        dist.recv(t, 0)
+        dist.send(t, 0)
+
+
 CALLS: dict[str, Callable[[torch.Tensor], object]] = {
     "all_reduce": lambda t: dist.all_reduce(t),
     "all_reduce(async_op=True).wait()": lambda t: dist.all_reduce(t, async_op=True).wait(),
@@ -40,6 +52,7 @@ CALLS: dict[str, Callable[[torch.Tensor], object]] = {
     "all_gather_single": lambda t: ALL_GATHER_SINGLE(_whole(t.numel(), dist.get_world_size()), t),
     "reduce_scatter_single": lambda t: REDUCE_SCATTER_SINGLE(t, _whole(t.numel(), dist.get_world_size())),
     "barrier": lambda t: dist.barrier(),
+    "send + recv round trip": _round_trip,
 }
 
 OWN = "minincl's own comm.allreduce(t)"

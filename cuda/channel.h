@@ -55,7 +55,8 @@ struct DevChannel {
 
   // How its waits behave on this machine.
   // GPU: some connection's memory (or peer) is outside this GPU (pinned host memory, another
-  // GPU), so flags need system-wide fences; false when every peer shares this GPU's memory.
+  // GPU, another process), so flags need system-wide fences; false when every peer is a rank
+  // of this process on this GPU.
   bool systemScope = true;
   // CPU: spins before a wait starts yielding. Long when every channel thread has a core of
   // its own (a yield only adds latency), short when threads outnumber cores (the peer we

@@ -38,13 +38,15 @@ class MinincclWork(dist._Work):
     value is the list of output tensors, as with gloo and NCCL, and an error fails it as theirs
     do (``wait()`` on it raises ``RuntimeError`` naming the error).
     ``start`` is called once, before anything waits on the work: it starts the deferred
-    point-to-point ops (this one's, and those the waiting thread posted since on any group).
+    point-to-point ops (this one's, and those the waiting thread posted since on any group);
+    its argument is the work when a ``wait()`` without a time limit calls it, which waits on
+    the work at once (so its ops may run on the waiting thread), else None.
     """
 
     def __init__(
         self,
         outputs: list[torch.Tensor],
-        start: Callable[[], None] | None = None,
+        start: Callable[[MinincclWork | None], None] | None = None,
         devices: list[torch.device] | None = None,
     ) -> None:
         super().__init__()
@@ -60,10 +62,10 @@ class MinincclWork(dist._Work):
         self._given: torch.futures.Future[Any] | None = None  # and goes out through this one (see get_future)
         self._source: list[int] = []  # a receive from any source: the rank it received from
 
-    def _ensure_started(self) -> None:
+    def _ensure_started(self, waited: bool = False) -> None:
         start, self._start = self._start, None
         if start is not None:
-            start()
+            start(self if waited else None)
 
     def _finish(self, error: BaseException | None) -> None:
         with _LAZY:
@@ -84,13 +86,13 @@ class MinincclWork(dist._Work):
             future.set_exception(self._error)
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
-        self._ensure_started()
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        self._ensure_started(waited=not seconds)  # (with a limit, the ops must run elsewhere)
         if not self._done:
             with _LAZY:
                 if not self._done and self._event is None:
                     self._event = threading.Event()
                 event = None if self._done else self._event
-            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
             # torch passes timedelta(0) for "no timeout"; minincl's own timeouts and its
             # peer-death detection keep a wait without a limit from hanging forever.
             if event is not None and not event.wait(seconds if seconds else None):

@@ -297,11 +297,12 @@ class ProcessGroupMinincl(dist.ProcessGroup):
             return self._p2p_comms[op.device]
         return self._comms[op.device]
 
-    def _start_deferred(self) -> None:
+    def _start_deferred(self, waited: MinincclWork | None = None) -> None:
         """Starts this group's deferred ops, and this thread's on the other groups (not those
         still coalescing): a thread's isend on one group, then its all_reduce on another, then
         the isend's wait, must not leave the receiver waiting for the send while it waits in
-        the all_reduce for this rank (gloo starts every isend at once)."""
+        the all_reduce for this rank (gloo starts every isend at once). `waited`: a work
+        whose caller waits on it now (see _flush)."""
         if _deferred_ops == 0:
             return
         me = threading.get_ident()
@@ -310,10 +311,14 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         for g in groups:
             if g is not self and not g._coalescing:
                 g._flush(thread=me)
-        self._flush()
+        self._flush(waited=waited)
 
-    def _flush(self, thread: int | None = None) -> None:
-        """Starts the deferred ops (only those `thread` made, if given)."""
+    def _flush(self, thread: int | None = None, waited: MinincclWork | None = None) -> None:
+        """Starts the deferred ops (only those `thread` made, if given). The batch that holds
+        `waited` goes last and runs on this thread where its lane is idle, as a call without
+        async_op does: a dist.send or a ping-pong's recv then skips the hand-off to the lane's
+        thread and back (~30 us of an 8-byte hop; bench/RESULTS.md, forty-seventh session).
+        Every other batch runs on its lane's thread, so that none waits behind it."""
         with self._lock:
             if thread is None:
                 ops, self._pending = self._pending, []
@@ -325,8 +330,12 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         batches: dict[int, list[_Op]] = {}  # (in program order within each communicator)
         for op in ops:
             batches.setdefault(id(self._home(op)), []).append(op)
+        waited_batch = next((b for b in batches.values() if any(op.work is waited for op in b)), None)
         for batch in batches.values():
-            self._submit(batch, grouped=True)
+            if batch is not waited_batch:
+                self._submit(batch, grouped=True)
+        if waited_batch is not None:
+            self._submit(waited_batch, grouped=True, caller_waits=True)
 
     def _submit(self, ops: list[_Op], grouped: bool, caller_waits: bool = False) -> None:
         """Queues the ops on their lane; `caller_waits` (torch's asyncOp is False: a call without

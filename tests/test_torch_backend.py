@@ -892,6 +892,35 @@ def test_recv_from_any_source() -> None:
     assert out["nobody"].startswith("Timeout: minincl backend: recv from any source: no rank sent to rank 0"), out
 
 
+def p2p_lane_threads() -> list[Any]:
+    """This rank's story of where its sends and receives ran: a dist.send / dist.recv (an
+    isend / irecv waited on at once), then an isend / irecv waited on with a time limit."""
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("minincl")
+    try:
+        lane = dist.group.WORLD._p2p_comms["cpu"].lane
+        got = torch.zeros(4)
+        if rank == 0:
+            dist.send(torch.arange(4.0), 1)
+        else:
+            dist.recv(got, 0)
+        at_once = lane._thread is None  # (the lane's thread starts with its first job)
+        work = dist.isend(got * 2, 0) if rank == 1 else dist.irecv(got, 1)
+        work.wait(timeout=timedelta(seconds=60))
+        return [got.tolist(), at_once, lane._thread is not None]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sends_and_receives_waited_on_at_once_run_on_the_waiting_thread() -> None:
+    """As a call without async_op does: no hand-off to the lane's thread and back (~30 us of
+    an 8-byte hop). A wait with a time limit must be able to give up, so there the ops run on
+    the lane's thread."""
+    out = run_local(p2p_lane_threads, 2, timeout=120)
+    assert out[0] == [[0.0, 2.0, 4.0, 6.0], True, True], out
+    assert out[1] == [[0.0, 1.0, 2.0, 3.0], True, True], out
+
+
 def disagreement(case: str) -> str:
     """This rank's story of "tags": sends tagged 1 and 2 received as 2 then 1 (rank 0 to
     1); "roots": a scatter whose ranks each pass themselves as the root, then a gather to

@@ -212,12 +212,15 @@ void GpuComm::release() {
 namespace {
 size_t alignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-// Whether any FIFO of the channel lies outside `device`'s memory (pinned host memory, another
-// GPU, or anything CUDA cannot place): then its flags need system-wide fences.
-bool outsideThisGpu(const Channel& ch, int device) {
+// Whether the channel's flags need system-wide fences: some FIFO lies outside `device`'s
+// memory (pinned host memory, another GPU, or anything CUDA cannot place), or its peer is
+// another process, even on this GPU (its FIFOs through CUDA IPC look like this device's): the
+// PTX memory model's .gpu scope covers the grids of this program only, not another process's
+// kernels (under MPS, both run at once).
+bool needsSystemScope(const Channel& ch, int device) {
   for (const auto* fifos : {&ch.sendTo, &ch.recvFrom}) {
     for (const dev::ConnFifo& f : *fifos) {
-      if (f.ctrl && deviceOfPointer(f.ctrl) != device) return true;
+      if (f.ctrl && (f.peerPid != 0 || deviceOfPointer(f.ctrl) != device)) return true;
     }
   }
   return false;
@@ -261,7 +264,7 @@ void GpuComm::upload(const std::vector<std::unique_ptr<Channel>>& channels, cons
     dev::DevChannel d = ch.dev;
     layout.point(d, static_cast<char*>(arrays_) + per * c);
     d.abortFlag = abortWordOnDevice;
-    d.systemScope = outsideThisGpu(ch, device_);
+    d.systemScope = needsSystemScope(ch, device_);
     devChannels[c] = d;
   }
   // (On the side stream: the legacy one would wait for other communicators' kernels.)
