@@ -106,30 +106,24 @@ struct Ranks {
         fifos[c].ll128 = ll128[c].get();
       }
     }
-    sendTo.resize(n * n);
-    recvFrom.resize(n * n);
-    steps.assign(5 * n * n, 0);
-    ring.resize(n);
-    for (int r = 0; r < n; ++r) ring[r] = r;
+    // Each rank's arrays in one block, as the GPU's device memory holds them (ChannelArrays).
+    const ChannelArrays layout(n);
     channels.resize(n);
     for (int me = 0; me < n; ++me) {
+      arrays.push_back(std::make_unique<uint64_t[]>(layout.bytes / 8));  // (zeroed: the step counters)
+      char* base = reinterpret_cast<char*>(arrays.back().get());
+      DevChannel& ch = channels[me];
+      layout.point(ch, base);
       for (int p = 0; p < n; ++p) {
         if (p == me) continue;
-        sendTo[me * n + p] = fifos[me * n + p];
-        sendTo[me * n + p].directWrites = directAccess;
-        recvFrom[me * n + p] = fifos[p * n + me];
+        ch.sendTo[p] = fifos[me * n + p];
+        ch.sendTo[p].directWrites = directAccess;
+        ch.recvFrom[p] = fifos[p * n + me];
       }
-      DevChannel& ch = channels[me];
+      int* ring = reinterpret_cast<int*>(base + layout.ring);
+      for (int r = 0; r < n; ++r) ring[r] = r;
       ch.rank = me;
       ch.nranks = n;
-      ch.sendTo = &sendTo[me * n];
-      ch.recvFrom = &recvFrom[me * n];
-      ch.sendStep = &steps[(0 * n + me) * n];
-      ch.recvStep = &steps[(1 * n + me) * n];
-      ch.opFirstSendStep = &steps[(2 * n + me) * n];
-      ch.opFirstRecvStep = &steps[(3 * n + me) * n];
-      ch.peerHeads = &steps[(4 * n + me) * n];
-      ch.ring = ring.data();
       ch.ringPos = me;
       ch.sizes = sizes;
       ch.abortFlag = &abortFlag;
@@ -144,9 +138,8 @@ struct Ranks {
   std::vector<std::unique_ptr<Line64[]>> simple;
   std::vector<std::unique_ptr<LLLine[]>> ll;
   std::vector<std::unique_ptr<LL128Line[]>> ll128;
-  std::vector<ConnFifo> fifos, sendTo, recvFrom;
-  std::vector<uint64_t> steps;
-  std::vector<int> ring;
+  std::vector<ConnFifo> fifos;
+  std::vector<std::unique_ptr<uint64_t[]>> arrays;  // per rank: its ChannelArrays
   std::vector<DevChannel> channels;
 };
 

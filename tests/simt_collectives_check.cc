@@ -4,7 +4,9 @@
 // waits and plans, a barrier shares the plan, every thread copies with the 16-byte vector
 // loop, thread 0 posts), its pointer steps and direct writes between ranks of one process
 // (as on one GPU), channels that each take a slice of the buffer, and the line protocols'
-// other collectives; on request also allreduces of 9 ranks (direct's most). Results are
+// other collectives; on request also allreduces of 9 ranks (direct's most). Each block runs
+// on its channel as cached for the launch (cuda/channel_cache.h), the abort and mismatch
+// cases on the channel itself (a launch without the cache). Results are
 // checked against sums computed here; a rank missing until an abort, ranks calling with
 // different counts, and work the dispatch has no case for must stop every block. Exits 0 when
 // every check passes.
@@ -17,6 +19,7 @@
 #include <string>
 
 #include "algorithms.h"
+#include "channel_cache.h"
 #include "dispatch.h"
 #include "simt_block.h"
 
@@ -53,6 +56,21 @@ bool runKernelBlockFor(DevChannel& ch, const DevWork& w, DevError* err) {
   if (w.op == RedOp::avg) return runKernelBlock<T, FuncAvg<T>>(ch, w, err);
   if (w.op == RedOp::premulsum) return runKernelBlock<T, FuncPreMulSum<T>>(ch, w, err);
   return runKernelBlock<T, FuncSum<T>>(ch, w, err);
+}
+
+// Runs a block on its channel as a GPU launch does (cuda/channel_cache.h): on a copy in the
+// block's shared memory, whose changes go back at the end. The ranks' channels live on from
+// case to case, so a counter the copy changed and did not write back fails the next case.
+template <typename Run>
+bool onCachedChannel(DevChannel& global, Run run) {
+  auto bytes = (uint32_t)ChannelArrays(global.nranks).bytes;
+  auto* storage = static_cast<DevChannel*>(simt::blockStorage(&global, sizeof(DevChannel)));
+  auto* arrays = static_cast<uint64_t*>(simt::blockStorage(global.sendStep, bytes));
+  // (The arrays start with sendStep: ChannelArrays.)
+  CachedChannel cache(&global, storage, reinterpret_cast<char*>(global.sendStep), arrays, bytes);
+  bool ran = run(*cache.shared);
+  cache.writeBack();
+  return ran;
 }
 
 // premulsum: rank r's scalar.
@@ -141,7 +159,8 @@ void check(std::vector<Ranks*> channels, int threads, const Case& c, DataType dt
     const DevWork& w = works[ch * n + r];
     // (A channel without a share runs nothing, as the host launches no block for it.)
     if (w.chanCount == 0) return true;
-    return runKernelBlockFor<T>(channels[ch]->channels[r], w, &errors[ch * n + r]);
+    return onCachedChannel(channels[ch]->channels[r],
+                           [&](DevChannel& cached) { return runKernelBlockFor<T>(cached, w, &errors[ch * n + r]); });
   }, errors);
   size_t wrong = 0;
   for (int r = 0; r < n; ++r) {

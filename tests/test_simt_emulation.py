@@ -10,7 +10,9 @@ checker fails itself after a while).
 - simt_collectives_check.cc: every collective x algorithm x protocol through the kernels'
   dispatch (runTyped), two channels: Simple's block-wide steps and 16-byte vector loop, with
   and without pointer steps and direct writes between ranks of one process; and allreduces of
-  9 ranks.
+  9 ranks. Each block works on a copy of its channel in shared memory and writes its changes
+  back at the end, as a launch does (cuda/channel_cache.h), so that state a launch leaves
+  behind unsaved fails the next case.
 - simt_p2p_check.cc: groups of sends and receives as the p2p kernel runs them, split over
   three channels as the host splits them.
 - simt_reduce_copy_check.cc: reduceCopy and copyElems alone, with pointers at every offset

@@ -10,61 +10,12 @@
 // among them.
 #include <cuda_runtime.h>
 
+#include "../channel_cache.h"
 #include "../dispatch.h"
 #include "kernels.h"
 
 namespace mncl::dev {
 namespace {
-
-static_assert(sizeof(DevChannel) % 8 == 0, "copyWords moves whole words");
-
-// Every thread of the block copies a share of `bytes` (whole words), the loads all in flight
-// together.
-__device__ __forceinline__ void copyWords(void* dst, const void* src, size_t bytes) {
-  const uint64_t* from = static_cast<const uint64_t*>(src);
-  uint64_t* to = static_cast<uint64_t*>(dst);
-  for (size_t i = tid(); i < bytes / 8; i += nthreads()) to[i] = from[i];
-}
-
-// The block's channel in shared memory for the length of the launch: the DevChannel and the
-// arrays it points to (connections, step counters, ring), copied by all threads at once, both
-// together (the launch says where the arrays are): one memory round trip, where the algorithm
-// touching each word as it needs it (a pointer, then what it points to, ...) made a chain of a
-// dozen, which set the time of a small operation. What the operation changes goes back to
-// device memory at its end.
-struct CachedChannel {
-  DevChannel* global;
-  DevChannel* shared;  // = global where there is no cache
-  char* globalArrays;  // where the arrays live in device memory
-
-  __device__ __forceinline__ CachedChannel(DevChannel* g, DevChannel* s, char* arraysInGlobal, uint64_t* arrays,
-                                           uint32_t arraysBytes)
-      : global(g), shared(arraysBytes ? s : g), globalArrays(arraysInGlobal) {
-    if (!arraysBytes) return;
-    copyWords(shared, global, sizeof(DevChannel));
-    copyWords(arrays, globalArrays, arraysBytes);  // (the host sized it for this channel's ranks)
-    barrier();
-    if (tid() == 0) ChannelArrays(shared->nranks).point(*shared, reinterpret_cast<char*>(arrays));
-    barrier();
-  }
-
-  // The counters the operation changed, back to device memory for the next launch.
-  __device__ __forceinline__ void writeBack() {
-    if (shared == global) return;
-    barrier();
-    copyWords(globalArrays, shared->sendStep, ChannelArrays(shared->nranks).changedBytes);
-    if (tid() == 0) {
-      global->pointerStepsPosted = shared->pointerStepsPosted;
-      global->pointerStepsSent = shared->pointerStepsSent;
-      global->directWritesSent = shared->directWritesSent;
-#if defined(MNCL_GPU_TRACE)
-      MNCL_TRACE(*shared, kTraceWrittenBack);
-      for (int i = 0; i < kTracePoints; ++i) global->traceCycles[i] = shared->traceCycles[i];
-      global->traceLaunches = shared->traceLaunches + 1;
-#endif
-    }
-  }
-};
 
 template <typename T, typename Fn, typename Paths>
 __global__ void __launch_bounds__(kGpuThreads) collectiveKernel(const __grid_constant__ GpuBlocks blocks, Fn fn) {
