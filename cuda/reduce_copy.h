@@ -264,43 +264,77 @@ MNCL_DEV size_t elementsBeforeAligned(int nsrc, const T* const* srcs, int ndst, 
   return head < n ? head : n;
 }
 
-// A copy of bytes (copy-only collectives and sends run on bytes, whatever the type) as words
-// of W, which every pointer is aligned to, then the bytes left: a float32 buffer 4 bytes off
-// 16 moves 4 bytes a load, not one. (A copy takes its first source: the only one read.)
-template <typename W, typename T>
-MNCL_DEV void copyBytesAsWords(const T* const* srcs, int ndst, T* const* dsts, size_t n) {
-  const W* wordSrc = reinterpret_cast<const W*>(srcs[0]);
+// Reductions of bytes that act on each byte alone, and so give the same bytes on any wider
+// word: copies (copy-only collectives and sends run on bytes, whatever the type) and the
+// bitwise ops (which the kernels run on bytes). On<W>: the same reduction on words of W.
+template <typename Fn>
+struct Bytewise {
+  static constexpr bool kIs = false;
+};
+template <>
+struct Bytewise<FuncCopy<uint8_t>> {
+  static constexpr bool kIs = true;
+  template <typename W>
+  using On = FuncCopy<W>;
+};
+template <>
+struct Bytewise<FuncBitAnd<uint8_t>> {
+  static constexpr bool kIs = true;
+  template <typename W>
+  using On = FuncBitAnd<W>;
+};
+template <>
+struct Bytewise<FuncBitOr<uint8_t>> {
+  static constexpr bool kIs = true;
+  template <typename W>
+  using On = FuncBitOr<W>;
+};
+template <>
+struct Bytewise<FuncBitXor<uint8_t>> {
+  static constexpr bool kIs = true;
+  template <typename W>
+  using On = FuncBitXor<W>;
+};
+
+// A bytewise reduction as words of W, which every pointer is aligned to, then the bytes
+// left: a float32 buffer 4 bytes off 16 moves 4 bytes a load, not one.
+template <typename W, typename Fn, typename T>
+MNCL_DEV void reduceBytesAsWords(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n) {
+  const W* wordSrcs[kMaxSrcs];
   W* wordDsts[kMaxDsts];
+  for (int s = 0; s < nsrc; ++s) wordSrcs[s] = reinterpret_cast<const W*>(srcs[s]);
   for (int d = 0; d < ndst; ++d) wordDsts[d] = reinterpret_cast<W*>(dsts[d]);
   size_t words = n / sizeof(W);
-  reduceCopyElements(FuncCopy<W>{}, 1, &wordSrc, ndst, wordDsts, 0, words, false);
-  reduceCopyElements(FuncCopy<T>{}, 1, srcs, ndst, dsts, words * sizeof(W), n, false);
+  reduceCopyElements(typename Bytewise<Fn>::template On<W>{}, nsrc, wordSrcs, ndst, wordDsts, 0, words, false);
+  reduceCopyElements(fn, nsrc, srcs, ndst, dsts, words * sizeof(W), n, false);
 }
 
-// Where a copy of bytes whose pointers never align to 16 bytes together goes as words: the
-// widest that all of them allow. Returns false if only bytes will do.
-template <typename T>
-MNCL_DEV bool copiedAsWords(int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n) {
+// Where a bytewise reduction whose pointers never align to 16 bytes together goes as words:
+// the widest that all of them allow. Returns false if only bytes will do. (A copy reads its
+// first source only.)
+template <typename Fn, typename T>
+MNCL_DEV bool reducedAsWords(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n) {
+  if constexpr (std::is_same_v<Fn, FuncCopy<T>>) nsrc = 1;
   uintptr_t bits = 0;
   for (int s = 0; s < nsrc; ++s) bits |= (uintptr_t)srcs[s];
   for (int d = 0; d < ndst; ++d) bits |= (uintptr_t)dsts[d];
-  if ((bits & 7) == 0) copyBytesAsWords<uint64_t>(srcs, ndst, dsts, n);
-  else if ((bits & 3) == 0) copyBytesAsWords<uint32_t>(srcs, ndst, dsts, n);
-  else if ((bits & 1) == 0) copyBytesAsWords<uint16_t>(srcs, ndst, dsts, n);
+  if ((bits & 7) == 0) reduceBytesAsWords<uint64_t>(fn, nsrc, srcs, ndst, dsts, n);
+  else if ((bits & 3) == 0) reduceBytesAsWords<uint32_t>(fn, nsrc, srcs, ndst, dsts, n);
+  else if ((bits & 1) == 0) reduceBytesAsWords<uint16_t>(fn, nsrc, srcs, ndst, dsts, n);
   else return false;
   return true;
 }
 
 // reduceCopy on the GPU: the elements before the pointers align (if they ever do) one by
 // one, then 16-byte vectors, then the elements after the last whole vector. (Bytes that
-// never align are copied as words where they can be.)
+// never align are copied or combined bitwise as words where they can be.)
 template <typename T, typename Fn>
 MNCL_DEV void reduceCopySimt(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n,
                              bool finish, const PreOps<T>* pre) {
   constexpr int kVec = Vec16<T>::kElems;
   size_t head = elementsBeforeAligned(nsrc, srcs, ndst, dsts, n);
-  if constexpr (sizeof(T) == 1 && std::is_same_v<Fn, FuncCopy<T>>) {
-    if (head == n && n >= 16 && nsrc > 0 && copiedAsWords(nsrc, srcs, ndst, dsts, n)) return;
+  if constexpr (Bytewise<Fn>::kIs) {
+    if (head == n && n >= 16 && nsrc > 0 && reducedAsWords(fn, nsrc, srcs, ndst, dsts, n)) return;
   }
   reduceCopyElements(fn, nsrc, srcs, ndst, dsts, 0, head, finish, pre);
   size_t nvec = (n - head) / kVec;

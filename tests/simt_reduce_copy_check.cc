@@ -1,6 +1,7 @@
 // reduceCopy and copyElems, the GPU's data movers (cuda/reduce_copy.h), on emulated blocks
 // with pointers at every offset from a 16-byte boundary: the vector loop after a head where
-// they lie together, the element-wise loop where they never do, byte copies as words. A
+// they lie together, the element-wise loop where they never do, byte copies and bitwise
+// reductions as words. A
 // block's threads run one after another on one OS thread (reduceCopy has no barriers), in
 // reverse order, so an element covered twice or never shows up every time; each loaded byte
 // is counted (it must be loaded once), and bytes around each output must stay untouched.
@@ -190,6 +191,10 @@ int main() {
     checkReductions<double>(threads, FuncSum<double>{}, false, false, "sum of float64");
     checkReductions<uint8_t>(threads, FuncSum<uint8_t>{}, false, false, "sum of uint8");
     checkReductions<uint16_t>(threads, FuncMax<uint16_t>{}, false, false, "max of uint16");
+    // (as words where the pointers allow: xor shows an element combined twice, or a word
+    // that reached past the end)
+    checkReductions<uint8_t>(threads, FuncBitXor<uint8_t>{}, false, false, "bxor of bytes");
+    checkReductions<uint8_t>(threads, FuncBitOr<uint8_t>{}, false, false, "bor of bytes");
   }
   std::printf("%d checks, %d failed\n", checks, failures);
   return failures == 0 ? 0 : 1;
