@@ -19,24 +19,22 @@ namespace mncl::dev {
 
 // A work item that no case below runs: an algorithm, protocol or collective added to its enum
 // but not here, or a pairing the tuner never offers (Tuner::available), such as a tree
-// allgather. Stops loudly instead of returning with nothing done: a GPU traps (the launch
-// fails, and the context with it); a CPU says why on stderr and in DevError::undispatched,
-// and stops the operation, which the host reports as an internal error naming the case.
+// allgather. Stops loudly instead of returning with nothing done: records why (the host
+// fails the communicator with an internal error naming the case, which stops the peers too)
+// and stops the operation; a CPU also says so on stderr. (Not __trap() on a GPU: that would
+// take the process's CUDA context down with it, every communicator's and the caller's work.)
 template <typename Fn>
-MNCL_DEV void failUndispatched(PrimsContext<Fn>& cx, const char* what) {
-#if defined(__CUDACC__)
-  (void)cx;
-  (void)what;
-  __trap();
-#else
+MNCL_DEV void failUndispatched(PrimsContext<Fn>& cx, Undispatched what) {
   if (tid() == 0) {
+#if !defined(__CUDACC__)
     const DevWork& w = cx.work;
     std::fprintf(stderr, "minincl: rank %d: the device code has no %s for collective %d, algorithm %d, protocol %d\n",
-                 cx.ch.rank, what, (int)w.coll, (int)w.algo, (int)w.proto);
-    if (cx.error && !cx.error->undispatched) cx.error->undispatched = what;
+                 cx.ch.rank, undispatchedName(what), (int)w.coll, (int)w.algo, (int)w.proto);
+#endif
+    // (By this rank as the record's peer: a GPU host reads a record once its peer is set.)
+    recordError(cx.error, cx.ch.rank, [&](DevError& e) { e.undispatched = what; });
   }
   cx.waiter.aborted = true;
-#endif
 }
 
 // For static_assert in an `if constexpr` chain's last branch (false, but only once instantiated).
@@ -53,9 +51,9 @@ MNCL_DEV void runCollectiveOf(PrimsContext<Fn> cx) {
         // (An algorithm without one is compiled here all the same: the algorithm is a run-time
         // choice. Never dispatched: the tuner does not offer it.)
         if constexpr (requires { A::allGather(cx); }) A::allGather(cx);
-        else failUndispatched(cx, "allgather in this algorithm");
+        else failUndispatched(cx, Undispatched::allgatherInAlgorithm);
         break;
-      default: failUndispatched(cx, "copy-only collective"); break;
+      default: failUndispatched(cx, Undispatched::copyOnlyCollective); break;
     }
   } else {
     switch (cx.work.coll) {
@@ -63,9 +61,9 @@ MNCL_DEV void runCollectiveOf(PrimsContext<Fn> cx) {
       case Coll::reduce: A::reduce(cx); break;
       case Coll::reducescatter:
         if constexpr (requires { A::reduceScatter(cx); }) A::reduceScatter(cx);
-        else failUndispatched(cx, "reduce_scatter in this algorithm");  // (as allgather above)
+        else failUndispatched(cx, Undispatched::reduceScatterInAlgorithm);  // (as allgather above)
         break;
-      default: failUndispatched(cx, "reducing collective"); break;
+      default: failUndispatched(cx, Undispatched::reducingCollective); break;
     }
   }
 }
@@ -76,7 +74,7 @@ MNCL_DEV void runAlgorithm(PrimsContext<Fn> cx) {
     case Algo::ring: runCollectiveOf<Ring<Prims, T, Fn>, T, Fn>(cx); break;
     case Algo::tree: runCollectiveOf<Tree<Prims, T, Fn>, T, Fn>(cx); break;
     case Algo::direct: runCollectiveOf<Direct<Prims, T, Fn>, T, Fn>(cx); break;
-    default: failUndispatched(cx, "algorithm"); break;
+    default: failUndispatched(cx, Undispatched::algorithm); break;
   }
 }
 
@@ -115,7 +113,7 @@ struct AnyProtocol {
       case Proto::simple: OneProtocol<Proto::simple>::run<T, Fn>(cx); break;
       case Proto::ll: OneProtocol<Proto::ll>::run<T, Fn>(cx); break;
       case Proto::ll128: OneProtocol<Proto::ll128>::run<T, Fn>(cx); break;
-      default: failUndispatched(cx, "protocol"); break;
+      default: failUndispatched(cx, Undispatched::protocol); break;
     }
   }
 };

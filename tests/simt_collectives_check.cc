@@ -300,15 +300,13 @@ void checkMismatch(ProtoSizes sizes, int threads, Algo algo, bool directAccess) 
 // a protocol past its enum's end) must stop every block, not return having done nothing.
 // (The dispatch says why on stderr.)
 void checkUndispatched(ProtoSizes sizes, int threads) {
-  struct Undispatched {
+  struct Gap {
     Coll coll;
     Algo algo;
     Proto proto;
   };
-  for (Undispatched u : {Undispatched{Coll::allgather, Algo::tree, Proto::simple},
-                         Undispatched{Coll::reducescatter, Algo::tree, Proto::ll},
-                         Undispatched{Coll::allreduce, Algo::count, Proto::simple},
-                         Undispatched{Coll::broadcast, Algo::count, Proto::ll128}}) {
+  for (Gap u : {Gap{Coll::allgather, Algo::tree, Proto::simple}, Gap{Coll::reducescatter, Algo::tree, Proto::ll},
+                Gap{Coll::allreduce, Algo::count, Proto::simple}, Gap{Coll::broadcast, Algo::count, Proto::ll128}}) {
     Ranks ranks(2, sizes, true);
     size_t count = 1009;
     std::vector<std::vector<float>> send(2, std::vector<float>(2 * count, 1.0f)), recv(2, std::vector<float>(2 * count));
@@ -321,11 +319,14 @@ void checkUndispatched(ProtoSizes sizes, int threads) {
       w.count = w.chanCount = count;
       return runKernelBlockFor<float>(ranks.channels[r], w, &errors[r]);
     }, errors);
+    // Each rank's record says so, by its own rank (the host, a GPU's too, reads it from there).
+    bool recorded = true;
+    for (int r = 0; r < 2; ++r) recorded &= errors[r].peer == r && errors[r].undispatched != Undispatched::none;
     ++checks;
-    if (ran) {
+    if (ran || !recorded) {
       ++failures;
-      std::printf("FAIL undispatched: collective %d, algorithm %d, protocol %d completed instead of stopping\n",
-                  (int)u.coll, (int)u.algo, (int)u.proto);
+      std::printf("FAIL undispatched: collective %d, algorithm %d, protocol %d %s\n", (int)u.coll, (int)u.algo,
+                  (int)u.proto, ran ? "completed instead of stopping" : "left no record");
     }
   }
 }

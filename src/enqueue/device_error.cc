@@ -64,8 +64,9 @@ std::string loggedMismatch(Comm& comm, int peer) {
 }  // namespace
 
 std::pair<mnclResult_t, std::string> deviceErrorMessage(Comm& comm, const dev::DevError& e) {
-  if (e.undispatched) {
-    return {mnclInternalError, "rank " + std::to_string(comm.rank()) + ": the device code has no " + e.undispatched +
+  if (e.undispatched != dev::Undispatched::none) {
+    return {mnclInternalError, "rank " + std::to_string(comm.rank()) + ": the device code has no " +
+                                   dev::undispatchedName(e.undispatched) +
                                    ": the tuner chose an algorithm without that case (cuda/dispatch.h)"};
   }
   // A peer that failed mid-operation leaves partial steps behind: that is its failure

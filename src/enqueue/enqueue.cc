@@ -139,7 +139,7 @@ void runChannel(CommLaunch& plan, int c) {
   // with a network peer, once its call log came, 300 ms at most: see deviceErrorMessage): the
   // call's other channels may be waiting for steps that never come (a recv longer than its
   // send spreads over more channels than the send), and the failure ends their waits.
-  if (!res.ok && (res.error.peer >= 0 || res.error.undispatched)) {
+  if (!res.ok && res.error.peer >= 0) {  // (an undispatched work's record names this rank)
     auto [code, message] = deviceErrorMessage(*plan.comm, res.error);
     plan.comm->fail(code, message);
   }
