@@ -271,30 +271,20 @@ template <typename Fn>
 struct Bytewise {
   static constexpr bool kIs = false;
 };
-template <>
-struct Bytewise<FuncCopy<uint8_t>> {
+template <template <typename> class F>
+struct BytewiseAs {
   static constexpr bool kIs = true;
   template <typename W>
-  using On = FuncCopy<W>;
+  using On = F<W>;
 };
 template <>
-struct Bytewise<FuncBitAnd<uint8_t>> {
-  static constexpr bool kIs = true;
-  template <typename W>
-  using On = FuncBitAnd<W>;
-};
+struct Bytewise<FuncCopy<uint8_t>> : BytewiseAs<FuncCopy> {};
 template <>
-struct Bytewise<FuncBitOr<uint8_t>> {
-  static constexpr bool kIs = true;
-  template <typename W>
-  using On = FuncBitOr<W>;
-};
+struct Bytewise<FuncBitAnd<uint8_t>> : BytewiseAs<FuncBitAnd> {};
 template <>
-struct Bytewise<FuncBitXor<uint8_t>> {
-  static constexpr bool kIs = true;
-  template <typename W>
-  using On = FuncBitXor<W>;
-};
+struct Bytewise<FuncBitOr<uint8_t>> : BytewiseAs<FuncBitOr> {};
+template <>
+struct Bytewise<FuncBitXor<uint8_t>> : BytewiseAs<FuncBitXor> {};
 
 // A bytewise reduction as words of W, which every pointer is aligned to, then the bytes
 // left: a float32 buffer 4 bytes off 16 moves 4 bytes a load, not one.
