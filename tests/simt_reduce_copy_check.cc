@@ -1,10 +1,10 @@
 // reduceCopy and copyElems, the GPU's data movers (cuda/reduce_copy.h), on emulated blocks
 // with pointers at every offset from a 16-byte boundary: the vector loop after a head where
 // they lie together, the element-wise loop where they never do, byte copies and bitwise
-// reductions as words. A
-// block's threads run one after another on one OS thread (reduceCopy has no barriers), in
-// reverse order, so an element covered twice or never shows up every time; each loaded byte
-// is counted (it must be loaded once), and bytes around each output must stay untouched.
+// reductions as words. A block's threads run one after another on one OS thread (reduceCopy
+// has no barriers), in reverse order, so an element covered twice or never shows up every
+// time; each loaded byte is counted (it must be loaded once), and bytes around each output
+// must stay untouched.
 // Exits 0 when every check passes.
 //
 //   c++ -std=c++20 -O1 -pthread -DMNCL_SIMT_EMULATION -Icuda -Itests tests/simt_reduce_copy_check.cc
