@@ -11,6 +11,7 @@ it: torch waits on it at once, and the hand-off to the worker and back cost ~40 
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from datetime import timedelta
@@ -19,6 +20,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from . import errors
 from ._torch_errors import Timeout, as_backend_error
 
 Job = Callable[[], None]
@@ -69,6 +71,8 @@ class MinincclWork(dist._Work):
 
     def _finish(self, error: BaseException | None) -> None:
         with _LAZY:
+            if self._done:  # (a QueuedWork's outcome may reach it twice: its waiter, its lane)
+                return
             self._error = None if error is None else as_backend_error(error)
             self._done = True
             # (The outcome's future lets go of the work once completed: the error it holds
@@ -149,6 +153,64 @@ class MinincclWork(dist._Work):
         self.wait()
 
 
+class QueuedWork(MinincclWork):
+    """A work queued on minincl's own ``async_op=True`` worker (a C++ thread of the
+    communicator, which runs calls in program order without the GIL) instead of a lane's
+    Python thread: an 8-byte ``all_reduce(async_op=True).wait()`` costs ~10 us there, ~30
+    through a lane (bench/RESULTS.md, forty-eighth session). ``handle``: minincl's Work.
+    Waits go straight to the handle; a future is completed from the lane (see get_future)."""
+
+    def __init__(
+        self, outputs: list[torch.Tensor], handle: Any, lane: Lane, start: Callable[[MinincclWork | None], None]
+    ) -> None:
+        super().__init__(outputs, start)
+        self._handle = handle
+        self._lane = lane
+        self._completing = False  # a lane job waits for the handle, to complete the future
+
+    def _settle(self, seconds: float | None) -> bool:
+        """Takes the handle's outcome, waiting up to `seconds` (None: as long as it takes);
+        whether the operation ended."""
+        if seconds is not None and not self._handle.is_completed():
+            with contextlib.suppress(errors.Error):  # (the operation's own error comes below)
+                self._handle.wait(seconds)
+            if not self._handle.is_completed():
+                return False
+        try:
+            self._handle.wait()
+        except Exception as e:  # noqa: BLE001 - kept for whoever waits on the work
+            self._finish(e)
+        else:
+            self._finish(None)
+        return True
+
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        self._ensure_started()  # (sends posted after it, which a peer may need first)
+        if not self._done and not self._settle(seconds if seconds else None):
+            raise Timeout(f"minincl process group: the operation did not finish within {seconds} s")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        self._ensure_started()
+        if not self._done and self._handle.is_completed():
+            self._settle(None)
+        return self._done
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        """The future completes when the operation ends, whether anyone waits or not: a job
+        on the lane waits for it (jobs queued after it on the lane wait for the operation
+        anyway, as minincl runs a call only after the async_op calls before it)."""
+        if not self.is_completed():
+            with _LAZY:
+                start, self._completing = not self._completing, True
+            if start:
+                self._lane.submit(self._handle.wait, [self])
+        return super().get_future()
+
+
 def _outputs_or_raise(outcome: torch.futures.Future[Any]) -> Any:
     return outcome.wait()  # (raises the error set_exception gave it)
 
@@ -205,6 +267,16 @@ class Lane:
             self.submit(job, works)
             return
         self._run_counted(job, works)
+
+    def queue(self, start: Callable[[], Any]) -> Any | None:
+        """Calls `start`, which queues an operation on minincl's own async_op worker, if no
+        job is queued or running here (QueuedWork), and returns what it returns; else None,
+        and the caller takes the lane. (Under the lock: a job another thread submits, or runs
+        now, comes after it, and minincl runs that job's calls after the queued one.)"""
+        with self._lock:
+            if self._inline or self._unfinished:
+                return None
+            return start()
 
     def _on_worker(self) -> bool:
         """A job issued by a Future callback that completing a job ran on the worker (as

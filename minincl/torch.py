@@ -54,7 +54,7 @@ from ._core import build_info
 from ._torch_launch import LocalRunError, free_port, run_local
 from ._torch_sparse import summed_over_ranks
 from ._torch_tensors import Op, Staged, as_bytes, as_elements, op_name, plain_op, reducible, stage
-from ._torch_work import Lane, MinincclWork
+from ._torch_work import Lane, MinincclWork, QueuedWork
 from .errors import InvalidUsage, Timeout
 
 BACKEND_NAME = "minincl"
@@ -265,19 +265,16 @@ class ProcessGroupMinincl(dist.ProcessGroup):
             self._submit([op], grouped=False, caller_waits=getattr(opts, "asyncOp", True) is False)
         return work
 
-    @staticmethod
-    def _sync(opts: Any, kind: type[Any]) -> bool:
-        """Whether a call came with options as torch makes them, of `kind`, without
-        ``async_op``: torch waits on it at once."""
-        return type(opts) is kind and not opts.asyncOp
-
-    def _at_once(self, tensors: list[torch.Tensor], run: Callable[..., object]) -> MinincclWork | None:
-        """Runs ``run(comm, *tensors)`` on the caller's thread (Lane.run_now) where a call that
-        torch waits on at once (_sync) is of the common plain kind: dense contiguous tensors of
-        this group's device (the output first), with nothing deferred or coalescing. There
-        the general path's staging, op record and job (_new_op) cost ~5 us of an 8-byte
-        all_reduce's ~15 (bench/RESULTS.md, forty-seventh session). None: the call takes the
-        general path."""
+    def _direct(self, opts: Any, tensors: list[torch.Tensor], run: Callable[..., object]) -> MinincclWork | None:
+        """Runs ``run(comm, queued, *tensors)`` straight on the communicator where a call is of
+        the common plain kind: options as torch makes them (the caller checked their type),
+        dense contiguous
+        tensors of this group's device (the output first), with nothing deferred or
+        coalescing. There the general path's staging, op record and job (_new_op) cost ~5 us
+        of an 8-byte all_reduce's ~15 (bench/RESULTS.md, forty-seventh session). A call that
+        torch waits on at once (not asyncOp) runs on the caller's thread (Lane.run_now); an
+        asyncOp one is queued on minincl's own async_op worker (`queued` true: QueuedWork)
+        where the lane is idle. None: the call takes the general path."""
         if self._coalescing or _deferred_ops:
             return None
         cuda = tensors[0].is_cuda
@@ -290,10 +287,13 @@ class ProcessGroupMinincl(dist.ProcessGroup):
             if t.is_cuda != cuda or (cuda and str(t.device) != dc.comm.device):
                 return None
         bufs = [t.detach() if t.requires_grad else t for t in tensors]
+        if opts.asyncOp:
+            handle = dc.lane.queue(lambda: run(dc.comm, True, *bufs))
+            return None if handle is None else QueuedWork(tensors[:1], handle, dc.lane, self._start_deferred)
         work = MinincclWork(tensors[:1], devices=[tensors[0].device] if cuda else None)
 
         def job() -> None:
-            run(dc.comm, *bufs)
+            run(dc.comm, False, *bufs)
 
         dc.lane.run_now(job, [work])
         return work
@@ -397,9 +397,9 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     def allreduce(  # type: ignore[override]
         self, tensors: list[torch.Tensor], opts: Any = None, op: Any = None, timeout: Any = None
     ) -> MinincclWork:
-        if type(tensors) is list and len(tensors) == 1 and self._sync(opts, dist.AllreduceOptions):
+        if type(tensors) is list and len(tensors) == 1 and type(opts) is dist.AllreduceOptions:
             name = plain_op(opts.reduceOp, tensors[0].dtype)
-            work = name and self._at_once(tensors, lambda c, b: c.allreduce(b, op=name))
+            work = name and self._direct(opts, tensors, lambda c, q, b: c.allreduce(b, op=name, async_op=q))
             if work:
                 return work
         tensors, opts = call_forms.allreduce(tensors, opts, op)
@@ -440,9 +440,11 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         return self._reduce_op("reduce", tensors, opts, lambda c, b, o: c.reduce(b, op=o, root=root))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MinincclWork:
-        if self._sync(opts, dist.ReduceScatterOptions) and output.dtype == input.dtype:
+        if type(opts) is dist.ReduceScatterOptions and output.dtype == input.dtype:
             name = plain_op(opts.reduceOp, output.dtype)
-            work = name and self._at_once([output, input], lambda c, o, i: c.reduce_scatter(i, o, op=name))
+            work = name and self._direct(
+                opts, [output, input], lambda c, q, o, i: c.reduce_scatter(i, o, op=name, async_op=q)
+            )
             if work:
                 return work
         return self.reduce_scatter_single_coalesced([output], [input], opts)
@@ -511,9 +513,9 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     def broadcast(  # type: ignore[override]
         self, tensors: list[torch.Tensor], opts: Any = None, timeout: Any = None, root: Any = None
     ) -> MinincclWork:
-        if type(tensors) is list and len(tensors) == 1 and self._sync(opts, dist.BroadcastOptions):
+        if type(tensors) is list and len(tensors) == 1 and type(opts) is dist.BroadcastOptions:
             at = opts.rootRank
-            work = self._at_once(tensors, lambda c, b: c.broadcast(as_bytes(b), root=at))
+            work = self._direct(opts, tensors, lambda c, q, b: c.broadcast(as_bytes(b), root=at, async_op=q))
             if work:
                 return work
         tensors, opts = call_forms.broadcast(tensors, opts, root)
@@ -529,8 +531,10 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         return self._new_op("broadcast", tensors, tensors, body, _outputs_after(staged), opts=opts)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MinincclWork:
-        if self._sync(opts, AllgatherOptions) and output.dtype == input.dtype:
-            work = self._at_once([output, input], lambda c, o, i: c.allgather(as_bytes(i), as_bytes(o)))
+        if type(opts) is AllgatherOptions and output.dtype == input.dtype:
+            work = self._direct(
+                opts, [output, input], lambda c, q, o, i: c.allgather(as_bytes(i), as_bytes(o), async_op=q)
+            )
             if work:
                 return work
         return self.all_gather_single_coalesced([output], [input], opts)

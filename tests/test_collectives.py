@@ -5,6 +5,7 @@ out of place and in place, and checks that inputs are left untouched."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -426,6 +427,27 @@ def test_async_op_handles(comms_of: Any) -> None:
         for i, x in enumerate(res[:5]):
             np.testing.assert_array_equal(x, np.full(30_000, 1 + 2 * i, np.float32))
         np.testing.assert_array_equal(res[5], np.full(10, 2, np.float32))
+
+
+def test_a_wait_with_a_timeout_raises_and_the_call_goes_on(comms_of: Any) -> None:
+    """Work.wait(timeout) limits the wait, not the call: rank 1 joins 1 s late."""
+    comms = comms_of(2)
+
+    def body(c: Any) -> Any:
+        if c.rank == 1:
+            time.sleep(1.0)
+        x = np.full(7, c.rank + 1.0, np.float32)
+        work = c.allreduce(x, async_op=True)
+        if c.rank == 0:
+            started = time.monotonic()
+            with pytest.raises(minincl.Timeout, match=r"did not finish within 0\.2 s \(it goes on"):
+                work.wait(timeout=0.2)
+            assert time.monotonic() - started < 0.9  # (the limit, not the late rank, ended it)
+            assert not work.is_completed()
+        return work.wait(timeout=60)
+
+    for x in run_ranks(comms, body):
+        np.testing.assert_array_equal(x, np.full(7, 3.0, np.float32))
 
 
 def test_a_group_after_async_calls_runs_after_them(comms_of: Any) -> None:

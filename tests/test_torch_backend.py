@@ -409,6 +409,33 @@ def _want_contiguous_on_one_rank(rank: int) -> Result:
     ]
 
 
+def _async_on_both_paths(rank: int) -> Result:
+    """contiguous_on_one_rank with async_op=True, all issued before any wait (waited on in
+    reverse) and a call without async_op among them: rank 0's go to minincl's own async_op
+    worker, rank 1's through the lane; both run them in program order."""
+
+    def laid(t: torch.Tensor) -> torch.Tensor:
+        return t if rank == 0 else t.t().contiguous().t()
+
+    summed = laid(values(rank, 8).reshape(2, 4))
+    sent = laid(values(rank, 8).reshape(2, 4) * (rank + 1))
+    gathered = laid(torch.zeros(WORLD * 2, 4))
+    scattered = laid(torch.zeros(2, 4))
+    between = values(rank)
+    works = [
+        dist.all_reduce(summed, op=dist.ReduceOp.MAX, async_op=True),
+        dist.broadcast(sent, src=1, async_op=True),
+    ]
+    dist.all_reduce(between)
+    works += [
+        all_gather_single(gathered, laid(values(rank, 8).reshape(2, 4)), async_op=True),
+        reduce_scatter_single(scattered, laid(values(rank, WORLD * 8).reshape(WORLD * 2, 4)), async_op=True),
+    ]
+    for w in reversed(works):
+        w.wait()
+    return [summed, sent, gathered, scattered, between]
+
+
 def _negated_views(rank: int) -> Result:
     """Tensors with the negative bit set (_neg_view(); the imaginary part of a conj()) hold
     their values' negations: taken as they lay, a send arrived with the wrong sign and an
@@ -745,6 +772,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
     "non_contiguous": (_non_contiguous, _want_non_contiguous),
     "contiguous_on_one_rank": (_contiguous_on_one_rank, _want_contiguous_on_one_rank),
     "negated_views": (_negated_views, _want_negated_views),
+    "async_on_both_paths": (_async_on_both_paths, lambda r: [*_want_contiguous_on_one_rank(r), _want_sum(r)]),
     "async_future": (_async_future, lambda r: [_want_sum(r), _want_sum(r) * 2]),
     "collective_in_a_callback": (_collective_in_a_callback, lambda r: [_want_sum(r)] * 3 + [_want_sum(r) * 2]),
     "sync_behind_async": (
@@ -829,15 +857,20 @@ def test_single_rank_file_init(single_rank: Any) -> None:
 
 
 def test_calls_without_async_op_run_on_the_callers_thread(single_rank: Any) -> None:
-    """They wait at once, so the lane's thread (which async calls need) is never started."""
+    """They wait at once, so the lane's thread is never started; nor by an async call on a
+    plain tensor (minincl's own async_op worker runs it), only by one the general path takes."""
     t = torch.arange(4.0)
     dist.all_reduce(t)
     dist.broadcast(t, src=0)
     dist.barrier()
     assert single_rank._comms["cpu"].lane._thread is None
     dist.all_reduce(t, async_op=True).wait()
-    assert single_rank._comms["cpu"].lane._thread is not None
+    assert single_rank._comms["cpu"].lane._thread is None
     torch.testing.assert_close(t, torch.arange(4.0))
+    columns = torch.arange(6.0).reshape(2, 3).t()  # (not contiguous: staged, so the general path)
+    dist.all_reduce(columns, async_op=True).wait()
+    assert single_rank._comms["cpu"].lane._thread is not None
+    torch.testing.assert_close(columns, torch.arange(6.0).reshape(2, 3).t())
 
 
 def test_single_rank_premul_sum_scales(single_rank: Any) -> None:
@@ -1379,24 +1412,27 @@ def test_the_process_group_timeout_bounds_its_init_too(tmp_path: Path) -> None:
     assert "missing ranks: 1" in message, message
 
 
-def wait_briefly_then_fully() -> dict[str, Any]:
-    """Rank 1 joins an all_reduce 2 s late; rank 0 first waits on it for 0.2 s, then fully."""
+def wait_briefly_then_fully(strided: bool) -> dict[str, Any]:
+    """Rank 1 joins an all_reduce 2 s late; rank 0 first waits on it for 0.2 s, then fully.
+    `strided`: a transposed tensor, which the general path takes (else minincl's own async
+    worker runs it: QueuedWork)."""
     rank = int(os.environ["RANK"])
     dist.init_process_group("minincl")
     if rank == 1:
         time.sleep(2)
-    t = torch.full((10,), float(rank + 1))
+    t = torch.full((2, 5), float(rank + 1)).t() if strided else torch.full((10,), float(rank + 1))
     work = dist.all_reduce(t, async_op=True)
     assert work is not None
     brief = outcome_of(lambda: str(work.wait(timedelta(seconds=0.2))))
     work.wait()
     dist.destroy_process_group()
-    return {"brief": brief, "sum": t.tolist()}
+    return {"brief": brief, "sum": t.flatten().tolist()}
 
 
-def test_a_wait_with_a_timeout_raises_and_a_later_wait_still_gets_the_result() -> None:
+@pytest.mark.parametrize("strided", [False, True], ids=["plain", "strided"])
+def test_a_wait_with_a_timeout_raises_and_a_later_wait_still_gets_the_result(strided: bool) -> None:
     """work.wait(timeout) limits one wait, not the operation, as with NCCL."""
-    first, second = run_local(wait_briefly_then_fully, WORLD, timeout=90)
+    first, second = run_local(wait_briefly_then_fully, WORLD, strided, timeout=90)
     assert first["brief"]["type"] == "Timeout" and first["brief"]["torch"], first
     assert "did not finish within 0.2 s" in first["brief"]["message"], first
     assert first["sum"] == second["sum"] == [3.0] * 10, (first, second)

@@ -152,7 +152,9 @@ void bindGroups(py::module_& m) {
 // Work (an async_op=True call's handle) and Communicator.
 void bindCommunicator(py::module_& m) {
   py::class_<Work>(m, "Work", "Handle of an async_op=True call")
-      .def("wait", &Work::wait, "Blocks until the operation finished; raises its error; returns its result.")
+      .def("wait", &Work::wait, py::arg("timeout") = py::none(),
+           "Blocks until the operation finished (or raises Timeout after `timeout` seconds, the operation going "
+           "on); raises its error; returns its result.")
       .def("is_completed", &Work::isCompleted)
       .def("result", &Work::result);
 
