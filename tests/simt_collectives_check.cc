@@ -37,12 +37,14 @@ size_t sliceOf(size_t count, int parts, size_t elemSize) {
   return (per + align - 1) / align * align;
 }
 
-// One kernel's block: what runTyped does for a protocol's kernel (copy-only collectives on
-// bytes, as launch.cu sends them; avg knows the rank count, as kernels.cu's setRanks sees to).
+// One kernel's block: what runTyped does for a protocol's kernel, or for direct LL's own
+// kernel, which kernels.cu launches where every block runs direct LL (copy-only collectives
+// on bytes, as launch.cu sends them; avg knows the rank count, as kernels.cu's setRanks sees to).
 template <typename T, typename Fn>
 bool runKernelBlock(DevChannel& ch, const DevWork& w, DevError* err) {
   Fn fn{};
   if constexpr (requires { fn.nranks; }) fn.nranks = (uint32_t)ch.nranks;
+  if (DirectLLOnly::runs(w)) return runTyped<T, Fn, DirectLLOnly>(ch, w, fn, err);
   switch (w.proto) {
     case Proto::simple: return runTyped<T, Fn, OneProtocol<Proto::simple>>(ch, w, fn, err);
     case Proto::ll: return runTyped<T, Fn, OneProtocol<Proto::ll>>(ch, w, fn, err);
