@@ -156,9 +156,10 @@ class MinincclWork(dist._Work):
 class QueuedWork(MinincclWork):
     """A work queued on minincl's own ``async_op=True`` worker (a C++ thread of the
     communicator, which runs calls in program order without the GIL) instead of a lane's
-    Python thread: an 8-byte ``all_reduce(async_op=True).wait()`` costs ~10 us there, ~30
+    Python thread: an 8-byte ``all_reduce(async_op=True).wait()`` costs ~22 us there, ~57
     through a lane (bench/RESULTS.md, forty-eighth session). ``handle``: minincl's Work.
-    Waits go straight to the handle; a future is completed from the lane (see get_future)."""
+    Waits go straight to the handle, until a future is asked for: from then on a job on the
+    lane completes the work (see get_future)."""
 
     def __init__(
         self, outputs: list[torch.Tensor], handle: Any, lane: Lane, start: Callable[[MinincclWork | None], None]
@@ -185,6 +186,8 @@ class QueuedWork(MinincclWork):
         return True
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
+        if self._completing:
+            return super().wait(timeout)
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         self._ensure_started()  # (sends posted after it, which a peer may need first)
         if not self._done and not self._settle(seconds if seconds else None):
@@ -195,14 +198,23 @@ class QueuedWork(MinincclWork):
 
     def is_completed(self) -> bool:
         self._ensure_started()
-        if not self._done and self._handle.is_completed():
+        if not self._done and not self._completing and self._handle.is_completed():
             self._settle(None)
         return self._done
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        self.is_completed()
+        return self._error
 
     def get_future(self) -> torch.futures.Future[Any]:
         """The future completes when the operation ends, whether anyone waits or not: a job
         on the lane waits for it (jobs queued after it on the lane wait for the operation
-        anyway, as minincl runs a call only after the async_op calls before it)."""
+        anyway, as minincl runs a call only after the async_op calls before it). That job
+        alone then completes the work, so that the future's callbacks (which may issue calls)
+        run on the lane's thread on every rank, not on whichever thread came first."""
         if not self.is_completed():
             with _LAZY:
                 start, self._completing = not self._completing, True

@@ -55,7 +55,7 @@ from ._torch_launch import LocalRunError, free_port, run_local
 from ._torch_sparse import summed_over_ranks
 from ._torch_tensors import Op, Staged, as_bytes, as_elements, op_name, plain_op, reducible, stage
 from ._torch_work import Lane, MinincclWork, QueuedWork
-from .errors import InvalidUsage, Timeout
+from .errors import Error, InvalidUsage, Timeout
 
 BACKEND_NAME = "minincl"
 # scatter and gather are sends and receives tagged with what they are and their root (a tag
@@ -288,7 +288,10 @@ class ProcessGroupMinincl(dist.ProcessGroup):
                 return None
         bufs = [t.detach() if t.requires_grad else t for t in tensors]
         if opts.asyncOp:
-            handle = dc.lane.queue(lambda: run(dc.comm, True, *bufs))
+            try:
+                handle = dc.lane.queue(lambda: run(dc.comm, True, *bufs))
+            except Error:
+                return None  # (not queued: the general path reports it, from wait(), as torch's error)
             return None if handle is None else QueuedWork(tensors[:1], handle, dc.lane, self._start_deferred)
         work = MinincclWork(tensors[:1], devices=[tensors[0].device] if cuda else None)
 

@@ -436,6 +436,28 @@ def _async_on_both_paths(rank: int) -> Result:
     return [summed, sent, gathered, scattered, between]
 
 
+def _callback_after_a_queued_call(rank: int) -> Result:
+    """A future's callback that makes a call runs where the lane would run it on every rank:
+    not on the thread that polls or waits on the work first (it did, for an async call on
+    minincl's own worker: rank 0 then made the callback's call after a later one, rank 1
+    before it, and the collectives paired wrongly)."""
+    a, b, c = values(rank), values(rank) * 10, values(rank) * 100
+    if rank == 1:
+        time.sleep(0.2)
+    work = dist.all_reduce(a, async_op=True)
+    future = work.get_future().then(lambda f: dist.all_reduce(c))
+    later = dist.all_reduce(b, async_op=True)
+    if rank == 0:
+        while not work.is_completed():
+            pass
+    else:
+        time.sleep(0.2)
+        work.wait()
+    future.wait()
+    later.wait()
+    return [a, b, c]
+
+
 def _negated_views(rank: int) -> Result:
     """Tensors with the negative bit set (_neg_view(); the imaginary part of a conj()) hold
     their values' negations: taken as they lay, a send arrived with the wrong sign and an
@@ -772,6 +794,10 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
     "non_contiguous": (_non_contiguous, _want_non_contiguous),
     "contiguous_on_one_rank": (_contiguous_on_one_rank, _want_contiguous_on_one_rank),
     "negated_views": (_negated_views, _want_negated_views),
+    "callback_after_a_queued_call": (
+        _callback_after_a_queued_call,
+        lambda r: [_want_sum(r), _want_sum(r) * 10, _want_sum(r) * 100],
+    ),
     "async_on_both_paths": (_async_on_both_paths, lambda r: [*_want_contiguous_on_one_rank(r), _want_sum(r)]),
     "async_future": (_async_future, lambda r: [_want_sum(r), _want_sum(r) * 2]),
     "collective_in_a_callback": (_collective_in_a_callback, lambda r: [_want_sum(r)] * 3 + [_want_sum(r) * 2]),
@@ -871,6 +897,22 @@ def test_calls_without_async_op_run_on_the_callers_thread(single_rank: Any) -> N
     dist.all_reduce(columns, async_op=True).wait()
     assert single_rank._comms["cpu"].lane._thread is not None
     torch.testing.assert_close(columns, torch.arange(6.0).reshape(2, 3).t())
+
+
+def test_calls_on_an_aborted_group_raise_torch_errors(single_rank: Any) -> None:
+    """On every path: an async call on a plain tensor, which minincl's own async worker
+    refuses before queueing it, included (it raised minincl's InvalidUsage, not torch's)."""
+    single_rank.abort()
+    plain, strided = torch.ones(4), torch.ones(2, 2).t()
+    calls = {
+        "plain": lambda: dist.all_reduce(plain),
+        "plain, async": lambda: dist.all_reduce(plain, async_op=True).wait(),
+        "strided, async": lambda: dist.all_reduce(strided, async_op=True).wait(),
+    }
+    for name, call in calls.items():
+        with pytest.raises(dist.DistBackendError, match="aborted") as raised:
+            call()
+        assert isinstance(raised.value, minincl.InvalidUsage), name
 
 
 def test_single_rank_premul_sum_scales(single_rank: Any) -> None:
