@@ -91,19 +91,23 @@ class MinincclWork(dist._Work):
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        self._ensure_started(waited=not seconds)  # (with a limit, the ops must run elsewhere)
-        if not self._done:
-            with _LAZY:
-                if not self._done and self._event is None:
-                    self._event = threading.Event()
-                event = None if self._done else self._event
-            # torch passes timedelta(0) for "no timeout"; minincl's own timeouts and its
-            # peer-death detection keep a wait without a limit from hanging forever.
-            if event is not None and not event.wait(seconds if seconds else None):
-                raise Timeout(f"minincl process group: the operation did not finish within {seconds} s")
+        # torch passes timedelta(0) for "no timeout"; minincl's own timeouts and its
+        # peer-death detection keep a wait without a limit from hanging forever.
+        seconds = seconds or None
+        self._ensure_started(waited=seconds is None)  # (with a limit, the ops must run elsewhere)
+        if not self._done and not self._ended_within(seconds):
+            raise Timeout(f"minincl process group: the operation did not finish within {seconds} s")
         if self._error is not None:
             raise self._error
         return True
+
+    def _ended_within(self, seconds: float | None) -> bool:
+        """Waits for the end, up to `seconds` (None: as long as it takes); whether it came."""
+        with _LAZY:
+            if not self._done and self._event is None:
+                self._event = threading.Event()
+            event = None if self._done else self._event
+        return event is None or event.wait(seconds)
 
     def is_completed(self) -> bool:
         self._ensure_started()
@@ -156,7 +160,7 @@ class MinincclWork(dist._Work):
 class QueuedWork(MinincclWork):
     """A work queued on minincl's own ``async_op=True`` worker (a C++ thread of the
     communicator, which runs calls in program order without the GIL) instead of a lane's
-    Python thread: an 8-byte ``all_reduce(async_op=True).wait()`` costs ~22 us there, ~57
+    Python thread: an 8-byte ``all_reduce(async_op=True).wait()`` costs ~25 us there, ~60
     through a lane (bench/RESULTS.md, forty-eighth session). ``handle``: minincl's Work.
     Waits go straight to the handle, until a future is asked for: from then on a job on the
     lane completes the work (see get_future)."""
@@ -185,16 +189,8 @@ class QueuedWork(MinincclWork):
             self._finish(None)
         return True
 
-    def wait(self, timeout: timedelta | float | None = None) -> bool:
-        if self._completing:
-            return super().wait(timeout)
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        self._ensure_started()  # (sends posted after it, which a peer may need first)
-        if not self._done and not self._settle(seconds if seconds else None):
-            raise Timeout(f"minincl process group: the operation did not finish within {seconds} s")
-        if self._error is not None:
-            raise self._error
-        return True
+    def _ended_within(self, seconds: float | None) -> bool:
+        return super()._ended_within(seconds) if self._completing else self._settle(seconds)
 
     def is_completed(self) -> bool:
         self._ensure_started()
