@@ -156,22 +156,35 @@ class Program:
         return out
 
     def op_async_mix(self, i: int) -> Any:
-        works, outs = [], []
+        """Async calls of several kinds, on plain tensors (minincl's own async worker runs
+        them where the group's lane is idle) and column-major ones (the lane), waited on or
+        through their futures in shuffled order."""
+        works, outs, kinds = [], [], []
         for k in range(self.rng.randrange(2, 6)):
             x = values(self.shape, torch.float32, self.rank, i * 11 + k)
-            kind = self.rng.choice(["all_reduce", "broadcast", "all_gather"])
+            kind = self.rng.choice(["all_reduce", "broadcast", "all_gather", "reduce_scatter"])
+            kinds.append(kind)
             if kind == "all_gather":
                 out = torch.empty((self.world * self.shape[0], self.shape[1]))
                 works.append(dist.all_gather_into_tensor(out, x, async_op=True))
                 outs.append(out)
+            elif kind == "reduce_scatter":
+                out = torch.empty(self.shape)
+                whole = values((self.world * self.shape[0], self.shape[1]), torch.float32, self.rank, i * 11 + k)
+                works.append(dist.reduce_scatter_tensor(out, whole, async_op=True))
+                outs.append(out)
             else:
+                x = x.t().contiguous().t() if self.rng.random() < 0.3 else x
                 call = dist.all_reduce if kind == "all_reduce" else lambda t, **kw: dist.broadcast(t, self.root, **kw)
                 works.append(call(x, async_op=True))
                 outs.append(x)
         order = list(range(len(works)))
         self.rng.shuffle(order)
         for k in order:
-            works[k].wait()
+            if kinds[k] in ("all_reduce", "broadcast") and self.rng.random() < 0.3:  # (gloo's others have none)
+                works[k].get_future().wait()
+            else:
+                works[k].wait()
         return outs
 
     def op_coalesced(self, i: int) -> Any:
