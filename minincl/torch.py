@@ -268,13 +268,13 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     def _direct(self, opts: Any, tensors: list[torch.Tensor], run: Callable[..., object]) -> MinincclWork | None:
         """Runs ``run(comm, queued, *tensors)`` straight on the communicator where a call is of
         the common plain kind: options as torch makes them (the caller checked their type),
-        dense contiguous
-        tensors of this group's device (the output first), with nothing deferred or
-        coalescing. There the general path's staging, op record and job (_new_op) cost ~5 us
-        of an 8-byte all_reduce's ~15 (bench/RESULTS.md, forty-seventh session). A call that
-        torch waits on at once (not asyncOp) runs on the caller's thread (Lane.run_now); an
-        asyncOp one is queued on minincl's own async_op worker (`queued` true: QueuedWork)
-        where the lane is idle. None: the call takes the general path."""
+        dense contiguous tensors of this group's device (the output first), with nothing
+        deferred or coalescing. There the general path's staging, op record and job (_new_op)
+        cost ~5 us of an 8-byte all_reduce's ~15 (bench/RESULTS.md, forty-seventh session).
+        A call that torch waits on at once (not asyncOp) runs on the caller's thread
+        (Lane.run_now); an asyncOp one is queued on minincl's own async_op worker (`queued`
+        true: QueuedWork) where the lane is idle (forty-eighth session). None: the call takes
+        the general path."""
         if self._coalescing or _deferred_ops:
             return None
         cuda = tensors[0].is_cuda
