@@ -286,45 +286,176 @@ struct Bytewise<FuncBitOr<uint8_t>> : BytewiseAs<FuncBitOr> {};
 template <>
 struct Bytewise<FuncBitXor<uint8_t>> : BytewiseAs<FuncBitXor> {};
 
-// A bytewise reduction as words of W, which every pointer is aligned to, then the bytes
-// left: a float32 buffer 4 bytes off 16 moves 4 bytes a load, not one.
-template <typename W, typename Fn, typename T>
-MNCL_DEV void reduceBytesAsWords(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n) {
-  const W* wordSrcs[kMaxSrcs];
-  W* wordDsts[kMaxDsts];
-  for (int s = 0; s < nsrc; ++s) wordSrcs[s] = reinterpret_cast<const W*>(srcs[s]);
-  for (int d = 0; d < ndst; ++d) wordDsts[d] = reinterpret_cast<W*>(dsts[d]);
-  size_t words = n / sizeof(W);
-  reduceCopyElements(typename Bytewise<Fn>::template On<W>{}, nsrc, wordSrcs, ndst, wordDsts, 0, words, false);
-  reduceCopyElements(fn, nsrc, srcs, ndst, dsts, words * sizeof(W), n, false);
+// (hi:lo) >> bits, its low 32 bits, for bits below 32: CUDA's funnel shift.
+MNCL_DEV uint32_t funnelShiftRight(uint32_t lo, uint32_t hi, uint32_t bits) {
+#if defined(__CUDACC__)
+  return __funnelshift_r(lo, hi, bits);
+#else
+  return (uint32_t)((((uint64_t)hi << 32) | lo) >> bits);
+#endif
 }
 
-// Where a bytewise reduction whose pointers never align to 16 bytes together goes as words:
-// the widest that all of them allow. Returns false if only bytes will do. (A copy reads its
-// first source only.)
-template <typename Fn, typename T>
-MNCL_DEV bool reducedAsWords(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n) {
-  if constexpr (std::is_same_v<Fn, FuncCopy<T>>) nsrc = 1;
-  uintptr_t bits = 0;
-  for (int s = 0; s < nsrc; ++s) bits |= (uintptr_t)srcs[s];
-  for (int d = 0; d < ndst; ++d) bits |= (uintptr_t)dsts[d];
-  if ((bits & 7) == 0) reduceBytesAsWords<uint64_t>(fn, nsrc, srcs, ndst, dsts, n);
-  else if ((bits & 3) == 0) reduceBytesAsWords<uint32_t>(fn, nsrc, srcs, ndst, dsts, n);
-  else if ((bits & 1) == 0) reduceBytesAsWords<uint16_t>(fn, nsrc, srcs, ndst, dsts, n);
-  else return false;
-  return true;
+// The 16 bytes at p, which lies `shift` bytes (1 to 15) past a 16-byte boundary: the two
+// aligned vectors that hold them, loaded whole and joined. (Each of the four words is picked
+// by a branch-free select on shift / 4: a run-time index would put the eight words in local
+// memory. Templates, as the loads they use: the tests' emulation specialises those.)
+template <typename T, typename Word = uint32_t>
+MNCL_DEV Bits16 loadShifted16(const T* p, int shift) {
+  static_assert(sizeof(T) == 1 && sizeof(Word) == 4, "bytes, joined as words");
+  const Word* at = reinterpret_cast<const Word*>(p - shift);
+  Vec16<Word> a = loadFresh16(at), b = loadFresh16(at + 4);
+  const uint32_t w[8] = {a.e[0], a.e[1], a.e[2], a.e[3], b.e[0], b.e[1], b.e[2], b.e[3]};
+  const int q = shift >> 2;
+  const uint32_t bits = (uint32_t)(shift & 3) * 8;
+  uint32_t out[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t lo = q == 0 ? w[j] : q == 1 ? w[j + 1] : q == 2 ? w[j + 2] : w[j + 3];
+    uint32_t hi = q == 0 ? w[j + 1] : q == 1 ? w[j + 2] : q == 2 ? w[j + 3] : w[j + 4];
+    out[j] = funnelShiftRight(lo, hi, bits);
+  }
+  Bits16 v;
+  v.x = out[0], v.y = out[1], v.z = out[2], v.w = out[3];
+  return v;
+}
+
+// The 16 bytes at p, aligned or `shift` bytes past a boundary.
+template <typename T>
+MNCL_DEV Bits16 loadAny16(const T* p, int shift) {
+  return shift == 0 ? loadFresh16(p).u : loadShifted16(p, shift);
+}
+
+// Stores 16 bytes at p, which lies `shift` bytes past a 16-byte boundary: as one vector, or
+// in the widest pieces its alignment allows (stores do not hold a thread up as loads do).
+MNCL_DEV void storeAny16(uint8_t* p, int shift, const Bits16& v) {
+  if (shift == 0) {
+    *reinterpret_cast<Bits16*>(p) = v;
+    return;
+  }
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  if ((shift & 7) == 0) {
+    auto* d = reinterpret_cast<uint64_t*>(p);
+    d[0] = w[0] | (uint64_t)w[1] << 32;
+    d[1] = w[2] | (uint64_t)w[3] << 32;
+  } else if ((shift & 3) == 0) {
+    auto* d = reinterpret_cast<uint32_t*>(p);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) d[j] = w[j];
+  } else if ((shift & 1) == 0) {
+    auto* d = reinterpret_cast<uint16_t*>(p);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) d[j] = (uint16_t)(w[j / 2] >> (16 * (j % 2)));
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) p[j] = (uint8_t)(w[j / 4] >> (8 * (j % 4)));
+  }
+}
+
+// Vectors a thread takes a round in reduceBytesShifted: one (two loads where shifted). Two
+// made the Simple and p2p kernels spill where they did not, inlined or not (ptxas -v, at the
+// build's -O1).
+constexpr int kShiftedUnroll = 1;
+
+// The vectors of a bytewise reduction whose pointers lie at different distances past 16-byte
+// boundaries: nvec 16-byte vectors from byte `at`, a grid where some of them are aligned
+// (bytesBeforeMostAligned); each source's loaded whole and joined where it lies off the
+// grid, each output's stored in pieces where it does. Such bytes went one load each: a
+// thread kept one byte in flight where it now keeps 16. The caller keeps every load inside
+// the sources. (Fn names the reduction, which runs on words here.)
+template <typename Fn>
+MNCL_DEV void reduceBytesShifted(const Fn&, int nsrc, const uint8_t* const* srcs, int ndst, uint8_t* const* dsts,
+                                 size_t at, size_t nvec) {
+  using OnWords = typename Bytewise<Fn>::template On<uint32_t>;
+  const OnWords words{};
+  const size_t stride = (size_t)nthreads();
+  for (size_t first = tid(); first < nvec; first += kShiftedUnroll * stride) {
+    Bits16 acc[kShiftedUnroll];
+    const uint8_t* src = srcs[0] + at;
+    int shift = (int)((uintptr_t)src & 15);
+#pragma unroll
+    for (int u = 0; u < kShiftedUnroll; ++u) {
+      size_t i = first + u * stride;
+      if (i < nvec) acc[u] = loadAny16(src + i * 16, shift);
+    }
+    for (int s = 1; s < nsrc; ++s) {
+      Bits16 x[kShiftedUnroll];
+      src = srcs[s] + at;
+      shift = (int)((uintptr_t)src & 15);
+#pragma unroll
+      for (int u = 0; u < kShiftedUnroll; ++u) {
+        size_t i = first + u * stride;
+        if (i < nvec) x[u] = loadAny16(src + i * 16, shift);
+      }
+#pragma unroll
+      for (int u = 0; u < kShiftedUnroll; ++u) {
+        acc[u].x = words(acc[u].x, x[u].x), acc[u].y = words(acc[u].y, x[u].y);
+        acc[u].z = words(acc[u].z, x[u].z), acc[u].w = words(acc[u].w, x[u].w);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kShiftedUnroll; ++u) {
+      size_t i = first + u * stride;
+      if (i >= nvec) break;
+      for (int d = 0; d < ndst; ++d) {
+        uint8_t* dst = dsts[d] + at + i * 16;
+        storeAny16(dst, (int)((uintptr_t)dst & 15), acc[u]);
+      }
+    }
+  }
+}
+
+// Where the vectors of a bytewise reduction whose pointers never align together start: the
+// first byte where as many of them as can be are 16-byte aligned (fewer shifted loads and
+// stores in pieces: a copy from a FIFO slot into an odd-offset output and the next slot
+// aligns on the slots).
+MNCL_DEV size_t bytesBeforeMostAligned(int nsrc, const uint8_t* const* srcs, int ndst, uint8_t* const* dsts) {
+  auto offsetOf = [&](int k) { return (uintptr_t)(k < nsrc ? srcs[k] : dsts[k - nsrc]) & 15; };
+  uintptr_t best = offsetOf(nsrc), bestCount = 0;  // (ties: dsts[0]'s)
+  for (int k = 0; k < nsrc + ndst; ++k) {
+    uintptr_t count = 0;
+    for (int j = 0; j < nsrc + ndst; ++j) count += offsetOf(j) == offsetOf(k);
+    if (count > bestCount || (count == bestCount && offsetOf(k) == offsetOf(nsrc))) {
+      best = offsetOf(k);
+      bestCount = count;
+    }
+  }
+  return (16 - best) & 15;
+}
+
+// A bytewise reduction whose pointers never align to 16 bytes together: the bytes before the
+// grid (bytesBeforeMostAligned; 16 more where a source would be loaded from before its
+// start) one by one, then reduceBytesShifted's vectors, as many as keep every load inside
+// the sources, then the bytes after them. (A copy reads its first source only.)
+template <typename Fn>
+MNCL_DEV void reduceBytesApart(const Fn& fn, int nsrc, const uint8_t* const* srcs, int ndst, uint8_t* const* dsts,
+                               size_t n) {
+  if constexpr (std::is_same_v<Fn, FuncCopy<uint8_t>>) nsrc = 1;
+  size_t at = bytesBeforeMostAligned(nsrc, srcs, ndst, dsts);
+  for (int s = 0; s < nsrc; ++s) {
+    if (((uintptr_t)(srcs[s] + at) & 15) > at) at += 16;  // (its first vector would start before it)
+  }
+  size_t nvec = n > at ? (n - at) / 16 : 0;
+  for (int s = 0; s < nsrc && nvec > 0; ++s) {
+    size_t shift = (uintptr_t)(srcs[s] + at) & 15;  // (a shifted vector reads 16 - shift bytes past its own)
+    size_t inside = (n - at + shift) / 16 - 1;      // (n - at >= 16 here)
+    if (shift != 0 && inside < nvec) nvec = inside;
+  }
+  size_t head = at < n ? at : n;
+  reduceCopyElements(fn, nsrc, srcs, ndst, dsts, 0, head, false);
+  reduceBytesShifted(fn, nsrc, srcs, ndst, dsts, at, nvec);
+  reduceCopyElements(fn, nsrc, srcs, ndst, dsts, nvec ? at + nvec * 16 : head, n, false);
 }
 
 // reduceCopy on the GPU: the elements before the pointers align (if they ever do) one by
 // one, then 16-byte vectors, then the elements after the last whole vector. (Bytes that
-// never align are copied or combined bitwise as words where they can be.)
+// never align are copied or combined bitwise in vectors all the same: reduceBytesApart.)
 template <typename T, typename Fn>
 MNCL_DEV void reduceCopySimt(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n,
                              bool finish, const PreOps<T>* pre) {
   constexpr int kVec = Vec16<T>::kElems;
   size_t head = elementsBeforeAligned(nsrc, srcs, ndst, dsts, n);
   if constexpr (Bytewise<Fn>::kIs) {
-    if (head == n && n >= 16 && nsrc > 0 && reducedAsWords(fn, nsrc, srcs, ndst, dsts, n)) return;
+    if (head == n && nsrc > 0) return reduceBytesApart(fn, nsrc, srcs, ndst, dsts, n);
   }
   reduceCopyElements(fn, nsrc, srcs, ndst, dsts, 0, head, finish, pre);
   size_t nvec = (n - head) / kVec;
@@ -337,7 +468,11 @@ template <typename T>
 MNCL_DEV void copyElems(T* dst, const T* src, size_t n) {
   if (dst == src || n == 0) return;
 #if MNCL_SIMT
-  reduceCopySimt<T>(FuncCopy<T>{}, 1, &src, 1, &dst, n, false, nullptr);  // (loads fresh from L2: src may be a FIFO slot)
+  // As bytes, whatever T (a copy is one): bytes that never align go as vectors all the same
+  // (reduceBytesApart). Loads fresh from L2: src may be a FIFO slot.
+  const auto* from = reinterpret_cast<const uint8_t*>(src);
+  auto* to = reinterpret_cast<uint8_t*>(dst);
+  reduceCopySimt<uint8_t>(FuncCopy<uint8_t>{}, 1, &from, 1, &to, n * sizeof(T), false, nullptr);
 #else
   std::memcpy(dst, src, n * sizeof(T));
 #endif
