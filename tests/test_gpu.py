@@ -606,13 +606,16 @@ def test_float8(gpus: GpuPool, torch_cuda: Any, proto: str) -> None:
 
 
 @pytest.mark.parametrize("proto", PROTOS)
-def test_buffers_off_word_boundaries(gpus: GpuPool, cp: Any, proto: str) -> None:
+@pytest.mark.parametrize("op", ["sum", "bxor"])
+def test_buffers_off_word_boundaries(gpus: GpuPool, cp: Any, proto: str, op: str) -> None:
     """Arrays that start one element into an allocation: the kernels' 8-byte word paths (an
     LL word, an LL128 lane's part) must fall back to elements there (float64 stays aligned:
-    the word path at an offset). 3 ranks, ring."""
+    the word path at an offset). bxor runs on bytes: where the pointers never align to 16
+    bytes together, in shifted vectors (cuda/reduce_copy.h, reduceBytesApart). 3 ranks, ring."""
     comms = gpus.get(3, "ring", proto)
     n = 3
-    for dtype, count in (("int8", 1009), ("float16", 517), ("float32", 3001), ("float64", 131)):
+    cases = (("int8", 1009), ("float16", 517), ("float32", 3001), ("float64", 131))
+    for dtype, count in cases if op == "sum" else (("int8", 1009), ("int32", 3001), ("uint8", 70_001)):
         inputs = [((np.arange(count) * (r + 3)) % 7 + r).astype(dtype) for r in range(n)]
         held = [cp.zeros(count + 1, dtype) for _ in range(n)]
         outs = [cp.full(count + 2, 99, dtype) for _ in range(n)]
@@ -620,11 +623,11 @@ def test_buffers_off_word_boundaries(gpus: GpuPool, cp: Any, proto: str) -> None
             held[r][1:] = cp.asarray(inputs[r])
         with minincl.group():
             for c in comms:
-                c.allreduce(held[c.rank][1:], outs[c.rank][2:])  # off by one and by two elements
+                c.allreduce(held[c.rank][1:], outs[c.rank][2:], op=op)  # off by one and by two elements
         with minincl.group():
             for c in comms:
-                c.allreduce(held[c.rank][1:])  # in place, off by one
-        want = reduce_ref(inputs, "sum", dtype)
+                c.allreduce(held[c.rank][1:], op=op)  # in place, off by one
+        want = reduce_ref(inputs, op, dtype)
         for r in range(n):
             where = f"{dtype} count {count} rank {r} ({proto})"
             np.testing.assert_array_equal(cp.asnumpy(outs[r][2:]), want, err_msg=where)
@@ -635,9 +638,10 @@ def test_buffers_off_word_boundaries(gpus: GpuPool, cp: Any, proto: str) -> None
 
 @pytest.mark.parametrize("proto", PROTOS)
 def test_copies_off_word_boundaries(gpus: GpuPool, cp: Any, proto: str) -> None:
-    """Copies run on bytes: arrays off 16 bytes take the element-wise loop as the widest
-    words every pointer allows (float64 one element in: 8-byte words; float32 4; float16 2;
-    int8 bytes), and buffers at the same offset on every rank the vector loop after a head.
+    """Copies run on bytes: arrays off 16 bytes from the FIFO slots go in 16-byte vectors all
+    the same, the slots' vectors loaded whole and joined or the outputs' stored in pieces
+    (reduceBytesApart in cuda/reduce_copy.h; float64 one element in is 8 bytes off, int8 one
+    byte), and buffers at the same offset on every rank take the vector loop after a head.
     Allgather, broadcast and a ring of sends, 3 ranks, ring, against NumPy."""
     comms = gpus.get(3, "ring", proto)
     n = 3
