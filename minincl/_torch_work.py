@@ -38,8 +38,13 @@ class MinincclWork(dist._Work):
     when a peer died, ...; each also a ``torch.distributed.DistBackendError``, as NCCL raises).
     ``get_future()`` gives the ``torch.futures.Future`` that DDP chains its callbacks on; its
     value is the list of output tensors, as with gloo and NCCL, and an error fails it as theirs
-    do (``wait()`` on it raises ``RuntimeError`` naming the error).
-    ``start`` is called once, before anything waits on the work: it starts the deferred
+    do (``wait()`` on it raises ``RuntimeError`` naming the error). A future asked for before
+    the operation ended is completed by a job queued on the work's lane then: its callbacks,
+    which may make calls (as PowerSGD's DDP hook does), run after every call made before
+    ``get_future()``, on every rank, as they do where the operation had ended by then (they
+    ran right after the operation, ahead of calls made in between, on the ranks where it had
+    not: the ranks then paired their calls wrongly).
+    ``start`` is called before anything waits on the work, each time: it starts the deferred
     point-to-point ops (this one's, and those the waiting thread posted since on any group);
     its argument is the work when a ``wait()`` without a time limit calls it, which waits on
     the work at once (so its ops may run on the waiting thread), else None.
@@ -63,11 +68,15 @@ class MinincclWork(dist._Work):
         self._future: torch.futures.Future[Any] | None = None  # made by get_future(): the outcome comes in here
         self._given: torch.futures.Future[Any] | None = None  # and goes out through this one (see get_future)
         self._source: list[int] = []  # a receive from any source: the rank it received from
+        self._lane: Lane | None = None  # where its job was queued (see get_future)
+        self._completing = False  # a job on the lane completes the future (get_future)
 
     def _ensure_started(self, waited: bool = False) -> None:
-        start, self._start = self._start, None
-        if start is not None:
-            start(self if waited else None)
+        """Starts the deferred ops, every time: a send posted after an earlier wait, poll or
+        get_future on this work must start before the next wait on it (its receiver may need
+        it first)."""
+        if self._start is not None:
+            self._start(self if waited else None)
 
     def _finish(self, error: BaseException | None) -> None:
         with _LAZY:
@@ -77,7 +86,9 @@ class MinincclWork(dist._Work):
             self._done = True
             # (The outcome's future lets go of the work once completed: the error it holds
             # leads back here through its traceback, a cycle the collector cannot see into.)
-            event, future, self._future = self._event, self._future, None
+            event, future = self._event, None
+            if not self._completing:  # (else the lane's job completes it: get_future)
+                future, self._future = self._future, None
         if future is not None:
             self._complete(future)
         if event is not None:
@@ -127,6 +138,7 @@ class MinincclWork(dist._Work):
         and NCCL's errors fail theirs."""
         self._ensure_started()
         completed_here: torch.futures.Future[Any] | None = None
+        queue_completion = False
         with _LAZY:
             if self._given is None:
                 future: torch.futures.Future[Any] = torch.futures.Future(
@@ -136,11 +148,31 @@ class MinincclWork(dist._Work):
                 if self._done:
                     completed_here = future
                 else:
-                    self._future = future  # (_finish completes it)
+                    self._future = future  # (_finish, or the lane's job, completes it)
+                    # (Not from the lane's own thread: the work's job may be queued behind
+                    # the one running there, and would wait for the completion queued here.)
+                    lane = self._lane
+                    queue_completion = self._completing = lane is not None and not lane._on_worker()
             given = self._given
         if completed_here is not None:
             self._complete(completed_here)
+        if queue_completion:
+            assert self._lane is not None
+            self._lane.submit(self._complete_future, [])
         return given
+
+    def _await_end(self) -> None:
+        """Waits for the operation to end (before the lane's job completes the future: the
+        work's own job came before it on the lane)."""
+        self._ended_within(None)
+
+    def _complete_future(self) -> None:
+        """The lane's job that completes the future get_future() gave out."""
+        self._await_end()
+        with _LAZY:
+            future, self._future = self._future, None
+        if future is not None:
+            self._complete(future)
 
     def _source_rank(self) -> int:
         """The rank a receive from any source received from (torch's dist.recv(src=None))."""
@@ -162,8 +194,9 @@ class QueuedWork(MinincclWork):
     communicator, which runs calls in program order without the GIL) instead of a lane's
     Python thread: an 8-byte ``all_reduce(async_op=True).wait()`` costs ~25 us there, ~60
     through a lane (bench/RESULTS.md, forty-eighth session). ``handle``: minincl's Work.
-    Waits go straight to the handle, until a future is asked for: from then on a job on the
-    lane completes the work (see get_future)."""
+    Waits and polls go straight to the handle; a future asked for before the end is completed
+    by a job on the lane, as any work's (jobs queued after it on the lane wait for the call
+    anyway, as minincl runs a call only after the async_op calls before it)."""
 
     def __init__(
         self, outputs: list[torch.Tensor], handle: Any, lane: Lane, start: Callable[[MinincclWork | None], None]
@@ -171,7 +204,6 @@ class QueuedWork(MinincclWork):
         super().__init__(outputs, start)
         self._handle = handle
         self._lane = lane
-        self._completing = False  # a lane job waits for the handle, to complete the future
 
     def _settle(self, seconds: float | None) -> bool:
         """Takes the handle's outcome, waiting up to `seconds` (None: as long as it takes);
@@ -190,11 +222,11 @@ class QueuedWork(MinincclWork):
         return True
 
     def _ended_within(self, seconds: float | None) -> bool:
-        return super()._ended_within(seconds) if self._completing else self._settle(seconds)
+        return self._settle(seconds)
 
     def is_completed(self) -> bool:
         self._ensure_started()
-        if not self._done and not self._completing and self._handle.is_completed():
+        if not self._done and self._handle.is_completed():
             self._settle(None)
         return self._done
 
@@ -204,19 +236,6 @@ class QueuedWork(MinincclWork):
     def exception(self) -> BaseException | None:
         self.is_completed()
         return self._error
-
-    def get_future(self) -> torch.futures.Future[Any]:
-        """The future completes when the operation ends, whether anyone waits or not: a job
-        on the lane waits for it (jobs queued after it on the lane wait for the operation
-        anyway, as minincl runs a call only after the async_op calls before it). That job
-        alone then completes the work, so that the future's callbacks (which may issue calls)
-        run on the lane's thread on every rank, not on whichever thread came first."""
-        if not self.is_completed():
-            with _LAZY:
-                start, self._completing = not self._completing, True
-            if start:
-                self._lane.submit(self._handle.wait, [self])
-        return super().get_future()
 
 
 def _outputs_or_raise(outcome: torch.futures.Future[Any]) -> Any:
@@ -247,18 +266,20 @@ class Lane:
         self._inline = inline
         self._jobs: queue.SimpleQueue[tuple[Job, list[MinincclWork]] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._worker: threading.Thread | None = None  # the thread, kept after close (_on_worker)
+        self._closed = False
         self._lock = threading.Lock()
         self._unfinished = 0  # jobs submitted or running, not yet done
         self._running = threading.Lock()  # held while a job runs, by whichever thread runs it
 
     def submit(self, job: Job, works: list[MinincclWork]) -> None:
-        if self._inline or self._on_worker():
-            _run(job, works)
+        if self._inline or self._closed or self._on_worker():
+            _run(job, works)  # (closed: a job made as the group shuts down, by a callback say)
             return
         with self._lock:
             self._unfinished += 1
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread = self._worker = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
         self._jobs.put((job, works))
 
@@ -282,7 +303,7 @@ class Lane:
         and the caller takes the lane. (Under the lock: a job another thread submits, or runs
         now, comes after it, and minincl runs that job's calls after the queued one.)"""
         with self._lock:
-            if self._inline or self._unfinished:
+            if self._inline or self._closed or self._unfinished:
                 return None
             return start()
 
@@ -291,7 +312,7 @@ class Lane:
         PowerSGD's DDP hook issues its next all_reduce): queued, it would wait for the worker,
         which waits in the callback. It runs at once, before the jobs queued behind the one
         that completed (where every rank's worker runs it)."""
-        return self._thread is not None and threading.current_thread() is self._thread
+        return self._worker is not None and threading.current_thread() is self._worker
 
     def _run_counted(self, job: Job, works: list[MinincclWork]) -> None:
         with self._running:
@@ -307,8 +328,10 @@ class Lane:
             self._run_counted(*item)
 
     def close(self) -> None:
-        """Lets queued jobs finish, then stops the thread."""
+        """Lets queued jobs finish, then stops the thread. Jobs given to it afterwards (or
+        meanwhile from outside its thread: a callback a finishing job ran, say) run inline."""
         with self._lock:
+            self._closed = True
             thread, self._thread = self._thread, None
         if thread is not None:
             self._jobs.put(None)

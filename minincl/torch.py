@@ -294,6 +294,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
                 return None  # (not queued: the general path reports it, from wait(), as torch's error)
             return None if handle is None else QueuedWork(tensors[:1], handle, dc.lane, self._start_deferred)
         work = MinincclWork(tensors[:1], devices=[tensors[0].device] if cuda else None)
+        work._lane = dc.lane  # (run_now queues it where the lane is busy)
 
         def job() -> None:
             run(dc.comm, False, *bufs)
@@ -372,6 +373,8 @@ class ProcessGroupMinincl(dist.ProcessGroup):
             if refusal is not None:
                 raise refusal
 
+        for op in ops:
+            op.work._lane = dc.lane
         if caller_waits:
             dc.lane.run_now(job, [op.work for op in ops])
         else:

@@ -458,6 +458,35 @@ def _callback_after_a_queued_call(rank: int) -> Result:
     return [a, b, c]
 
 
+def _late_future_callback(rank: int) -> Result:
+    """A future asked for after a later call was made: its callback's call comes after that
+    call on every rank, on both paths (plain tensors, then column-major ones), whether the
+    work had ended by then or not. (Rank 1 comes late, and its works end before it asks for
+    the future; rank 0's has not ended then: its callback ran right after the work, ahead of
+    the later call, and each rank's a2 was summed with the other's b.)"""
+    out = []
+    for strided in (False, True):
+        a1, a2, b = (values(rank, 8).reshape(2, 4) * k for k in (1, 10, 100))
+        if strided:
+            a1, a2 = (t.t().contiguous().t() for t in (a1, a2))
+        if rank == 1:
+            time.sleep(0.2)
+        first = dist.all_reduce(a1, async_op=True)
+        second = dist.all_reduce(a2, async_op=True)
+        if rank == 1:
+            time.sleep(0.05)
+        done = first.get_future().then(lambda f, b=b: dist.all_reduce(b))
+        done.wait()
+        second.wait()
+        out += [a1, a2, b]
+    return out
+
+
+def _want_late_future_callback(rank: int) -> Result:
+    want = [_want_sum(rank, 8).reshape(2, 4) * k for k in (1, 10, 100)]
+    return want + want
+
+
 def _negated_views(rank: int) -> Result:
     """Tensors with the negative bit set (_neg_view(); the imaginary part of a conj()) hold
     their values' negations: taken as they lay, a send arrived with the wrong sign and an
@@ -798,6 +827,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
         _callback_after_a_queued_call,
         lambda r: [_want_sum(r), _want_sum(r) * 10, _want_sum(r) * 100],
     ),
+    "late_future_callback": (_late_future_callback, _want_late_future_callback),
     "async_on_both_paths": (_async_on_both_paths, lambda r: [*_want_contiguous_on_one_rank(r), _want_sum(r)]),
     "async_future": (_async_future, lambda r: [_want_sum(r), _want_sum(r) * 2]),
     "collective_in_a_callback": (_collective_in_a_callback, lambda r: [_want_sum(r)] * 3 + [_want_sum(r) * 2]),
@@ -1452,6 +1482,58 @@ def test_the_process_group_timeout_bounds_its_init_too(tmp_path: Path) -> None:
     assert kind == "Timeout", out.stdout + out.stderr
     assert 2.5 < float(seconds) < 20, out.stdout
     assert "missing ranks: 1" in message, message
+
+
+def send_after_a_poll(how: str) -> list[float]:
+    """Rank 0 polls its async all_reduce (or asks for its future), then posts an isend, then
+    waits on the all_reduce; rank 1 takes the send before it joins the all_reduce. The wait
+    must start the send (only the first poll or wait did: both waited for the timeout)."""
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("minincl", timeout=timedelta(seconds=20))
+    t, x = torch.full((4,), float(rank + 1)), torch.arange(8.0)
+    if rank == 0:
+        work = dist.all_reduce(t, async_op=True)
+        if how == "poll":
+            work.is_completed()
+        else:
+            work.get_future()
+        send = dist.isend(x, 1)
+        work.wait()
+        send.wait()
+    else:
+        got = torch.zeros(8)
+        dist.recv(got, 0)
+        assert torch.equal(got, x), got
+        dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.tolist()
+
+
+@pytest.mark.parametrize("how", ["poll", "future"])
+def test_a_send_posted_after_a_poll_starts_at_the_next_wait(how: str) -> None:
+    for got in run_local(send_after_a_poll, WORLD, how, timeout=60):
+        assert got == [3.0] * 4, got
+
+
+def destroy_with_a_callback_pending(kind: str) -> dict[str, Any]:
+    """destroy_process_group right after chaining a callback that makes a call on a work
+    still running: destroy let the lane's jobs finish while the callback's call waited for a
+    new thread of that lane, which never ran (it hung for ever)."""
+    dist.init_process_group("minincl", timeout=timedelta(seconds=20))
+    t, u = torch.ones(1000), torch.ones(1000)
+    if kind == "strided":
+        t = torch.ones(2, 500).t()
+    work = dist.all_reduce(t, async_op=True)
+    done = work.get_future().then(lambda f: dist.all_reduce(u))
+    dist.destroy_process_group()
+    done.wait()
+    return {"t": t.flatten()[0].item(), "u": u[0].item()}
+
+
+@pytest.mark.parametrize("kind", ["plain", "strided"])
+def test_destroy_waits_for_a_callback_that_makes_a_call(kind: str) -> None:
+    for got in run_local(destroy_with_a_callback_pending, WORLD, kind, timeout=60):
+        assert got == {"t": 2.0, "u": 2.0}, got
 
 
 def wait_briefly_then_fully(strided: bool) -> dict[str, Any]:
