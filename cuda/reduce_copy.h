@@ -351,56 +351,27 @@ MNCL_DEV void storeAny16(uint8_t* p, int shift, const Bits16& v) {
   }
 }
 
-// Vectors a thread takes a round in reduceBytesShifted: one (two loads where shifted). Two
-// made the Simple and p2p kernels spill where they did not, inlined or not (ptxas -v, at the
-// build's -O1).
-constexpr int kShiftedUnroll = 1;
-
 // The vectors of a bytewise reduction whose pointers lie at different distances past 16-byte
 // boundaries: nvec 16-byte vectors from byte `at`, a grid where some of them are aligned
 // (bytesBeforeMostAligned); each source's loaded whole and joined where it lies off the
 // grid, each output's stored in pieces where it does. Such bytes went one load each: a
 // thread kept one byte in flight where it now keeps 16. The caller keeps every load inside
-// the sources. (Fn names the reduction, which runs on words here.)
+// the sources. (Fn names the reduction, which runs on words here. One vector a thread per
+// round: two made the Simple and p2p kernels spill where they did not, inlined or not:
+// ptxas -v, at the build's -O1.)
 template <typename Fn>
 MNCL_DEV void reduceBytesShifted(const Fn&, int nsrc, const uint8_t* const* srcs, int ndst, uint8_t* const* dsts,
                                  size_t at, size_t nvec) {
   using OnWords = typename Bytewise<Fn>::template On<uint32_t>;
   const OnWords words{};
-  const size_t stride = (size_t)nthreads();
-  for (size_t first = tid(); first < nvec; first += kShiftedUnroll * stride) {
-    Bits16 acc[kShiftedUnroll];
-    const uint8_t* src = srcs[0] + at;
-    int shift = (int)((uintptr_t)src & 15);
-#pragma unroll
-    for (int u = 0; u < kShiftedUnroll; ++u) {
-      size_t i = first + u * stride;
-      if (i < nvec) acc[u] = loadAny16(src + i * 16, shift);
-    }
+  for (size_t i = tid(); i < nvec; i += (size_t)nthreads()) {
+    const size_t byte = at + i * 16;
+    Bits16 acc = loadAny16(srcs[0] + byte, (int)((uintptr_t)(srcs[0] + byte) & 15));
     for (int s = 1; s < nsrc; ++s) {
-      Bits16 x[kShiftedUnroll];
-      src = srcs[s] + at;
-      shift = (int)((uintptr_t)src & 15);
-#pragma unroll
-      for (int u = 0; u < kShiftedUnroll; ++u) {
-        size_t i = first + u * stride;
-        if (i < nvec) x[u] = loadAny16(src + i * 16, shift);
-      }
-#pragma unroll
-      for (int u = 0; u < kShiftedUnroll; ++u) {
-        acc[u].x = words(acc[u].x, x[u].x), acc[u].y = words(acc[u].y, x[u].y);
-        acc[u].z = words(acc[u].z, x[u].z), acc[u].w = words(acc[u].w, x[u].w);
-      }
+      Bits16 x = loadAny16(srcs[s] + byte, (int)((uintptr_t)(srcs[s] + byte) & 15));
+      acc.x = words(acc.x, x.x), acc.y = words(acc.y, x.y), acc.z = words(acc.z, x.z), acc.w = words(acc.w, x.w);
     }
-#pragma unroll
-    for (int u = 0; u < kShiftedUnroll; ++u) {
-      size_t i = first + u * stride;
-      if (i >= nvec) break;
-      for (int d = 0; d < ndst; ++d) {
-        uint8_t* dst = dsts[d] + at + i * 16;
-        storeAny16(dst, (int)((uintptr_t)dst & 15), acc[u]);
-      }
-    }
+    for (int d = 0; d < ndst; ++d) storeAny16(dsts[d] + byte, (int)((uintptr_t)(dsts[d] + byte) & 15), acc);
   }
 }
 

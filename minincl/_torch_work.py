@@ -138,7 +138,7 @@ class MinincclWork(dist._Work):
         and NCCL's errors fail theirs."""
         self._ensure_started()
         completed_here: torch.futures.Future[Any] | None = None
-        queue_completion = False
+        completing_lane: Lane | None = None
         with _LAZY:
             if self._given is None:
                 future: torch.futures.Future[Any] = torch.futures.Future(
@@ -151,14 +151,13 @@ class MinincclWork(dist._Work):
                     self._future = future  # (_finish, or the lane's job, completes it)
                     # (Not from the lane's own thread: the work's job may be queued behind
                     # the one running there, and would wait for the completion queued here.)
-                    lane = self._lane
-                    queue_completion = self._completing = lane is not None and not lane._on_worker()
+                    if self._lane is not None and not self._lane._on_worker():
+                        completing_lane, self._completing = self._lane, True
             given = self._given
         if completed_here is not None:
             self._complete(completed_here)
-        if queue_completion:
-            assert self._lane is not None
-            self._lane.submit(self._complete_future, [])
+        if completing_lane is not None:
+            completing_lane.submit(self._complete_future, [])
         return given
 
     def _await_end(self) -> None:
