@@ -3,6 +3,7 @@
 // call drains the queue first, so that calls stay in program order.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -41,6 +42,7 @@ class AsyncQueue {
     return st;
   }
   void drain() {
+    if (yieldUntil([&] { return idle(); }, kYieldBeforeSleep)) return;
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait(lock, [&] { return pending_ == 0; });
   }
@@ -53,6 +55,10 @@ class AsyncQueue {
   }
   // drain(), giving up at `until`; whether the queue is empty.
   bool drainUntil(std::chrono::steady_clock::time_point until) {
+    if (yieldUntil([&] { return idle(); }, std::min<std::chrono::steady_clock::duration>(
+                                                kYieldBeforeSleep, until - std::chrono::steady_clock::now()))) {
+      return true;
+    }
     std::unique_lock<std::mutex> lock(mutex_);
     return cv_.wait_until(lock, until, [&] { return pending_ == 0; });
   }
@@ -63,6 +69,14 @@ class AsyncQueue {
   void loop() {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
+      if (jobs_.empty() && !stop_) {
+        // The next call of a run of them comes soon after the last one's wait: yield for it
+        // before sleeping, as a waiter does (outcome.h). (pending_ > 0 with nothing running:
+        // a job is queued.)
+        lock.unlock();
+        yieldUntil([&] { return pending_.load(std::memory_order_acquire) > 0; }, kYieldBeforeSleep);
+        lock.lock();
+      }
       cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
       if (jobs_.empty()) return;
       auto [fn, st] = std::move(jobs_.front());
