@@ -18,8 +18,9 @@
 # (f) bench/gpu_bench.py: 8-byte allreduce latency, back to back and replayed from a CUDA graph
 #     (A/B as above), and the floor under it (empty kernels, a bare handshake); with a trace
 #     build of minincl-perf (device_prebuild.sh), the time points inside the kernel
-# (d) tests/test_gpu.py -m gpu with what is left of the budget, from tests/ so the installed
-#     package is imported: gpu_tests.log, gpu_tests.xml
+# (d) tests/test_gpu.py and tests/test_torch_backend.py -m gpu (the torch process group on CUDA
+#     tensors: DDP against gloo, sparse all_reduce) with what is left of the budget, from tests/
+#     so the installed package is imported: gpu_tests.log, gpu_tests.xml
 # (g) results.json and a short summary (bench/device_check_report.py); everything else packed
 #     into logs.tgz (the device tool brings back at most 8 files)
 #
@@ -315,7 +316,7 @@ if ((BUILD_OK)); then
     fi
     read -r -a EXTRA <<<"${MININCL_CHECK_PYTEST_ARGS:---maxfail=25}"
     (cd tests && step gpu_tests "$(limit 400 25)" "$OUT/gpu_tests.log" \
-      env MININCL_TEST_WATCHDOG=40 "$PY" -m pytest test_gpu.py -m gpu ${EXTRA[@]+"${EXTRA[@]}"} -v -rfEs \
+      env MININCL_TEST_WATCHDOG=40 "$PY" -m pytest test_gpu.py test_torch_backend.py -m gpu ${EXTRA[@]+"${EXTRA[@]}"} -v -rfEs \
       --durations=15 -p no:cacheprovider -o faulthandler_timeout=90 --junitxml="$OUT/gpu_tests.xml" \
       ${TIMEOUT_ARGS[@]+"${TIMEOUT_ARGS[@]}"})
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | cut -c1-400 | tail -40

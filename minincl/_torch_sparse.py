@@ -18,7 +18,9 @@ _MAX_DIMS = 64  # (torch's own limit on a tensor's dimensions)
 
 
 def summed_over_ranks(comm: Communicator, mine: torch.Tensor) -> torch.Tensor:
-    """The (coalesced) sum of every rank's `mine`, a coalesced sparse COO tensor on the CPU."""
+    """The (coalesced) sum of every rank's `mine`, a coalesced sparse COO tensor on the
+    communicator's device. (On a GPU the calls queue on the current stream, and reading the
+    counts back waits for them there.)"""
     nnz = _nonzeros_of_each_rank(comm, mine)
     most = max(nnz)
     indices = _gathered(comm, mine.indices(), most, dim=1)
@@ -38,7 +40,7 @@ def _nonzeros_of_each_rank(comm: Communicator, mine: torch.Tensor) -> list[int]:
     facts = torch.full((4 + _MAX_DIMS,), -1, dtype=torch.int64)
     facts[:4] = torch.tensor([mine._nnz(), mine.sparse_dim(), mine.dim(), _dtype_code(mine.dtype)])
     facts[4 : 4 + mine.dim()] = torch.tensor(mine.shape, dtype=torch.int64)
-    every = comm.allgather(facts).reshape(comm.nranks, -1)
+    every = comm.allgather(facts.to(mine.device)).reshape(comm.nranks, -1).cpu()
     for r in range(comm.nranks):
         if not torch.equal(every[r, 1:], every[0, 1:]):
             raise InvalidArgument(
@@ -51,9 +53,9 @@ def _nonzeros_of_each_rank(comm: Communicator, mine: torch.Tensor) -> list[int]:
 def _gathered(comm: Communicator, part: torch.Tensor, most: int, dim: int) -> torch.Tensor:
     """Every rank's `part` (`most` long along `dim`, zero-padded), stacked along a new first
     dimension."""
-    padded = torch.zeros(*part.shape[:dim], most, *part.shape[dim + 1 :], dtype=part.dtype)
+    padded = torch.zeros(*part.shape[:dim], most, *part.shape[dim + 1 :], dtype=part.dtype, device=part.device)
     padded.narrow(dim, 0, part.shape[dim]).copy_(part)
-    every = torch.empty(comm.nranks, *padded.shape, dtype=part.dtype)
+    every = torch.empty(comm.nranks, *padded.shape, dtype=part.dtype, device=part.device)
     comm.allgather(padded.reshape(-1).view(torch.uint8), every.reshape(-1).view(torch.uint8))
     return every
 

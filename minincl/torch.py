@@ -414,16 +414,17 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         return self._reduce_op("allreduce", tensors, opts, lambda c, b, o: c.allreduce(b, op=o))
 
     def _sparse_allreduce(self, tensors: list[torch.Tensor], opts: Any) -> MinincclWork:
-        """Sums sparse COO tensors (on the CPU) over the ranks, as gloo does: each tensor is
-        replaced by the coalesced sum (``_torch_sparse``)."""
+        """Sums sparse COO tensors (on the CPU, or on the GPU of a group with CUDA
+        communicators) over the ranks, as gloo does: each tensor is replaced by the coalesced
+        sum (``_torch_sparse``)."""
         call = "allreduce of sparse tensors"
         if op_name(opts.reduceOp, call) != "sum":
             raise ValueError(f"minincl backend: {call} takes ReduceOp.SUM only (as with gloo)")
         for t in tensors:
-            if t.layout != torch.sparse_coo or t.device.type != "cpu":
+            if t.layout != torch.sparse_coo:
                 raise TypeError(
-                    f"minincl backend: {call}: a {t.layout} tensor on {t.device}; it takes sparse COO tensors "
-                    "on the CPU, all of them (move a CUDA one to the CPU, or use .to_dense())"
+                    f"minincl backend: {call}: a {t.layout} tensor among them; it takes sparse COO tensors, "
+                    "all of them (or use .to_dense())"
                 )
         mine = [t.detach().coalesce() for t in tensors]
 

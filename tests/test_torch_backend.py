@@ -1122,28 +1122,52 @@ def sparse_input(case: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
     return indices, values
 
 
-def sparse_sums() -> dict[str, Any]:
+def sparse_sums(device: str) -> dict[str, Any]:
     rank = int(os.environ["RANK"])
+    if device == "cuda":
+        device = f"cuda:{rank % torch.cuda.device_count()}"
+        torch.cuda.set_device(device)
     dist.init_process_group("minincl")
     sums = []
     for case, (shape, _, dtype, _, async_op) in enumerate(SPARSE_CASES):
         indices, values = sparse_input(case, rank)
-        t = torch.sparse_coo_tensor(torch.from_numpy(indices), torch.from_numpy(values).to(dtype), shape)
+        t = torch.sparse_coo_tensor(torch.from_numpy(indices), torch.from_numpy(values).to(dtype), shape).to(device)
         work = dist.all_reduce(t, async_op=async_op)
         if work is not None:
             work.wait()
         sums.append(
-            {"dense": t.to_dense().to(torch.float64).numpy(), "dtype": str(t.dtype), "coalesced": t.is_coalesced()}
+            {
+                "dense": t.to_dense().to(torch.float64).cpu().numpy(),
+                "dtype": str(t.dtype),
+                "coalesced": t.is_coalesced(),
+                "device": str(t.device),
+            }
         )
-    mismatch = outcome_of(lambda: str(dist.all_reduce(torch.ones(4 + rank).to_sparse())))
+    mismatch = outcome_of(lambda: str(dist.all_reduce(torch.ones(4 + rank, device=device).to_sparse())))
     dist.destroy_process_group()
-    return {"sums": sums, "mismatch": mismatch}
+    return {"sums": sums, "mismatch": mismatch, "device": device}
 
 
-def test_sparse_all_reduce_sums_every_rank_s_tensor() -> None:
-    """As with gloo: each rank's tensor becomes the coalesced sum of every rank's."""
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a usable CUDA GPU"),
+            ],
+        ),
+    ],
+)
+def test_sparse_all_reduce_sums_every_rank_s_tensor(device: str) -> None:
+    """As with gloo: each rank's tensor becomes the coalesced sum of every rank's (CUDA
+    tensors too, which gloo does not sum)."""
+    if device == "cuda" and not minincl.build_info()["cuda"]:
+        pytest.skip("this build of minincl has no CUDA communicators")
     ranks = 3
-    got = run_local(sparse_sums, ranks, timeout=120)
+    got = run_local(sparse_sums, ranks, device, timeout=120)
     for case, (shape, _, dtype, _, _) in enumerate(SPARSE_CASES):
         want = np.zeros(shape)
         for r in range(ranks):
@@ -1151,7 +1175,7 @@ def test_sparse_all_reduce_sums_every_rank_s_tensor() -> None:
             np.add.at(want, tuple(indices), values)
         for r in range(ranks):
             s = got[r]["sums"][case]
-            assert s["dtype"] == str(dtype) and s["coalesced"], (case, r, s)
+            assert s["dtype"] == str(dtype) and s["coalesced"] and s["device"] == got[r]["device"], (case, r, s)
             np.testing.assert_array_equal(s["dense"], want, err_msg=f"case {case}, rank {r}")
     for r in range(ranks):
         m = got[r]["mismatch"]
