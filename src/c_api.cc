@@ -296,16 +296,31 @@ uint64_t randomNonce() {
   return ((uint64_t)rd() << 32) ^ rd();
 }
 
-// Where the root of a new unique id listens: MININCL_BOOTSTRAP_ADDR (host or host:port),
-// else the loopback interface (all ranks on this host).
+// Where the root of a new unique id listens: MININCL_BOOTSTRAP_ADDR (host, host:port, an IPv6
+// address, or [IPv6]:port), else the loopback interface (all ranks on this host).
 SockAddr rootBindAddress() {
-  std::string spec = env::str("MININCL_BOOTSTRAP_ADDR");
+  const char* name = "MININCL_BOOTSTRAP_ADDR";
+  std::string spec = env::str(name);
   if (spec.empty()) return SockAddr::loopback(0);
-  size_t colon = spec.rfind(':');
-  if (colon != std::string::npos && spec.find(']') == std::string::npos && spec.find(':') == colon) {
-    return SockAddr::resolve(spec.substr(0, colon), std::stoi(spec.substr(colon + 1)));
+  std::string host = spec, port;
+  if (spec.front() == '[') {  // [v6] or [v6]:port
+    size_t close = spec.find(']');
+    MNCL_CHECK(close != std::string::npos && (close + 1 == spec.size() || spec[close + 1] == ':'), mnclInvalidArgument,
+               std::string(name) + "=" + spec + ": write an IPv6 address as [address] or [address]:port");
+    host = spec.substr(1, close - 1);
+    if (close + 1 < spec.size()) port = spec.substr(close + 2);
+  } else if (size_t colon = spec.find(':'); colon != std::string::npos && spec.rfind(':') == colon) {  // host:port
+    host = spec.substr(0, colon);
+    port = spec.substr(colon + 1);
+  }  // (else a host name, or an IPv6 address without a port)
+  int number = 0;
+  if (!port.empty() || spec.back() == ':') {
+    bool digits = !port.empty() && port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos;
+    number = digits ? std::stoi(port) : -1;
+    MNCL_CHECK(number >= 0 && number < 65536, mnclInvalidArgument,
+               std::string(name) + "=" + spec + ": the port must be a number from 0 (any) to 65535");
   }
-  return SockAddr::resolve(spec, 0);
+  return SockAddr::resolve(host, number);
 }
 
 void fillId(mnclUniqueId* out, const SockAddr& addr, uint64_t nonce) {

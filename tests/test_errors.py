@@ -1068,6 +1068,57 @@ def test_wrong_unique_id() -> None:
         minincl.Communicator(2, b"short", 0)
 
 
+def test_a_rank_count_too_large_for_the_root_is_refused_and_the_root_lives_on() -> None:
+    """The root (here a thread of this process) sized its table from the first rank's
+    nranks: 2**30 threw std::bad_alloc out of its thread and aborted the process hosting it."""
+    with pytest.raises(minincl.Error, match="says nranks=1073741824: more ranks than the bootstrap root can hold"):
+        minincl.Communicator(1 << 30, minincl.get_unique_id(), 0)
+    comms = minincl.Communicator.init_all(2)  # (this process goes on)
+    x = [np.ones(3, np.float32) for _ in comms]
+    run_ranks(comms, lambda c: c.allreduce(x[c.rank]))
+    np.testing.assert_array_equal(x[0], np.full(3, 2, np.float32))
+    for c in comms:
+        c.destroy()
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["127.0.0.1:abc", "127.0.0.1:99999", "127.0.0.1:", "[::1", "[::1]x"],
+)
+def test_a_malformed_bootstrap_address_is_named(monkeypatch: pytest.MonkeyPatch, spec: str) -> None:
+    monkeypatch.setenv("MININCL_BOOTSTRAP_ADDR", spec)
+    with pytest.raises(minincl.InvalidArgument, match=re.escape(f"MININCL_BOOTSTRAP_ADDR={spec}: ")):
+        minincl.get_unique_id()
+
+
+def test_the_bootstrap_address_takes_ipv6_with_a_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[address]:port (a bare IPv6 address has colons of its own); the root listens there."""
+    import socket
+
+    try:
+        with socket.create_server(("::1", 0), family=socket.AF_INET6) as probe:
+            port = probe.getsockname()[1]
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    monkeypatch.setenv("MININCL_BOOTSTRAP_ADDR", f"[::1]:{port}")
+    uid = minincl.get_unique_id()
+    with pytest.raises(OSError), socket.create_server(("::1", port), family=socket.AF_INET6):
+        pass  # (taken: the root is there)
+    comms = [None, None]
+
+    def join(rank: int) -> None:
+        comms[rank] = minincl.Communicator(2, uid, rank)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(c is not None for c in comms), comms
+    for c in comms:
+        c.destroy()
+
+
 def test_unreachable_root_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "1")
     uid = minincl.unique_id_for_address("127.0.0.1", 9)  # discard port: nobody listens

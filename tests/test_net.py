@@ -11,6 +11,7 @@ import queue as queue_mod
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -291,6 +292,67 @@ def test_receives_waiting_in_a_cycle_over_the_network_are_a_deadlock_error() -> 
         "deadlock in sends and receives: " in r and "rank 0 waits for rank 2 to send (its receive 1 from rank 2" in r
         for r in results
     ), results
+
+
+@pytest.mark.parametrize("socket_buffer", [None, "1G"])
+def test_sends_that_do_not_fit_over_the_network_are_a_deadlock_error(socket_buffer: str | None) -> None:
+    """Each rank sends 32 MiB to the next on one channel, then receives: more than the
+    sockets and FIFOs between them hold (17-20 MiB a channel over loopback). The monitor
+    counted twice an estimate of it, ~36 MiB (with 1G socket buffers, which the kernel caps,
+    ~4 GiB), so no send was long and the ranks waited for ever; now it counts half the
+    buffers the kernel granted, and names the cycle."""
+    settings = {"MININCL_NCHANNELS": "1", "MININCL_NET_SOCKET_BUFFER": socket_buffer}
+    with env_as(settings), net_comms(2) as comms:
+        results = run_ranks(comms, lambda c: workers.p2p_ring(c, "long send first"), timeout=120)
+    assert all(r.startswith(("InvalidUsage", "RemoteError")) for r in results), results
+    assert any("deadlock in sends and receives: " in r and "does not fit in their connections" in r for r in results)
+
+
+def _listening_ports() -> set[int]:
+    """The TCP ports this process listens on (from /proc)."""
+    sockets = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                sockets.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.read().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in sockets:  # (0A: listening)
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_stray_connections_to_a_ranks_listeners_are_dropped() -> None:
+    """A connection to a rank's bootstrap or network listener from outside the communicator
+    (a port scan, a health check, a leftover of an earlier job) is closed and the rank goes
+    on accepting: one that sent a few bytes and closed failed the next split at once
+    (RemoteError), one that stayed silent held it until the bootstrap timeout (Timeout)."""
+    before = _listening_ports()
+    with env_as({"MININCL_BOOTSTRAP_TIMEOUT": "30"}), net_comms(2) as comms:
+        ports = _listening_ports() - before
+        assert ports, "no listeners found"
+        silent = []
+        for port in ports:
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(b"GET")
+            silent.append(socket.create_connection(("127.0.0.1", port)))
+        try:
+            t0 = time.monotonic()
+            subs = run_ranks(comms, lambda c: c.split(0, c.rank), timeout=60)
+            took = time.monotonic() - t0
+        finally:
+            for s in silent:
+                s.close()
+        x = [np.full(5, c.rank + 1, np.float32) for c in subs]
+        run_ranks(subs, lambda c: c.allreduce(x[c.rank]))
+        for c in subs:
+            c.destroy()
+    np.testing.assert_array_equal(x[1], np.full(5, 3, np.float32))
+    assert took < 25, took  # (a silent stray costs Socket::kOpeningSeconds, 5 s; the timeout is 30)
 
 
 def test_abort_unblocks_a_collective_waiting_on_the_network() -> None:

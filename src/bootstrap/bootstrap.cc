@@ -7,6 +7,7 @@
 
 #include "../core/env.h"
 #include "../core/error.h"
+#include "../core/log.h"
 #include "wire.h"
 
 namespace mncl {
@@ -167,8 +168,11 @@ Socket Bootstrap::acceptMatching(int kind, int peer, int tag, Header* header) {
   for (;;) {
     Socket s = listen_.accept(d, "rank " + std::to_string(rank_) + " waiting for rank " + std::to_string(peer));
     Header h{};
-    s.recvAll(&h, sizeof(h), d, "bootstrap: reading a connection header");
-    if (h.magic != magic_) continue;  // a stray connection: not of this communicator
+    if (!s.recvOpening(&h, sizeof(h), d, "bootstrap: reading a connection header") || h.magic != magic_) {
+      MNCL_WARN(kInit, "rank %d: a connection to its bootstrap listener was not from a rank of this communicator; closed",
+                rank_);
+      continue;
+    }
     if (h.kind == kind && h.rank == peer && h.tag == tag) {
       *header = h;
       return s;

@@ -2,6 +2,7 @@
 // It checks what it can (magic, nonce, nranks, duplicate or out-of-range ranks) and answers
 // every waiting rank with an error naming the problem rather than letting anyone hang.
 #include <cstring>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -48,11 +49,17 @@ std::string joiningFailure(const RootHello& h, int nranks, const std::vector<Joi
 
 // The timeout's story: who is missing, and whether strangers (hellos of another id) came.
 std::string missingRanksFailure(int nranks, const std::vector<Joined>& joined, int strangers) {
+  std::vector<bool> in(nranks > 0 ? nranks : 0);
+  for (const Joined& j : joined) in[j.rank] = true;
   std::string missing;
+  int listed = 0;
   for (int r = 0; r < nranks; ++r) {
-    bool in = false;
-    for (const Joined& j : joined) in |= j.rank == r;
-    if (!in) missing += (missing.empty() ? "" : ",") + std::to_string(r);
+    if (in[r]) continue;
+    if (++listed > 32) {  // (the reply holds a few hundred characters)
+      missing += " and " + std::to_string(nranks - (int)joined.size() - 32) + " more";
+      break;
+    }
+    missing += (missing.empty() ? "" : ",") + std::to_string(r);
   }
   std::string failure = "only " + std::to_string(joined.size()) + " of " + std::to_string(nranks) +
                         " ranks joined before the bootstrap timeout; missing ranks: " + missing;
@@ -102,7 +109,15 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
       }
       if (nranks < 0) {
         nranks = h.nranks;
-        table.assign(nranks > 0 ? nranks : 0, sockaddr_storage{});
+        try {
+          table.assign(nranks > 0 ? nranks : 0, sockaddr_storage{});
+        } catch (const std::bad_alloc&) {  // (a wrong world size must not take this process down)
+          failure = "rank " + std::to_string(h.rank) + " says nranks=" + std::to_string(nranks) +
+                    ": more ranks than the bootstrap root can hold addresses for; is the world size right?";
+          reply(s, nonce, mnclInvalidArgument, failure, nullptr);
+          status = mnclInvalidArgument;
+          break;
+        }
       }
       failure = joiningFailure(h, nranks, joined);
       if (!failure.empty()) {
@@ -141,7 +156,13 @@ SockAddr startRoot(const SockAddr& bind, uint64_t nonce) {
   Socket listener = Socket::listen(bind);
   SockAddr actual = listener.localAddr();
   double timeout = bootstrapTimeout();  // (read here: a bad setting is the caller's error, not the thread's)
-  std::thread(serve, std::move(listener), nonce, timeout).detach();
+  std::thread([listener = std::move(listener), nonce, timeout]() mutable {
+    try {
+      serve(std::move(listener), nonce, timeout);
+    } catch (const std::exception& e) {  // (the ranks see their connections close; this process goes on)
+      MNCL_WARN(kInit, "bootstrap root stopped: %s", e.what());
+    }
+  }).detach();
   return actual;
 }
 

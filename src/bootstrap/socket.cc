@@ -119,15 +119,19 @@ WaitCheck::WaitCheck(std::function<void()> check) : previous_(tlsCheck) {
 WaitCheck::~WaitCheck() { tlsCheck = previous_; }
 
 void Socket::waitFor(short events, Deadline deadline, const std::string& what) {
+  if (!waitUntil(events, deadline, what)) {
+    throwError(mnclTimeout, what + " timed out (raise MININCL_BOOTSTRAP_TIMEOUT if ranks start slowly)");
+  }
+}
+
+bool Socket::waitUntil(short events, Deadline deadline, const std::string& what) {
   for (;;) {
     checkCancel(what);
     double left = secondsLeft(deadline);
-    if (left <= 0) {
-      throwError(mnclTimeout, what + " timed out (raise MININCL_BOOTSTRAP_TIMEOUT if ranks start slowly)");
-    }
+    if (left <= 0) return false;
     pollfd p{fd_, events, 0};
     int rc = ::poll(&p, 1, (int)std::min(left * 1000 + 1, tlsCancel || tlsCheck || dev::tlsLongWaitHook.fn ? 100.0 : 1000.0));
-    if (rc > 0) return;
+    if (rc > 0) return true;
     if (rc < 0 && errno != EINTR) throwSystemError(what + ": poll()");
   }
 }
@@ -226,6 +230,21 @@ void Socket::recvAll(void* data, size_t size, Deadline deadline, const std::stri
       throwSystemError(what + ": recv()");
     }
   }
+}
+
+bool Socket::recvOpening(void* data, size_t size, Deadline deadline, const std::string& what) {
+  Deadline until = std::min(deadline, deadlineIn(kOpeningSeconds));
+  char* p = static_cast<char*>(data);
+  while (size > 0) {
+    ssize_t n = ::recv(fd_, p, size, 0);
+    if (n > 0) {
+      p += n;
+      size -= (size_t)n;
+    } else if (n == 0 || (errno != EAGAIN && errno != EINTR) || !waitUntil(POLLIN, until, what)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 SockAddr Socket::localAddr() const {

@@ -81,6 +81,13 @@ class Socket {
   Socket accept(Deadline deadline, const std::string& what);
   void sendAll(const void* data, size_t size, Deadline deadline, const std::string& what);
   void recvAll(void* data, size_t size, Deadline deadline, const std::string& what);
+  // Reads the header a connection just accepted opens with, giving it until `deadline` but
+  // kOpeningSeconds at most; whether it came whole. One that closes or stays silent first (a
+  // port scan, a health check, a leftover of an earlier job) is not a peer: the caller drops
+  // it and goes on accepting, instead of failing, or waiting until the deadline, for it.
+  // (A cancelled wait, or a WaitCheck that fails, still throws.)
+  bool recvOpening(void* data, size_t size, Deadline deadline, const std::string& what);
+  static constexpr double kOpeningSeconds = 5.0;  // (a peer sends its header as it connects)
   SockAddr localAddr() const;
   // Whether the other end closed the connection with nothing it sent left unread here (a
   // connection carrying data both ways that was quiet until then; never blocks).
@@ -90,7 +97,8 @@ class Socket {
   void close();
 
  private:
-  void waitFor(short events, Deadline deadline, const std::string& what);
+  void waitFor(short events, Deadline deadline, const std::string& what);  // Timeout at the deadline
+  bool waitUntil(short events, Deadline deadline, const std::string& what);  // false at the deadline
   int fd_ = -1;
 };
 

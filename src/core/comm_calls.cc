@@ -28,13 +28,13 @@ uint64_t Comm::peerCollectiveCallsMade(int r) const {
 void Comm::countP2p(bool isSend, int peer, size_t channelBytes, size_t opBytes) {
   if (!region_) return;
   // (A send that puts more on a channel than its way to the peer holds cannot end before its
-  // receive; over the network, twice that, for what the path between the sockets holds.)
+  // receive: over the network, sockets and FIFOs, NetProxy::mostHeldPerChannel.)
   bool longSend = false;
   uint64_t steps = 0;
   if (!onGpu() && peer != rank_ && nChannels() > 0) {
     size_t slot = channel(0).dev.sizes.simpleSlotBytes;
     size_t held = (size_t)dev::kSteps * slot;
-    if (netPeer_[peer]) held = 2 * netProxy_->mostHeldPerChannel();
+    if (netPeer_[peer]) held = netProxy_->mostHeldPerChannel();
     longSend = isSend && held > 0 && channelBytes > held;
     // (Before its receive starts, an op takes a step at least, and at most a slot a step.)
     steps = std::max<uint64_t>(1, (opBytes + slot - 1) / slot);

@@ -141,7 +141,6 @@ NetProxy::NetProxy(Setup setup) : setup_(std::move(setup)) {
   setup_.layout = nullptr;  // (the caller's, for this constructor only)
   sizes_ = layout.sizes();
   connBytes_ = layout.connBytes();
-  mostHeldPerChannel_ = heldPerChannel();
   size_t npeers = setup_.peers.size();
   sendEnds_ = createLocalRegion(std::max<size_t>(1, npeers * setup_.nChannels * connBytes_));
   for (size_t i = 0; i < npeers; ++i) {
@@ -166,6 +165,7 @@ NetProxy::NetProxy(Setup setup) : setup_(std::move(setup)) {
      // here together, instead of one failing mid-connection while the others wait for it.
     Socket probe(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (probe.valid()) tuneDataSocket(probe);
+    mostHeldPerChannel_ = probe.valid() ? heldPerChannel(probe) : 0;
   }
   connectAll();
   if (!data_.empty()) {
@@ -248,11 +248,17 @@ void NetProxy::connectAll() {
   }
   while (expected > 0) {
     std::string what = "rank " + std::to_string(setup_.rank) + " waiting for its network connections";
-    Socket s = listener.accept(deadline, what);
+    Socket s;
+    try {
+      s = listener.accept(deadline, what);
+    } catch (const Error& e) {
+      if (e.code() != mnclTimeout) throw;
+      throwError(mnclTimeout, std::string(e.what()) + "; still missing some from rank(s) " + unconnectedLowerPeers());
+    }
     Hello h{};
-    s.recvAll(&h, sizeof(h), deadline, what);
+    bool whole = s.recvOpening(&h, sizeof(h), deadline, what);
     bool known = std::find(setup_.peers.begin(), setup_.peers.end(), h.rank) != setup_.peers.end();
-    if (h.magic != kNetMagic || h.nonce != setup_.nonce || !known || h.rank >= setup_.rank || h.link < kCtrlLink ||
+    if (!whole || h.magic != kNetMagic || h.nonce != setup_.nonce || !known || h.rank >= setup_.rank || h.link < kCtrlLink ||
         h.link >= setup_.nChannels) {
       MNCL_WARN(kNet, "rank %d: a connection to its network listener was not from a peer of this communicator; closed",
                 setup_.rank);
@@ -264,6 +270,18 @@ void NetProxy::connectAll() {
   // A link connected twice (a confused peer) would leave another without a socket.
   for (auto& c : ctrl_) MNCL_CHECK(c->sock.valid(), mnclSystemError, "no control connection to rank " + std::to_string(c->peer));
   for (auto& l : data_) MNCL_CHECK(l->sock.valid(), mnclSystemError, "no data connection to rank " + std::to_string(l->peer));
+}
+
+// The peers that connect to this rank (those below it) whose links have not all come yet.
+std::string NetProxy::unconnectedLowerPeers() {
+  std::string missing;
+  for (int peer : setup_.peers) {
+    if (peer >= setup_.rank) continue;
+    bool whole = ctrlOf(peer).sock.valid();
+    for (auto& l : data_) whole &= l->peer != peer || l->sock.valid();
+    if (!whole) missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
+  }
+  return missing;
 }
 
 // Fixed socket buffers: under the kernel's autotuning, one launch in three or four of a
@@ -568,14 +586,25 @@ size_t autotunedMost(const char* path) {
 }
 }  // namespace
 
-size_t NetProxy::heldPerChannel() const {
+size_t NetProxy::heldPerChannel(const Socket& tuned) const {
+  // Underestimated on purpose: a send counted long that does fit ends all the same (a
+  // deadlock is a wait that lasts a second), one that does not fit but is not counted long
+  // hangs. So the receiver's FIFO only (pointer steps of 128 KiB and more skip our copy of
+  // it: the proxy reads the caller's buffer), and half of each socket buffer as the kernel
+  // reports it: what it granted (wmem_max / rmem_max may cap what was asked for), doubled
+  // for its own bookkeeping. (Two ranks sending each other 34 MiB over loopback on 2 channels
+  // got through, 40 MiB did not: 17-20 MiB a channel, against 9 counted here at 4 MiB buffers.)
   size_t fifo = (size_t)dev::kSteps * sizes_.simpleSlotBytes;
-  // (The kernel doubles a buffer size set with setsockopt, for its own bookkeeping.)
-  size_t set = 2 * (size_t)setup_.socketBufferBytes;
-  size_t sendBuffer = set ? set : autotunedMost("/proc/sys/net/ipv4/tcp_wmem");
-  size_t recvBuffer = set ? set : autotunedMost("/proc/sys/net/ipv4/tcp_rmem");
+  auto granted = [&](int option, const char* autotunedLimits) -> size_t {
+    if (setup_.socketBufferBytes <= 0) return autotunedMost(autotunedLimits);
+    int bytes = 0;
+    socklen_t len = sizeof(bytes);
+    return getsockopt(tuned.fd(), SOL_SOCKET, option, &bytes, &len) == 0 && bytes > 0 ? (size_t)bytes : 0;
+  };
+  size_t sendBuffer = granted(SO_SNDBUF, "/proc/sys/net/ipv4/tcp_wmem");
+  size_t recvBuffer = granted(SO_RCVBUF, "/proc/sys/net/ipv4/tcp_rmem");
   if (sendBuffer == 0 || recvBuffer == 0) return 0;
-  return 2 * fifo + sendBuffer + recvBuffer;
+  return fifo + sendBuffer / 2 + recvBuffer / 2;
 }
 
 // Our heartbeat and state out, whenever they change; the peer's in, into its mirror.

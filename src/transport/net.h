@@ -77,9 +77,9 @@ class NetProxy {
   // DevChannel::netSettle: returns once no thread is moving the links' steps, so that the
   // next read into a channel's output sees whether the channel still publishes it.
   static void settle(void* proxy);
-  // The most bytes of one channel's steps to a peer that the way there holds before the
-  // peer's receiver takes any: our copy of its FIFO, our socket's send buffer, the peer's
-  // receive buffer and its FIFO (0: unknown). A longer send cannot end before its receive.
+  // The most bytes of one channel's steps to a peer that the way there surely holds before
+  // the peer's receiver takes any (heldPerChannel; 0: unknown). A longer send may not end
+  // before its receive.
   size_t mostHeldPerChannel() const { return mostHeldPerChannel_; }
   // Simple steps received straight into their receiver's output (a counter, for tests).
   uint64_t landedSteps() const { return landedSteps_.load(std::memory_order_relaxed); }
@@ -95,7 +95,7 @@ class NetProxy {
   struct CtrlMessage;
 
   void connectAll();
-  size_t heldPerChannel() const;
+  size_t heldPerChannel(const Socket& tuned) const;
   void tuneDataSocket(Socket& s);
   void loop();
   bool progressAll(bool withCtrl);
@@ -113,11 +113,12 @@ class NetProxy {
   void flush();
   void peerLost(int peer, const std::string& why);
   CtrlLink& ctrlOf(int peer);
+  std::string unconnectedLowerPeers();
 
   Setup setup_;
   dev::ProtoSizes sizes_{};
   size_t connBytes_ = 0;
-  size_t mostHeldPerChannel_ = 0;  // (read at start: the kernel's limits may need files read)
+  size_t mostHeldPerChannel_ = 0;  // (read at start, from a socket tuned as the data sockets are)
   std::shared_ptr<Mapping> sendEnds_;  // our copies of the receivers' ends, [peer index][channel]
   std::vector<std::unique_ptr<DataLink>> data_;
   std::vector<std::unique_ptr<CtrlLink>> ctrl_;
