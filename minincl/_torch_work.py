@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from . import errors
+from ._torch_compile import outside_compiled_code
 from ._torch_errors import Timeout, as_backend_error
 
 Job = Callable[[], None]
@@ -31,6 +32,7 @@ Job = Callable[[], None]
 _LAZY = threading.Lock()
 
 
+@outside_compiled_code
 class MinincclWork(dist._Work):
     """What an operation of the minincl process group returns.
 
@@ -188,6 +190,7 @@ class MinincclWork(dist._Work):
         self.wait()
 
 
+@outside_compiled_code
 class QueuedWork(MinincclWork):
     """A work queued on minincl's own ``async_op=True`` worker (a C++ thread of the
     communicator, which runs calls in program order without the GIL) instead of a lane's
@@ -253,6 +256,7 @@ def _run(job: Job, works: list[MinincclWork]) -> None:
         w._finish(error)
 
 
+@outside_compiled_code
 class Lane:
     """Runs jobs one at a time in submission order: on a worker thread, or inline.
 

@@ -51,6 +51,7 @@ from . import _core
 from . import _torch_call_forms as call_forms
 from ._comm import Communicator, get_unique_id, group
 from ._core import build_info
+from ._torch_compile import outside_compiled_code
 from ._torch_launch import LocalRunError, free_port, run_local
 from ._torch_sparse import summed_over_ranks
 from ._torch_tensors import Op, Staged, as_bytes, as_elements, op_name, plain_op, reducible, stage
@@ -118,6 +119,7 @@ def _outputs_after(staged: list[Staged]) -> list[Callable[[], None]]:
     return [s.finish for s in staged if s.origin is not None]
 
 
+@outside_compiled_code
 class ProcessGroupMinincl(dist.ProcessGroup):
     """torch.distributed's view of a group of minincl communicators (one per device type).
 
@@ -822,6 +824,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
             dc.lane.close()
 
 
+@outside_compiled_code
 class _AllOf(MinincclWork):
     """One work for several: done when all are (what _end_coalescing returns)."""
 

@@ -1693,6 +1693,54 @@ def test_ddp_with_sparse_gradients_matches_gloo() -> None:
     assert (ours[0]["end"][weight] != ours[0]["start"][weight]).any(dim=1).sum() > 5, "few embedding rows trained"
 
 
+def compiled_calls() -> dict[str, Any]:
+    """torch.compile of a DDP model, whose C++ reducer broadcasts from inside the compiled
+    forward, and of functions making calls that dynamo runs as they are (a graph break)
+    instead of as functional collectives."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("minincl")
+    torch.manual_seed(0)
+    model = torch.compile(DistributedDataParallel(torch.nn.Linear(4, 2)), backend="eager")
+    for _ in range(2):  # (the gradients add up)
+        model(torch.ones(3, 4) * (rank + 1)).sum().backward()
+    got: dict[str, Any] = {"grad": model.module.weight.grad.numpy().copy()}
+
+    def broadcast(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        dist.broadcast(y, src=0)
+        return y + 1
+
+    def async_all_reduce(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        dist.all_reduce(y, async_op=True).wait()
+        return y + 1
+
+    def barrier(x: torch.Tensor) -> torch.Tensor:
+        dist.barrier()
+        return x + 1
+
+    for fn in (broadcast, async_all_reduce, barrier):
+        got[fn.__name__] = torch.compile(fn, backend="eager")(torch.full((4,), float(rank + 1))).numpy()
+    dist.destroy_process_group()
+    return got
+
+
+def test_torch_compile_runs_ddp_and_calls_it_cannot_trace() -> None:
+    """dynamo tried to compile the group's Python methods where it graph-breaks on a call,
+    and failed on their first look at the group (UnsafeScriptObjectError: ProcessGroups are
+    opaque to it); gloo's and NCCL's groups are C++. minincl's code is marked for it to skip."""
+    got = run_local(compiled_calls, WORLD, timeout=300)
+    ranks = np.arange(WORLD)
+    for r in range(WORLD):
+        # d(sum of outputs)/dW[i, j] = sum over the batch of x[j] = 3 (rank + 1); DDP averages; two steps.
+        np.testing.assert_allclose(got[r]["grad"], np.full((2, 4), 2 * np.mean(3 * (ranks + 1))), err_msg=f"rank {r}")
+        np.testing.assert_array_equal(got[r]["broadcast"], np.full(4, 3.0))
+        np.testing.assert_array_equal(got[r]["async_all_reduce"], np.full(4, np.sum(2 * (ranks + 1)) + 1.0))
+        np.testing.assert_array_equal(got[r]["barrier"], np.full(4, r + 2.0))
+
+
 def train_uneven_with_join_and_zero(backend: str) -> dict[str, torch.Tensor]:
     """DDP's Join: rank r runs 3 + 2r steps (the others shadow the missing all_reduces), with
     find_unused_parameters (the joined ranks then all_reduce their map of used parameters
