@@ -86,10 +86,14 @@ void refuseGroup(mnclResult_t code, const std::string& why);
 
 // guarded() for the calls a group holds (collectives, sends and receives, inits): refused
 // inside an open group, one fails the group (refuseGroup).
+// A call on a communicator still initializing returns mnclInProgress without running: in
+// a group it fails the group too (mnclInvalidUsage), or mnclGroupEnd would succeed with the
+// call left out, silently (NCCL refuses such a call with ncclInvalidArgument).
 template <typename F>
 mnclResult_t groupable(F&& f) {
   mnclResult_t rc = guarded(std::forward<F>(f));
-  if (rc != mnclSuccess && rc != mnclInProgress) refuseGroup(rc, threadLastError());
+  if (rc == mnclInProgress) refuseGroup(mnclInvalidUsage, std::string("a call in it was refused: ") + threadLastError());
+  else if (rc != mnclSuccess) refuseGroup(rc, threadLastError());
   return rc;
 }
 
@@ -408,15 +412,20 @@ mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist) {
     });
   }
   for (auto& t : threads) t.join();
+  // The failure to report: a rank's own (a bad device, say) before those it caused in the
+  // others (RemoteError naming it).
+  int failed = -1;
   for (int r = 0; r < ndev; ++r) {
-    if (results[r] != mnclSuccess) {
-      for (int q = 0; q < ndev; ++q) {
-        if (results[q] == mnclSuccess) mnclCommDestroy(comms[q]);
-        comms[q] = nullptr;
-      }
-      setThreadLastError("rank " + std::to_string(r) + ": " + errors[r]);
-      return results[r];
+    if (results[r] == mnclSuccess) continue;
+    if (failed < 0 || (results[failed] == mnclRemoteError && results[r] != mnclRemoteError)) failed = r;
+  }
+  if (failed >= 0) {
+    for (int q = 0; q < ndev; ++q) {
+      if (results[q] == mnclSuccess) mnclCommDestroy(comms[q]);
+      comms[q] = nullptr;
     }
+    setThreadLastError("rank " + std::to_string(failed) + ": " + errors[failed]);
+    return results[failed];
   }
   return mnclSuccess;
 }

@@ -261,17 +261,55 @@ def test_group_inits_the_ranks_from_one_thread(lib: Any) -> None:
         assert lib.mnclGroupStart() == 0
         for r, c in enumerate(comms):
             assert lib.mnclCommInitRank(ctypes.byref(c), 3, uid, r) == 0
-        # A call before the group's end finds its communicator unmade, even once the inits
-        # (which run on threads of their own) are done: it used to depend on their speed.
+        assert lib.mnclGroupEnd() == 0, lib.mnclGetLastError(None)
+        allreduce_all(lib, comms, 65_537)
+    finally:
+        destroy(lib, comms)
+
+
+def test_a_call_on_a_communicator_its_group_is_making_fails_the_group(lib: Any) -> None:
+    """A call before the group's end finds its communicator unmade, even once the inits
+    (which run on threads of their own) are done (it used to depend on their speed): it
+    returns mnclInProgress without running, and fails the group. mnclGroupEnd used to return
+    success with the call left out, silently; NCCL refuses such a call (ncclInvalidArgument)."""
+    uid = UniqueId()
+    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == 0
+    comms = [ctypes.c_void_p() for _ in range(2)]
+    try:
+        assert lib.mnclGroupStart() == 0
+        for r, c in enumerate(comms):
+            assert lib.mnclCommInitRank(ctypes.byref(c), 2, uid, r) == 0
         time.sleep(0.5)
         x = np.ones(4, np.float32)
         p = x.ctypes.data_as(ctypes.c_void_p)
         assert lib.mnclAllReduce(p, p, ctypes.c_size_t(4), FLOAT32, SUM, comms[0], None) == MNCL_IN_PROGRESS
         assert "use the communicator after mnclGroupEnd" in lib.mnclGetLastError(None).decode()
-        assert lib.mnclGroupEnd() == 0, lib.mnclGetLastError(None)
-        allreduce_all(lib, comms, 65_537)
+        assert lib.mnclGroupEnd() == MNCL_INVALID_USAGE
+        why = lib.mnclGetLastError(None).decode()
+        assert "none of the group's calls ran" in why and "still initializing" in why, why
+        np.testing.assert_array_equal(x, np.ones(4, np.float32))
     finally:
         destroy(lib, comms)
+
+
+def test_a_call_on_a_nonblocking_init_in_progress_fails_its_group(lib: Any) -> None:
+    """Rank 0 calls allreduce in a group while its nonblocking init is still waiting for rank
+    1: the call returns mnclInProgress, and mnclGroupEnd mnclInvalidUsage (it returned
+    success, and rank 1's allreduce later waited for a call rank 0 never made)."""
+    uid = UniqueId()
+    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == 0
+    comm = ctypes.c_void_p()
+    cfg = config(blocking=0)
+    try:
+        assert lib.mnclCommInitRankConfig(ctypes.byref(comm), 2, uid, 0, ctypes.byref(cfg)) == MNCL_IN_PROGRESS
+        x = np.ones(4, np.float32)
+        p = x.ctypes.data_as(ctypes.c_void_p)
+        assert lib.mnclGroupStart() == 0
+        assert lib.mnclAllReduce(p, p, ctypes.c_size_t(4), FLOAT32, SUM, comm, None) == MNCL_IN_PROGRESS
+        assert lib.mnclGroupEnd() == MNCL_INVALID_USAGE
+        assert "still initializing" in lib.mnclGetLastError(None).decode()
+    finally:
+        destroy(lib, [comm])
 
 
 def poll_until_made(lib: Any, comms: list[Any], seconds: float = 60) -> list[int]:

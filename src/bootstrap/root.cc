@@ -127,9 +127,14 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
       table[h.rank] = h.listen;
       joined.push_back({std::move(s), h.rank});
     }
-  } catch (const Error&) {  // (the deadline: ranks never came)
-    status = mnclTimeout;
-    failure = missingRanksFailure(nranks, joined, strangers);
+  } catch (const Error& e) {
+    if (e.code() == mnclTimeout) {  // (the deadline: ranks never came)
+      status = mnclTimeout;
+      failure = missingRanksFailure(nranks, joined, strangers);
+    } else {  // (accept() failed: out of file descriptors, say)
+      status = e.code();
+      failure = std::string("the bootstrap root failed: ") + e.what();
+    }
     MNCL_WARN(kInit, "bootstrap root: %s", failure.c_str());
   }
   for (Joined& j : joined) reply(j.sock, nonce, failure.empty() ? mnclSuccess : status, failure, failure.empty() ? &table : nullptr);

@@ -118,7 +118,9 @@ mnclResult_t mnclCommInitRankDevice(mnclComm_t* comm, int nranks, mnclUniqueId c
  *    init): mnclCommInitRankConfig returns mnclInProgress at once and init runs on a thread of
  *    minincl's; mnclCommGetAsyncError gives mnclInProgress until it is made (then mnclSuccess,
  *    or init's error, which mnclGetLastError(comm) explains); other calls on it until then
- *    return mnclInProgress; destroy or abort stops an init still waiting for its peers
+ *    return mnclInProgress and do not run (inside a group, also a communicator whose init
+ *    the same group started: the call fails the group, and mnclGroupEnd returns
+ *    mnclInvalidUsage, having run none of it); destroy or abort stops an init still waiting for its peers
  *    (within 100 ms). Calls on a made communicator block as usual. (MININCL_CPU_BIND
  *    binds the thread that runs init: there, minincl's.)
  *  - minCTAs / maxCTAs: bounds on the communicator's channels (blocks per GPU operation, threads
