@@ -45,8 +45,8 @@ def outside_compiled_code(cls: Class) -> Class:
     class methods) for dynamo to skip, with what they call."""
     for name, member in list(vars(cls).items()):
         fn = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
-        if not inspect.isfunction(fn):
-            continue
+        if not inspect.isfunction(fn) or fn.__module__ != cls.__module__:
+            continue  # (a decorator's wrapper is shared by every function it wraps, elsewhere too)
         if _SKIP is not None:
             set_strategy, strategy = _SKIP
             set_strategy(fn.__code__, strategy)

@@ -307,18 +307,21 @@ SockAddr rootBindAddress() {
   std::string spec = env::str(name);
   if (spec.empty()) return SockAddr::loopback(0);
   std::string host = spec, port;
+  bool hasPort = false;
   if (spec.front() == '[') {  // [v6] or [v6]:port
     size_t close = spec.find(']');
     MNCL_CHECK(close != std::string::npos && (close + 1 == spec.size() || spec[close + 1] == ':'), mnclInvalidArgument,
                std::string(name) + "=" + spec + ": write an IPv6 address as [address] or [address]:port");
     host = spec.substr(1, close - 1);
-    if (close + 1 < spec.size()) port = spec.substr(close + 2);
+    hasPort = close + 1 < spec.size();
+    if (hasPort) port = spec.substr(close + 2);
   } else if (size_t colon = spec.find(':'); colon != std::string::npos && spec.rfind(':') == colon) {  // host:port
     host = spec.substr(0, colon);
     port = spec.substr(colon + 1);
-  }  // (else a host name, or an IPv6 address without a port)
+    hasPort = true;
+  }  // (else a host name, or an IPv6 address without a port, :: included)
   int number = 0;
-  if (!port.empty() || spec.back() == ':') {
+  if (hasPort) {
     bool digits = !port.empty() && port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos;
     number = digits ? std::stoi(port) : -1;
     MNCL_CHECK(number >= 0 && number < 65536, mnclInvalidArgument,

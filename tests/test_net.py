@@ -299,13 +299,20 @@ def test_sends_that_do_not_fit_over_the_network_are_a_deadlock_error(socket_buff
     """Each rank sends 32 MiB to the next on one channel, then receives: more than the
     sockets and FIFOs between them hold (17-20 MiB a channel over loopback). The monitor
     counted twice an estimate of it, ~36 MiB (with 1G socket buffers, which the kernel caps,
-    ~4 GiB), so no send was long and the ranks waited for ever; now it counts half the
-    buffers the kernel granted, and names the cycle."""
+    ~4 GiB), so no send was long and the ranks waited for ever; now it counts the buffers
+    the kernel granted, and names the cycle."""
+    if socket_buffer == "1G" and min(_sysctl("net/core/wmem_max"), _sysctl("net/core/rmem_max")) > 4 << 20:
+        pytest.skip("this host grants socket buffers that hold the 32 MiB sent")
     settings = {"MININCL_NCHANNELS": "1", "MININCL_NET_SOCKET_BUFFER": socket_buffer}
     with env_as(settings), net_comms(2) as comms:
         results = run_ranks(comms, lambda c: workers.p2p_ring(c, "long send first"), timeout=120)
     assert all(r.startswith(("InvalidUsage", "RemoteError")) for r in results), results
     assert any("deadlock in sends and receives: " in r and "does not fit in their connections" in r for r in results)
+
+
+def _sysctl(name: str) -> int:
+    with open(f"/proc/sys/{name}") as f:
+        return int(f.read().split()[0])
 
 
 def _listening_ports() -> set[int]:
@@ -327,10 +334,12 @@ def _listening_ports() -> set[int]:
 
 
 def test_stray_connections_to_a_ranks_listeners_are_dropped() -> None:
-    """A connection to a rank's bootstrap or network listener from outside the communicator
-    (a port scan, a health check, a leftover of an earlier job) is closed and the rank goes
-    on accepting: one that sent a few bytes and closed failed the next split at once
-    (RemoteError), one that stayed silent held it until the bootstrap timeout (Timeout)."""
+    """A connection to a rank's bootstrap listener from outside the communicator (a port
+    scan, a health check, a leftover of an earlier job) is closed and the rank goes on
+    accepting: one that sent a few bytes and closed failed the next split at once
+    (RemoteError), one that stayed silent held it until the bootstrap timeout (Timeout).
+    (The network transport's listener, open during init only, takes the same path:
+    Socket::recvOpening; bench/RESULTS.md, forty-ninth session, for its repro.)"""
     before = _listening_ports()
     with env_as({"MININCL_BOOTSTRAP_TIMEOUT": "30"}), net_comms(2) as comms:
         ports = _listening_ports() - before

@@ -68,6 +68,7 @@ void Bootstrap::checkArguments(const UniqueIdData& id, int rank, int nranks) {
   MNCL_CHECK(id.magic == kIdMagic, mnclInvalidArgument,
         "the unique id is not a minincl unique id (wrong magic): pass the bytes of mnclGetUniqueId / get_unique_id()");
   MNCL_CHECK(nranks >= 1, mnclInvalidArgument, "nranks must be at least 1, got " + std::to_string(nranks));
+  MNCL_CHECK(nranks <= kMaxRanks, mnclInvalidArgument, tooManyRanks(nranks));
   MNCL_CHECK(rank >= 0 && rank < nranks, mnclInvalidArgument,
         "rank " + std::to_string(rank) + " is out of range for nranks=" + std::to_string(nranks));
 }

@@ -46,6 +46,14 @@ double capBootstrapTimeout(double seconds);
 // address then fail at the root ("wrong unique id") instead of joining each other's ranks.
 UniqueIdData uniqueIdForAddress(const std::string& host, int port, const std::string& job);
 
+// The most ranks a communicator may have: a world size past it is taken for a mistake, before
+// the bootstrap root sizes its address table by it (128 bytes a rank: 512 MiB here).
+constexpr int kMaxRanks = 1 << 22;
+inline std::string tooManyRanks(int nranks) {
+  return "nranks=" + std::to_string(nranks) + " is more than minincl takes (" + std::to_string(kMaxRanks) +
+         "); is the world size right?";
+}
+
 // Starts a root listener on `bind` in a background thread that serves one rendezvous, then
 // exits (also after the bootstrap timeout). Returns the address it listens on.
 SockAddr startRoot(const SockAddr& bind, uint64_t nonce);

@@ -109,6 +109,12 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
       }
       if (nranks < 0) {
         nranks = h.nranks;
+        if (nranks > kMaxRanks) {  // (its rank checked it too: another build's, say)
+          failure = "rank " + std::to_string(h.rank) + ": " + tooManyRanks(nranks);
+          reply(s, nonce, mnclInvalidArgument, failure, nullptr);
+          status = mnclInvalidArgument;
+          break;
+        }
         try {
           table.assign(nranks > 0 ? nranks : 0, sockaddr_storage{});
         } catch (const std::bad_alloc&) {  // (a wrong world size must not take this process down)

@@ -163,7 +163,7 @@ NetProxy::NetProxy(Setup setup) : setup_(std::move(setup)) {
   }
   {  // The settings on a socket of our own first: refused, every rank of this process fails
      // here together, instead of one failing mid-connection while the others wait for it.
-    Socket probe(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    Socket probe(::socket(setup_.listener->localAddr().storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (probe.valid()) tuneDataSocket(probe);
     mostHeldPerChannel_ = probe.valid() ? heldPerChannel(probe) : 0;
   }
@@ -587,13 +587,14 @@ size_t autotunedMost(const char* path) {
 }  // namespace
 
 size_t NetProxy::heldPerChannel(const Socket& tuned) const {
-  // Underestimated on purpose: a send counted long that does fit ends all the same (a
-  // deadlock is a wait that lasts a second), one that does not fit but is not counted long
-  // hangs. So the receiver's FIFO only (pointer steps of 128 KiB and more skip our copy of
-  // it: the proxy reads the caller's buffer), and half of each socket buffer as the kernel
-  // reports it: what it granted (wmem_max / rmem_max may cap what was asked for), doubled
-  // for its own bookkeeping. (Two ranks sending each other 34 MiB over loopback on 2 channels
-  // got through, 40 MiB did not: 17-20 MiB a channel, against 9 counted here at 4 MiB buffers.)
+  // The receiver's FIFO (pointer steps of 128 KiB and more skip our copy of it: the proxy
+  // reads the caller's buffer) and each socket buffer as the kernel reports it: what it
+  // granted (wmem_max / rmem_max may cap what was asked for), doubled for its bookkeeping.
+  // Two ranks sending each other 34 MiB over loopback on 2 channels got through, 40 MiB did
+  // not: 17-20 MiB a channel, against 17 counted here at 4 MiB buffers. Neither way is safe:
+  // a send that does not fit but is not counted long hangs, and one counted long that fits
+  // but takes over a second to leave (a slow link) is reported as a deadlock. (Twice this,
+  // as counted before, let head-to-head sends of 36-72 MiB hang.)
   size_t fifo = (size_t)dev::kSteps * sizes_.simpleSlotBytes;
   auto granted = [&](int option, const char* autotunedLimits) -> size_t {
     if (setup_.socketBufferBytes <= 0) return autotunedMost(autotunedLimits);
@@ -604,7 +605,7 @@ size_t NetProxy::heldPerChannel(const Socket& tuned) const {
   size_t sendBuffer = granted(SO_SNDBUF, "/proc/sys/net/ipv4/tcp_wmem");
   size_t recvBuffer = granted(SO_RCVBUF, "/proc/sys/net/ipv4/tcp_rmem");
   if (sendBuffer == 0 || recvBuffer == 0) return 0;
-  return fifo + sendBuffer / 2 + recvBuffer / 2;
+  return fifo + sendBuffer + recvBuffer;
 }
 
 // Our heartbeat and state out, whenever they change; the peer's in, into its mirror.

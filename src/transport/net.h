@@ -77,9 +77,9 @@ class NetProxy {
   // DevChannel::netSettle: returns once no thread is moving the links' steps, so that the
   // next read into a channel's output sees whether the channel still publishes it.
   static void settle(void* proxy);
-  // The most bytes of one channel's steps to a peer that the way there surely holds before
-  // the peer's receiver takes any (heldPerChannel; 0: unknown). A longer send may not end
-  // before its receive.
+  // The most bytes of one channel's steps to a peer that the way there holds before the
+  // peer's receiver takes any, as near as it can be told (heldPerChannel; 0: unknown). A
+  // longer send cannot end before its receive.
   size_t mostHeldPerChannel() const { return mostHeldPerChannel_; }
   // Simple steps received straight into their receiver's output (a counter, for tests).
   uint64_t landedSteps() const { return landedSteps_.load(std::memory_order_relaxed); }
