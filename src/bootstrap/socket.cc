@@ -215,7 +215,9 @@ void Socket::sendAll(const void* data, size_t size, Deadline deadline, const std
   }
 }
 
-void Socket::recvAll(void* data, size_t size, Deadline deadline, const std::string& what) {
+// Reads `size` bytes by `deadline`: 0 once they came, else why not (ECONNRESET-like errno
+// values for a failed recv(), kClosed when the peer closed, kLate at the deadline).
+int Socket::recvUntil(void* data, size_t size, Deadline deadline, const std::string& what) {
   char* p = static_cast<char*>(data);
   while (size > 0) {
     ssize_t n = ::recv(fd_, p, size, 0);
@@ -223,28 +225,25 @@ void Socket::recvAll(void* data, size_t size, Deadline deadline, const std::stri
       p += n;
       size -= (size_t)n;
     } else if (n == 0) {
-      throwError(mnclRemoteError, what + ": the peer closed the connection (did it exit or fail?)");
-    } else if (errno == EAGAIN || errno == EINTR) {
-      waitFor(POLLIN, deadline, what);
-    } else {
-      throwSystemError(what + ": recv()");
+      return kClosed;
+    } else if (errno != EAGAIN && errno != EINTR) {
+      return errno;
+    } else if (!waitUntil(POLLIN, deadline, what)) {
+      return kLate;
     }
   }
+  return 0;
+}
+
+void Socket::recvAll(void* data, size_t size, Deadline deadline, const std::string& what) {
+  int why = recvUntil(data, size, deadline, what);
+  if (why == kClosed) throwError(mnclRemoteError, what + ": the peer closed the connection (did it exit or fail?)");
+  if (why == kLate) throwError(mnclTimeout, what + " timed out (raise MININCL_BOOTSTRAP_TIMEOUT if ranks start slowly)");
+  if (why != 0) throwError(mnclSystemError, what + ": recv(): " + std::strerror(why));
 }
 
 bool Socket::recvOpening(void* data, size_t size, Deadline deadline, const std::string& what) {
-  Deadline until = std::min(deadline, deadlineIn(kOpeningSeconds));
-  char* p = static_cast<char*>(data);
-  while (size > 0) {
-    ssize_t n = ::recv(fd_, p, size, 0);
-    if (n > 0) {
-      p += n;
-      size -= (size_t)n;
-    } else if (n == 0 || (errno != EAGAIN && errno != EINTR) || !waitUntil(POLLIN, until, what)) {
-      return false;
-    }
-  }
-  return true;
+  return recvUntil(data, size, std::min(deadline, deadlineIn(kOpeningSeconds)), what) == 0;
 }
 
 SockAddr Socket::localAddr() const {

@@ -99,6 +99,8 @@ class Socket {
  private:
   void waitFor(short events, Deadline deadline, const std::string& what);  // Timeout at the deadline
   bool waitUntil(short events, Deadline deadline, const std::string& what);  // false at the deadline
+  static constexpr int kClosed = -1, kLate = -2;  // (recvUntil's answers other than errno values)
+  int recvUntil(void* data, size_t size, Deadline deadline, const std::string& what);
   int fd_ = -1;
 };
 
