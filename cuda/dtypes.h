@@ -149,6 +149,23 @@ inline fp8e5m2_t toFp8e5m2(float x) {
   uint32_t e = pick(a >= 0x47600000u, 0x7bu, pick(a < 0x38800000u, small, normal));  // 57344 (saturated), 2^-14
   return {(uint8_t)pick(a > 0x7f800000u, 0x7fu, e | (f >> 24 & 0x80u))};
 }
+
+// `v` rounded to float type `t`, as the bits of one element of it (in the low bytes). The
+// 16- and 8-bit types round through float, as NumPy's float16(float32(v)) does; the 8-bit ones
+// saturate, as the reductions do. 0 for a type that is not a float.
+inline uint64_t floatBitsOf(double v, DataType t) {
+  uint64_t out = 0;
+  switch (t) {
+    case DataType::f64: std::memcpy(&out, &v, 8); break;
+    case DataType::f32: out = floatToBits((float)v); break;
+    case DataType::f16: out = toHalf((float)v).bits; break;
+    case DataType::bf16: out = toBfloat16((float)v).bits; break;
+    case DataType::f8e4m3: out = toFp8e4m3((float)v).bits; break;
+    case DataType::f8e5m2: out = toFp8e5m2((float)v).bits; break;
+    default: break;
+  }
+  return out;
+}
 #endif
 
 }  // namespace mncl

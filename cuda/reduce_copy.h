@@ -571,15 +571,12 @@ inline void combineBlock(const Fn& fn, int nsrc, const T* const* srcs, size_t of
   if (finish) postInPlace(fn, acc, len);
 }
 
-// Sums, products and averages of 16- and 8-bit floats: a block at a time in
+// Sums, products and premulsums of 16- and 8-bit floats: a block at a time in
 // cpu/narrow_float.cc, with the CPU's vector instructions, rather than an element at a time in
-// ArithNarrow (the same bits: each operation on two values rounds to the narrow type, a sum
-// before avg's division too). Max and min stay in ArithNarrow, which compares the bits without
+// ArithNarrow (the same bits: each operation on two values rounds to the narrow type). Max and min stay in ArithNarrow, which compares the bits without
 // converting them.
 template <typename H>
 constexpr NarrowOp narrowOp(const FuncSum<H>&) { return NarrowOp::add; }
-template <typename H>
-constexpr NarrowOp narrowOp(const FuncAvg<H>&) { return NarrowOp::add; }
 template <typename H>
 constexpr NarrowOp narrowOp(const FuncProd<H>&) { return NarrowOp::mul; }
 template <typename H>
@@ -600,9 +597,6 @@ inline void combineBlock(const Fn& fn, int nsrc, const T* const* srcs, size_t of
     std::memcpy(acc, srcs[0] + off, len * sizeof(T));
   }
   for (int s = 2; s < nsrc; ++s) combineNarrow(op, acc, srcs[s] + off, acc, len);
-  if constexpr (Fn::kHasPost) {
-    if (finish) divideNarrow(acc, acc, len, fn.nranks);
-  }
 }
 
 // combineBlock for a reduction with a pre-operation, applied to the sources `pre` names.

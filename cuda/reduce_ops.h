@@ -3,8 +3,9 @@
 //
 // Integer sums and products wrap around in the type's width (done in unsigned arithmetic, so
 // signed types wrap as two's complement without undefined behaviour). Max and min propagate
-// NaN as NumPy does. avg = sum, then a post-operation dividing by the rank count: applied once
-// by whichever rank finishes a reduction, so every rank ends with the same bits. premulsum
+// NaN as NumPy does. avg on integers = sum, then a post-operation dividing by the rank count:
+// applied once by whichever rank finishes a reduction, so every rank ends with the same bits
+// (a float avg is a premulsum by 1/nranks: the host makes it one, as NCCL does). premulsum
 // (NCCL's ncclRedOpCreatePreMulSum) = sum, after a pre-operation multiplying each rank's own
 // input by that rank's scalar, applied where the input is loaded: by the rank itself, or by a
 // peer that reads the raw input through a pointer step, which scales it by the scalar the
@@ -30,13 +31,9 @@ struct Arith {
   }
   MNCL_HOSTDEV static T max(T a, T b) { return (a > b || a != a) ? a : b; }
   MNCL_HOSTDEV static T min(T a, T b) { return (a < b || a != a) ? a : b; }
-  MNCL_HOSTDEV static T div(T a, uint32_t n) {
-    if constexpr (std::is_integral_v<T>) {
-      if constexpr (std::is_signed_v<T>) return (T)(a / (int64_t)n);
-      else return (T)(a / (uint64_t)n);
-    } else {
-      return a / (T)n;
-    }
+  MNCL_HOSTDEV static T div(T a, uint32_t n) {  // (integers only: see FuncAvg)
+    if constexpr (std::is_signed_v<T>) return (T)(a / (int64_t)n);
+    else return (T)(a / (uint64_t)n);
   }
 };
 
@@ -107,7 +104,6 @@ struct ArithNarrow {
     else return x;
   }
 #endif
-  MNCL_HOSTDEV static H div(H a, uint32_t n) { return h(f(a) / (float)n); }
 };
 template <>
 struct Arith<half_t> : ArithNarrow<half_t> {};
@@ -149,8 +145,11 @@ struct FuncMin {
   MNCL_HOSTDEV T operator()(T a, T b) const { return Arith<T>::min(a, b); }
   MNCL_HOSTDEV T post(T x) const { return x; }
 };
+// avg on integers (NCCL's SumPostDiv). A float avg runs as a premulsum instead (see
+// mncl::asRun), so that its sum cannot overflow where the average does not.
 template <typename T>
 struct FuncAvg {
+  static_assert(std::is_integral_v<T>, "a float avg runs as a premulsum by 1/nranks");
   static constexpr bool kHasPre = false;
   static constexpr bool kHasPost = true;
   uint32_t nranks = 1;

@@ -60,11 +60,22 @@ def numpy_dtype(name: str) -> Any:
     return getattr(ml_dtypes, name)
 
 
-def _tolerance(dtype: Any, nranks: int) -> float:
-    """Relative error a check allows: none, except for the floats narrower than float16, which
-    round at every step of a reduction (the reference rounds once): half an ulp per step."""
-    bits = {"bfloat16": 8, "float8_e4m3fn": 4, "float8_e5m2": 3}.get(np.dtype(dtype).name)
+def _tolerance(dtype: Any, nranks: int, op: str) -> float:
+    """Relative error a check allows: half an ulp per step of a reduction (the reference rounds
+    once) for the floats narrower than float16, which round at every step, and for any float
+    avg, whose inputs are each scaled by 1/nranks rounded to the type, as NCCL's are (exact
+    when nranks is a power of two). Otherwise none."""
+    name = np.dtype(dtype).name
+    bits = {"bfloat16": 8, "float8_e4m3fn": 4, "float8_e5m2": 3}.get(name)
+    if bits is None and op == "avg" and nranks & (nranks - 1):
+        bits = {"float16": 11, "float32": 24, "float64": 53}.get(name)
     return 0.0 if bits is None else nranks * 2.0**-bits
+
+
+def _count_wrong(got: np.ndarray, want: np.ndarray, tol: float) -> int:
+    """Elements of got farther than tol (relative) from want; a NaN is wrong."""
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    return int(np.count_nonzero(~(np.abs(g - w) <= tol * np.abs(w))))
 
 
 def parse_size(text: str) -> int:
@@ -296,10 +307,9 @@ def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, i
             if cfg.coll in TO_ROOT and comm.rank != cfg.root:
                 pass
             else:
-                want = _expected(cfg, comm, count, dtype).astype(np.float64)
-                got = recv.reshape(-1)[: want.size].astype(np.float64)
-                tol = _tolerance(dtype, n)
-                wrong[0] = int(np.count_nonzero(~(np.abs(got - want) <= tol * np.abs(want))))  # (NaN: wrong)
+                want = _expected(cfg, comm, count, dtype)
+                got = recv.reshape(-1)[: want.size]
+                wrong[0] = _count_wrong(got, want, _tolerance(dtype, n, cfg.op))
             comm.allreduce(wrong, op="sum")
         row = (
             count * np.dtype(dtype).itemsize * (n if cfg.coll in BLOCKED else 1),
@@ -354,7 +364,7 @@ def bench_gpu_ranks(comms: list[Communicator], cfg: Config) -> list[tuple[int, i
                     continue
                 want = _expected(cfg, c, count, dtype)
                 got = cp.asnumpy(recvs[c.rank]).reshape(-1)[: want.size]
-                wrong += int(np.count_nonzero(got != want))
+                wrong += _count_wrong(got, want, _tolerance(dtype, c.nranks, cfg.op))
         row = (
             count * np.dtype(dtype).itemsize * (n if cfg.coll in BLOCKED else 1),
             count,

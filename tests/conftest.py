@@ -203,7 +203,8 @@ def rank_values(rank: int, count: int, dtype: str, op: str, seed: int = 0) -> np
 
 
 def reduce_ref(inputs: list[np.ndarray], op: str, dtype: str) -> np.ndarray:
-    """NumPy's answer, in the type's own arithmetic (integers wrap), avg truncating as C does."""
+    """NumPy's answer, in the type's own arithmetic (integers wrap), an integer avg truncating
+    as C does; a float avg summed exactly (its partial sums round: see assert_same)."""
     n = len(inputs)
     rd = ref_dtype(dtype)
     stack = np.stack([x.astype(rd) for x in inputs])
@@ -217,12 +218,13 @@ def reduce_ref(inputs: list[np.ndarray], op: str, dtype: str) -> np.ndarray:
         return stack.max(axis=0)
     if op == "min":
         return stack.min(axis=0)
+    if not np.issubdtype(rd, np.integer):  # each input times 1/n rounded to the type, then summed (as NCCL)
+        terms = stack * np.dtype(rd).type(1.0 / n)
+        return np.add.reduce(terms.astype(np.float64), axis=0).astype(rd)
     total = np.add.reduce(stack, axis=0, dtype=rd)
-    if np.issubdtype(rd, np.integer):
-        wide = total.astype(np.int64) if np.issubdtype(rd, np.signedinteger) else total.astype(np.uint64)
-        q = np.abs(wide.astype(np.float64)) // n * np.sign(wide.astype(np.float64))
-        return q.astype(rd)
-    return (total.astype(np.float64) / n).astype(rd)
+    wide = total.astype(np.int64) if np.issubdtype(rd, np.signedinteger) else total.astype(np.uint64)
+    q = np.abs(wide.astype(np.float64)) // n * np.sign(wide.astype(np.float64))
+    return q.astype(rd)
 
 
 def assert_same(got: Any, want: np.ndarray, dtype: str, op: str = "sum") -> None:

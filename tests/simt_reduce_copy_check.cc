@@ -196,7 +196,7 @@ int main() {
     checkByteCopiesToTwo(threads);
     checkReductions<float>(threads, FuncSum<float>{}, false, false, "sum of float32");
     checkReductions<float>(threads, FuncPreMulSum<float>{}, true, false, "premulsum of float32");
-    checkReductions<float>(threads, FuncAvg<float>{3}, false, true, "avg of float32");
+    checkReductions<int32_t>(threads, FuncAvg<int32_t>{3}, false, true, "avg of int32");
     checkReductions<double>(threads, FuncSum<double>{}, false, false, "sum of float64");
     checkReductions<uint8_t>(threads, FuncSum<uint8_t>{}, false, false, "sum of uint8");
     checkReductions<uint16_t>(threads, FuncMax<uint16_t>{}, false, false, "max of uint16");

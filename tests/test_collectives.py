@@ -11,18 +11,22 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import (
+    ALGOS,
     DTYPES,
     OPS,
+    PROTOS,
     as_numpy,
     assert_same,
     counts_for,
     empty,
+    forced_env,
     make,
     needs,
     rank_values,
     reduce_ref,
     run_ranks,
 )
+from workers import assert_float_avg
 
 import minincl
 
@@ -487,3 +491,38 @@ def test_thousands_of_small_calls_on_one_communicator(comms_of: Any) -> None:
         return 0
 
     run_ranks(comms, body)
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 8])
+@pytest.mark.parametrize(("algo", "proto"), [(a, p) for a in ALGOS for p in PROTOS])
+def test_float_avg_of_values_near_the_largest_is_finite(nranks: int, algo: str, proto: str) -> None:
+    """A float avg scales each input by 1/n before the sum (as NCCL does), so it overflows only
+    where the average does: float16 avg(65504, 65504) is 65504, where summing first gave inf
+    (and 8-bit floats saturated the sum at their largest value, then halved it)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    types = [np.float16, np.float32, np.float64, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2]
+    with forced_env(algo, proto):
+        comms = minincl.Communicator.init_all(nranks)
+    try:
+        for dtype in types:
+            top = float(ml_dtypes.finfo(dtype).max)
+            rng = np.random.default_rng(nranks)
+            inputs = [rng.uniform(0.5 * top, top, size=1009).astype(dtype) for _ in range(nranks)]
+            inputs[0][:3] = top  # (every rank at the largest value: the average is the largest value)
+            for x in inputs[1:]:
+                x[:3] = top
+            outs = run_ranks(comms, lambda c: c.allreduce(inputs[c.rank], op="avg"))
+            if "reduce_scatter" in ALGOS[algo]:
+                whole = [np.concatenate([x] * nranks) for x in inputs]
+                parts = run_ranks(comms, lambda c: c.reduce_scatter(whole[c.rank], op="avg"))
+            else:
+                parts = run_ranks(comms, lambda c: c.reduce(inputs[c.rank], op="avg", root=0))[:1]
+            name = np.dtype(dtype).name
+            for r, out in enumerate(outs):
+                assert np.isfinite(out.astype(np.float64)).all(), f"{name} avg on rank {r}"
+                assert_float_avg(out, inputs, name)
+            for part in parts:
+                assert_float_avg(part, inputs, name)
+    finally:
+        for c in comms:
+            c.destroy()

@@ -1,6 +1,7 @@
 """Half and bfloat16 reductions on every 16-bit pattern (subnormals, infinities, NaN, both
 zeros), against NumPy's float16 arithmetic and PyTorch's bfloat16 rounding: each result is
-computed in float and rounded to nearest even, once per operation on two values.
+computed in float and rounded to nearest even, once per operation on two values (avg's too:
+each input times 1/n, rounded, then the sum).
 
 Runs under each vector instruction set this CPU has (MININCL_CPU_ISA; the CPU device code's
 16-bit arithmetic has a loop per set) and each protocol (LL and LL128 combine an element at
@@ -62,8 +63,10 @@ def reference(inputs: list[np.ndarray], op: str, dtype: str) -> np.ndarray:
             return np.minimum(a, b)
         if op == "prod":
             return rounded(a * b, dtype)
-        total = rounded(a + b, dtype)
-        return total if op == "sum" else rounded(total / np.float32(len(inputs)), dtype)
+        if op == "avg":  # (as NCCL: each input times 1/n rounded to the type, then summed)
+            s = rounded(np.full(1, 1 / len(inputs), np.float32), dtype)
+            a, b = rounded(a * s, dtype), rounded(b * s, dtype)
+        return rounded(a + b, dtype)
 
 
 def assert_matches(got: np.ndarray, want: np.ndarray, what: str) -> None:

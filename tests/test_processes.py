@@ -36,7 +36,7 @@ def test_streamed_outputs_match_numpy(monkeypatch: pytest.MonkeyPatch, threads: 
         (results,) = minincl.launch(workers.thread_ranks, 1, 3, counts)
     else:
         results = minincl.launch(workers.unaligned_outputs_and_avg, 3, counts)
-    assert results == [results[0]] * 3 and results[0] == len(counts) * (4 * 9 + 2)
+    assert results == [results[0]] * 3 and results[0] == len(counts) * 4 * (9 + 1)  # (per type: 9 checks, then avg)
 
 
 def test_launch_timeout_names_the_rank_still_running_and_keeps_the_others_results() -> None:

@@ -119,7 +119,7 @@ def _output(count: int, dtype: Any, shift: str) -> np.ndarray:
 
 def unaligned_outputs_and_avg(comm: minincl.Communicator, counts: list[int]) -> int:
     """Out-of-place results into arrays 16-byte aligned and not (a view one element or one
-    byte in), and avg (whose division runs on the reduced value), checked against NumPy."""
+    byte in), and avg (an integer's division runs on the reduced value), checked against NumPy."""
     n, r = comm.nranks, comm.rank
     checks = 0
     for count in counts:
@@ -137,11 +137,13 @@ def unaligned_outputs_and_avg(comm: minincl.Communicator, counts: list[int]) -> 
                 comm.broadcast(inputs[r], bcast, root=n - 1)
                 np.testing.assert_array_equal(bcast, inputs[n - 1])
                 checks += 3
-            if dtype in (np.float32, np.float64):
-                avg = np.zeros(count, dtype)
-                comm.allreduce(inputs[r], avg, op="avg")
-                np.testing.assert_allclose(avg, total / n, rtol=1e-6)
-                checks += 1
+            avg = np.zeros(count, dtype)
+            comm.allreduce(inputs[r], avg, op="avg")
+            if dtype == np.int32:  # (the sum, then C's division: exact)
+                np.testing.assert_array_equal(avg, total // n)
+            else:
+                assert_float_avg(avg, inputs, dtype)
+            checks += 1
     return checks
 
 
@@ -421,10 +423,42 @@ def empty_without_a_window(comm: minincl.Communicator) -> str:
     return "an array"
 
 
+def _float_type(dtype: Any) -> Any:
+    """dtype as a NumPy float type; "bfloat16" and the 8-bit floats as ml_dtypes' types."""
+    if str(dtype) in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, str(dtype)))
+    return np.dtype(dtype)
+
+
+def assert_float_avg(got: Any, inputs: list[np.ndarray], dtype: Any) -> None:
+    """A float avg as NCCL computes it (and minincl): each rank's input times 1/n rounded to
+    the type, each product rounded to the type, then summed. The sum's order is the
+    algorithm's, and each partial sum rounds: allowed half an ulp of the sum of |terms| per
+    rank, against the exact sum of the rounded terms."""
+    t = _float_type(dtype)
+    n = len(inputs)
+    # (In float, below float64: the 16- and 8-bit types' arithmetic, and their rounding from a double.)
+    via = np.float64 if t == np.float64 else np.float32
+    scale = np.float64(1.0 / n).astype(via).astype(t).astype(np.float64)
+    terms = np.stack([(np.asarray(x, np.float64) * scale).astype(via).astype(t) for x in inputs])
+    exact = terms.astype(np.float64).sum(0)
+    import ml_dtypes
+
+    tol = n * 2.0 ** -(ml_dtypes.finfo(t).nmant + 1) * np.abs(terms.astype(np.float64)).sum(0)
+    g = np.asarray(got, np.float64).reshape(-1)
+    bad = ~(np.abs(g - exact.reshape(-1)) <= tol.reshape(-1))
+    assert not bad.any(), (
+        f"{dtype} avg of {n} ranks: {int(bad.sum())} of {g.size} wrong; first at {int(np.argmax(bad))}: "
+        f"{g[bad][0]} (want {exact.reshape(-1)[bad][0]} within {tol.reshape(-1)[bad][0]:.3g})"
+    )
+
+
 def kernel_copies_with_stats(comm: minincl.Communicator, counts: list[int]) -> tuple[int, dict[str, int]]:
     """The collectives whose steps may go by kernel copies between processes: broadcasts from
-    every root and allgathers (in place and not), allreduces (in place and not; avg divides
-    the final values a sender writes into its receiver) and reduce_scatters (in place and
+    every root and allgathers (in place and not), allreduces (in place and not; avg scales
+    each input where it is read, a peer's too) and reduce_scatters (in place and
     not), checked against NumPy; returns the checks done and this rank's counters."""
     n, r = comm.nranks, comm.rank
     checks = 0
@@ -435,10 +469,13 @@ def kernel_copies_with_stats(comm: minincl.Communicator, counts: list[int]) -> t
             x = inputs[r].copy()
             comm.allreduce(x)
             np.testing.assert_array_equal(x, total)
-            op, want = ("max", np.stack(inputs).max(0)) if dtype == np.uint8 else ("avg", total / dtype(n))
             out = np.full(count, 7, dtype)
-            comm.allreduce(inputs[r], out, op=op)
-            np.testing.assert_allclose(out, want, rtol=1e-6)
+            if dtype == np.uint8:
+                comm.allreduce(inputs[r], out, op="max")
+                np.testing.assert_array_equal(out, np.stack(inputs).max(0))
+            else:
+                comm.allreduce(inputs[r], out, op="avg")
+                assert_float_avg(out, inputs, dtype)
             checks += 2
             for root in range(n):
                 b = inputs[r].copy()

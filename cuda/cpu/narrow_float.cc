@@ -54,10 +54,6 @@ template <typename H>
 void scalePortable(const H* a, float s, H* d, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = roundNarrow<H>(toFloat(a[i]) * s);
 }
-template <typename H>
-void dividePortable(const H* a, H* d, size_t n, uint32_t divisor) {
-  for (size_t i = 0; i < n; ++i) d[i] = roundNarrow<H>(toFloat(a[i]) / (float)divisor);
-}
 
 #if defined(__x86_64__)
 constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;  // whatever MXCSR says
@@ -210,17 +206,6 @@ void combineFor(NarrowOp op, const H* a, const H* b, H* d, size_t n) {
 }
 
 template <typename H>
-void divideFor(const H* a, H* d, size_t n, uint32_t divisor) {
-  switch (vectorIsa()) {
-#if defined(__x86_64__)
-    case VectorIsa::avx512: return avx512::divide(a, d, n, divisor);
-    case VectorIsa::avx2: return avx2::divide(a, d, n, divisor);
-#endif
-    default: return dividePortable(a, d, n, divisor);
-  }
-}
-
-template <typename H>
 void scaleFor(const H* a, H scalar, H* d, size_t n) {
   float s = toFloat(scalar);
   switch (vectorIsa()) {
@@ -259,14 +244,9 @@ template <typename H>
 void scaleNarrow(const H* a, H scalar, H* d, size_t n) {
   scaleFor(a, scalar, d, n);
 }
-template <typename H>
-void divideNarrow(const H* a, H* d, size_t n, uint32_t divisor) {
-  divideFor(a, d, n, divisor);
-}
 #define MNCL_NARROW(H)                                                               \
   template void combineNarrow<H>(NarrowOp, const H*, const H*, H*, size_t);         \
-  template void scaleNarrow<H>(const H*, H, H*, size_t);                             \
-  template void divideNarrow<H>(const H*, H*, size_t, uint32_t);
+  template void scaleNarrow<H>(const H*, H, H*, size_t);
 MNCL_NARROW(half_t)
 MNCL_NARROW(bfloat16_t)
 MNCL_NARROW(fp8e4m3_t)

@@ -29,8 +29,5 @@ void combineNarrow(NarrowOp op, const H* a, const H* b, H* d, size_t n);
 // d[i] = a[i] * scalar (premulsum's own input); d may be a.
 template <typename H>
 void scaleNarrow(const H* a, H scalar, H* d, size_t n);
-// d[i] = a[i] / divisor (avg's last step); d may be a.
-template <typename H>
-void divideNarrow(const H* a, H* d, size_t n, uint32_t divisor);
 
 }  // namespace mncl::dev

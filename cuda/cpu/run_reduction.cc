@@ -23,9 +23,15 @@ template <> struct Reduction<RedOp::premulsum> { template <class T> using F = Fu
 
 template <RedOp op, typename T>
 bool runOp(DevChannel& ch, const DevWork& w, DevError* err) {
-  typename Reduction<op>::template F<T> fn{};
-  if constexpr (op == RedOp::avg) fn.nranks = (uint32_t)ch.nranks;
-  return runTyped<T>(ch, w, fn, err);
+  if constexpr (op == RedOp::avg && !std::is_integral_v<T>) {
+    // (Not reached: the host runs a float avg as a premulsum, see mncl::asRun.)
+    recordError(err, ch.rank, [](DevError& e) { e.undispatched = Undispatched::reducingCollective; });
+    return false;
+  } else {
+    typename Reduction<op>::template F<T> fn{};
+    if constexpr (op == RedOp::avg) fn.nranks = (uint32_t)ch.nranks;
+    return runTyped<T>(ch, w, fn, err);
+  }
 }
 
 template <RedOp op>

@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kGpuThreads) collectiveKernel(const __grid_con
   cache.writeBack();
 }
 
-// avg divides by the rank count; the other reductions carry no state.
+// An (integer) avg divides by the rank count; the other reductions carry no state.
 template <typename Fn>
 void setRanks(Fn& fn, int nranks) {
   if constexpr (requires { fn.nranks; }) fn.nranks = (uint32_t)nranks;

@@ -75,8 +75,8 @@ cudaError_t preloadKernels();
 
 // The (reduction, type) kernel instances: each is a translation unit of its own (see
 // CMakeLists.txt), so a build spreads them over every core. Signed sums, products and
-// premulsums run as their unsigned twins, bitwise ops on bytes; MININCL_CUDA_QUICK leaves out
-// every float but float32.
+// premulsums run as their unsigned twins, bitwise ops on bytes, a float avg as a premulsum
+// (mncl::asRun); MININCL_CUDA_QUICK leaves out every float but float32.
 #define MNCL_KERNEL_NAME_(op, type) launch_##op##_##type
 #define MNCL_KERNEL_NAME(op, type) MNCL_KERNEL_NAME_(op, type)
 #define MNCL_KERNEL_PRELOAD_(op, type) preload_##op##_##type
@@ -114,10 +114,11 @@ cudaError_t preloadKernels();
 #else
 #define MNCL_KERNEL_FLOATS(X, op) X(op, f16) X(op, bf16) X(op, f32) X(op, f64) X(op, f8e4m3) X(op, f8e5m2)
 #endif
+#define MNCL_KERNEL_INTEGERS(X, op) X(op, i8) X(op, i32) X(op, i64) X(op, u8) X(op, u32) X(op, u64)
 #define MNCL_KERNEL_UNSIGNED(X, op) X(op, u8) X(op, u32) X(op, u64) MNCL_KERNEL_FLOATS(X, op)
-#define MNCL_KERNEL_ALL(X, op) X(op, i8) X(op, i32) X(op, i64) MNCL_KERNEL_UNSIGNED(X, op)
+#define MNCL_KERNEL_ALL(X, op) MNCL_KERNEL_INTEGERS(X, op) MNCL_KERNEL_FLOATS(X, op)
 #define MNCL_KERNEL_INSTANCES(X) \
   MNCL_KERNEL_UNSIGNED(X, sum) MNCL_KERNEL_UNSIGNED(X, prod) MNCL_KERNEL_ALL(X, max) MNCL_KERNEL_ALL(X, min) \
-  MNCL_KERNEL_ALL(X, avg) MNCL_KERNEL_UNSIGNED(X, premulsum) X(band, u8) X(bor, u8) X(bxor, u8)
+  MNCL_KERNEL_INTEGERS(X, avg) MNCL_KERNEL_UNSIGNED(X, premulsum) X(band, u8) X(bor, u8) X(bxor, u8)
 
 }  // namespace mncl::dev

@@ -19,8 +19,8 @@ namespace {
 using Launcher = cudaError_t (*)(const GpuLaunch&);
 
 // [op][type]; null where no instance exists (signed sums, products and premulsums run as
-// unsigned: same bits, one instance fewer; bitwise ops as bytes; a quick build has float32
-// alone of the floats).
+// unsigned: same bits, one instance fewer; bitwise ops as bytes; a float avg comes as a
+// premulsum, see mncl::asRun; a quick build has float32 alone of the floats).
 struct LauncherTable {
   Launcher at[(int)RedOp::count][(int)DataType::count] = {};
   cudaError_t (*preload[(int)RedOp::count][(int)DataType::count])(size_t*) = {};

@@ -487,8 +487,8 @@ void logCall(Recorded& r, const LoggedCall& call) {
 
 void enqueueColl(Comm& comm, const CollCall& call) {
   validate(comm, call);
-  Recorded r{&comm, false, call, {}};
-  logCall(r, loggedCallOf(call));
+  Recorded r{&comm, false, asRun(comm, call), {}};
+  logCall(r, loggedCallOf(call));  // (as made: avg, not the premulsum it runs as)
   recordOrRun(r);
 }
 

@@ -145,6 +145,14 @@ bool scalesWithoutPeers(const Comm& comm, const CollCall& c) {
   return copyWithoutPeers(comm, c) && reduces(c.coll) && c.op == RedOp::premulsum;
 }
 
+CollCall asRun(const Comm& comm, const CollCall& c) {
+  if (c.op != RedOp::avg || !isFloat(c.dtype) || !reduces(c.coll) || comm.nranks() == 1) return c;
+  CollCall run = c;
+  run.op = RedOp::premulsum;
+  run.scalarBits = floatBitsOf(1.0 / comm.nranks(), c.dtype);
+  return run;
+}
+
 // What every channel's work item for the call holds: the call itself, all of it.
 static dev::DevWork workOfCall(const CollCall& c) {
   dev::DevWork w{};

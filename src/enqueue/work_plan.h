@@ -22,6 +22,13 @@ inline size_t alignedShare(size_t count, int parts, size_t elemSize) {
   return (per + align - 1) / align * align;
 }
 
+// The call as the device code runs it. A float avg becomes a premulsum whose every rank's
+// scalar is 1/nranks rounded to the type, as NCCL runs it: the sum of the scaled inputs
+// overflows only where the average itself would (float16 avg(65504, 65504) is 65504, where
+// summing first gave inf). An integer avg stays a sum then a truncating division (FuncAvg).
+// A single rank's avg stays a copy.
+CollCall asRun(const Comm& comm, const CollCall& c);
+
 // Appends one work item per channel used to `out` (nothing when count is 0 or there is a
 // single rank: see copyWithoutPeers). Returns how many it appended.
 int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out);

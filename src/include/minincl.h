@@ -4,9 +4,10 @@
  * CPU. CPU communicators take a null stream and return when the result is ready; CUDA
  * communicators enqueue on the given stream and return at once.
  *
- * Reductions: sum, prod, max, min, avg on every type. `avg` is the sum divided by the rank
- * count; on integer types the division truncates toward zero as C's `/` does, after the sum
- * has wrapped around in the type's own width (signed sums wrap as two's complement). And
+ * Reductions: sum, prod, max, min, avg on every type. `avg` on integer types is the sum divided
+ * by the rank count, truncating toward zero as C's `/` does, after the sum has wrapped around
+ * in the type's own width (signed sums wrap as two's complement); on float types, as in NCCL,
+ * the sum of each rank's input times 1/nranks rounded to the type. And
  * pre-multiplied sums (mnclRedOpCreatePreMulSum): each rank's input times that rank's scalar,
  * rounded to the type, then summed. And bitwise and / or / xor (mnclBand, mnclBor, mnclBxor)
  * on the integer types.

@@ -51,29 +51,7 @@ uint64_t floatBits(py::handle scalar, DataType t) {
     PyErr_Clear();
     throwError(mnclInvalidArgument, "premul_sum scalar " + shown(scalar) + " is out of range for " + dataTypeName(t));
   }
-  uint64_t out = 0;
-  switch (t) {
-    case DataType::f64: std::memcpy(&out, &v, 8); break;
-    case DataType::f32: {
-      float f = (float)v;
-      std::memcpy(&out, &f, 4);
-      break;
-    }
-    case DataType::f16: {  // (through float: the same as NumPy's float16(float32(v)))
-      half_t h = toHalf((float)v);
-      std::memcpy(&out, &h, 2);
-      break;
-    }
-    case DataType::bf16: {
-      bfloat16_t b = toBfloat16((float)v);
-      std::memcpy(&out, &b, 2);
-      break;
-    }
-    case DataType::f8e4m3: out = toFp8e4m3((float)v).bits; break;  // (saturating, as the reductions do)
-    case DataType::f8e5m2: out = toFp8e5m2((float)v).bits; break;
-    default: break;
-  }
-  return out;
+  return floatBitsOf(v, t);
 }
 
 }  // namespace
