@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Union
 
 from . import _core
-from .errors import Error, InvalidArgument, InvalidUsage
+from .errors import Error, InvalidArgument, InvalidUsage, RemoteError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -141,12 +141,13 @@ class Communicator(_core.Communicator):
             t.start()
         for t in threads:
             t.join()
-        for e in errors:
-            if e is not None:
-                for c in comms:
-                    if c is not None:
-                        c.destroy()
-                raise e
+        failed = [e for e in errors if e is not None]
+        if failed:
+            for c in comms:
+                if c is not None:
+                    c.destroy()
+            # A rank's own failure first, before the RemoteErrors it caused in the others.
+            raise next((e for e in failed if not isinstance(e, RemoteError)), failed[0])
         return [c for c in comms if c is not None]
 
     def empty(self, shape: int | tuple[int, ...], dtype: Any = "float32") -> np.ndarray[Any, Any]:

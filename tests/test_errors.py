@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import json
 import math
 import os
 import re
@@ -1642,3 +1643,47 @@ def test_a_rank_whose_id_names_another_ids_root_is_told(monkeypatch: pytest.Monk
     uid[8] ^= 1  # (the nonce: the same root address, another id)
     with pytest.raises(minincl.InvalidUsage, match="wrong unique id: this bootstrap root serves another id"):
         minincl.Communicator(2, bytes(uid), 1)
+
+
+_INIT_ALL_SHORT_OF_FILE_DESCRIPTORS = """
+import json, os, resource, minincl
+base = len(os.listdir("/proc/self/fd"))
+outcomes = []
+# (Fewer descriptors than 8 ranks need, then enough. By 2: a failed root keeps its listener
+# for up to 10 s, for ranks still to come, so each failure holds one descriptor meanwhile.)
+for extra in range(1, 400, 2):
+    resource.setrlimit(resource.RLIMIT_NOFILE, (base + extra, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    try:
+        comms = minincl.Communicator.init_all(8)
+    except minincl.Error as e:
+        outcomes.append([type(e).__name__, str(e)])
+        continue
+    for c in comms:
+        c.destroy()
+    outcomes.append(["ok", ""])
+    break
+print(json.dumps(outcomes))
+"""
+
+
+def test_init_all_short_of_file_descriptors_fails_with_the_ranks_own_error(tmp_path: Any) -> None:
+    """A rank of init_all that cannot open a socket (the process is out of file descriptors)
+    fails its siblings at once, through the bootstrap root of their own process: they used to
+    wait for MININCL_BOOTSTRAP_TIMEOUT and then raise a Timeout naming it as missing. The error
+    raised is the rank's own (or the root's, where it was the root that ran out)."""
+    env = dict(os.environ, MININCL_BOOTSTRAP_TIMEOUT="300")  # (a wait for it would hit the subprocess's timeout)
+    out = subprocess.run(
+        [sys.executable, "-c", _INIT_ALL_SHORT_OF_FILE_DESCRIPTORS],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    outcomes = json.loads(out.stdout.strip().splitlines()[-1])
+    assert outcomes[-1] == ["ok", ""], outcomes
+    failures = outcomes[:-1]
+    assert failures, "init_all(8) never ran short of file descriptors"
+    for kind, message in failures:
+        assert kind == "SystemError" and "Too many open files" in message, (kind, message)

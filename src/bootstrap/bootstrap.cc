@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "../core/env.h"
@@ -76,13 +77,21 @@ void Bootstrap::checkArguments(const UniqueIdData& id, int rank, int nranks) {
 Bootstrap::Bootstrap(const UniqueIdData& id, int rank, int nranks)
     : rank_(rank), nranks_(nranks), magic_(id.nonce ^ kIdMagic), timeout_(bootstrapTimeout()) {
   checkArguments(id, rank, nranks);
-  registerWithRoot(id);
+  try {
+    registerWithRoot(id);
+  } catch (const Error& e) {
+    // Failed before its hello (out of file descriptors, say): the others need not wait for it.
+    // (Not after a timeout: the root is out of reach, for the report too.)
+    if (!saidHello_ && e.code() != mnclTimeout) reportInitFailure(id, rank, nranks, e.what());
+    throw;
+  }
   if (nranks_ > 1) connectRing();
 }
 
 void Bootstrap::reportInitFailure(const UniqueIdData& id, int rank, int nranks, const std::string& message) noexcept {
   if (id.magic != kIdMagic) return;  // (that init's error already says why)
   // (A rank out of range reports too: the root fails the others with its story.)
+  if (reportToLocalRoot(id.nonce, rank, nranks, message)) return;
   try {
     Deadline d = deadlineIn(std::min(bootstrapTimeout(), 5.0));
     Socket toRoot = connectToRoot(id, rank, d, "reporting its failed init");
@@ -95,7 +104,16 @@ void Bootstrap::reportInitFailure(const UniqueIdData& id, int rank, int nranks, 
   }
 }
 
+void throwBootstrapFailure(mnclResult_t status, const std::string& failure) {
+  bool known = status == mnclTimeout || status == mnclRemoteError || status == mnclInvalidArgument || status == mnclSystemError;
+  throwError(known ? status : mnclInvalidUsage, "bootstrap failed: " + failure);
+}
+
 void Bootstrap::registerWithRoot(const UniqueIdData& id) {
+  // A root in this process that failed may have had no file descriptor left to answer with.
+  std::function<void()> localRootFailed = localRootWatch(id.nonce);
+  std::optional<WaitCheck> rootFailed;
+  if (localRootFailed) rootFailed.emplace(localRootFailed);
   Socket toRoot;
   try {
     toRoot = connectToRoot(id, rank_, deadline(), "registering with the bootstrap root");
@@ -118,6 +136,7 @@ void Bootstrap::registerWithRoot(const UniqueIdData& id) {
   RootHello hello = helloFrom(id, rank_, nranks_);
   hello.listen = listen_.localAddr().storage;
   toRoot.sendAll(&hello, sizeof(hello), deadline(), "sending hello to the bootstrap root");
+  saidHello_ = true;
   RootReply reply{};
   // The root gives up on missing ranks at its own deadline and says which are missing:
   // wait a little longer than it does, to hear that rather than a bare timeout.
@@ -126,16 +145,15 @@ void Bootstrap::registerWithRoot(const UniqueIdData& id) {
     toRoot.recvAll(&reply, sizeof(reply), deadlineIn(timeout_ + 2.0), "waiting for the other ranks at the bootstrap root");
   } catch (const Error& e) {
     if (e.code() == mnclTimeout) throw;  // (a root answers before it closes a connection)
+    if (localRootFailed) localRootFailed();  // (one that failed before it took our connection closes it unanswered)
     throwError(e.code(), std::string(e.what()) + "; " + rootAt +
                              " closed it unanswered: is another program listening on that port, or did the root's "
                              "process exit?");
   }
   MNCL_CHECK(reply.nonce == id.nonce, mnclSystemError,
         rootAt + " did not answer as minincl's root: is another program listening on that port?");
-  if (reply.status != 0) {  // Timeout: ranks never came; RemoteError: one could not init; else they disagree
-    auto code = (mnclResult_t)reply.status;
-    throwError(code == mnclTimeout || code == mnclRemoteError ? code : mnclInvalidUsage,
-               "bootstrap failed: " + std::string(reply.message, strnlen(reply.message, sizeof(reply.message))));
+  if (reply.status != 0) {
+    throwBootstrapFailure((mnclResult_t)reply.status, std::string(reply.message, strnlen(reply.message, sizeof(reply.message))));
   }
   addrs_.resize(nranks_);
   toRoot.recvAll(addrs_.data(), addrs_.size() * sizeof(sockaddr_storage), deadline(), "reading the rank table");

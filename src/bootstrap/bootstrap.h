@@ -6,10 +6,12 @@
 // connections for tagged send/recv. Init uses these to exchange what the transports need.
 #pragma once
 
+#include <functional>
 #include <list>
 #include <string>
 #include <vector>
 
+#include "minincl.h"
 #include "socket.h"
 
 namespace mncl {
@@ -57,6 +59,19 @@ inline std::string tooManyRanks(int nranks) {
 // Starts a root listener on `bind` in a background thread that serves one rendezvous, then
 // exits (also after the bootstrap timeout). Returns the address it listens on.
 SockAddr startRoot(const SockAddr& bind, uint64_t nonce);
+// Tells the root of `nonce`, if this process serves it, that `rank` could not init: it fails
+// the other ranks at once, as a report by socket does (see Bootstrap::reportInitFailure), so
+// this works without a file descriptor to spare. False if no such root runs here.
+bool reportToLocalRoot(uint64_t nonce, int rank, int nranks, const std::string& message);
+// For a rank of the process that serves the root of `nonce`: a check that throws the root's
+// failure once it failed (it may have no file descriptor left to answer the rank with).
+// Empty if the root runs elsewhere.
+std::function<void()> localRootWatch(uint64_t nonce);
+// A root's failure as the error its ranks throw ("bootstrap failed: ..."): Timeout (ranks
+// never came), RemoteError (one could not init), InvalidArgument (too many ranks),
+// SystemError (the root itself failed: out of file descriptors, say), else InvalidUsage
+// (they disagree).
+[[noreturn]] void throwBootstrapFailure(mnclResult_t status, const std::string& failure);
 
 class Bootstrap {
  public:
@@ -105,6 +120,7 @@ class Bootstrap {
   int rank_, nranks_;
   uint64_t magic_;
   double timeout_;
+  bool saidHello_ = false;  // the root has our hello (it counts us as come)
   Socket listen_, next_, prev_;
   std::vector<sockaddr_storage> addrs_;
   std::list<Message> unexpected_;

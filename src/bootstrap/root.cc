@@ -2,6 +2,10 @@
 // It checks what it can (magic, nonce, nranks, duplicate or out-of-range ranks) and answers
 // every waiting rank with an error naming the problem rather than letting anyone hang.
 #include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <new>
 #include <thread>
 #include <vector>
@@ -14,6 +18,62 @@
 namespace mncl {
 
 namespace {
+
+// What a root and the ranks of its own process tell each other without sockets, which may
+// be what failed (no file descriptor left): a rank's failed init (reportToLocalRoot), and
+// the root's failure, for the ranks it could not answer (localRootWatch).
+class LocalRendezvous {
+ public:
+  void rankFailed(int rank, int nranks, const std::string& message) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (rankFailed_) return;  // (the first story is the one told)
+    rankFailed_ = true;
+    failedRank_ = rank;
+    nranks_ = nranks;
+    rankMessage_ = message;
+  }
+  bool aRankFailed() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return rankFailed_;
+  }
+  // The root's failure for it: "rank R could not make its communicator: ...", as a socket report's.
+  std::string rankFailure(int* nranks) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (*nranks < 0) *nranks = nranks_;
+    return "rank " + std::to_string(failedRank_) + " could not make its communicator: " + rankMessage_;
+  }
+  void rootFailed(mnclResult_t status, const std::string& failure) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    rootStatus_ = status;
+    rootFailure_ = failure;
+  }
+  // Throws the root's failure as its reply would have said it.
+  void throwIfRootFailed() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (rootStatus_ != mnclSuccess) throwBootstrapFailure(rootStatus_, rootFailure_);
+  }
+
+ private:
+  std::mutex mutex_;
+  bool rankFailed_ = false;
+  int failedRank_ = -1, nranks_ = -1;
+  std::string rankMessage_;
+  mnclResult_t rootStatus_ = mnclSuccess;
+  std::string rootFailure_;
+};
+
+// The roots this process serves, by nonce (from startRoot until serve ends).
+std::mutex localRootsMutex;
+std::map<uint64_t, std::shared_ptr<LocalRendezvous>>& localRoots() {
+  static auto* roots = new std::map<uint64_t, std::shared_ptr<LocalRendezvous>>;  // (never destroyed: threads may outlive main)
+  return *roots;
+}
+
+std::shared_ptr<LocalRendezvous> localRoot(uint64_t nonce) {
+  std::lock_guard<std::mutex> lock(localRootsMutex);
+  auto it = localRoots().find(nonce);
+  return it == localRoots().end() ? nullptr : it->second;
+}
 
 struct Joined {
   Socket sock;
@@ -70,7 +130,8 @@ std::string missingRanksFailure(int nranks, const std::vector<Joined>& joined, i
   return failure;
 }
 
-void serve(Socket listener, uint64_t nonce, double timeout) {
+// Returns whether every rank got the table.
+bool serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& local) {
   // The clock starts when the first rank of this id arrives: an id may be made long before
   // its ranks start (a job that loads its data first). Until then the root waits, as NCCL's.
   Deadline deadline = deadlineIn(10 * 365 * 86400.0);
@@ -81,13 +142,19 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
   std::string failure;
   mnclResult_t status = mnclInvalidUsage;  // of a failure: the ranks disagree, or (Timeout) some never came
   int strangers = 0;  // hellos with another id: a second job at this address, say
+  bool reportedHere = false;
   try {
+    // (The waits below look at the report every 100 ms: see WaitCheck.)
+    WaitCheck failedHere([&] {
+      if (local.aRankFailed()) throwError(mnclRemoteError, "a rank of this process reported its failed init");
+    });
     while (nranks < 0 || (int)joined.size() < nranks) {
       Socket s = listener.accept(deadline, "bootstrap root waiting for ranks");
       RootHello h{};
       try {
         s.recvAll(&h, sizeof(h), deadlineIn(5.0), "bootstrap root reading a hello");
       } catch (const Error&) {
+        if (local.aRankFailed()) throw;
         continue;  // not one of ours
       }
       if (h.magic != kIdMagic || h.nonce != nonce) {
@@ -134,16 +201,22 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
       joined.push_back({std::move(s), h.rank});
     }
   } catch (const Error& e) {
-    if (e.code() == mnclTimeout) {  // (the deadline: ranks never came)
+    if (local.aRankFailed()) {  // (as a failure reported by socket, above)
+      reportedHere = true;
+      status = mnclRemoteError;
+      failure = local.rankFailure(&nranks);
+    } else if (e.code() == mnclTimeout) {  // (the deadline: ranks never came)
       status = mnclTimeout;
       failure = missingRanksFailure(nranks, joined, strangers);
     } else {  // (accept() failed: out of file descriptors, say)
       status = e.code();
       failure = std::string("the bootstrap root failed: ") + e.what();
     }
-    MNCL_WARN(kInit, "bootstrap root: %s", failure.c_str());
+    if (!reportedHere) MNCL_WARN(kInit, "bootstrap root: %s", failure.c_str());
   }
+  if (!failure.empty()) local.rootFailed(status, failure);  // (for ranks of this process it cannot answer)
   for (Joined& j : joined) reply(j.sock, nonce, failure.empty() ? mnclSuccess : status, failure, failure.empty() ? &table : nullptr);
+  joined.clear();  // (their sockets: not held while late ranks are answered)
   // Ranks still to come, after one said it cannot or the ranks disagreed: they hear why at
   // once too (until the deadline; the one that failed does not come), instead of waiting for
   // the bootstrap timeout.
@@ -159,20 +232,43 @@ void serve(Socket listener, uint64_t nonce, double timeout) {
       }
     }
   }
+  return failure.empty();
 }
 
 }  // namespace
+
+bool reportToLocalRoot(uint64_t nonce, int rank, int nranks, const std::string& message) {
+  std::shared_ptr<LocalRendezvous> local = localRoot(nonce);
+  if (local) local->rankFailed(rank, nranks, message);
+  return local != nullptr;
+}
+
+std::function<void()> localRootWatch(uint64_t nonce) {
+  std::shared_ptr<LocalRendezvous> local = localRoot(nonce);
+  if (!local) return {};
+  return [local] { local->throwIfRootFailed(); };
+}
 
 SockAddr startRoot(const SockAddr& bind, uint64_t nonce) {
   Socket listener = Socket::listen(bind);
   SockAddr actual = listener.localAddr();
   double timeout = bootstrapTimeout();  // (read here: a bad setting is the caller's error, not the thread's)
-  std::thread([listener = std::move(listener), nonce, timeout]() mutable {
+  auto local = std::make_shared<LocalRendezvous>();
+  {
+    std::lock_guard<std::mutex> lock(localRootsMutex);
+    localRoots()[nonce] = local;
+  }
+  std::thread([listener = std::move(listener), nonce, timeout, local]() mutable {
+    bool served = false;
     try {
-      serve(std::move(listener), nonce, timeout);
+      served = serve(std::move(listener), nonce, timeout, *local);
     } catch (const std::exception& e) {  // (the ranks see their connections close; this process goes on)
       MNCL_WARN(kInit, "bootstrap root stopped: %s", e.what());
     }
+    // A failed root's story stays for ranks of this process that come later (a few words per
+    // failed init); a root that served its ranks leaves none to come.
+    std::lock_guard<std::mutex> lock(localRootsMutex);
+    if (served && localRoots()[nonce] == local) localRoots().erase(nonce);
   }).detach();
   return actual;
 }
