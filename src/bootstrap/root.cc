@@ -62,7 +62,8 @@ class LocalRendezvous {
   std::string rootFailure_;
 };
 
-// The roots this process serves, by nonce (from startRoot until serve ends).
+// The roots this process serves, by nonce: from startRoot until serve ends, or for good once
+// the root failed (see startRoot).
 std::mutex localRootsMutex;
 std::map<uint64_t, std::shared_ptr<LocalRendezvous>>& localRoots() {
   static auto* roots = new std::map<uint64_t, std::shared_ptr<LocalRendezvous>>;  // (never destroyed: threads may outlive main)
