@@ -1319,14 +1319,14 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_a_rank_killed_during_init_fails_the_others_at_once(tmp_path: Any) -> None:
     """Rank 2 joins (it registers with the root), then its process is killed before ranks 0
-    and 1 come. They used to wait the whole bootstrap timeout (here 40 s), one of them told
-    that connecting to rank 2 timed out though every attempt was refused at once. Now rank 1
-    finds rank 2's address refusing connections and says so; rank 0 finds its ring neighbour
-    gone: both RemoteErrors, within about a second."""
+    and 1 come. They used to wait the whole bootstrap timeout (here 300 s), one of them told
+    that connecting to rank 2 timed out though every attempt was refused at once; later they
+    found its address refusing connections. Now the root sees rank 2 leave and tells every
+    rank that comes: RemoteErrors naming it, at once."""
     (tmp_path / "victim.py").write_text(_RANK_KILLED_AFTER_JOINING)
     (tmp_path / "rank.py").write_text(_RANK_THAT_REPORTS_ITS_INIT)
     uid = minincl.get_unique_id()
-    env = {**os.environ, "MININCL_BOOTSTRAP_TIMEOUT": "40"}
+    env = {**os.environ, "MININCL_BOOTSTRAP_TIMEOUT": "300"}  # (a wait for it would hit the subprocesses' timeout)
     victim = subprocess.run([sys.executable, "victim.py", uid.hex()], env=env, cwd=tmp_path, timeout=60)
     assert victim.returncode == -signal.SIGKILL
     procs = [
@@ -1336,12 +1336,25 @@ def test_a_rank_killed_during_init_fails_the_others_at_once(tmp_path: Any) -> No
         for r in range(2)
     ]
     outs = [p.communicate(timeout=90)[0].strip() for p in procs]
-    assert (
-        outs[1].startswith("RemoteError: bootstrap ring: connecting to rank 2: ") and "refuses connections" in outs[1]
-    ), outs
-    assert outs[0].startswith("RemoteError: rank 0: rank 1, next to it in the bootstrap ring, closed its connection"), (
-        outs
+    for out in outs:
+        assert out.startswith("RemoteError: bootstrap failed: rank 2 left before every rank came"), outs
+
+
+def test_a_rank_that_leaves_the_root_fails_the_ranks_already_there(tmp_path: Any) -> None:
+    """Rank 0 waits at the root for ranks 1 and 2; rank 2 joins, then its process is killed;
+    rank 1 never comes. Rank 0 used to wait for the bootstrap timeout (here 300 s); now the
+    root sees rank 2 leave and fails rank 0 at once."""
+    (tmp_path / "victim.py").write_text(_RANK_KILLED_AFTER_JOINING)
+    (tmp_path / "rank.py").write_text(_RANK_THAT_REPORTS_ITS_INIT)
+    uid = minincl.get_unique_id()
+    env = {**os.environ, "MININCL_BOOTSTRAP_TIMEOUT": "300"}
+    first = subprocess.Popen(
+        [sys.executable, "rank.py", "0", uid.hex()], env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True
     )
+    victim = subprocess.run([sys.executable, "victim.py", uid.hex()], env=env, cwd=tmp_path, timeout=60)
+    assert victim.returncode == -signal.SIGKILL
+    out = first.communicate(timeout=90)[0].strip()
+    assert out.startswith("RemoteError: bootstrap failed: rank 2 left before every rank came"), out
 
 
 def test_init_from_env_torchrun_style() -> None:

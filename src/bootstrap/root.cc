@@ -144,10 +144,18 @@ bool serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
   mnclResult_t status = mnclInvalidUsage;  // of a failure: the ranks disagree, or (Timeout) some never came
   int strangers = 0;  // hellos with another id: a second job at this address, say
   bool reportedHere = false;
+  int leftRank = -1;  // a rank that closed its connection before every rank came
   try {
-    // (The waits below look at the report every 100 ms: see WaitCheck.)
-    WaitCheck failedHere([&] {
+    // The waits below look every 100 ms (see WaitCheck) for a failure reported in this
+    // process, and for a joined rank that left: the others cannot init without it, and it
+    // would otherwise hold them (and this thread) until the timeout.
+    WaitCheck failedOrLeft([&] {
       if (local.aRankFailed()) throwError(mnclRemoteError, "a rank of this process reported its failed init");
+      for (const Joined& j : joined) {
+        if (!j.sock.closedByPeer()) continue;
+        leftRank = j.rank;
+        throwError(mnclRemoteError, "a rank left");
+      }
     });
     while (nranks < 0 || (int)joined.size() < nranks) {
       Socket s = listener.accept(deadline, "bootstrap root waiting for ranks");
@@ -155,7 +163,7 @@ bool serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
       try {
         s.recvAll(&h, sizeof(h), deadlineIn(5.0), "bootstrap root reading a hello");
       } catch (const Error&) {
-        if (local.aRankFailed()) throw;
+        if (local.aRankFailed() || leftRank >= 0) throw;
         continue;  // not one of ours
       }
       if (h.magic != kIdMagic || h.nonce != nonce) {
@@ -206,6 +214,10 @@ bool serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
       reportedHere = true;
       status = mnclRemoteError;
       failure = local.rankFailure(&nranks);
+    } else if (leftRank >= 0) {
+      status = mnclRemoteError;
+      failure = "rank " + std::to_string(leftRank) + " left before every rank came (its init failed or was aborted, or "
+                "its process exited)";
     } else if (e.code() == mnclTimeout) {  // (the deadline: ranks never came)
       status = mnclTimeout;
       failure = missingRanksFailure(nranks, joined, strangers);
@@ -217,14 +229,17 @@ bool serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
   }
   if (!failure.empty()) local.rootFailed(status, failure);  // (for ranks of this process it cannot answer)
   for (Joined& j : joined) reply(j.sock, nonce, failure.empty() ? mnclSuccess : status, failure, failure.empty() ? &table : nullptr);
+  // (Ranks still to come: all but those here and one that failed before it came.)
+  int toCome = nranks - (int)joined.size() - (leftRank >= 0 ? 0 : 1);
   joined.clear();  // (their sockets: not held while late ranks are answered)
   // Ranks still to come, after one said it cannot or the ranks disagreed: they hear why at
   // once too (until the deadline; the one that failed does not come), instead of waiting for
   // the bootstrap timeout.
   if (!failure.empty() && status != mnclTimeout) {
-    // (For 10 s at most: an id from a fixed address keeps its port until this ends.)
-    Deadline answerUntil = std::min(deadline, deadlineIn(10.0));
-    for (int left = nranks - 1 - (int)joined.size(); left > 0; --left) {
+    // (For 10 s at most: an id from a fixed address keeps its port until this ends. Until
+    // the deadline where a rank left after it came: the others may be far behind it.)
+    Deadline answerUntil = leftRank >= 0 ? deadline : std::min(deadline, deadlineIn(10.0));
+    for (int left = toCome; left > 0; --left) {
       try {
         Socket s = listener.accept(answerUntil, "bootstrap root answering late ranks");
         reply(s, nonce, status, failure, nullptr);
