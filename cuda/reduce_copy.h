@@ -727,11 +727,17 @@ inline void preReduce2(const Fn& fn, T* const* dsts, const T* const* srcs, const
 
 // reduceCopy with sources to scale first (premulsum): the usual shapes of a step in loops of
 // their own (a scaled copy; two sources into one or two outputs; streamed outputs), the rest
-// in blocks. (Narrow floats always in blocks, with the CPU's vector instructions.)
+// in blocks. (Narrow floats with the CPU's vector instructions: a scaled copy, or two sources
+// into one output, in one pass; the rest in blocks.)
 template <typename T, typename Fn>
 inline void reduceCopyPre(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n, bool finish,
                           int nStream, const PreOps<T>& pre) {
-  if constexpr (!kCombinesInBlocks<T, Fn>) {
+  if constexpr (kCombinesInBlocks<T, Fn>) {
+    if (nStream == 0 && !finish && nsrc == 2 && ndst == 1) {
+      return addScaledNarrow(srcs[0], pre.has(0), pre.scalar[0], srcs[1], pre.has(1), pre.scalar[1], dsts[0], n);
+    }
+    if (nStream == 0 && !finish && nsrc == 1 && ndst == 1 && pre.has(0)) return scaleNarrow(srcs[0], pre.scalar[0], dsts[0], n);
+  } else {
     if (nStream > 0 && reduceCopyStreamed(fn, nsrc, srcs, ndst, dsts, n, finish, nStream, &pre)) return;
     bool distinct = true;  // (restrict loops need outputs that alias no source)
     for (int d = 0; d < ndst; ++d) distinct &= dsts[d] != srcs[0] && (nsrc < 2 || dsts[d] != srcs[1]);

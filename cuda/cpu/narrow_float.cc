@@ -54,6 +54,16 @@ template <typename H>
 void scalePortable(const H* a, float s, H* d, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = roundNarrow<H>(toFloat(a[i]) * s);
 }
+// A term of a premulsum: x, or x * s rounded to H.
+template <bool kScale, typename H>
+float termPortable(H x, float s) {
+  if constexpr (kScale) return toFloat(roundNarrow<H>(toFloat(x) * s));
+  else return toFloat(x);
+}
+template <bool kScaleA, bool kScaleB, typename H>
+void addScaledPortable(const H* a, float sa, const H* b, float sb, H* d, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = roundNarrow<H>(termPortable<kScaleA>(a[i], sa) + termPortable<kScaleB>(b[i], sb));
+}
 
 #if defined(__x86_64__)
 constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;  // whatever MXCSR says
@@ -217,6 +227,17 @@ void scaleFor(const H* a, H scalar, H* d, size_t n) {
   }
 }
 
+template <bool kScaleA, bool kScaleB, typename H>
+void addScaledFor(const H* a, float sa, const H* b, float sb, H* d, size_t n) {
+  switch (vectorIsa()) {
+#if defined(__x86_64__)
+    case VectorIsa::avx512: return avx512::addScaled<kScaleA, kScaleB>(a, sa, b, sb, d, n);
+    case VectorIsa::avx2: return avx2::addScaled<kScaleA, kScaleB>(a, sa, b, sb, d, n);
+#endif
+    default: return addScaledPortable<kScaleA, kScaleB>(a, sa, b, sb, d, n);
+  }
+}
+
 }  // namespace
 
 const char* vectorIsaName(VectorIsa isa) {
@@ -244,9 +265,18 @@ template <typename H>
 void scaleNarrow(const H* a, H scalar, H* d, size_t n) {
   scaleFor(a, scalar, d, n);
 }
+template <typename H>
+void addScaledNarrow(const H* a, bool scaleA, H sa, const H* b, bool scaleB, H sb, H* d, size_t n) {
+  float fa = toFloat(sa), fb = toFloat(sb);
+  if (scaleA && scaleB) addScaledFor<true, true>(a, fa, b, fb, d, n);
+  else if (scaleA) addScaledFor<true, false>(a, fa, b, fb, d, n);
+  else if (scaleB) addScaledFor<false, true>(a, fa, b, fb, d, n);
+  else combineFor(NarrowOp::add, a, b, d, n);
+}
 #define MNCL_NARROW(H)                                                               \
   template void combineNarrow<H>(NarrowOp, const H*, const H*, H*, size_t);         \
-  template void scaleNarrow<H>(const H*, H, H*, size_t);
+  template void scaleNarrow<H>(const H*, H, H*, size_t);                             \
+  template void addScaledNarrow<H>(const H*, bool, H, const H*, bool, H, H*, size_t);
 MNCL_NARROW(half_t)
 MNCL_NARROW(bfloat16_t)
 MNCL_NARROW(fp8e4m3_t)

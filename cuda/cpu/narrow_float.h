@@ -29,5 +29,10 @@ void combineNarrow(NarrowOp op, const H* a, const H* b, H* d, size_t n);
 // d[i] = a[i] * scalar (premulsum's own input); d may be a.
 template <typename H>
 void scaleNarrow(const H* a, H scalar, H* d, size_t n);
+// Premulsum's two-source step in one pass: d[i] = a'[i] + b'[i], where a' is a[i] * sa
+// rounded to H if scaleA, else a[i] itself (b' likewise): the bits of scaleNarrow, then
+// combineNarrow. d may be a or b.
+template <typename H>
+void addScaledNarrow(const H* a, bool scaleA, H sa, const H* b, bool scaleB, H sb, H* d, size_t n);
 
 }  // namespace mncl::dev
