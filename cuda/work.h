@@ -13,6 +13,9 @@ struct DevWork {
   Proto proto;
   DataType dtype;
   RedOp op;
+  // A float avg, which runs as a premulsum by 1/nranks (mncl::asRun): its steps still say avg,
+  // so that a peer that called a premulsum is a mismatch, as it was before.
+  bool floatAvg;
   int root;
   const void* send;
   void* recv;
@@ -40,7 +43,7 @@ struct DevWork {
     s.count = count;
     s.coll = (uint8_t)coll;
     s.dtype = (uint8_t)dtype;
-    s.op = (uint8_t)op;
+    s.op = (uint8_t)(floatAvg ? RedOp::avg : op);
     s.algo = (uint8_t)algo;
     s.root = root;
     return s;

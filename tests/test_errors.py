@@ -638,6 +638,24 @@ def mismatched_allreduce_stories(comms: list[Any]) -> list[str]:
     return run_ranks(comms, body)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "int32"])
+def test_avg_against_a_premulsum_is_a_mismatch_in_the_call(pair: Any, dtype: str) -> None:
+    """A float avg runs as a premulsum by 1/n: against a peer's premulsum it still raises in
+    the call, as any two different ops do (it returned a mix of the two, and said so only at
+    the next call or at destroy)."""
+
+    def body(c: Any) -> str:
+        x = np.full(4, 2, dtype)
+        try:
+            c.allreduce(x, op="avg" if c.rank == 0 else minincl.PreMulSum(5))
+        except minincl.Error as e:
+            return f"{type(e).__name__}: {e}"
+        return f"ok: {x.tolist()}"
+
+    results = run_ranks(pair, body)
+    assert all("mismatched calls" in r and "avg" in r and "premulsum" in r for r in results), results
+
+
 def test_mismatched_collectives_are_named(pair: Any) -> None:
     results = mismatched_allreduce_stories(pair)
     assert any("mismatched calls" in r and "count=10" in r and "count=20" in r for r in results), results

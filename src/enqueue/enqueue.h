@@ -28,6 +28,7 @@ struct CollCall {
   // premulsum: this rank's scalar (see DevWork::scalarBits)
   uint64_t scalarBits = 0;
   const void* scalarAt = nullptr;
+  bool floatAvg = false;  // a float avg that runs as this premulsum (see asRun and DevWork::floatAvg)
 };
 
 struct P2pCall {

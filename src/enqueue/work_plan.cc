@@ -150,6 +150,7 @@ CollCall asRun(const Comm& comm, const CollCall& c) {
   CollCall run = c;
   run.op = RedOp::premulsum;
   run.scalarBits = floatBitsOf(1.0 / comm.nranks(), c.dtype);
+  run.floatAvg = true;
   return run;
 }
 
@@ -166,6 +167,7 @@ static dev::DevWork workOfCall(const CollCall& c) {
   w.chanCount = c.count;
   w.scalarBits = c.scalarBits;
   w.scalarAt = c.scalarAt;
+  w.floatAvg = c.floatAvg;
   return w;
 }
 
