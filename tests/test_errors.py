@@ -1680,9 +1680,7 @@ _INIT_ALL_SHORT_OF_FILE_DESCRIPTORS = """
 import json, os, resource, minincl
 base = len(os.listdir("/proc/self/fd"))
 outcomes = []
-# (Fewer descriptors than 8 ranks need, then enough. By 2: a failed root keeps its listener
-# for up to 10 s, for ranks still to come, so each failure holds one descriptor meanwhile.)
-for extra in range(1, 400, 2):
+for extra in range(1, 200):  # (fewer descriptors than 8 ranks need, then enough)
     resource.setrlimit(resource.RLIMIT_NOFILE, (base + extra, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     try:
         comms = minincl.Communicator.init_all(8)
@@ -1718,3 +1716,45 @@ def test_init_all_short_of_file_descriptors_fails_with_the_ranks_own_error(tmp_p
     assert failures, "init_all(8) never ran short of file descriptors"
     for kind, message in failures:
         assert kind == "SystemError" and "Too many open files" in message, (kind, message)
+
+
+_FORKED_RANKS_ONE_MALFORMED = """
+import json, multiprocessing as mp, os, minincl
+
+def rank(uid, r, q):
+    if r == 1:
+        os.environ["MININCL_CALL_TIMEOUT"] = "bogus"
+    try:
+        minincl.Communicator(3, uid, r).destroy()
+        q.put((r, "ok"))
+    except minincl.Error as e:
+        q.put((r, f"{type(e).__name__}: {e}"))
+
+if __name__ == "__main__":
+    ctx = mp.get_context("fork")
+    uid = minincl.get_unique_id()  # (its root runs in this process; the children have a copy of its registry)
+    q = ctx.Queue()
+    ps = [ctx.Process(target=rank, args=(uid, r, q)) for r in range(3)]
+    for p in ps:
+        p.start()
+    print(json.dumps(sorted(q.get(timeout=100) for _ in ps)))
+    for p in ps:
+        p.join()
+"""
+
+
+def test_forked_ranks_report_a_failed_init_to_the_parents_root(tmp_path: Any) -> None:
+    """Ranks forked from the process whose root serves them: rank 1's init fails before it
+    joins. Its report must reach the root by socket (a forked child has a copy of the
+    process's registry of roots, not the root's thread), so ranks 0 and 2 fail at once
+    rather than after the bootstrap timeout (here 300 s)."""
+    (tmp_path / "forked.py").write_text(_FORKED_RANKS_ONE_MALFORMED)
+    env = dict(os.environ, MININCL_BOOTSTRAP_TIMEOUT="300")
+    out = subprocess.run(
+        [sys.executable, "forked.py"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    results = dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert results[1].startswith("InvalidArgument: MININCL_CALL_TIMEOUT"), results
+    for r in (0, 2):
+        assert results[r].startswith("RemoteError: bootstrap failed: rank 1 could not make its communicator"), results

@@ -80,6 +80,10 @@ Bootstrap::Bootstrap(const UniqueIdData& id, int rank, int nranks)
   try {
     registerWithRoot(id);
   } catch (const Error& e) {
+    if (!saidHello_) leaveLocalRoot(id.nonce, rank);
+    // A root of this process that failed first closed us out (or could not let us in): its
+    // failure is the story.
+    if (rootWatch_ && e.code() != mnclTimeout) rootWatch_();
     // Failed before its hello (out of file descriptors, say): the others need not wait for it.
     // (Not after a timeout: the root is out of reach, for the report too.)
     if (!saidHello_ && e.code() != mnclTimeout) reportInitFailure(id, rank, nranks, e.what());
@@ -110,13 +114,16 @@ void throwBootstrapFailure(mnclResult_t status, const std::string& failure) {
 }
 
 void Bootstrap::registerWithRoot(const UniqueIdData& id) {
-  // A root in this process that failed may have had no file descriptor left to answer with.
-  std::function<void()> localRootFailed = localRootWatch(id.nonce);
+  // A root of this process that fails may have no file descriptor left to answer us with: its
+  // failure comes through memory. (Looked up once it runs: rank 0 of an address's id starts
+  // it; an earlier root of that address may have failed.)
+  bool startsRoot = id.rankZeroStartsRoot && rank_ == 0;
   std::optional<WaitCheck> rootFailed;
-  if (localRootFailed) rootFailed.emplace(localRootFailed);
+  if (!startsRoot && (rootWatch_ = localRootWatch(id.nonce))) rootFailed.emplace(rootWatch_);
   Socket toRoot;
   try {
     toRoot = connectToRoot(id, rank_, deadline(), "registering with the bootstrap root");
+    if (startsRoot && (rootWatch_ = localRootWatch(id.nonce))) rootFailed.emplace(rootWatch_);
   } catch (const Error& e) {
     if (e.code() != mnclTimeout) throw;
     if (id.rankZeroStartsRoot) {
@@ -145,7 +152,7 @@ void Bootstrap::registerWithRoot(const UniqueIdData& id) {
     toRoot.recvAll(&reply, sizeof(reply), deadlineIn(timeout_ + 2.0), "waiting for the other ranks at the bootstrap root");
   } catch (const Error& e) {
     if (e.code() == mnclTimeout) throw;  // (a root answers before it closes a connection)
-    if (localRootFailed) localRootFailed();  // (one that failed before it took our connection closes it unanswered)
+    if (rootWatch_) rootWatch_();  // (one that failed before it took our connection closes it unanswered)
     throwError(e.code(), std::string(e.what()) + "; " + rootAt +
                              " closed it unanswered: is another program listening on that port, or did the root's "
                              "process exit?");

@@ -63,6 +63,9 @@ SockAddr startRoot(const SockAddr& bind, uint64_t nonce);
 // the other ranks at once, as a report by socket does (see Bootstrap::reportInitFailure), so
 // this works without a file descriptor to spare. False if no such root runs here.
 bool reportToLocalRoot(uint64_t nonce, int rank, int nranks, const std::string& message);
+// Tells the root of `nonce`, if this process serves it, that `rank` will not come (it failed
+// before its hello), so that it stops waiting to answer it.
+void leaveLocalRoot(uint64_t nonce, int rank);
 // For a rank of the process that serves the root of `nonce`: a check that throws the root's
 // failure once it failed (it may have no file descriptor left to answer the rank with).
 // Empty if the root runs elsewhere.
@@ -121,6 +124,7 @@ class Bootstrap {
   uint64_t magic_;
   double timeout_;
   bool saidHello_ = false;  // the root has our hello (it counts us as come)
+  std::function<void()> rootWatch_;  // (see localRootWatch; empty if the root runs elsewhere)
   Socket listen_, next_, prev_;
   std::vector<sockaddr_storage> addrs_;
   std::list<Message> unexpected_;

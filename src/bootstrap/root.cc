@@ -1,14 +1,19 @@
 // The root of a rendezvous: collects every rank's listening address and hands out the table.
 // It checks what it can (magic, nonce, nranks, duplicate or out-of-range ranks) and answers
 // every waiting rank with an error naming the problem rather than letting anyone hang.
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
+#include <set>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "../core/error.h"
 #include "../core/log.h"
@@ -20,17 +25,30 @@ namespace mncl {
 namespace {
 
 // What a root and the ranks of its own process tell each other without sockets, which may
-// be what failed (no file descriptor left): a rank's failed init (reportToLocalRoot), and
-// the root's failure, for the ranks it could not answer (localRootWatch).
+// be what failed (no file descriptor left): a rank's failed init (reportToLocalRoot), ranks
+// that will not come (leaveLocalRoot), and the root's failure, for the ranks it could not
+// answer (localRootWatch). Only in the process that started the root: a forked child has a
+// copy of the registry, but not the root's thread.
 class LocalRendezvous {
  public:
+  const pid_t pid = getpid();
+
   void rankFailed(int rank, int nranks, const std::string& message) {
     std::lock_guard<std::mutex> lock(mutex_);
+    gone_.insert(rank);
     if (rankFailed_) return;  // (the first story is the one told)
     rankFailed_ = true;
     failedRank_ = rank;
     nranks_ = nranks;
     rankMessage_ = message;
+  }
+  void rankGone(int rank) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    gone_.insert(rank);
+  }
+  int ranksGone() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return (int)gone_.size();
   }
   bool aRankFailed() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -47,6 +65,12 @@ class LocalRendezvous {
     rootStatus_ = status;
     rootFailure_ = failure;
   }
+  bool failed() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return rootStatus_ != mnclSuccess;
+  }
+  // When the root's thread ended, after a failure (its story stays a while: see localRoot).
+  std::optional<std::chrono::steady_clock::time_point> endedAt;  // (under localRootsMutex)
   // Throws the root's failure as its reply would have said it.
   void throwIfRootFailed() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -55,6 +79,7 @@ class LocalRendezvous {
 
  private:
   std::mutex mutex_;
+  std::set<int> gone_;  // ranks of this process that failed before their hello
   bool rankFailed_ = false;
   int failedRank_ = -1, nranks_ = -1;
   std::string rankMessage_;
@@ -62,18 +87,30 @@ class LocalRendezvous {
   std::string rootFailure_;
 };
 
-// The roots this process serves, by nonce: from startRoot until serve ends, or for good once
-// the root failed (see startRoot).
+// The roots this process serves, by nonce, from startRoot until serve ends; a failed one's
+// for kFailureKept more, for ranks of this process that come after it ended (a rank thread
+// that started late). (An id from an address has the same nonce at each try: a new root of
+// it takes the place of the old one, and its rank 0 looks it up after starting it.)
+constexpr std::chrono::seconds kFailureKept{10};
 std::mutex localRootsMutex;
 std::map<uint64_t, std::shared_ptr<LocalRendezvous>>& localRoots() {
   static auto* roots = new std::map<uint64_t, std::shared_ptr<LocalRendezvous>>;  // (never destroyed: threads may outlive main)
   return *roots;
 }
 
+// (Under localRootsMutex.)
+void dropEndedRoots() {
+  auto now = std::chrono::steady_clock::now();
+  std::erase_if(localRoots(), [&](const auto& entry) {
+    return entry.second->endedAt && now - *entry.second->endedAt >= kFailureKept;
+  });
+}
+
 std::shared_ptr<LocalRendezvous> localRoot(uint64_t nonce) {
   std::lock_guard<std::mutex> lock(localRootsMutex);
+  dropEndedRoots();
   auto it = localRoots().find(nonce);
-  return it == localRoots().end() ? nullptr : it->second;
+  return it == localRoots().end() || it->second->pid != getpid() ? nullptr : it->second;
 }
 
 struct Joined {
@@ -131,8 +168,31 @@ std::string missingRanksFailure(int nranks, const std::vector<Joined>& joined, i
   return failure;
 }
 
-// Returns whether every rank got the table.
-bool serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& local) {
+// Ranks still to come after the rendezvous failed (one said it cannot, the ranks disagreed,
+// one left): they hear why at once too, instead of waiting for the bootstrap timeout. Until
+// every one came, or is of this process and will not come (leaveLocalRoot), or `until`: 10 s
+// at most (an id from a fixed address keeps its port until this ends), the deadline where a
+// rank left after it came (the others may be far behind it).
+void answerLateRanks(Socket& listener, uint64_t nonce, mnclResult_t status, const std::string& failure, int toCome,
+                     Deadline until, LocalRendezvous& local) {
+  int answered = 0;
+  auto accountedFor = [&] { return answered + local.ranksGone() >= toCome; };
+  WaitCheck stopOnceAccountedFor([&] {
+    if (accountedFor()) throwError(mnclRemoteError, "every rank still to come was answered or will not come");
+  });
+  while (!accountedFor()) {
+    try {
+      Socket s = listener.accept(until, "bootstrap root answering late ranks");
+      reply(s, nonce, status, failure, nullptr);
+      ++answered;
+    } catch (const Error& e) {
+      if (e.code() != mnclSystemError) return;  // (until, or every rank accounted for)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // (no descriptor to accept with: the rank waits)
+    }
+  }
+}
+
+void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& local) {
   // The clock starts when the first rank of this id arrives: an id may be made long before
   // its ranks start (a job that loads its data first). Until then the root waits, as NCCL's.
   Deadline deadline = deadlineIn(10 * 365 * 86400.0);
@@ -144,6 +204,7 @@ bool serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
   mnclResult_t status = mnclInvalidUsage;  // of a failure: the ranks disagree, or (Timeout) some never came
   int strangers = 0;  // hellos with another id: a second job at this address, say
   bool reportedHere = false;
+  bool answeredOne = false;  // the failure is that of a rank which came, was answered, and left
   int leftRank = -1;  // a rank that closed its connection before every rank came
   try {
     // The waits below look every 100 ms (see WaitCheck) for a failure reported in this
@@ -177,12 +238,14 @@ bool serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
       if (!started) deadline = deadlineIn(timeout);
       started = true;
       if (h.failCode != 0) {
+        answeredOne = true;  // (it does not wait for an answer)
         status = mnclRemoteError;
         failure = "rank " + std::to_string(h.rank) + " could not make its communicator: " +
                   std::string(h.failMessage, strnlen(h.failMessage, sizeof(h.failMessage)));
         if (nranks < 0) nranks = h.nranks;
         break;
       }
+      answeredOne = true;  // (unless it joins, below)
       if (nranks < 0) {
         nranks = h.nranks;
         if (nranks > kMaxRanks) {  // (its rank checked it too: another build's, say)
@@ -208,6 +271,7 @@ bool serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
       }
       table[h.rank] = h.listen;
       joined.push_back({std::move(s), h.rank});
+      answeredOne = false;
     }
   } catch (const Error& e) {
     if (local.aRankFailed()) {  // (as a failure reported by socket, above)
@@ -229,26 +293,10 @@ bool serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
   }
   if (!failure.empty()) local.rootFailed(status, failure);  // (for ranks of this process it cannot answer)
   for (Joined& j : joined) reply(j.sock, nonce, failure.empty() ? mnclSuccess : status, failure, failure.empty() ? &table : nullptr);
-  // (Ranks still to come: all but those here and one that failed before it came.)
-  int toCome = nranks - (int)joined.size() - (leftRank >= 0 ? 0 : 1);
+  int toCome = nranks - (int)joined.size() - (answeredOne ? 1 : 0);
   joined.clear();  // (their sockets: not held while late ranks are answered)
-  // Ranks still to come, after one said it cannot or the ranks disagreed: they hear why at
-  // once too (until the deadline; the one that failed does not come), instead of waiting for
-  // the bootstrap timeout.
-  if (!failure.empty() && status != mnclTimeout) {
-    // (For 10 s at most: an id from a fixed address keeps its port until this ends. Until
-    // the deadline where a rank left after it came: the others may be far behind it.)
-    Deadline answerUntil = leftRank >= 0 ? deadline : std::min(deadline, deadlineIn(10.0));
-    for (int left = toCome; left > 0; --left) {
-      try {
-        Socket s = listener.accept(answerUntil, "bootstrap root answering late ranks");
-        reply(s, nonce, status, failure, nullptr);
-      } catch (const Error&) {
-        break;
-      }
-    }
-  }
-  return failure.empty();
+  if (!failure.empty() && status != mnclTimeout) answerLateRanks(listener, nonce, status, failure, toCome,
+                                                                 leftRank >= 0 ? deadline : std::min(deadline, deadlineIn(10.0)), local);
 }
 
 }  // namespace
@@ -257,6 +305,10 @@ bool reportToLocalRoot(uint64_t nonce, int rank, int nranks, const std::string& 
   std::shared_ptr<LocalRendezvous> local = localRoot(nonce);
   if (local) local->rankFailed(rank, nranks, message);
   return local != nullptr;
+}
+
+void leaveLocalRoot(uint64_t nonce, int rank) {
+  if (std::shared_ptr<LocalRendezvous> local = localRoot(nonce)) local->rankGone(rank);
 }
 
 std::function<void()> localRootWatch(uint64_t nonce) {
@@ -272,19 +324,20 @@ SockAddr startRoot(const SockAddr& bind, uint64_t nonce) {
   auto local = std::make_shared<LocalRendezvous>();
   {
     std::lock_guard<std::mutex> lock(localRootsMutex);
+    dropEndedRoots();
     localRoots()[nonce] = local;
   }
   std::thread([listener = std::move(listener), nonce, timeout, local]() mutable {
-    bool served = false;
     try {
-      served = serve(std::move(listener), nonce, timeout, *local);
+      serve(std::move(listener), nonce, timeout, *local);
     } catch (const std::exception& e) {  // (the ranks see their connections close; this process goes on)
       MNCL_WARN(kInit, "bootstrap root stopped: %s", e.what());
     }
-    // A failed root's story stays for ranks of this process that come later (a few words per
-    // failed init); a root that served its ranks leaves none to come.
     std::lock_guard<std::mutex> lock(localRootsMutex);
-    if (served && localRoots()[nonce] == local) localRoots().erase(nonce);
+    auto it = localRoots().find(nonce);
+    if (it == localRoots().end() || it->second != local) return;  // (a newer root's, same nonce)
+    if (local->failed()) local->endedAt = std::chrono::steady_clock::now();
+    else localRoots().erase(it);
   }).detach();
   return actual;
 }
