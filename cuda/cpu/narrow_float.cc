@@ -95,6 +95,18 @@ inline void store(V x, bfloat16_t* p) {
   __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);  // quads 0 and 2
   _mm_storeu_si128((__m128i*)p, _mm256_castsi256_si128(packed));
 }
+// x rounded to H, as floats: what store then load give, in registers (a premulsum's terms).
+// A NaN keeps its payload here: the sum's store makes it the quiet NaN.
+inline V rounded(V x, const half_t*) { return _mm256_cvtph_ps(_mm256_cvtps_ph(x, kNearest)); }
+inline V rounded(V x, const bfloat16_t*) {
+  __m256i u = _mm256_castps_si256(x), one = _mm256_set1_epi32(1);
+  __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
+  __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+  __m256i r = _mm256_and_si256(_mm256_add_epi32(u, bias), high);
+  __m256i nan = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), high);
+  __m256i isNan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(r, nan, isNan));
+}
 // An E4M3 value as a half with the same bits shifted into place (E4M3's exponent field in the
 // half's low exponent bits, subnormals included) is the value times 2^-8; F16C widens it
 // exactly. The NaN code becomes a half NaN first.
@@ -158,6 +170,16 @@ inline void store(V x, bfloat16_t* p) {
   __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
   __mmask16 isNan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
   _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, isNan, nan)));
+}
+inline V rounded(V x, const half_t*) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, kNearest)); }  // (as avx2's)
+inline V rounded(V x, const bfloat16_t*) {
+  __m512i u = _mm512_castps_si512(x), one = _mm512_set1_epi32(1);
+  __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), one));
+  __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+  __m512i r = _mm512_and_si512(_mm512_add_epi32(u, bias), high);
+  __m512i nan = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), high);
+  __mmask16 isNan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, isNan, nan));
 }
 inline V load(const fp8e4m3_t* p) {  // (as avx2's)
   __m256i u = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)p));
