@@ -1758,3 +1758,31 @@ def test_forked_ranks_report_a_failed_init_to_the_parents_root(tmp_path: Any) ->
     assert results[1].startswith("InvalidArgument: MININCL_CALL_TIMEOUT"), results
     for r in (0, 2):
         assert results[r].startswith("RemoteError: bootstrap failed: rank 1 could not make its communicator"), results
+
+
+_ADDRESS_ID_RETRIED = """
+import os, socket, minincl
+os.environ["MININCL_BOOTSTRAP_TIMEOUT"] = "1"
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+uid = minincl.unique_id_for_address("127.0.0.1", port)
+try:
+    minincl.Communicator(2, uid, 0)  # (rank 1 never comes)
+    print("first: ok")
+except minincl.Error as e:
+    print("first:", type(e).__name__)
+c = minincl.Communicator(1, uid, 0)  # (the same address, so the same nonce: a new root)
+c.destroy()
+print("second: ok")
+"""
+
+
+def test_an_address_id_inits_again_after_a_failed_init(tmp_path: Any) -> None:
+    """An id made from an address has the same nonce at each try: after a failed init, the
+    next one starts a new root, whose rank 0 must not take the failed root's story (a
+    review found it did, for good)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _ADDRESS_ID_RETRIED], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert out.stdout.split("\n")[:2] == ["first: Timeout", "second: ok"], (out.stdout, out.stderr)
