@@ -573,8 +573,8 @@ inline void combineBlock(const Fn& fn, int nsrc, const T* const* srcs, size_t of
 
 // Sums, products and premulsums of 16- and 8-bit floats: a block at a time in
 // cpu/narrow_float.cc, with the CPU's vector instructions, rather than an element at a time in
-// ArithNarrow (the same bits: each operation on two values rounds to the narrow type). Max and min stay in ArithNarrow, which compares the bits without
-// converting them.
+// ArithNarrow (the same bits: each operation on two values rounds to the narrow type). Max
+// and min stay in ArithNarrow, which compares the bits without converting them.
 template <typename H>
 constexpr NarrowOp narrowOp(const FuncSum<H>&) { return NarrowOp::add; }
 template <typename H>
