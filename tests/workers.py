@@ -437,6 +437,8 @@ def assert_float_avg(got: Any, inputs: list[np.ndarray], dtype: Any) -> None:
     the type, each product rounded to the type, then summed. The sum's order is the
     algorithm's, and each partial sum rounds: allowed half an ulp of the sum of |terms| per
     rank, against the exact sum of the rounded terms."""
+    import ml_dtypes
+
     t = _float_type(dtype)
     n = len(inputs)
     # (In float, below float64: the 16- and 8-bit types' arithmetic, and their rounding from a double.)
@@ -444,8 +446,6 @@ def assert_float_avg(got: Any, inputs: list[np.ndarray], dtype: Any) -> None:
     scale = np.float64(1.0 / n).astype(via).astype(t).astype(np.float64)
     terms = np.stack([(np.asarray(x, np.float64) * scale).astype(via).astype(t) for x in inputs])
     exact = terms.astype(np.float64).sum(0)
-    import ml_dtypes
-
     tol = n * 2.0 ** -(ml_dtypes.finfo(t).nmant + 1) * np.abs(terms.astype(np.float64)).sum(0)
     g = np.asarray(got, np.float64).reshape(-1)
     bad = ~(np.abs(g - exact.reshape(-1)) <= tol.reshape(-1))
