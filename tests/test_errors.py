@@ -9,6 +9,8 @@ import math
 import os
 import re
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -1356,6 +1358,55 @@ def test_a_rank_killed_during_init_fails_the_others_at_once(tmp_path: Any) -> No
     outs = [p.communicate(timeout=90)[0].strip() for p in procs]
     for out in outs:
         assert out.startswith("RemoteError: bootstrap failed: rank 2 left before every rank came"), outs
+
+
+def _root_address(uid: bytes) -> tuple[str, int]:
+    """Where an id's bootstrap root listens (mnclUniqueId's layout: src/bootstrap/bootstrap.h)."""
+    family, port = struct.unpack_from("<HH", uid, 20)
+    if family == socket.AF_INET6:
+        return socket.inet_ntop(socket.AF_INET6, uid[28:44]), port
+    return socket.inet_ntoa(uid[28:32]), port
+
+
+def _hello(uid: bytes, nranks: int, rank: int) -> bytes:
+    """A rank's hello to the root (src/bootstrap/wire.h), its listening address left empty."""
+    return uid[:16] + struct.pack("<ii", nranks, rank) + bytes(128) + struct.pack("<i", 0) + bytes(196)
+
+
+def _root_reply(sock: socket.socket) -> tuple[int, str]:
+    """The root's answer to a hello: (status, message); (-1, "") where it closed the connection."""
+    reply = b""
+    while len(reply) < 264:
+        chunk = sock.recv(264 - len(reply))
+        if not chunk:
+            return -1, ""
+        reply += chunk
+    status = struct.unpack_from("<i", reply, 8)[0]
+    return status, reply[12:].split(b"\0")[0].decode()
+
+
+def test_a_rank_whose_hello_is_on_its_way_when_another_leaves_is_answered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 2 joins; rank 0 connects, and its hello is late; rank 2 leaves meanwhile. The root
+    used to find rank 2 gone while it read rank 0's hello, and closed rank 0's connection
+    unanswered ("the peer closed the connection", seen once in CI). Now rank 0 is told why, and
+    so is rank 1, which comes after. (The ranks here are sockets that speak the root's wire
+    format, so each step happens in this order.)"""
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "30")
+    uid = minincl.get_unique_id()
+    root = _root_address(uid)
+    with socket.create_connection(root, timeout=20) as rank2, socket.create_connection(root, timeout=20) as rank0:
+        rank2.sendall(_hello(uid, 3, 2))
+        time.sleep(0.3)  # (the root reads rank 2's hello, then waits for rank 0's)
+        rank2.close()
+        time.sleep(0.3)  # (the root looks for ranks that left every 100 ms)
+        rank0.sendall(_hello(uid, 3, 0))
+        assert _root_reply(rank0) == (
+            6,
+            "rank 2 left before every rank came (its init failed or was aborted, or its process exited)",
+        )  # (6: mnclRemoteError)
+    with socket.create_connection(root, timeout=20) as rank1:
+        rank1.sendall(_hello(uid, 3, 1))
+        assert _root_reply(rank1)[1].startswith("rank 2 left before every rank came")
 
 
 def test_a_rank_that_leaves_the_root_fails_the_ranks_already_there(tmp_path: Any) -> None:

@@ -206,25 +206,30 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
   bool reportedHere = false;
   bool answeredOne = false;  // the failure is that of a rank which came, was answered, and left
   int leftRank = -1;  // a rank that closed its connection before every rank came
+  // A failure reported in this process, or a joined rank that left: the others cannot init
+  // without it, and it would otherwise hold them (and this thread) until the timeout.
+  auto failedOrLeft = [&] {
+    if (local.aRankFailed()) throwError(mnclRemoteError, "a rank of this process reported its failed init");
+    for (const Joined& j : joined) {
+      if (!j.sock.closedByPeer()) continue;
+      leftRank = j.rank;
+      throwError(mnclRemoteError, "a rank left");
+    }
+  };
   try {
-    // The waits below look every 100 ms (see WaitCheck) for a failure reported in this
-    // process, and for a joined rank that left: the others cannot init without it, and it
-    // would otherwise hold them (and this thread) until the timeout.
-    WaitCheck failedOrLeft([&] {
-      if (local.aRankFailed()) throwError(mnclRemoteError, "a rank of this process reported its failed init");
-      for (const Joined& j : joined) {
-        if (!j.sock.closedByPeer()) continue;
-        leftRank = j.rank;
-        throwError(mnclRemoteError, "a rank left");
-      }
-    });
     while (nranks < 0 || (int)joined.size() < nranks) {
-      Socket s = listener.accept(deadline, "bootstrap root waiting for ranks");
+      Socket s;
+      {
+        // The wait for a rank looks for those every 100 ms (see WaitCheck). Not the read of
+        // its hello (5 s at most, and the hello follows the connection at once): a failure
+        // found there would close that rank's connection unanswered.
+        WaitCheck watching(failedOrLeft);
+        s = listener.accept(deadline, "bootstrap root waiting for ranks");
+      }
       RootHello h{};
       try {
         s.recvAll(&h, sizeof(h), deadlineIn(5.0), "bootstrap root reading a hello");
       } catch (const Error&) {
-        if (local.aRankFailed() || leftRank >= 0) throw;
         continue;  // not one of ours
       }
       if (h.magic != kIdMagic || h.nonce != nonce) {
@@ -273,6 +278,7 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
       joined.push_back({std::move(s), h.rank});
       answeredOne = false;
     }
+    if (failure.empty()) failedOrLeft();  // (the last rank came: is every other one still there?)
   } catch (const Error& e) {
     if (local.aRankFailed()) {  // (as a failure reported by socket, above)
       reportedHere = true;
