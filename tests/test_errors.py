@@ -1416,6 +1416,32 @@ def test_a_rank_whose_hello_is_on_its_way_when_another_leaves_is_answered(monkey
         assert _root_reply(rank1)[1].startswith("rank 2 left before every rank came")
 
 
+def test_a_silent_connection_to_the_root_holds_no_rank_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection to the root that sends nothing (a port scan, a health check) used to hold
+    the root, and every rank behind it, for the 5 s it gives a hello to come; then the root
+    dropped it. Now the root reads hellos side by side: rank 0's failed init, and rank 1's
+    hello, are heard and answered while the silent one is still given its time. (Ranks here
+    are sockets that speak the root's wire format.)"""
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "30")
+    uid = minincl.get_unique_id()
+    root = _root_address(uid)
+    failed = bytearray(_hello(uid, 3, 0))
+    failed[152:160] = struct.pack("<i", 1) + b"boom"  # (failCode, then failMessage: wire.h)
+    told = (6, "rank 0 could not make its communicator: boom")  # (6: mnclRemoteError)
+    with socket.create_connection(root, timeout=20) as silent:
+        time.sleep(0.2)  # (the root took it, before any rank came)
+        with socket.create_connection(root, timeout=20) as rank0, socket.create_connection(root, timeout=20) as rank1:
+            rank0.sendall(bytes(failed))
+            rank1.sendall(_hello(uid, 3, 1))
+            assert _root_reply(rank1) == told
+        silent.setblocking(False)
+        with pytest.raises(BlockingIOError):  # (not answered, and not dropped yet: its 5 s are not up)
+            silent.recv(1)
+    with socket.create_connection(root, timeout=20) as rank2:  # (the last one the root waits for)
+        rank2.sendall(_hello(uid, 3, 2))
+        assert _root_reply(rank2) == told
+
+
 def test_a_rank_that_leaves_the_root_fails_the_ranks_already_there(tmp_path: Any) -> None:
     """Rank 0 waits at the root for ranks 1 and 2; rank 2 joins, then its process is killed;
     rank 1 never comes. Rank 0 used to wait for the bootstrap timeout (here 300 s); now the

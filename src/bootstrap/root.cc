@@ -2,8 +2,10 @@
 // It checks what it can (magic, nonce, nranks, duplicate or out-of-range ranks) and answers
 // every waiting rank with an error naming the problem rather than letting anyone hang.
 #include <chrono>
+#include <deque>
 #include <cstring>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -13,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include <poll.h>
 #include <unistd.h>
 
 #include "../core/error.h"
@@ -168,25 +171,92 @@ std::string missingRanksFailure(int nranks, const std::vector<Joined>& joined, i
   return failure;
 }
 
+// A connection and its hello, read as it comes.
+struct Arriving {
+  Socket sock;
+  RootHello hello{};
+  size_t got = 0;
+  Deadline until = deadlineIn(Socket::kOpeningSeconds);  // (a rank sends its hello as it connects)
+};
+
+// The connections to the root, their hellos read side by side as they come: one that stays
+// silent (a port scan, a health check) holds no rank up, and is dropped after
+// Socket::kOpeningSeconds, as one that closes.
+class Arrivals {
+ public:
+  explicit Arrivals(Socket& listener) : listener_(listener) {}
+
+  // The next whole hello, with its connection, in the order they came; nullopt after 100 ms
+  // with none. Timeout at `deadline`.
+  std::optional<Arriving> next(Deadline deadline) {
+    if (whole_.empty()) waitAndRead(deadline);
+    if (whole_.empty()) return std::nullopt;
+    Arriving a = std::move(whole_.front());
+    whole_.pop_front();
+    return a;
+  }
+
+ private:
+  void waitAndRead(Deadline deadline) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) throwError(mnclTimeout, "bootstrap root waiting for ranks timed out");
+    std::vector<pollfd> fds{{listener_.fd(), POLLIN, 0}};
+    for (const Arriving& a : coming_) fds.push_back({a.sock.fd(), POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), (int)std::min<long long>(left + 1, 100)) < 0 && errno != EINTR) {
+      throwSystemError("bootstrap root waiting for ranks: poll()");
+    }
+    for (Socket s = listener_.acceptPending(kWhat); s.valid(); s = listener_.acceptPending(kWhat)) {
+      coming_.push_back(Arriving{std::move(s)});
+    }
+    for (auto it = coming_.begin(); it != coming_.end();) {
+      ssize_t n = it->sock.recvAvailable(reinterpret_cast<char*>(&it->hello) + it->got, sizeof(RootHello) - it->got);
+      it->got += n > 0 ? (size_t)n : 0;
+      if (it->got == sizeof(RootHello)) {
+        whole_.push_back(std::move(*it));
+      } else if (n >= 0 && Clock::now() < it->until) {
+        ++it;
+        continue;
+      }
+      it = coming_.erase(it);  // (whole, or not a rank)
+    }
+  }
+
+  static constexpr const char* kWhat = "bootstrap root waiting for ranks";
+  Socket& listener_;
+  std::list<Arriving> coming_;
+  std::deque<Arriving> whole_;
+};
+
+bool ofThisId(const RootHello& h, uint64_t nonce) {
+  return h.magic == kIdMagic && h.nonce == nonce;
+}
+
+// Answers a hello of another id (echoing its nonce: it is talking to a minincl root, of another id).
+void turnAway(Arriving& a) {
+  reply(a.sock, a.hello.nonce, mnclInvalidUsage,
+        "wrong unique id: this bootstrap root serves another id (two jobs given the same root address?)", nullptr);
+}
+
 // Ranks still to come after the rendezvous failed (one said it cannot, the ranks disagreed,
 // one left): they hear why at once too, instead of waiting for the bootstrap timeout. Until
 // every one came, or is of this process and will not come (leaveLocalRoot), or `until`: 10 s
 // at most (an id from a fixed address keeps its port until this ends), the deadline where a
 // rank left after it came (the others may be far behind it).
-void answerLateRanks(Socket& listener, uint64_t nonce, mnclResult_t status, const std::string& failure, int toCome,
+void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, const std::string& failure, int toCome,
                      Deadline until, LocalRendezvous& local) {
   int answered = 0;
-  auto accountedFor = [&] { return answered + local.ranksGone() >= toCome; };
-  WaitCheck stopOnceAccountedFor([&] {
-    if (accountedFor()) throwError(mnclRemoteError, "every rank still to come was answered or will not come");
-  });
-  while (!accountedFor()) {
+  while (answered + local.ranksGone() < toCome) {
     try {
-      Socket s = listener.accept(until, "bootstrap root answering late ranks");
-      reply(s, nonce, status, failure, nullptr);
+      std::optional<Arriving> next = arrivals.next(until);
+      if (!next) continue;
+      if (!ofThisId(next->hello, nonce)) {
+        turnAway(*next);
+        continue;
+      }
+      if (next->hello.failCode == 0) reply(next->sock, nonce, status, failure, nullptr);  // (else it waits for none)
       ++answered;
     } catch (const Error& e) {
-      if (e.code() != mnclSystemError) return;  // (until, or every rank accounted for)
+      if (e.code() != mnclSystemError) return;  // (until)
       std::this_thread::sleep_for(std::chrono::milliseconds(100));  // (no descriptor to accept with: the rank waits)
     }
   }
@@ -216,27 +286,16 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
       throwError(mnclRemoteError, "a rank left");
     }
   };
+  Arrivals arrivals(listener);
   try {
     while (nranks < 0 || (int)joined.size() < nranks) {
-      Socket s;
-      {
-        // The wait for a rank looks for those every 100 ms (see WaitCheck). Not the read of
-        // its hello (5 s at most, and the hello follows the connection at once): a failure
-        // found there would close that rank's connection unanswered.
-        WaitCheck watching(failedOrLeft);
-        s = listener.accept(deadline, "bootstrap root waiting for ranks");
-      }
-      RootHello h{};
-      try {
-        s.recvAll(&h, sizeof(h), deadlineIn(5.0), "bootstrap root reading a hello");
-      } catch (const Error&) {
-        continue;  // not one of ours
-      }
-      if (h.magic != kIdMagic || h.nonce != nonce) {
-        // (Echoing the rank's nonce: it is talking to a minincl root, of another id.)
-        reply(s, h.nonce, mnclInvalidUsage,
-              "wrong unique id: this bootstrap root serves another id (two jobs given the same root address?)",
-              nullptr);
+      failedOrLeft();  // (every 100 ms at most: see Arrivals::next)
+      std::optional<Arriving> next = arrivals.next(deadline);
+      if (!next) continue;
+      Socket& s = next->sock;
+      const RootHello& h = next->hello;
+      if (!ofThisId(h, nonce)) {
+        turnAway(*next);
         ++strangers;
         continue;
       }
@@ -301,8 +360,10 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
   for (Joined& j : joined) reply(j.sock, nonce, failure.empty() ? mnclSuccess : status, failure, failure.empty() ? &table : nullptr);
   int toCome = nranks - (int)joined.size() - (answeredOne ? 1 : 0);
   joined.clear();  // (their sockets: not held while late ranks are answered)
-  if (!failure.empty() && status != mnclTimeout) answerLateRanks(listener, nonce, status, failure, toCome,
-                                                                 leftRank >= 0 ? deadline : std::min(deadline, deadlineIn(10.0)), local);
+  if (!failure.empty() && status != mnclTimeout) {
+    answerLateRanks(arrivals, nonce, status, failure, toCome, leftRank >= 0 ? deadline : std::min(deadline, deadlineIn(10.0)),
+                    local);
+  }
 }
 
 }  // namespace

@@ -190,13 +190,20 @@ bool Socket::closedByPeer() const {
 Socket Socket::accept(Deadline deadline, const std::string& what) {
   for (;;) {
     waitFor(POLLIN, deadline, what);
+    if (Socket s = acceptPending(what); s.valid()) return s;
+  }
+}
+
+Socket Socket::acceptPending(const std::string& what) {
+  for (;;) {
     int fd = ::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd >= 0) {
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       return Socket(fd);
     }
-    if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) throwSystemError(what + ": accept()");
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return Socket();
+    if (errno != EINTR && errno != ECONNABORTED) throwSystemError(what + ": accept()");
   }
 }
 
@@ -233,6 +240,15 @@ int Socket::recvUntil(void* data, size_t size, Deadline deadline, const std::str
     }
   }
   return 0;
+}
+
+ssize_t Socket::recvAvailable(void* data, size_t size) {
+  for (;;) {
+    ssize_t n = ::recv(fd_, data, size, MSG_DONTWAIT);
+    if (n > 0) return n;
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -1;
+  }
 }
 
 void Socket::recvAll(void* data, size_t size, Deadline deadline, const std::string& what) {

@@ -79,6 +79,8 @@ class Socket {
   static Socket connect(const SockAddr& addr, Deadline deadline, const std::string& what, bool listening = false);
 
   Socket accept(Deadline deadline, const std::string& what);
+  // A connection waiting to be accepted, or an invalid Socket where none is (never waits).
+  Socket acceptPending(const std::string& what);
   void sendAll(const void* data, size_t size, Deadline deadline, const std::string& what);
   void recvAll(void* data, size_t size, Deadline deadline, const std::string& what);
   // Reads the header a connection just accepted opens with, giving it until `deadline` but
@@ -88,6 +90,9 @@ class Socket {
   // (A cancelled wait, or a WaitCheck that fails, still throws.)
   bool recvOpening(void* data, size_t size, Deadline deadline, const std::string& what);
   static constexpr double kOpeningSeconds = 5.0;  // (a peer sends its header as it connects)
+  // Reads what has come, up to `size` (> 0) bytes, without waiting: how many (0: nothing
+  // yet), or -1 where nothing more will (the peer closed, or the connection failed).
+  ssize_t recvAvailable(void* data, size_t size);
   SockAddr localAddr() const;
   // Whether the other end closed the connection with nothing it sent left unread here (a
   // connection carrying data both ways that was quiet until then; never blocks).
