@@ -1442,6 +1442,65 @@ def test_a_silent_connection_to_the_root_holds_no_rank_up(monkeypatch: pytest.Mo
         assert _root_reply(rank2) == told
 
 
+def test_a_duplicate_rank_is_not_taken_for_a_rank_still_to_come(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 comes twice: the rendezvous fails, and the root answers the ranks still to come.
+    It used to count the duplicate among them, and stopped before the last one (rank 2 found
+    the root gone, and a real rank retried its refused connection until the bootstrap timeout)."""
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "30")
+    uid = minincl.get_unique_id()
+    root = _root_address(uid)
+    told = (5, "duplicate rank: two processes both said they are rank 0")  # (5: mnclInvalidUsage)
+    with socket.create_connection(root, timeout=20) as rank0, socket.create_connection(root, timeout=20) as again:
+        rank0.sendall(_hello(uid, 3, 0))
+        time.sleep(0.2)  # (rank 0 joins first)
+        again.sendall(_hello(uid, 3, 0))
+        assert _root_reply(again) == told and _root_reply(rank0) == told
+    for rank in (1, 2):
+        with socket.create_connection(root, timeout=20) as late:
+            late.sendall(_hello(uid, 3, rank))
+            assert _root_reply(late) == told, rank
+
+
+_ROOT_SHORT_OF_FILE_DESCRIPTORS = """
+import os, resource, sys, time, minincl
+uid = minincl.get_unique_id()
+base = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (base + 30, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+print(uid.hex(), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_root_out_of_file_descriptors_tells_every_rank(tmp_path: Any) -> None:
+    """A root with 30 descriptors to spare, and 60 ranks that connect before they say hello (a
+    rank connects, then opens its own listener): the rendezvous cannot be. Every rank is told
+    why at once. (A first version of reading hellos side by side failed before it read any:
+    the ranks were closed unanswered, and the ones after found the root gone.)"""
+    env = dict(os.environ, MININCL_BOOTSTRAP_TIMEOUT="30")
+    root_process = subprocess.Popen(
+        [sys.executable, "-c", _ROOT_SHORT_OF_FILE_DESCRIPTORS],
+        env=env,
+        stdout=subprocess.PIPE,
+        cwd=tmp_path,
+        text=True,
+    )
+    try:
+        assert root_process.stdout is not None
+        uid = bytes.fromhex(root_process.stdout.readline().strip())
+        ranks = [socket.create_connection(_root_address(uid), timeout=20) for _ in range(60)]
+        time.sleep(0.3)
+        for r, rank in enumerate(ranks):
+            rank.sendall(_hello(uid, 60, r))
+        replies = {_root_reply(rank) for rank in ranks}
+        for rank in ranks:
+            rank.close()
+    finally:
+        root_process.kill()
+        root_process.wait()
+    failed = "the bootstrap root failed: bootstrap root waiting for ranks: accept(): Too many open files"
+    assert replies == {(2, failed)}, replies  # (2: mnclSystemError)
+
+
 def test_a_rank_that_leaves_the_root_fails_the_ranks_already_there(tmp_path: Any) -> None:
     """Rank 0 waits at the root for ranks 1 and 2; rank 2 joins, then its process is killed;
     rank 1 never comes. Rank 0 used to wait for the bootstrap timeout (here 300 s); now the

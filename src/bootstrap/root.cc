@@ -3,6 +3,7 @@
 // every waiting rank with an error naming the problem rather than letting anyone hang.
 #include <chrono>
 #include <deque>
+#include <exception>
 #include <cstring>
 #include <functional>
 #include <list>
@@ -13,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <poll.h>
@@ -49,9 +51,9 @@ class LocalRendezvous {
     std::lock_guard<std::mutex> lock(mutex_);
     gone_.insert(rank);
   }
-  int ranksGone() {
+  std::set<int> ranksGone() {
     std::lock_guard<std::mutex> lock(mutex_);
-    return (int)gone_.size();
+    return gone_;
   }
   bool aRankFailed() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -190,7 +192,10 @@ class Arrivals {
   // with none. Timeout at `deadline`.
   std::optional<Arriving> next(Deadline deadline) {
     if (whole_.empty()) waitAndRead(deadline);
-    if (whole_.empty()) return std::nullopt;
+    if (whole_.empty()) {
+      if (std::exception_ptr e = std::exchange(acceptFailed_, nullptr)) std::rethrow_exception(e);
+      return std::nullopt;
+    }
     Arriving a = std::move(whole_.front());
     whole_.pop_front();
     return a;
@@ -205,8 +210,12 @@ class Arrivals {
     if (::poll(fds.data(), fds.size(), (int)std::min<long long>(left + 1, 100)) < 0 && errno != EINTR) {
       throwSystemError("bootstrap root waiting for ranks: poll()");
     }
-    for (Socket s = listener_.acceptPending(kWhat); s.valid(); s = listener_.acceptPending(kWhat)) {
-      coming_.push_back(Arriving{std::move(s)});
+    try {
+      for (Socket s = listener_.acceptPending(kWhat); s.valid(); s = listener_.acceptPending(kWhat)) {
+        coming_.push_back(Arriving{std::move(s)});
+      }
+    } catch (const Error&) {  // (out of descriptors, say: told once the hellos that came are read)
+      acceptFailed_ = std::current_exception();
     }
     for (auto it = coming_.begin(); it != coming_.end();) {
       ssize_t n = it->sock.recvAvailable(reinterpret_cast<char*>(&it->hello) + it->got, sizeof(RootHello) - it->got);
@@ -225,6 +234,7 @@ class Arrivals {
   Socket& listener_;
   std::list<Arriving> coming_;
   std::deque<Arriving> whole_;
+  std::exception_ptr acceptFailed_;
 };
 
 bool ofThisId(const RootHello& h, uint64_t nonce) {
@@ -239,22 +249,29 @@ void turnAway(Arriving& a) {
 
 // Ranks still to come after the rendezvous failed (one said it cannot, the ranks disagreed,
 // one left): they hear why at once too, instead of waiting for the bootstrap timeout. Until
-// every one came, or is of this process and will not come (leaveLocalRoot), or `until`: 10 s
+// each of the nranks joined, was answered (`accounted`), or is of this process and will not
+// come (leaveLocalRoot); nranks < 0 (no hello came): as the first hello says. Or `until`: 10 s
 // at most (an id from a fixed address keeps its port until this ends), the deadline where a
 // rank left after it came (the others may be far behind it).
-void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, const std::string& failure, int toCome,
-                     Deadline until, LocalRendezvous& local) {
-  int answered = 0;
-  while (answered + local.ranksGone() < toCome) {
+void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, const std::string& failure, int nranks,
+                     std::set<int> accounted, Deadline until, LocalRendezvous& local) {
+  auto everyRankAccountedFor = [&] {
+    std::set<int> all = accounted;
+    all.merge(local.ranksGone());
+    return nranks >= 0 && (int)all.size() >= nranks;
+  };
+  while (!everyRankAccountedFor()) {
     try {
       std::optional<Arriving> next = arrivals.next(until);
       if (!next) continue;
-      if (!ofThisId(next->hello, nonce)) {
+      const RootHello& h = next->hello;
+      if (!ofThisId(h, nonce)) {
         turnAway(*next);
         continue;
       }
-      if (next->hello.failCode == 0) reply(next->sock, nonce, status, failure, nullptr);  // (else it waits for none)
-      ++answered;
+      if (h.failCode == 0) reply(next->sock, nonce, status, failure, nullptr);  // (else it waits for none)
+      if (nranks < 0) nranks = h.nranks;
+      if (h.rank >= 0 && h.rank < nranks) accounted.insert(h.rank);  // (not a duplicate, not one out of range)
     } catch (const Error& e) {
       if (e.code() != mnclSystemError) return;  // (until)
       std::this_thread::sleep_for(std::chrono::milliseconds(100));  // (no descriptor to accept with: the rank waits)
@@ -274,7 +291,7 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
   mnclResult_t status = mnclInvalidUsage;  // of a failure: the ranks disagree, or (Timeout) some never came
   int strangers = 0;  // hellos with another id: a second job at this address, say
   bool reportedHere = false;
-  bool answeredOne = false;  // the failure is that of a rank which came, was answered, and left
+  int answeredRank = -1;  // the failure is that of a rank which came, was answered, and left
   int leftRank = -1;  // a rank that closed its connection before every rank came
   // A failure reported in this process, or a joined rank that left: the others cannot init
   // without it, and it would otherwise hold them (and this thread) until the timeout.
@@ -301,15 +318,14 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
       }
       if (!started) deadline = deadlineIn(timeout);
       started = true;
+      answeredRank = h.rank;  // (unless it joins, below; one that failed waits for no answer)
       if (h.failCode != 0) {
-        answeredOne = true;  // (it does not wait for an answer)
         status = mnclRemoteError;
         failure = "rank " + std::to_string(h.rank) + " could not make its communicator: " +
                   std::string(h.failMessage, strnlen(h.failMessage, sizeof(h.failMessage)));
         if (nranks < 0) nranks = h.nranks;
         break;
       }
-      answeredOne = true;  // (unless it joins, below)
       if (nranks < 0) {
         nranks = h.nranks;
         if (nranks > kMaxRanks) {  // (its rank checked it too: another build's, say)
@@ -335,7 +351,7 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
       }
       table[h.rank] = h.listen;
       joined.push_back({std::move(s), h.rank});
-      answeredOne = false;
+      answeredRank = -1;
     }
     if (failure.empty()) failedOrLeft();  // (the last rank came: is every other one still there?)
   } catch (const Error& e) {
@@ -358,11 +374,13 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
   }
   if (!failure.empty()) local.rootFailed(status, failure);  // (for ranks of this process it cannot answer)
   for (Joined& j : joined) reply(j.sock, nonce, failure.empty() ? mnclSuccess : status, failure, failure.empty() ? &table : nullptr);
-  int toCome = nranks - (int)joined.size() - (answeredOne ? 1 : 0);
+  std::set<int> accounted;
+  for (const Joined& j : joined) accounted.insert(j.rank);
+  if (answeredRank >= 0 && answeredRank < nranks) accounted.insert(answeredRank);  // (not one out of range)
   joined.clear();  // (their sockets: not held while late ranks are answered)
   if (!failure.empty() && status != mnclTimeout) {
-    answerLateRanks(arrivals, nonce, status, failure, toCome, leftRank >= 0 ? deadline : std::min(deadline, deadlineIn(10.0)),
-                    local);
+    answerLateRanks(arrivals, nonce, status, failure, nranks, std::move(accounted),
+                    leftRank >= 0 ? deadline : std::min(deadline, deadlineIn(10.0)), local);
   }
 }
 
