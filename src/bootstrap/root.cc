@@ -294,9 +294,14 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
   int answeredRank = -1;  // the failure is that of a rank which came, was answered, and left
   int leftRank = -1;  // a rank that closed its connection before every rank came
   // A failure reported in this process, or a joined rank that left: the others cannot init
-  // without it, and it would otherwise hold them (and this thread) until the timeout.
-  auto failedOrLeft = [&] {
+  // without it, and it would otherwise hold them (and this thread) until the timeout. The
+  // joined connections every 100 ms (`always`: now): a look at each per hello would cost the
+  // square of nranks.
+  Clock::time_point lookedAtJoined{};
+  auto failedOrLeft = [&](bool always) {
     if (local.aRankFailed()) throwError(mnclRemoteError, "a rank of this process reported its failed init");
+    if (!always && Clock::now() - lookedAtJoined < std::chrono::milliseconds(100)) return;
+    lookedAtJoined = Clock::now();
     for (const Joined& j : joined) {
       if (!j.sock.closedByPeer()) continue;
       leftRank = j.rank;
@@ -306,7 +311,7 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
   Arrivals arrivals(listener);
   try {
     while (nranks < 0 || (int)joined.size() < nranks) {
-      failedOrLeft();  // (every 100 ms at most: see Arrivals::next)
+      failedOrLeft(false);  // (Arrivals::next waits 100 ms at most)
       std::optional<Arriving> next = arrivals.next(deadline);
       if (!next) continue;
       Socket& s = next->sock;
@@ -353,7 +358,7 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
       joined.push_back({std::move(s), h.rank});
       answeredRank = -1;
     }
-    if (failure.empty()) failedOrLeft();  // (the last rank came: is every other one still there?)
+    if (failure.empty()) failedOrLeft(true);  // (the last rank came: is every other one still there?)
   } catch (const Error& e) {
     if (local.aRankFailed()) {  // (as a failure reported by socket, above)
       reportedHere = true;
