@@ -1465,10 +1465,24 @@ _ROOT_SHORT_OF_FILE_DESCRIPTORS = """
 import os, resource, sys, time, minincl
 uid = minincl.get_unique_id()
 base = len(os.listdir("/proc/self/fd"))
-resource.setrlimit(resource.RLIMIT_NOFILE, (base + 30, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+resource.setrlimit(resource.RLIMIT_NOFILE, (base + int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 print(uid.hex(), flush=True)
 time.sleep(60)
 """
+
+
+def _root_with_descriptors_to_spare(spare: int, cwd: Any) -> tuple[subprocess.Popen[str], bytes]:
+    """A process serving a root (get_unique_id) with `spare` file descriptors left, and the id."""
+    env = dict(os.environ, MININCL_BOOTSTRAP_TIMEOUT="30")
+    root_process = subprocess.Popen(
+        [sys.executable, "-c", _ROOT_SHORT_OF_FILE_DESCRIPTORS, str(spare)],
+        env=env,
+        stdout=subprocess.PIPE,
+        cwd=cwd,
+        text=True,
+    )
+    assert root_process.stdout is not None
+    return root_process, bytes.fromhex(root_process.stdout.readline().strip())
 
 
 def test_a_root_out_of_file_descriptors_tells_every_rank(tmp_path: Any) -> None:
@@ -1476,17 +1490,8 @@ def test_a_root_out_of_file_descriptors_tells_every_rank(tmp_path: Any) -> None:
     rank connects, then opens its own listener): the rendezvous cannot be. Every rank is told
     why at once. (A first version of reading hellos side by side failed before it read any:
     the ranks were closed unanswered, and the ones after found the root gone.)"""
-    env = dict(os.environ, MININCL_BOOTSTRAP_TIMEOUT="30")
-    root_process = subprocess.Popen(
-        [sys.executable, "-c", _ROOT_SHORT_OF_FILE_DESCRIPTORS],
-        env=env,
-        stdout=subprocess.PIPE,
-        cwd=tmp_path,
-        text=True,
-    )
+    root_process, uid = _root_with_descriptors_to_spare(30, tmp_path)
     try:
-        assert root_process.stdout is not None
-        uid = bytes.fromhex(root_process.stdout.readline().strip())
         ranks = [socket.create_connection(_root_address(uid), timeout=20) for _ in range(60)]
         time.sleep(0.3)
         for r, rank in enumerate(ranks):
@@ -1499,6 +1504,47 @@ def test_a_root_out_of_file_descriptors_tells_every_rank(tmp_path: Any) -> None:
         root_process.wait()
     failed = "the bootstrap root failed: bootstrap root waiting for ranks: accept(): Too many open files"
     assert replies == {(2, failed)}, replies  # (2: mnclSystemError)
+
+
+def test_strays_that_took_the_roots_descriptors_hold_the_ranks_only_until_they_go(tmp_path: Any) -> None:
+    """A root with 8 descriptors to spare, 12 connections that say nothing, then the 2 ranks of
+    a job: the root waits for the strays to finish or be dropped before it accepts more, and
+    the ranks get their table. (A first version of reading hellos side by side failed the
+    rendezvous: "accept(): Too many open files".)"""
+    root_process, uid = _root_with_descriptors_to_spare(8, tmp_path)
+    try:
+        strays = [socket.create_connection(_root_address(uid), timeout=20) for _ in range(12)]
+        ranks = [socket.create_connection(_root_address(uid), timeout=20) for _ in range(2)]
+        for r, rank in enumerate(ranks):
+            rank.sendall(_hello(uid, 2, r))
+        time.sleep(0.5)
+        for stray in strays:
+            stray.close()
+        replies = [_root_reply(rank) for rank in ranks]
+        for rank in ranks:
+            rank.close()
+    finally:
+        root_process.kill()
+        root_process.wait()
+    assert replies == [(0, "")] * 2, replies  # (0: mnclSuccess, the table follows)
+
+
+def test_a_rank_out_of_range_in_the_roots_process_is_not_a_rank_to_come(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 3 of 3, in the root's own process, fails its init (out of range) and tells the root
+    in memory. The root answers the ranks to come, and used to count rank 3 among them: rank 2,
+    the last, found the root gone (a real one retried its refused connection until the
+    bootstrap timeout). Now every rank in range is answered."""
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "30")
+    uid = minincl.get_unique_id()
+    with pytest.raises(minincl.InvalidArgument, match="rank 3 is out of range for nranks=3"):
+        minincl.Communicator(3, uid, 3)
+    for rank in range(3):
+        with socket.create_connection(_root_address(uid), timeout=20) as late:
+            late.sendall(_hello(uid, 3, rank))
+            assert _root_reply(late) == (
+                6,
+                "rank 3 could not make its communicator: rank 3 is out of range for nranks=3",
+            )
 
 
 def test_a_rank_that_leaves_the_root_fails_the_ranks_already_there(tmp_path: Any) -> None:

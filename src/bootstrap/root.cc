@@ -1,9 +1,9 @@
 // The root of a rendezvous: collects every rank's listening address and hands out the table.
 // It checks what it can (magic, nonce, nranks, duplicate or out-of-range ranks) and answers
 // every waiting rank with an error naming the problem rather than letting anyone hang.
+#include <cerrno>
 #include <chrono>
 #include <deque>
-#include <exception>
 #include <cstring>
 #include <functional>
 #include <list>
@@ -193,7 +193,9 @@ class Arrivals {
   std::optional<Arriving> next(Deadline deadline) {
     if (whole_.empty()) waitAndRead(deadline);
     if (whole_.empty()) {
-      if (std::exception_ptr e = std::exchange(acceptFailed_, nullptr)) std::rethrow_exception(e);
+      if (int e = std::exchange(acceptFailed_, 0)) {
+        throwError(mnclSystemError, std::string(kWhat) + ": accept(): " + std::strerror(e));
+      }
       return std::nullopt;
     }
     Arriving a = std::move(whole_.front());
@@ -205,18 +207,32 @@ class Arrivals {
   void waitAndRead(Deadline deadline) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) throwError(mnclTimeout, "bootstrap root waiting for ranks timed out");
-    std::vector<pollfd> fds{{listener_.fd(), POLLIN, 0}};
+    std::vector<pollfd> fds;
+    if (!listenerPaused_) fds.push_back({listener_.fd(), POLLIN, 0});
     for (const Arriving& a : coming_) fds.push_back({a.sock.fd(), POLLIN, 0});
     if (::poll(fds.data(), fds.size(), (int)std::min<long long>(left + 1, 100)) < 0 && errno != EINTR) {
       throwSystemError("bootstrap root waiting for ranks: poll()");
     }
-    try {
-      for (Socket s = listener_.acceptPending(kWhat); s.valid(); s = listener_.acceptPending(kWhat)) {
-        coming_.push_back(Arriving{std::move(s)});
-      }
-    } catch (const Error&) {  // (out of descriptors, say: told once the hellos that came are read)
-      acceptFailed_ = std::current_exception();
+    if (!listenerPaused_) acceptWaiting();
+    size_t held = coming_.size();
+    readHellos();
+    if (coming_.size() < held) listenerPaused_ = false;  // (one came whole or was dropped: try again)
+  }
+
+  // Out of descriptors while connections are coming: they finish or are dropped within
+  // Socket::kOpeningSeconds (strays may have taken the descriptors), so the listener waits
+  // for that. Else the failure is told once the hellos that came were read: the ranks hold
+  // every descriptor, and none comes back before the rendezvous ends.
+  void acceptWaiting() {
+    int failed = 0;
+    for (Socket s = listener_.acceptPending(kWhat, &failed); s.valid(); s = listener_.acceptPending(kWhat, &failed)) {
+      coming_.push_back(Arriving{std::move(s)});
     }
+    listenerPaused_ = (failed == EMFILE || failed == ENFILE) && !coming_.empty();
+    acceptFailed_ = listenerPaused_ ? 0 : failed;
+  }
+
+  void readHellos() {
     for (auto it = coming_.begin(); it != coming_.end();) {
       ssize_t n = it->sock.recvAvailable(reinterpret_cast<char*>(&it->hello) + it->got, sizeof(RootHello) - it->got);
       it->got += n > 0 ? (size_t)n : 0;
@@ -234,7 +250,28 @@ class Arrivals {
   Socket& listener_;
   std::list<Arriving> coming_;
   std::deque<Arriving> whole_;
-  std::exception_ptr acceptFailed_;
+  bool listenerPaused_ = false;
+  int acceptFailed_ = 0;  // errno
+};
+
+// The ranks accounted for after a failure (joined, answered, or of this process and gone), by
+// number: a duplicate, or a rank out of range, is not one still to come. Out of the most ranks
+// any hello of this id said (none yet: not every rank).
+class RanksAccountedFor {
+ public:
+  void expect(int nranks) {
+    if (nranks > (int)seen_.size() && nranks <= kMaxRanks) seen_.resize(nranks, false);
+  }
+  void add(int rank) {
+    if (rank < 0 || rank >= (int)seen_.size() || seen_[rank]) return;
+    seen_[rank] = true;
+    ++count_;
+  }
+  bool all() const { return !seen_.empty() && count_ == (int)seen_.size(); }
+
+ private:
+  std::vector<bool> seen_;
+  int count_ = 0;
 };
 
 bool ofThisId(const RootHello& h, uint64_t nonce) {
@@ -249,18 +286,14 @@ void turnAway(Arriving& a) {
 
 // Ranks still to come after the rendezvous failed (one said it cannot, the ranks disagreed,
 // one left): they hear why at once too, instead of waiting for the bootstrap timeout. Until
-// each of the nranks joined, was answered (`accounted`), or is of this process and will not
-// come (leaveLocalRoot); nranks < 0 (no hello came): as the first hello says. Or `until`: 10 s
-// at most (an id from a fixed address keeps its port until this ends), the deadline where a
-// rank left after it came (the others may be far behind it).
-void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, const std::string& failure, int nranks,
-                     std::set<int> accounted, Deadline until, LocalRendezvous& local) {
-  auto everyRankAccountedFor = [&] {
-    std::set<int> all = accounted;
-    all.merge(local.ranksGone());
-    return nranks >= 0 && (int)all.size() >= nranks;
-  };
-  while (!everyRankAccountedFor()) {
+// every rank is accounted for, or `until`: 10 s at most (an id from a fixed address keeps its
+// port until this ends), the deadline where a rank left after it came (the others may be far
+// behind it).
+void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, const std::string& failure,
+                     RanksAccountedFor accounted, Deadline until, LocalRendezvous& local) {
+  for (;;) {
+    for (int r : local.ranksGone()) accounted.add(r);
+    if (accounted.all()) return;
     try {
       std::optional<Arriving> next = arrivals.next(until);
       if (!next) continue;
@@ -270,8 +303,8 @@ void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, co
         continue;
       }
       if (h.failCode == 0) reply(next->sock, nonce, status, failure, nullptr);  // (else it waits for none)
-      if (nranks < 0) nranks = h.nranks;
-      if (h.rank >= 0 && h.rank < nranks) accounted.insert(h.rank);  // (not a duplicate, not one out of range)
+      accounted.expect(h.nranks);
+      accounted.add(h.rank);
     } catch (const Error& e) {
       if (e.code() != mnclSystemError) return;  // (until)
       std::this_thread::sleep_for(std::chrono::milliseconds(100));  // (no descriptor to accept with: the rank waits)
@@ -291,7 +324,7 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
   mnclResult_t status = mnclInvalidUsage;  // of a failure: the ranks disagree, or (Timeout) some never came
   int strangers = 0;  // hellos with another id: a second job at this address, say
   bool reportedHere = false;
-  int answeredRank = -1;  // the failure is that of a rank which came, was answered, and left
+  RanksAccountedFor accounted;  // every rank of this id that came (for answerLateRanks)
   int leftRank = -1;  // a rank that closed its connection before every rank came
   // A failure reported in this process, or a joined rank that left: the others cannot init
   // without it, and it would otherwise hold them (and this thread) until the timeout. The
@@ -323,7 +356,8 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
       }
       if (!started) deadline = deadlineIn(timeout);
       started = true;
-      answeredRank = h.rank;  // (unless it joins, below; one that failed waits for no answer)
+      accounted.expect(h.nranks);
+      accounted.add(h.rank);
       if (h.failCode != 0) {
         status = mnclRemoteError;
         failure = "rank " + std::to_string(h.rank) + " could not make its communicator: " +
@@ -356,7 +390,6 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
       }
       table[h.rank] = h.listen;
       joined.push_back({std::move(s), h.rank});
-      answeredRank = -1;
     }
     if (failure.empty()) failedOrLeft(true);  // (the last rank came: is every other one still there?)
   } catch (const Error& e) {
@@ -379,12 +412,10 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
   }
   if (!failure.empty()) local.rootFailed(status, failure);  // (for ranks of this process it cannot answer)
   for (Joined& j : joined) reply(j.sock, nonce, failure.empty() ? mnclSuccess : status, failure, failure.empty() ? &table : nullptr);
-  std::set<int> accounted;
-  for (const Joined& j : joined) accounted.insert(j.rank);
-  if (answeredRank >= 0 && answeredRank < nranks) accounted.insert(answeredRank);  // (not one out of range)
   joined.clear();  // (their sockets: not held while late ranks are answered)
   if (!failure.empty() && status != mnclTimeout) {
-    answerLateRanks(arrivals, nonce, status, failure, nranks, std::move(accounted),
+    accounted.expect(nranks);  // (where a rank of this process told it)
+    answerLateRanks(arrivals, nonce, status, failure, std::move(accounted),
                     leftRank >= 0 ? deadline : std::min(deadline, deadlineIn(10.0)), local);
   }
 }

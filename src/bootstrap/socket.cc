@@ -194,7 +194,7 @@ Socket Socket::accept(Deadline deadline, const std::string& what) {
   }
 }
 
-Socket Socket::acceptPending(const std::string& what) {
+Socket Socket::acceptPending(const std::string& what, int* failed) {
   for (;;) {
     int fd = ::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd >= 0) {
@@ -203,7 +203,10 @@ Socket Socket::acceptPending(const std::string& what) {
       return Socket(fd);
     }
     if (errno == EAGAIN || errno == EWOULDBLOCK) return Socket();
-    if (errno != EINTR && errno != ECONNABORTED) throwSystemError(what + ": accept()");
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (!failed) throwSystemError(what + ": accept()");
+    *failed = errno;
+    return Socket();
   }
 }
 

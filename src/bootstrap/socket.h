@@ -80,7 +80,9 @@ class Socket {
 
   Socket accept(Deadline deadline, const std::string& what);
   // A connection waiting to be accepted, or an invalid Socket where none is (never waits).
-  Socket acceptPending(const std::string& what);
+  // Where `failed` is given, an accept() that fails sets it to errno (returning an invalid
+  // Socket) instead of throwing.
+  Socket acceptPending(const std::string& what, int* failed = nullptr);
   void sendAll(const void* data, size_t size, Deadline deadline, const std::string& what);
   void recvAll(void* data, size_t size, Deadline deadline, const std::string& what);
   // Reads the header a connection just accepted opens with, giving it until `deadline` but
