@@ -1547,6 +1547,26 @@ def test_a_rank_out_of_range_in_the_roots_process_is_not_a_rank_to_come(monkeypa
             )
 
 
+def test_the_timeout_story_fits_the_reply_with_the_strangers_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 of 40000 joins, a hello of another id comes, the root times out. The list of
+    missing ranks used to fill the 252 bytes of the reply, and cut off the note that another
+    job came to this address (only the root's log had it); now the list is cut short."""
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "2")
+    uid = minincl.get_unique_id()
+    stranger = bytearray(uid)
+    stranger[8] ^= 1  # (the nonce: another id)
+    with socket.create_connection(_root_address(uid), timeout=20) as rank0:
+        rank0.sendall(_hello(uid, 40000, 0))
+        with socket.create_connection(_root_address(uid), timeout=20) as other:
+            other.sendall(_hello(bytes(stranger), 2, 1))
+            assert _root_reply(other)[1].startswith("wrong unique id")
+        status, story = _root_reply(rank0)
+    assert status == 8, story  # (mnclTimeout)
+    assert story.startswith("only 1 of 40000 ranks joined before the bootstrap timeout; missing ranks: 1,"), story
+    assert re.search(r"missing ranks: [\d,]+ and \d+ more \(1 process\(es\) of another unique id came", story), story
+    assert story.endswith("a missing rank may be among them)"), story
+
+
 def test_a_rank_that_leaves_the_root_fails_the_ranks_already_there(tmp_path: Any) -> None:
     """Rank 0 waits at the root for ranks 1 and 2; rank 2 joins, then its process is killed;
     rank 1 never comes. Rank 0 used to wait for the bootstrap timeout (here 300 s); now the

@@ -150,27 +150,33 @@ std::string joiningFailure(const RootHello& h, int nranks, const std::vector<Joi
   return "";
 }
 
-// The timeout's story: who is missing, and whether strangers (hellos of another id) came.
+// The timeout's story: who is missing, and whether strangers (hellos of another id) came. It
+// fits the reply: the list of missing ranks is cut short (32 at most) before the rest is.
 std::string missingRanksFailure(int nranks, const std::vector<Joined>& joined, int strangers) {
   std::vector<bool> in(nranks > 0 ? nranks : 0);
   for (const Joined& j : joined) in[j.rank] = true;
-  std::string missing;
-  int listed = 0;
-  for (int r = 0; r < nranks; ++r) {
-    if (in[r]) continue;
-    if (++listed > 32) {  // (the reply holds a few hundred characters)
-      missing += " and " + std::to_string(nranks - (int)joined.size() - 32) + " more";
-      break;
-    }
-    missing += (missing.empty() ? "" : ",") + std::to_string(r);
-  }
-  std::string failure = "only " + std::to_string(joined.size()) + " of " + std::to_string(nranks) +
-                        " ranks joined before the bootstrap timeout; missing ranks: " + missing;
+  int missing = nranks - (int)joined.size();
+  std::string head = "only " + std::to_string(joined.size()) + " of " + std::to_string(nranks) +
+                     " ranks joined before the bootstrap timeout; missing ranks: ";
+  std::string note;
   if (strangers > 0) {
-    failure += " (" + std::to_string(strangers) + " process(es) of another unique id came to this address and were " +
-               "turned away: another job given the same root address? a missing rank may be among them)";
+    note = " (" + std::to_string(strangers) + " process(es) of another unique id came to this address and were " +
+           "turned away: another job given the same root address? a missing rank may be among them)";
   }
-  return failure;
+  const size_t room = sizeof(RootReply::message) - 1 - std::min(head.size() + note.size(), sizeof(RootReply::message) - 1);
+  constexpr size_t kMoreSize = 20;  // (" and 4194304 more")
+  std::string list;
+  int listed = 0;
+  for (int r = 0; r < nranks && listed < missing; ++r) {
+    if (in[r]) continue;
+    std::string item = (list.empty() ? "" : ",") + std::to_string(r);
+    bool lastOne = listed + 1 == missing;
+    if (listed == 32 || list.size() + item.size() + (lastOne ? 0 : kMoreSize) > room) break;
+    list += item;
+    ++listed;
+  }
+  if (listed < missing) list += " and " + std::to_string(missing - listed) + " more";
+  return head + list + note;
 }
 
 // A connection and its hello, read as it comes.
