@@ -191,6 +191,11 @@ class Communicator(_core.Communicator):
         self._watch_begin(members)
         try:
             return type(self)(nranks, uid, rank, self.device)
+        except RemoteError:
+            # A member that exited is the story: another may have left the init for it first,
+            # and the root said so before this rank's watch looked.
+            self._check_members(members)
+            raise
         finally:
             self._watch_end()
 

@@ -441,7 +441,14 @@ static mnclComm_t newChild(Comm& parent, const UniqueIdData& id, int rank, int n
                            const CommOptions& options) {
   auto c = std::make_unique<mnclComm>();
   WaitCheck whileTheyLive([&] { parent.failIfMemberGone(members); });
-  c->impl = std::make_unique<Comm>(id, rank, nranks, parent.device(), options);
+  try {
+    c->impl = std::make_unique<Comm>(id, rank, nranks, parent.device(), options);
+  } catch (const Error& e) {
+    // A member that exited is the story: another may have left the init for it first, and the
+    // root said so before this rank's watch looked.
+    if (e.code() == mnclRemoteError) parent.failIfMemberGone(members);
+    throw;
+  }
   return c.release();
 }
 }  // namespace

@@ -1969,6 +1969,66 @@ def test_forked_ranks_report_a_failed_init_to_the_parents_root(tmp_path: Any) ->
         assert results[r].startswith("RemoteError: bootstrap failed: rank 1 could not make its communicator"), results
 
 
+_ADDRESS_ID_TRIED_AGAIN_AT_ONCE = """
+import json, os, socket, subprocess, sys, threading, minincl
+os.environ["MININCL_BOOTSTRAP_TIMEOUT"] = "20"
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+uid = minincl.unique_id_for_address("127.0.0.1", port)
+
+def rank(r, out, device):
+    try:
+        minincl.Communicator(2, uid, r, device).destroy()
+        out[r] = "ok"
+    except minincl.Error as e:
+        out[r] = f"{type(e).__name__}: {e}"
+
+def in_a_thread(out):
+    rank(1, out, "cpu")
+
+def in_a_process(out):
+    out[1] = subprocess.run([sys.executable, "rank.py", "1", uid.hex()], capture_output=True, text=True).stdout.strip()
+
+def try_once(device0, rank1):
+    out = {}
+    t = threading.Thread(target=rank1, args=(out,))
+    t.start()
+    rank(0, out, device0)
+    t.join()
+    print(json.dumps([out[0].split(":")[0], out[1][:71]]), flush=True)
+
+try_once("nonesuch", in_a_thread)  # (fails: its root's story is kept 10 s)
+try_once("cpu", in_a_thread)  # (right away: rank 1 may begin before rank 0 starts the new root)
+try_once("nonesuch", in_a_process)
+try_once("nonesuch", in_a_process)  # (right away: rank 1 hears rank 0's failure again)
+"""
+
+
+def test_an_address_id_tried_again_at_once_is_not_taken_for_the_last_try(tmp_path: Any) -> None:
+    """An id from an address has one nonce at every try, and a failed root's story is kept 10 s
+    for late ranks of its process. A try right after a failed one used to take that story: a
+    rank 1 that began before rank 0 started the new root failed at once with the old failure
+    (rank 0 then timed out), and rank 0's own failure report went to the old root, so rank 1
+    in another process waited for the bootstrap timeout (a review found both)."""
+    (tmp_path / "rank.py").write_text(_RANK_THAT_REPORTS_ITS_INIT.replace("Communicator(3,", "Communicator(2,"))
+    out = subprocess.run(
+        [sys.executable, "-c", _ADDRESS_ID_TRIED_AGAIN_AT_ONCE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    failed = "RemoteError: bootstrap failed: rank 0 could not make its communicator: "
+    outcomes = [json.loads(line) for line in out.stdout.splitlines()]
+    assert outcomes == [
+        ["InvalidArgument", failed],
+        ["ok", "ok"],
+        ["InvalidArgument", failed],
+        ["InvalidArgument", failed],
+    ], (out.stdout, out.stderr)
+
+
 _ADDRESS_ID_RETRIED = """
 import os, socket, minincl
 os.environ["MININCL_BOOTSTRAP_TIMEOUT"] = "1"

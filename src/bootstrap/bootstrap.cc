@@ -95,7 +95,7 @@ Bootstrap::Bootstrap(const UniqueIdData& id, int rank, int nranks)
 void Bootstrap::reportInitFailure(const UniqueIdData& id, int rank, int nranks, const std::string& message) noexcept {
   if (id.magic != kIdMagic) return;  // (that init's error already says why)
   // (A rank out of range reports too: the root fails the others with its story.)
-  if (reportToLocalRoot(id.nonce, rank, nranks, message)) return;
+  if (reportToLocalRoot(id.nonce, id.rankZeroStartsRoot != 0, rank, nranks, message)) return;
   try {
     Deadline d = deadlineIn(std::min(bootstrapTimeout(), 5.0));
     Socket toRoot = connectToRoot(id, rank, d, "reporting its failed init");
@@ -117,13 +117,14 @@ void Bootstrap::registerWithRoot(const UniqueIdData& id) {
   // A root of this process that fails may have no file descriptor left to answer us with: its
   // failure comes through memory. (Looked up once it runs: rank 0 of an address's id starts
   // it; an earlier root of that address may have failed.)
-  bool startsRoot = id.rankZeroStartsRoot && rank_ == 0;
+  bool fromAddress = id.rankZeroStartsRoot != 0;
+  bool startsRoot = fromAddress && rank_ == 0;
   std::optional<WaitCheck> rootFailed;
-  if (!startsRoot && (rootWatch_ = localRootWatch(id.nonce))) rootFailed.emplace(rootWatch_);
+  if (!startsRoot && (rootWatch_ = localRootWatch(id.nonce, fromAddress))) rootFailed.emplace(rootWatch_);
   Socket toRoot;
   try {
     toRoot = connectToRoot(id, rank_, deadline(), "registering with the bootstrap root");
-    if (startsRoot && (rootWatch_ = localRootWatch(id.nonce))) rootFailed.emplace(rootWatch_);
+    if (startsRoot && (rootWatch_ = localRootWatch(id.nonce, true))) rootFailed.emplace(rootWatch_);
   } catch (const Error& e) {
     if (e.code() != mnclTimeout) throw;
     if (id.rankZeroStartsRoot) {

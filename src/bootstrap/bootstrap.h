@@ -62,14 +62,15 @@ SockAddr startRoot(const SockAddr& bind, uint64_t nonce);
 // Tells the root of `nonce`, if this process serves it, that `rank` could not init: it fails
 // the other ranks at once, as a report by socket does (see Bootstrap::reportInitFailure), so
 // this works without a file descriptor to spare. False if no such root runs here.
-bool reportToLocalRoot(uint64_t nonce, int rank, int nranks, const std::string& message);
+// `fromAddress`: an id from an address (rank 0 starts its root).
+bool reportToLocalRoot(uint64_t nonce, bool fromAddress, int rank, int nranks, const std::string& message);
 // Tells the root of `nonce`, if this process serves it, that `rank` will not come (it failed
 // before its hello), so that it stops waiting to answer it.
 void leaveLocalRoot(uint64_t nonce, int rank);
 // For a rank of the process that serves the root of `nonce`: a check that throws the root's
 // failure once it failed (it may have no file descriptor left to answer the rank with).
-// Empty if the root runs elsewhere.
-std::function<void()> localRootWatch(uint64_t nonce);
+// Empty if the root runs elsewhere (of an id from an address: a check that finds no root).
+std::function<void()> localRootWatch(uint64_t nonce, bool fromAddress);
 // A root's failure as the error its ranks throw ("bootstrap failed: ..."): Timeout (ranks
 // never came), RemoteError (one could not init), InvalidArgument (too many ranks),
 // SystemError (the root itself failed: out of file descriptors, say), else InvalidUsage

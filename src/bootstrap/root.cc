@@ -111,11 +111,13 @@ void dropEndedRoots() {
   });
 }
 
-std::shared_ptr<LocalRendezvous> localRoot(uint64_t nonce) {
+// `running`: not one whose thread ended (of an id from an address, it may be an earlier try's).
+std::shared_ptr<LocalRendezvous> localRoot(uint64_t nonce, bool running = false) {
   std::lock_guard<std::mutex> lock(localRootsMutex);
   dropEndedRoots();
   auto it = localRoots().find(nonce);
-  return it == localRoots().end() || it->second->pid != getpid() ? nullptr : it->second;
+  if (it == localRoots().end() || it->second->pid != getpid() || (running && it->second->endedAt)) return nullptr;
+  return it->second;
 }
 
 struct Joined {
@@ -428,8 +430,10 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
 
 }  // namespace
 
-bool reportToLocalRoot(uint64_t nonce, int rank, int nranks, const std::string& message) {
-  std::shared_ptr<LocalRendezvous> local = localRoot(nonce);
+bool reportToLocalRoot(uint64_t nonce, bool fromAddress, int rank, int nranks, const std::string& message) {
+  // (Rank 0 of an id from an address starts a new root where the last one ended: an earlier
+  // try's, whose story would keep this report from the ranks of this one.)
+  std::shared_ptr<LocalRendezvous> local = localRoot(nonce, fromAddress && rank == 0);
   if (local) local->rankFailed(rank, nranks, message);
   return local != nullptr;
 }
@@ -438,7 +442,14 @@ void leaveLocalRoot(uint64_t nonce, int rank) {
   if (std::shared_ptr<LocalRendezvous> local = localRoot(nonce)) local->rankGone(rank);
 }
 
-std::function<void()> localRootWatch(uint64_t nonce) {
+std::function<void()> localRootWatch(uint64_t nonce, bool fromAddress) {
+  // An id from an address: the root is looked up at each look, and one whose thread ended is
+  // an earlier try's (rank 0 may start this try's after this rank began).
+  if (fromAddress) {
+    return [nonce] {
+      if (std::shared_ptr<LocalRendezvous> local = localRoot(nonce, true)) local->throwIfRootFailed();
+    };
+  }
   std::shared_ptr<LocalRendezvous> local = localRoot(nonce);
   if (!local) return {};
   return [local] { local->throwIfRootFailed(); };

@@ -177,6 +177,9 @@ void bindCommunicator(py::module_& m) {
                 [p = &self, m = std::move(members)] { p->failIfMemberGone(m); }));
           },
           py::arg("members"))
+      .def(
+          "_check_members", [](PyComm& self, const std::vector<int>& members) { self.failIfMemberGone(members); },
+          py::arg("members"))
       .def("_watch_end", [](PyComm&) {
         if (!tlsMemberWatches.empty()) tlsMemberWatches.pop_back();
       })
