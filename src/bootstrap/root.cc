@@ -3,8 +3,8 @@
 // every waiting rank with an error naming the problem rather than letting anyone hang.
 #include <cerrno>
 #include <chrono>
-#include <deque>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <list>
 #include <map>
