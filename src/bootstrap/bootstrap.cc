@@ -89,7 +89,9 @@ Bootstrap::Bootstrap(const UniqueIdData& id, int rank, int nranks)
     if (!saidHello_ && e.code() != mnclTimeout) reportInitFailure(id, rank, nranks, e.what());
     throw;
   }
-  if (nranks_ > 1) connectRing();
+  if (nranks_ == 1) return;
+  connectRing();
+  shareAddresses();
 }
 
 void Bootstrap::reportInitFailure(const UniqueIdData& id, int rank, int nranks, const std::string& message) noexcept {
@@ -163,16 +165,25 @@ void Bootstrap::registerWithRoot(const UniqueIdData& id) {
   if (reply.status != 0) {
     throwBootstrapFailure((mnclResult_t)reply.status, std::string(reply.message, strnlen(reply.message, sizeof(reply.message))));
   }
-  addrs_.resize(nranks_);
-  toRoot.recvAll(addrs_.data(), addrs_.size() * sizeof(sockaddr_storage), deadline(), "reading the rank table");
+  // The root names only the next rank's address; the ring passes the others around (see
+  // shareAddresses).
+  sockaddr_storage next{};
+  toRoot.recvAll(&next, sizeof(next), deadline(), "reading the next rank's address from the bootstrap root");
+  addrs_.assign(nranks_, WireAddr{});
+  addrs_[(rank_ + 1) % nranks_] = WireAddr::from(SockAddr{next, 0});
+  addrs_[rank_] = WireAddr::from(listen_.localAddr());
+}
+
+void Bootstrap::shareAddresses() {
+  // Around the ring, as NCCL's bootstrap does: the root then sends nranks addresses in all,
+  // where a table to every rank would be nranks squared (1.15 GB for 3000 ranks).
+  WaitCheck whileNeighboursLive([this] { failIfNeighbourGone(); });  // (as the init's allgathers)
+  allgather(addrs_.data(), sizeof(WireAddr));
 }
 
 void Bootstrap::connectRing() {
   int next = (rank_ + 1) % nranks_, prev = (rank_ + nranks_ - 1) % nranks_;
-  SockAddr a;
-  a.storage = addrs_[next];
-  a.len = a.storage.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-  next_ = Socket::connect(a, deadline(), "bootstrap ring: connecting to rank " + std::to_string(next), true);
+  next_ = Socket::connect(addrs_[next].toSockAddr(), deadline(), "bootstrap ring: connecting to rank " + std::to_string(next), true);
   Header h{magic_, rank_, kRing, 0, 0};
   next_.sendAll(&h, sizeof(h), deadline(), "bootstrap ring header");
   WaitCheck whileNextLives([this] { failIfNeighbourGone(); });  // (prev may never come: next hears first)
@@ -223,10 +234,7 @@ void Bootstrap::allgather(void* data, size_t bytes) {
 }
 
 void Bootstrap::send(int peer, int tag, const void* data, size_t size) {
-  SockAddr a;
-  a.storage = addrs_[peer];
-  a.len = a.storage.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-  Socket s = Socket::connect(a, deadline(), "bootstrap send to rank " + std::to_string(peer), true);
+  Socket s = Socket::connect(addrs_[peer].toSockAddr(), deadline(), "bootstrap send to rank " + std::to_string(peer), true);
   Header h{magic_, rank_, kP2p, tag, size};
   s.sendAll(&h, sizeof(h), deadline(), "bootstrap send header");
   s.sendAll(data, size, deadline(), "bootstrap send");

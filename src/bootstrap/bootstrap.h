@@ -1,9 +1,9 @@
 // Bootstrap: how ranks that know only a unique id find each other.
 //
 // The id names a root listener (address + random nonce). Every rank opens its own listening
-// socket, registers with the root and receives the table of everyone's address; from then on
-// the ranks talk directly: a ring of sockets for allgather and barrier, and one-off
-// connections for tagged send/recv. Init uses these to exchange what the transports need.
+// socket, registers with the root and receives the address of the next rank; from then on
+// the ranks talk directly: a ring of sockets (which passes every rank's address around first)
+// for allgather and barrier, and one-off connections for tagged send/recv. Init uses these to exchange what the transports need.
 #pragma once
 
 #include <functional>
@@ -116,6 +116,7 @@ class Bootstrap {
 
   void registerWithRoot(const UniqueIdData& id);
   void connectRing();
+  void shareAddresses();  // fills addrs_ (the root told this rank only its own and next's)
   // Accepts connections until one matches (kind, peer, tag); stashes p2p messages that arrive
   // early. Returns the matching socket with its header consumed.
   Socket acceptMatching(int kind, int peer, int tag, Header* header);
@@ -127,7 +128,7 @@ class Bootstrap {
   bool saidHello_ = false;  // the root has our hello (it counts us as come)
   std::function<void()> rootWatch_;  // (see localRootWatch; empty if the root runs elsewhere)
   Socket listen_, next_, prev_;
-  std::vector<sockaddr_storage> addrs_;
+  std::vector<WireAddr> addrs_;  // each rank's listener, by rank
   std::list<Message> unexpected_;
 };
 

@@ -1,6 +1,8 @@
-// The root of a rendezvous: collects every rank's listening address and hands out the table.
+// The root of a rendezvous: collects every rank's listening address and tells each rank the
+// next one's (the ranks pass the rest around their ring).
 // It checks what it can (magic, nonce, nranks, duplicate or out-of-range ranks) and answers
 // every waiting rank with an error naming the problem rather than letting anyone hang.
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -125,7 +127,9 @@ struct Joined {
   int rank;
 };
 
-void reply(Socket& s, uint64_t nonce, int status, const std::string& msg, const std::vector<sockaddr_storage>* table) {
+// `next`: on success, the address of the rank after this one in the ring (the ranks pass the
+// others around it).
+void reply(Socket& s, uint64_t nonce, int status, const std::string& msg, const sockaddr_storage* next) {
   RootReply r{};
   r.nonce = nonce;
   r.status = status;
@@ -133,7 +137,7 @@ void reply(Socket& s, uint64_t nonce, int status, const std::string& msg, const 
   try {
     Deadline d = deadlineIn(2.0);
     s.sendAll(&r, sizeof(r), d, "bootstrap root reply");
-    if (table) s.sendAll(table->data(), table->size() * sizeof(sockaddr_storage), d, "bootstrap root table");
+    if (next) s.sendAll(next, sizeof(*next), d, "bootstrap root: the next rank's address");
   } catch (const Error&) {
     // That rank is gone; the others still get their answer.
   }
@@ -150,6 +154,11 @@ std::string joiningFailure(const RootHello& h, int nranks, const std::vector<Joi
     if (j.rank == h.rank) return "duplicate rank: two processes both said they are rank " + std::to_string(h.rank);
   }
   return "";
+}
+
+std::string rankLeftFailure(int rank) {
+  return "rank " + std::to_string(rank) + " left before every rank came (its init failed or was aborted, or its "
+         "process exited)";
 }
 
 // The timeout's story: who is missing, and whether strangers (hellos of another id) came. It
@@ -393,7 +402,15 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
       }
       failure = joiningFailure(h, nranks, joined);
       if (!failure.empty()) {
-        reply(s, nonce, mnclInvalidUsage, failure, nullptr);
+        // A duplicate whose first connection is closed is that rank come back (a restarted
+        // process): that it left is the story, as it is when it does not come back.
+        auto first = std::find_if(joined.begin(), joined.end(), [&](const Joined& j) { return j.rank == h.rank; });
+        if (first != joined.end() && first->sock.closedByPeer()) {
+          leftRank = h.rank;
+          status = mnclRemoteError;
+          failure = rankLeftFailure(leftRank);
+        }
+        reply(s, nonce, status, failure, nullptr);
         break;
       }
       table[h.rank] = h.listen;
@@ -407,8 +424,7 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
       failure = local.rankFailure(&nranks);
     } else if (leftRank >= 0) {
       status = mnclRemoteError;
-      failure = "rank " + std::to_string(leftRank) + " left before every rank came (its init failed or was aborted, or "
-                "its process exited)";
+      failure = rankLeftFailure(leftRank);
     } else if (e.code() == mnclTimeout) {  // (the deadline: ranks never came)
       status = mnclTimeout;
       failure = missingRanksFailure(nranks, joined, strangers);
@@ -419,7 +435,10 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
     if (!reportedHere) MNCL_WARN(kInit, "bootstrap root: %s", failure.c_str());
   }
   if (!failure.empty()) local.rootFailed(status, failure);  // (for ranks of this process it cannot answer)
-  for (Joined& j : joined) reply(j.sock, nonce, failure.empty() ? mnclSuccess : status, failure, failure.empty() ? &table : nullptr);
+  for (Joined& j : joined) {
+    const sockaddr_storage* next = failure.empty() ? &table[(j.rank + 1) % nranks] : nullptr;
+    reply(j.sock, nonce, failure.empty() ? mnclSuccess : status, failure, next);
+  }
   joined.clear();  // (their sockets: not held while late ranks are answered)
   if (!failure.empty() && status != mnclTimeout) {
     accounted.expect(nranks);  // (where a rank of this process told it)

@@ -19,7 +19,7 @@ struct RootHello {
 
 struct RootReply {
   uint64_t nonce;  // the id's: tells a minincl root from another program on its port
-  int32_t status;  // mnclSuccess: a table of nranks addresses follows; else the failure's mnclResult_t
+  int32_t status;  // mnclSuccess: the next rank's listen address (a sockaddr_storage) follows; else the failure's mnclResult_t
   char message[252];
 };
 
