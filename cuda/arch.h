@@ -39,6 +39,8 @@
 #else
 #define MNCL_SIMT 0
 #endif
+// 1 where a waiting channel may sleep on its connection's doorbell (doorbell.h): the CPU.
+#define MNCL_CPU_DOORBELLS (!MNCL_SIMT)
 
 namespace mncl::dev {
 
@@ -185,6 +187,8 @@ constexpr uint32_t kSpinsPerAbortCheck = 256;
 constexpr uint32_t kSpinsPerAbortCheck = 1;
 #endif
 
+struct Doorbell;  // (doorbell.h)
+
 struct Waiter {
   const uint32_t* abortFlag;
   uint32_t spinBudget = 200;  // CPU: spins before yielding; GPU: hot spins before sleeping
@@ -194,8 +198,10 @@ struct Waiter {
   void (*progress)(void*) = nullptr;
   void* progressArg = nullptr;
 
+  // `bell`: the doorbell of the connection the wait is for, where one is (CPU: the thread may
+  // sleep on it; see doorbell.h).
   template <typename Ready>
-  MNCL_DEV bool until(Ready ready) {
+  MNCL_DEV bool until(Ready ready, Doorbell* bell = nullptr) {
     if (aborted) return false;
     uint32_t spins = 0;
     while (!ready()) {
@@ -205,6 +211,14 @@ struct Waiter {
         aborted = true;
         return false;
       }
+#if MNCL_CPU_DOORBELLS
+      if (bell && !progress) {  // (a thread moving network steps must keep polling them)
+        backoffOn(*bell, spins++, ready);
+        continue;
+      }
+#else
+      (void)bell;
+#endif
       backoff(spins++);
     }
     return true;
@@ -228,6 +242,10 @@ struct Waiter {
   }
 
   MNCL_DEV void backoff(uint32_t spins);
+#if MNCL_CPU_DOORBELLS
+  template <typename Ready>
+  void backoffOn(Doorbell& bell, uint32_t spins, Ready& ready);
+#endif
 };
 
 #if defined(__CUDACC__)
@@ -252,6 +270,20 @@ inline void Waiter::backoff(uint32_t spins) {
   if (progress) progress(progressArg);
   cpuBackoff(spins, spinBudget);
 }
+#if MNCL_CPU_DOORBELLS
+// cpuBackoff's steps, but where it would sleep on a timer, sleeps on `bell` (for as long at
+// most): a ring ends the sleep at once.
+int64_t cpuBackoffStep(uint32_t spins, uint32_t spinBudget);  // spins or yields (0), or says how long to sleep (ns)
+void cpuSleepOn(Doorbell& bell, int64_t ns, bool (*ready)(void*), void* readyArg);
+void cpuSlept();  // after each sleep: the long-wait hook, now and then
+template <typename Ready>
+void Waiter::backoffOn(Doorbell& bell, uint32_t spins, Ready& ready) {
+  int64_t ns = cpuBackoffStep(spins, spinBudget);
+  if (ns == 0) return;
+  cpuSleepOn(bell, ns, [](void* r) { return (bool)(*static_cast<Ready*>(r))(); }, &ready);
+  cpuSlept();
+}
+#endif
 #endif
 
 // Pointer steps and direct writes (see ConnCtrl::dataAt, ConnCtrl::outputAt): a receiver reads

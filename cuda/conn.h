@@ -3,6 +3,7 @@
 // Plain structs, shared by host and device.
 #pragma once
 
+#include "doorbell.h"
 #include "dtypes.h"
 
 namespace mncl::dev {
@@ -47,6 +48,9 @@ struct ConnCtrl {
   alignas(128) uint64_t tail;  // steps the sender has filled (release): Simple, and LL/LL128 at a proxied end
   alignas(128) uint64_t head;  // all protocols: steps the receiver has consumed (only frees slots)
   alignas(128) StepInfo info[kSteps];
+  // Where a CPU thread waiting on this connection, at either end, sleeps (doorbell.h): every
+  // post of a tail or a head, and every LL / LL128 step, rings it.
+  Doorbell bell;
 
   // Shortcuts around the FIFO's copies, each where the two ends can take it (prims_simple.h
   // shows the FIFO first, then each of them).

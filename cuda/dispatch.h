@@ -85,7 +85,7 @@ MNCL_DEV void drainPointerSteps(DevChannel& ch, Waiter& waiter) {
     ConnCtrl* c = ch.sendTo[p].ctrl;
     if (p == ch.rank || c == nullptr) continue;
     uint64_t sent = ch.sendStep[p];
-    waiter.until([&] { return loadAcquire(&c->head) >= sent; });
+    waiter.until([&] { return loadAcquire(&c->head) >= sent; }, &c->bell);
   }
   ch.pointerStepsPosted = false;
 }

@@ -361,6 +361,7 @@ struct P2pEngine {
         }
         fenceFor(ch.systemScope);  // the step's data and the words above, before the tail
         storeFlag(&f.ctrl->tail, ++ch.sendStep[op.peer]);
+        ring(f.ctrl->bell);
         if (op.written) {
           countUp(ch.directWritesSent);
         } else if (op.stepAt != 0) {
@@ -371,7 +372,10 @@ struct P2pEngine {
         op.stepLen -= (uint32_t)len;
         op.midStep = op.stepLen > 0;
         if (op.stepAt != 0) op.stepAt += len;
-        if (!op.midStep) storeFlag(&f.ctrl->head, ++ch.recvStep[op.peer]);  // only frees the slot
+        if (!op.midStep) {
+          storeFlag(&f.ctrl->head, ++ch.recvStep[op.peer]);  // only frees the slot
+          ring(f.ctrl->bell);
+        }
       }
       op.done += len;
       op.moved = true;
@@ -436,7 +440,7 @@ struct P2pEngine {
         }
         readUntil = s + 1;
       }
-      waiter.until([&] { return loadAcquire(&f.ctrl->head) >= readUntil; });
+      waiter.until([&] { return loadAcquire(&f.ctrl->head) >= readUntil; }, &f.ctrl->bell);
     }
     ch.pointerStepsPosted = false;
   }

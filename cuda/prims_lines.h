@@ -277,6 +277,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
       for (int r = 0; r < recv_.n; ++r) {
         int peer = recv_.peer[r];
         storeFlag(&ch.recvFrom[peer].ctrl->head, ++ch.recvStep[peer]);  // only frees the slot
+        ring(ch.recvFrom[peer].ctrl->bell);
       }
     }
     if (kind.send) {
@@ -284,6 +285,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
         int peer = send_.peer[s];
         ++ch.sendStep[peer];
         if (ch.sendTo[peer].proxied) announceToProxy(ch.sendTo[peer], ch.sendStep[peer], nlines);
+        ring(ch.sendTo[peer].ctrl->bell);  // (its lines are all written)
       }
     }
   }
@@ -352,7 +354,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
         }
         return up;
       };
-      bool ok = kLanes > 1 ? cx_.waiter.untilAllLanes(flagsUp) : cx_.waiter.until(flagsUp);
+      bool ok = kLanes > 1 ? cx_.waiter.untilAllLanes(flagsUp) : cx_.waiter.until(flagsUp, &ch.recvFrom[peer].ctrl->bell);
       if (!ok) return false;
       if (lane == Format::kFlagLane) fenceFor(ch.systemScope);  // GPU: with the flag loads, an acquire
       syncLanes();  // the flag lanes' acquires come before every lane's reads
@@ -363,15 +365,17 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
     } else {
       if (ps.active[0] && ps.line[0] == 0) return readFirstLines(peer, ps, x, slot, flag);
       unsigned got = 0;  // lines read, by u
-      return cx_.waiter.until([&] {
-        bool all = true;
-        for (int u = 0; u < kU; ++u) {
-          if (!ps.active[u] || (got >> u & 1u)) continue;
-          if (Format::tryRead(slot + ps.line[u], x[u], flag)) got |= 1u << u;
-          else all = false;
-        }
-        return all;
-      });
+      return cx_.waiter.until(
+          [&] {
+            bool all = true;
+            for (int u = 0; u < kU; ++u) {
+              if (!ps.active[u] || (got >> u & 1u)) continue;
+              if (Format::tryRead(slot + ps.line[u], x[u], flag)) got |= 1u << u;
+              else all = false;
+            }
+            return all;
+          },
+          &ch.recvFrom[peer].ctrl->bell);
     }
   }
 
@@ -395,7 +399,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
         else all = false;
       }
       return all;
-    });
+    }, &cx_.ch.recvFrom[peer].ctrl->bell);
     if (!ok) return false;
     StepInfo info;
     for (int i = 0; i < Format::kHeaderLines; ++i) memcpy(reinterpret_cast<char*>(&info) + 8 * i, h[i].w, 8);
@@ -444,7 +448,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
     StepInfo info = cx_.work.info();
     for (int s = 0; s < send_.n; ++s) {
       int peer = send_.peer[s];
-      if (!cx_.waiter.until([&] { return sendSlotFree(ch, peer); })) return;
+      if (!cx_.waiter.until([&] { return sendSlotFree(ch, peer); }, &ch.sendTo[peer].ctrl->bell)) return;
       uint64_t step = ch.sendStep[peer];
       if constexpr (Format::kHeaderLines > 0) {
         static_assert(sizeof(StepInfo) == 8 * Format::kHeaderLines, "a header line carries 8 bytes");

@@ -110,7 +110,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
       int p = recv_.peer[i];
       ConnCtrl* c = ch.recvFrom[p].ctrl;
       uint64_t step = ch.recvStep[p];
-      if (!cx_.waiter.until([&] { return loadAcquire(&c->tail) > step; })) return false;
+      if (!cx_.waiter.until([&] { return loadAcquire(&c->tail) > step; }, &c->bell)) return false;
       if (!checkStepInfo(cx_, p, c->info[step % kSteps])) return false;
     }
     return true;
@@ -121,7 +121,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     DevChannel& ch = cx_.ch;
     for (int i = 0; i < send_.n; ++i) {
       int p = send_.peer[i];
-      if (!cx_.waiter.until([&] { return sendSlotFree(ch, p); })) return false;
+      if (!cx_.waiter.until([&] { return sendSlotFree(ch, p); }, &ch.sendTo[p].ctrl->bell)) return false;
     }
     return true;
   }
@@ -132,6 +132,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     for (int i = 0; i < recv_.n; ++i) {
       int p = recv_.peer[i];
       storeFlag(&ch.recvFrom[p].ctrl->head, ++ch.recvStep[p]);  // only frees the slot
+      ring(ch.recvFrom[p].ctrl->bell);
     }
   }
 
@@ -168,6 +169,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     for (int i = 0; i < send_.n; ++i) {
       int p = send_.peer[i];
       storeFlag(&ch.sendTo[p].ctrl->tail, ++ch.sendStep[p]);
+      ring(ch.sendTo[p].ctrl->bell);
     }
     if (published) {
       ch.pointerStepsPosted = true;

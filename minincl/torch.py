@@ -27,6 +27,7 @@ a receive that comes after the collective).
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 import time
@@ -56,7 +57,7 @@ from ._torch_launch import LocalRunError, free_port, run_local
 from ._torch_sparse import summed_over_ranks
 from ._torch_tensors import Op, Staged, as_bytes, as_elements, op_name, plain_op, reducible, stage
 from ._torch_work import Lane, MinincclWork, QueuedWork
-from .errors import Error, InvalidUsage, Timeout
+from .errors import Error, InvalidUsage, RemoteError, Timeout
 
 BACKEND_NAME = "minincl"
 # scatter and gather are sends and receives tagged with what they are and their root (a tag
@@ -66,6 +67,17 @@ SCATTER_TAG = -(1 << 30)
 GATHER_TAG = -(1 << 29)
 
 Body = Callable[[Communicator], object]  # (what it returns is dropped)
+
+# What an init says when the root of its id refused it: the id is of the past (bootstrap.cc).
+_ROOT_GONE = "an id serves one communicator's init, which has taken place"
+
+
+def _bootstrap_timeout() -> float:
+    """MININCL_BOOTSTRAP_TIMEOUT, seconds (60 by default; an init refuses a malformed one)."""
+    try:
+        return float(os.environ.get("MININCL_BOOTSTRAP_TIMEOUT", "60"))
+    except ValueError:
+        return 60.0
 
 
 @dataclass
@@ -155,7 +167,10 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     # ---- setup ----
 
     def _join(self, key: str, device: str) -> _DeviceComm:
-        store_key = f"minincl/unique_id/{key}"
+        # (torchrun's restarts share the store, where an attempt whose init failed left its id:
+        # each attempt has its own key.)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+        store_key = f"minincl/unique_id/{key}" + (f"/attempt{attempt}" if attempt else "")
         # The group's timeout bounds the ranks' meeting too, where it is the shorter (gloo's
         # does): ranks that never come end it then, not at MININCL_BOOTSTRAP_TIMEOUT.
         limit = self._timeout.total_seconds() if isinstance(self._timeout, timedelta) else 0.0
@@ -164,9 +179,9 @@ class ProcessGroupMinincl(dist.ProcessGroup):
             if self.rank() == 0:
                 uid = get_unique_id()
                 self._store.set(store_key, uid)  # type: ignore[arg-type]  # (a Store takes bytes too)
+                comm = Communicator(self.size(), uid, self.rank(), device=device)
             else:
-                uid = bytes(self._store.get(store_key))
-            comm = Communicator(self.size(), uid, self.rank(), device=device)
+                comm = self._join_by_id_in_store(store_key, device, limit)
         finally:
             _core._cap_bootstrap_timeout(before)
         if self.rank() == 0 and self.size() > 1:
@@ -177,6 +192,20 @@ class ProcessGroupMinincl(dist.ProcessGroup):
                 self._store.delete_key(store_key)
         self._limit_calls(comm)
         return _DeviceComm(comm, Lane(f"minincl-{key}-rank{self.rank()}", inline=key == "cuda"))
+
+    def _join_by_id_in_store(self, store_key: str, device: str, limit: float) -> Communicator:
+        """Rank > 0: joins by the id rank 0 put in the store. An id there may be left from an
+        earlier init on this store that failed: its root is gone and refuses us at once, and
+        rank 0's new id comes in its place (it may start later than we do)."""
+        until = time.monotonic() + (limit if limit > 0 else _bootstrap_timeout())
+        while True:
+            uid = bytes(self._store.get(store_key))
+            try:
+                return Communicator(self.size(), uid, self.rank(), device=device)
+            except RemoteError as e:
+                if _ROOT_GONE not in str(e) or time.monotonic() >= until:
+                    raise
+            time.sleep(0.05)
 
     def _limit_calls(self, comm: Communicator) -> None:
         if isinstance(self._timeout, timedelta):

@@ -1483,6 +1483,50 @@ def test_init_again_after_destroy_on_a_store_that_outlives_the_group(monkeypatch
     assert got == [[want] * 3] * WORLD
 
 
+def _client_of_the_tests_store() -> dist.TCPStore:
+    return dist.TCPStore("127.0.0.1", int(os.environ["STORE_PORT"]), is_master=False, timeout=timedelta(seconds=60))
+
+
+def a_first_init_that_fails() -> str:
+    """Rank 1's init fails (a bad setting), after rank 0 put the group's id in the store."""
+    if int(os.environ["RANK"]) == 1:
+        os.environ["MININCL_NCHANNELS"] = "bogus"
+    try:
+        dist.init_process_group(
+            "minincl", store=_client_of_the_tests_store(), rank=int(os.environ["RANK"]), world_size=WORLD
+        )
+    except (minincl.Error, RuntimeError) as e:
+        return type(e).__name__
+    return "ok"
+
+
+def an_init_where_rank_0_comes_late() -> list[float]:
+    rank = int(os.environ["RANK"])
+    if rank == 0:
+        time.sleep(1.5)  # (rank 1 reads the store first)
+    dist.init_process_group("minincl", store=_client_of_the_tests_store(), rank=rank, world_size=WORLD)
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.tolist()
+
+
+def test_an_init_after_a_failed_one_on_the_same_store_does_not_take_its_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An init that fails leaves its id in the store, which outlives its processes (torchrun's
+    restarts share one). A rank of the next init that read it waited for a root that was gone,
+    until the bootstrap timeout, and failed. That root now refuses it at once, and it reads the
+    store again."""
+    port = mtorch.free_port()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    monkeypatch.setenv("STORE_PORT", str(port))
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "20")
+    assert run_local(a_first_init_that_fails, WORLD, timeout=120) == ["RemoteError", "InvalidArgument"]
+    got = run_local(an_init_where_rank_0_comes_late, WORLD, timeout=120)
+    want = float(sum(range(1, WORLD + 1)))
+    assert got == [[want] * 3] * WORLD
+    del server
+
+
 def test_the_process_group_timeout_bounds_its_init_too(tmp_path: Path) -> None:
     """A group whose other rank never comes fails at the group's timeout (3 s here), as
     gloo's does, not at MININCL_BOOTSTRAP_TIMEOUT (60 s by default)."""

@@ -41,7 +41,9 @@ Socket connectToRoot(const UniqueIdData& id, int rank, Deadline d, const std::st
                                "names; init_from_env: MININCL_ROOT_PORT, else MASTER_PORT + 1): " + e.what());
     }
   }
-  return Socket::connect(root, d, "rank " + std::to_string(rank) + " " + why);
+  // The root of an id from get_unique_id listens before anyone has the id, until it served
+  // the init: refusals say it ended (see registerWithRoot).
+  return Socket::connect(root, d, "rank " + std::to_string(rank) + " " + why, !id.rankZeroStartsRoot);
 }
 
 RootHello helloFrom(const UniqueIdData& id, int rank, int nranks) {
@@ -128,6 +130,13 @@ void Bootstrap::registerWithRoot(const UniqueIdData& id) {
     toRoot = connectToRoot(id, rank_, deadline(), "registering with the bootstrap root");
     if (startsRoot && (rootWatch_ = localRootWatch(id.nonce, true))) rootFailed.emplace(rootWatch_);
   } catch (const Error& e) {
+    if (e.code() == mnclRemoteError && !id.rankZeroStartsRoot) {  // (it refused us: see connectToRoot)
+      throwError(mnclRemoteError, "rank " + std::to_string(rank_) + ": the bootstrap root of this unique id (" +
+                                      id.root.toSockAddr().str() + ") is gone: an id serves one communicator's "
+                                      "init, which has taken place (an id left from an earlier try, or given to "
+                                      "two groups?), or the process that made it (get_unique_id / "
+                                      "mnclGetUniqueId) exited");
+    }
     if (e.code() != mnclTimeout) throw;
     if (id.rankZeroStartsRoot) {
       throwError(mnclTimeout, std::string(e.what()) + ". Rank 0 starts the root of an id made from an address "

@@ -433,6 +433,7 @@ bool NetProxy::progressSend(DataLink& l) {
     if (end > l.batchDone) break;
     ++l.batchStepsDone;
     dev::storeRelease(&l.out.ctrl->head, ++l.sent);
+    dev::ring(l.out.ctrl->bell);
   }
   if (l.batchStepsDone == l.batchSteps) l.batchSteps = 0;
   return r > 0;
@@ -571,6 +572,7 @@ void NetProxy::publish(DataLink& l) {
     }
   }
   dev::storeRelease(&c->tail, h.step + 1);
+  dev::ring(c->bell);
 }
 
 namespace {
