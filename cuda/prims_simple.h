@@ -11,6 +11,8 @@
 // already in place.
 #pragma once
 
+#include <chrono>
+
 #include "prims.h"
 
 namespace mncl::dev {
@@ -382,8 +384,13 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     const ConnFifo& f = cx_.ch.sendTo[p];
     if (!(f.directWrites || f.kernelWrites) || !outputsAlike(cx_.work.coll)) return;
     uint64_t firstStep = cx_.ch.opFirstSendStep[p];
-    uint32_t limit = cx_.ch.spinBudget + 256;  // the pauses, then some yields
+    // The spins, then some yields; on a core shared with a busy process the thread sleeps
+    // instead of yielding (cpuBackoff): the moment then ends by the clock.
+    uint32_t limit = cx_.ch.spinBudget + 256;
+    std::chrono::steady_clock::time_point until{};
     for (uint32_t spins = 0; spins < limit && !f.ctrl->outputPublishedFrom(firstStep); ++spins) {
+      if (spins == cx_.ch.spinBudget) until = std::chrono::steady_clock::now() + std::chrono::microseconds(100);
+      if (spins > cx_.ch.spinBudget && std::chrono::steady_clock::now() >= until) break;
       cx_.waiter.backoff(spins);
     }
 #endif

@@ -69,7 +69,7 @@ GATHER_TAG = -(1 << 29)
 Body = Callable[[Communicator], object]  # (what it returns is dropped)
 
 # What an init says when the root of its id refused it: the id is of the past (bootstrap.cc).
-_ROOT_GONE = "an id serves one communicator's init, which has taken place"
+_ROOT_GONE = "an id serves one communicator's init, and that init is over"
 
 
 def _bootstrap_timeout() -> float:
@@ -197,14 +197,20 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         """Rank > 0: joins by the id rank 0 put in the store. An id there may be left from an
         earlier init on this store that failed: its root is gone and refuses us at once, and
         rank 0's new id comes in its place (it may start later than we do)."""
-        until = time.monotonic() + (limit if limit > 0 else _bootstrap_timeout())
+        start = time.monotonic()
+        until = start + (min(limit, _bootstrap_timeout()) if limit > 0 else _bootstrap_timeout())
         while True:
             uid = bytes(self._store.get(store_key))
             try:
                 return Communicator(self.size(), uid, self.rank(), device=device)
             except RemoteError as e:
-                if _ROOT_GONE not in str(e) or time.monotonic() >= until:
+                if _ROOT_GONE not in str(e):
                     raise
+                if time.monotonic() >= until:
+                    raise RemoteError(
+                        f"{e}; the group's store still held that id after {time.monotonic() - start:.0f} s: "
+                        "rank 0 has put no new one there (is it running this init?)"
+                    ) from e
             time.sleep(0.05)
 
     def _limit_calls(self, comm: Communicator) -> None:

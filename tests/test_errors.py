@@ -1851,7 +1851,7 @@ def test_a_used_unique_id_fails_at_once_saying_a_root_serves_one_init() -> None:
     attempt's id used to wait out MININCL_BOOTSTRAP_TIMEOUT, 60 s, then time out)."""
     uid = minincl.get_unique_id()
     assert _join_all(uid, [(2, 0), (2, 1)]) == ["ok", "ok"]
-    with pytest.raises(minincl.RemoteError, match="an id serves one communicator's init, which has taken place"):
+    with pytest.raises(minincl.RemoteError, match="an id serves one communicator's init, and that init is over"):
         minincl.Communicator(2, uid, 1)
 
 

@@ -49,14 +49,20 @@ constexpr Clock::duration kSharedCoreSleep = microseconds(5);
 // The hook runs about this often in a long wait (Ctrl-C within a tenth of a second).
 constexpr auto kHookEvery = milliseconds(50);
 
-// This thread's current wait: when it started yielding, when it last yielded (if it did), and
-// when its hook last ran.
-thread_local Clock::time_point tlsYieldsFrom, tlsYieldedAt, tlsHookRan;
-thread_local bool tlsYielded = false;
+// This thread's current wait: when it started yielding, and when its hook last ran.
+thread_local Clock::time_point tlsYieldsFrom, tlsHookRan;
 // Until then this thread sleeps where it would yield (see kLongYield); the long yields seen
 // since tlsLongYieldsFrom.
 thread_local Clock::time_point tlsSharedCoreUntil, tlsLongYieldsFrom;
 thread_local int tlsLongYields = 0;
+
+void noteLongYield(Clock::time_point now) {
+  if (now - tlsLongYieldsFrom > kSharedCoreFor) {
+    tlsLongYieldsFrom = now;
+    tlsLongYields = 0;
+  }
+  if (++tlsLongYields >= kLongYieldsToShare) tlsSharedCoreUntil = now + kSharedCoreFor;
+}
 
 void sleepFor(Clock::duration d) {
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
@@ -74,25 +80,15 @@ int64_t cpuBackoffStep(uint32_t spins, uint32_t spinBudget) {
     return 0;
   }
   Clock::time_point now = Clock::now();  // (vDSO: tens of ns, next to a yield's microsecond)
-  if (spins == spinBudget) {
-    tlsYieldsFrom = tlsHookRan = now;
-    tlsYielded = false;
-  } else if (tlsYielded && now - tlsYieldedAt > kLongYield) {
-    if (now - tlsLongYieldsFrom > kSharedCoreFor) {
-      tlsLongYieldsFrom = now;
-      tlsLongYields = 0;
-    }
-    if (++tlsLongYields >= kLongYieldsToShare) tlsSharedCoreUntil = now + kSharedCoreFor;
-  }
+  if (spins == spinBudget) tlsYieldsFrom = tlsHookRan = now;
   Clock::duration waited = now - tlsYieldsFrom;
   bool sharedCore = now < tlsSharedCoreUntil;
   if (!sharedCore && waited < kYieldFor && spins - spinBudget < kMaxYields) {
-    tlsYielded = true;
-    tlsYieldedAt = now;
     sched_yield();
+    // (The yield alone: between two steps the caller may move network steps for a while.)
+    if (Clock::time_point after = Clock::now(); after - now > kLongYield) noteLongYield(after);
     return 0;
   }
-  tlsYielded = false;
   Clock::duration sleep = std::clamp<Clock::duration>(waited / 64, sharedCore ? kSharedCoreSleep : kMinSleep, kMaxSleep);
   return std::chrono::duration_cast<std::chrono::nanoseconds>(sleep).count();
 }
@@ -119,6 +115,7 @@ void cpuSleepOn(Doorbell& bell, int64_t ns, bool (*ready)(void*), void* readyArg
   ns = std::max<int64_t>(ns, std::chrono::duration_cast<std::chrono::nanoseconds>(kMinSleep).count());
   std::atomic_ref<uint32_t> sleepers(bell.sleepers), rings(bell.rings);
   sleepers.fetch_add(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // (pairs with ring's: before ready()'s loads)
   uint32_t seen = rings.load(std::memory_order_seq_cst);
   if (!ready(readyArg)) {
     timespec ts{(time_t)(ns / 1000000000), (long)(ns % 1000000000)};

@@ -88,7 +88,8 @@ Bootstrap::Bootstrap(const UniqueIdData& id, int rank, int nranks)
     if (rootWatch_ && e.code() != mnclTimeout) rootWatch_();
     // Failed before its hello (out of file descriptors, say): the others need not wait for it.
     // (Not after a timeout: the root is out of reach, for the report too.)
-    if (!saidHello_ && e.code() != mnclTimeout) reportInitFailure(id, rank, nranks, e.what());
+    // (Nor where the root is gone: nobody is left to tell.)
+    if (!saidHello_ && e.code() != mnclTimeout && !rootGone_) reportInitFailure(id, rank, nranks, e.what());
     throw;
   }
   if (nranks_ == 1) return;
@@ -131,11 +132,17 @@ void Bootstrap::registerWithRoot(const UniqueIdData& id) {
     if (startsRoot && (rootWatch_ = localRootWatch(id.nonce, true))) rootFailed.emplace(rootWatch_);
   } catch (const Error& e) {
     if (e.code() == mnclRemoteError && !id.rankZeroStartsRoot) {  // (it refused us: see connectToRoot)
+      rootGone_ = true;
+      SockAddr root = id.root.toSockAddr();
+      bool loopback = root.str().rfind("127.", 0) == 0 || root.str().rfind("[::1]", 0) == 0;
       throwError(mnclRemoteError, "rank " + std::to_string(rank_) + ": the bootstrap root of this unique id (" +
-                                      id.root.toSockAddr().str() + ") is gone: an id serves one communicator's "
-                                      "init, which has taken place (an id left from an earlier try, or given to "
-                                      "two groups?), or the process that made it (get_unique_id / "
-                                      "mnclGetUniqueId) exited");
+                                      root.str() + ") is gone: an id serves one communicator's init, and that "
+                                      "init is over, done or failed (an id left from an earlier try, or given "
+                                      "to two groups?), or the process that made it (get_unique_id / "
+                                      "mnclGetUniqueId) exited" +
+                                      (loopback ? " (or this rank runs on another host: a loopback root serves "
+                                                  "its own host only; set MININCL_BOOTSTRAP_ADDR)"
+                                                : ""));
     }
     if (e.code() != mnclTimeout) throw;
     if (id.rankZeroStartsRoot) {

@@ -126,6 +126,7 @@ class Bootstrap {
   uint64_t magic_;
   double timeout_;
   bool saidHello_ = false;  // the root has our hello (it counts us as come)
+  bool rootGone_ = false;   // the root of our id refused us: it ended
   std::function<void()> rootWatch_;  // (see localRootWatch; empty if the root runs elsewhere)
   Socket listen_, next_, prev_;
   std::vector<WireAddr> addrs_;  // each rank's listener, by rank
