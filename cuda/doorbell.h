@@ -1,8 +1,7 @@
 // A doorbell: where a CPU thread waiting on a connection sleeps, so that the peer posting
 // what it waits for wakes it at once. Spinning and yielding suit a peer that runs on a core
-// of its own; where the cores are shared (a busy process beside the rank, more ranks than
-// cores), a waiting thread that yields hands the core to whoever else wants it for a whole
-// time slice, and one that sleeps on a timer wakes up late. One that sleeps on a doorbell
+// of its own; where a busy process shares the core, a waiting thread that yields hands it a
+// whole time slice, and one that sleeps on a timer wakes up late (see cpu/spin.cc). One that sleeps on a doorbell
 // (a futex, in the memory both ends map) wakes when the step comes, and, having slept, gets
 // the core back ahead of a thread that kept it busy.
 //

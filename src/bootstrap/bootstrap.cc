@@ -132,6 +132,7 @@ void Bootstrap::registerWithRoot(const UniqueIdData& id) {
     if (startsRoot && (rootWatch_ = localRootWatch(id.nonce, true))) rootFailed.emplace(rootWatch_);
   } catch (const Error& e) {
     if (e.code() == mnclRemoteError && !id.rankZeroStartsRoot) {  // (it refused us: see connectToRoot)
+      if (rootWatch_) rootWatch_();  // (a root of this process that failed: its story)
       rootGone_ = true;
       SockAddr root = id.root.toSockAddr();
       bool loopback = root.str().rfind("127.", 0) == 0 || root.str().rfind("[::1]", 0) == 0;
