@@ -12,7 +12,6 @@ ranks they wait for.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import statistics
 import time
@@ -20,19 +19,11 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-import minincl.torch  # noqa: F401  (registers the backend)
+from torch_groups import gloo_and_minincl
 
 
 def rank_main(rank: int, nranks: int, elems: int, calls: int, port: int) -> None:
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=nranks,
-        timeout=datetime.timedelta(seconds=300),
-    )
-    groups = {"gloo": None, "minincl": dist.new_group(backend="minincl")}
+    groups = gloo_and_minincl(rank, nranks, port)
     x = torch.ones(elems)
     medians: dict[str, list[float]] = {name: [] for name in groups}
     for _ in range(2):

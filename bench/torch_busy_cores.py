@@ -12,7 +12,6 @@ library: the time per call (a loop of calls, rank 0), median over the rounds.
 from __future__ import annotations
 
 import argparse
-import datetime
 import multiprocessing
 import os
 import statistics
@@ -21,8 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-import minincl.torch  # noqa: F401  (registers the backend)
+from torch_groups import gloo_and_minincl
 
 SIZES = [1 << 10, 64 << 10, 1 << 20, 16 << 20]
 ROUNDS = 3
@@ -34,14 +32,7 @@ def spin() -> None:
 
 
 def rank_main(rank: int, nranks: int, port: int) -> None:
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=nranks,
-        timeout=datetime.timedelta(seconds=300),
-    )
-    groups = {"gloo": None, "minincl": dist.new_group(backend="minincl")}
+    groups = gloo_and_minincl(rank, nranks, port)
     us: dict[tuple[int, str], list[float]] = {}
     for nbytes in SIZES:
         x = torch.ones(nbytes // 4)
