@@ -22,6 +22,32 @@ def test_collectives_over_shm(nranks: int) -> None:
     assert results == [results[0]] * nranks and results[0] > 0
 
 
+@pytest.mark.parametrize("proto", ["", "ll", "simple"])
+def test_collectives_beside_busy_processes_with_waits_that_sleep_on_doorbells(
+    monkeypatch: pytest.MonkeyPatch, proto: str
+) -> None:
+    """MININCL_BUSY_CORES=1, with two spinning processes beside the ranks: a wait that finds
+    the core taken sleeps on its connection's doorbell, woken by the peer's post, instead of
+    yielding. Every collective still matches NumPy."""
+    monkeypatch.setenv("MININCL_BUSY_CORES", "1")
+    if proto:
+        monkeypatch.setenv("MININCL_PROTO", proto)
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        results = minincl.launch(workers.all_collectives, 2, [0, 1, 7, 50021, 300007], timeout=300)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    assert results == [results[0]] * 2 and results[0] > 0
+
+
+def test_the_busy_cores_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MININCL_BUSY_CORES", "yes")
+    with pytest.raises(minincl.InvalidArgument, match="MININCL_BUSY_CORES"):
+        minincl.Communicator.init_all(1)
+
+
 @pytest.mark.parametrize("stretches", [1, 4])
 @pytest.mark.parametrize("threads", [False, True])
 def test_streamed_outputs_match_numpy(monkeypatch: pytest.MonkeyPatch, threads: bool, stretches: int) -> None:

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 
@@ -49,6 +50,12 @@ constexpr Clock::duration kSharedCoreSleep = microseconds(5);
 // The hook runs about this often in a long wait (Ctrl-C within a tenth of a second).
 constexpr auto kHookEvery = milliseconds(50);
 
+// MININCL_BUSY_CORES (cpuSetSleepOnBusyCores): whether a thread looks for long yields at all.
+// Off by default: a DDP step, whose all_reduce waits beside the rank's own computing thread,
+// took 1.2x as long (the yields there hand the core to work that has to be done anyway, and a
+// thread woken from its sleep waits for the computing one's time slice).
+std::atomic<bool> sleepOnBusyCores{false};
+
 // This thread's current wait: when it started yielding, and when its hook last ran.
 thread_local Clock::time_point tlsYieldsFrom, tlsHookRan;
 // Until then this thread sleeps where it would yield (see kLongYield); the long yields seen
@@ -82,16 +89,19 @@ int64_t cpuBackoffStep(uint32_t spins, uint32_t spinBudget) {
   Clock::time_point now = Clock::now();  // (vDSO: tens of ns, next to a yield's microsecond)
   if (spins == spinBudget) tlsYieldsFrom = tlsHookRan = now;
   Clock::duration waited = now - tlsYieldsFrom;
-  bool sharedCore = now < tlsSharedCoreUntil;
+  bool sharedCore = now < tlsSharedCoreUntil;  // (never set unless sleepOnBusyCores)
   if (!sharedCore && waited < kYieldFor && spins - spinBudget < kMaxYields) {
     sched_yield();
     // (The yield alone: between two steps the caller may move network steps for a while.)
-    if (Clock::time_point after = Clock::now(); after - now > kLongYield) noteLongYield(after);
+    Clock::time_point after = Clock::now();
+    if (after - now > kLongYield && sleepOnBusyCores.load(std::memory_order_relaxed)) noteLongYield(after);
     return 0;
   }
   Clock::duration sleep = std::clamp<Clock::duration>(waited / 64, sharedCore ? kSharedCoreSleep : kMinSleep, kMaxSleep);
   return std::chrono::duration_cast<std::chrono::nanoseconds>(sleep).count();
 }
+
+void cpuSetSleepOnBusyCores(bool on) { sleepOnBusyCores.store(on, std::memory_order_relaxed); }
 
 void cpuSlept() {
   Clock::time_point now = Clock::now();

@@ -446,6 +446,7 @@ void Comm::connect(const RegionLayout& layout) {
 // 0's topology files are read later, but a file it cannot read only makes a plan without it.
 void Comm::checkLaterSettings() {
   Monitor::timeoutSeconds();
+  dev::cpuSetSleepOnBusyCores(env::integer("MININCL_BUSY_CORES", 0) != 0);
   pointerStepSettings(0, 0);
   NetProxy::Setup net;
   applyNetSettings(net);
