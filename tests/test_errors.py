@@ -2019,13 +2019,22 @@ def test_forked_ranks_report_a_failed_init_to_the_parents_root(tmp_path: Any) ->
         assert results[r].startswith("RemoteError: bootstrap failed: rank 1 could not make its communicator"), results
 
 
-_ADDRESS_ID_TRIED_AGAIN_AT_ONCE = """
-import json, os, socket, subprocess, sys, threading, minincl
-os.environ["MININCL_BOOTSTRAP_TIMEOUT"] = "20"
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-uid = minincl.unique_id_for_address("127.0.0.1", port)
+def _address_id_script(bootstrap_timeout: int, imports: str, body: str) -> str:
+    """A script that makes an id from a free loopback port (rank 0 starts its root), then runs `body`."""
+    return (
+        f"import os, socket, minincl{imports}\n"
+        f'os.environ["MININCL_BOOTSTRAP_TIMEOUT"] = "{bootstrap_timeout}"\n'
+        "with socket.socket() as s:\n"
+        '    s.bind(("127.0.0.1", 0))\n'
+        "    port = s.getsockname()[1]\n"
+        'uid = minincl.unique_id_for_address("127.0.0.1", port)\n' + body
+    )
+
+
+_ADDRESS_ID_TRIED_AGAIN_AT_ONCE = _address_id_script(
+    20,
+    ", json, subprocess, sys, threading",
+    """
 
 def rank(r, out, device):
     try:
@@ -2052,7 +2061,8 @@ try_once("nonesuch", in_a_thread)  # (fails: its root's story is kept 10 s)
 try_once("cpu", in_a_thread)  # (right away: rank 1 may begin before rank 0 starts the new root)
 try_once("nonesuch", in_a_process)
 try_once("nonesuch", in_a_process)  # (right away: rank 1 hears rank 0's failure again)
-"""
+""",
+)
 
 
 def test_an_address_id_tried_again_at_once_is_not_taken_for_the_last_try(tmp_path: Any) -> None:
@@ -2079,14 +2089,10 @@ def test_an_address_id_tried_again_at_once_is_not_taken_for_the_last_try(tmp_pat
     ], (out.stdout, out.stderr)
 
 
-_ADDRESS_ID_RETRIED = """
-import os, socket, minincl
-os.environ["MININCL_BOOTSTRAP_TIMEOUT"] = "1"
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-uid = minincl.unique_id_for_address("127.0.0.1", port)
-try:
+_ADDRESS_ID_RETRIED = _address_id_script(
+    1,
+    "",
+    """try:
     minincl.Communicator(2, uid, 0)  # (rank 1 never comes)
     print("first: ok")
 except minincl.Error as e:
@@ -2094,7 +2100,8 @@ except minincl.Error as e:
 c = minincl.Communicator(1, uid, 0)  # (the same address, so the same nonce: a new root)
 c.destroy()
 print("second: ok")
-"""
+""",
+)
 
 
 def test_an_address_id_inits_again_after_a_failed_init(tmp_path: Any) -> None:
