@@ -121,6 +121,25 @@ class CudaDevice final : public Device {
 
 }  // namespace
 
+Buffer::Buffer(Device& dev, size_t bytes, mnclComm_t windowOf) : dev_(&dev), bytes_(bytes), fromWindow_(windowOf) {
+  if (bytes == 0) return;
+  if (!fromWindow_) {
+    ptr_ = dev.alloc(bytes);
+    return;
+  }
+  mnclResult_t rc = mnclCommMemAlloc(windowOf, &ptr_, bytes);
+  if (rc != mnclSuccess) {
+    throw std::runtime_error(std::string("mnclCommMemAlloc of ") + std::to_string(bytes) + " B: " +
+                             mnclGetErrorString(rc) + " (" + mnclGetLastError(windowOf) + ")");
+  }
+}
+
+Buffer::~Buffer() {
+  if (!ptr_) return;
+  if (fromWindow_) mnclMemFree(ptr_);
+  else dev_->release(ptr_);
+}
+
 std::unique_ptr<Device> makeDevice(const std::string& kind, int rank) {
   if (kind == "cpu") return std::make_unique<HostDevice>();
   if (kind == "cuda") {

@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "minincl.h"
+
 namespace perf {
 
 class Device {
@@ -28,13 +30,12 @@ class Device {
 // kind "cpu" (rank unused) or "cuda" (rank picks the GPU); throws if it is not available.
 std::unique_ptr<Device> makeDevice(const std::string& kind, int rank);
 
-// A device allocation freed by its destructor.
+// A device allocation freed by its destructor; with `windowOf`, memory from
+// mnclCommMemAlloc on that communicator (-R 1), touched once like the host allocator's.
 class Buffer {
  public:
-  Buffer(Device& dev, size_t bytes) : dev_(&dev), ptr_(bytes ? dev.alloc(bytes) : nullptr), bytes_(bytes) {}
-  ~Buffer() {
-    if (ptr_) dev_->release(ptr_);
-  }
+  Buffer(Device& dev, size_t bytes, mnclComm_t windowOf = nullptr);
+  ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   void* data() const { return ptr_; }
@@ -42,8 +43,9 @@ class Buffer {
 
  private:
   Device* dev_;
-  void* ptr_;
+  void* ptr_ = nullptr;
   size_t bytes_;
+  bool fromWindow_;
 };
 
 }  // namespace perf

@@ -52,7 +52,10 @@ constexpr OpName kOps[] = {{"sum", mnclSum},         {"prod", mnclProd}, {"max",
                "  -A ALGO      sets MININCL_ALGO (ring, tree, direct)\n"
                "  -P PROTO     sets MININCL_PROTO (simple, ll, ll128)\n"
                "  -C N         sets MININCL_NCHANNELS\n"
-               "  -D DEVICE    cpu (default) | cuda\n",
+               "  -D DEVICE    cpu (default) | cuda\n"
+               "  -R 0|1       1: buffers from mnclCommMemAlloc, in each rank's window, which its\n"
+               "               peers map (nccl-tests' registered buffers; CPU ranks; sets\n"
+               "               MININCL_WINDOW_BYTES to hold them where it is unset)\n",
                prog);
   std::exit(code);
 }
@@ -157,7 +160,7 @@ Options parseOptions(int argc, char** argv) {
   }
   int c;
   try {
-    while ((c = getopt(argc, argv, "hgk:t:p:b:e:f:i:n:w:c:I:o:d:r:a:A:P:C:D:")) != -1) {
+    while ((c = getopt(argc, argv, "hgk:t:p:b:e:f:i:n:w:c:I:o:d:r:a:A:P:C:D:R:")) != -1) {
       std::string arg = optarg ? optarg : "";
       switch (c) {
         case 'k': o.coll = parseColl(optarg, prog); break;
@@ -178,6 +181,7 @@ Options parseOptions(int argc, char** argv) {
         case 'P': o.proto = arg; break;
         case 'C': o.nChannels = parseInt(arg, 1, 64); break;
         case 'D': o.device = arg; break;
+        case 'R': o.windowBuffers = parseInt(arg, 0, 1) != 0; break;
         case 'o': {
           bool found = false;
           for (const OpName& op : kOps) {
@@ -215,6 +219,7 @@ Options parseOptions(int argc, char** argv) {
     fail(prog, std::string("-o band / bor / bxor combine integers bit by bit; -d ") + typeInfo(o.dtype).name +
                    " is a float type");
   }
+  if (o.windowBuffers && o.device != "cpu") fail(prog, "-R 1: windows are for CPU ranks (-D cpu)");
   int n = o.nThreads > 0 ? o.nThreads : o.nProcs;
   if (o.root >= n) fail(prog, "-r " + std::to_string(o.root) + " is not a rank of " + std::to_string(n));
   return o;

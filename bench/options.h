@@ -31,6 +31,7 @@ struct Options {
   std::string proto;            // -P -> MININCL_PROTO
   int nChannels = 0;            // -C -> MININCL_NCHANNELS
   std::string device = "cpu";   // -D cpu|cuda
+  bool windowBuffers = false;   // -R 1: buffers from mnclCommMemAlloc (nccl-tests' registered buffers)
 };
 
 // The collectives with an in-place form: the same buffer (allreduce, broadcast, reduce), or

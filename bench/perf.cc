@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <string>
 #include <stdexcept>
 #include <vector>
 
@@ -120,7 +122,8 @@ int runRank(const Options& opt, mnclComm_t& comm, int rank, int nranks) {
     size_t typeSize = typeInfo(opt.dtype).size;
     Shape largest = shapeFor(opt.coll, opt.maxBytes, typeSize, nranks);
     // Shapes only grow with size, so the largest fixes both buffers.
-    Buffer send(*dev, largest.sendCount * typeSize), recv(*dev, largest.recvCount * typeSize);
+    mnclComm_t windowOf = opt.windowBuffers ? comm : nullptr;
+    Buffer send(*dev, largest.sendCount * typeSize, windowOf), recv(*dev, largest.recvCount * typeSize, windowOf);
     std::vector<char> hostSend(send.bytes()), hostRecv(opt.check ? recv.bytes() : 0);
     Scalars scalars(*dev, comm);
     if (rank == 0) printHeader(opt, nranks);
@@ -195,8 +198,9 @@ int runGrouped(const Options& opt, std::vector<mnclComm_t>& comms) {
     Shape largest = shapeFor(opt.coll, opt.maxBytes, typeSize, n);
     std::vector<std::unique_ptr<Buffer>> sends, recvs;
     for (int r = 0; r < n; ++r) {
-      sends.push_back(std::make_unique<Buffer>(*devs[r], largest.sendCount * typeSize));
-      recvs.push_back(std::make_unique<Buffer>(*devs[r], largest.recvCount * typeSize));
+      mnclComm_t windowOf = opt.windowBuffers ? comms[r] : nullptr;
+      sends.push_back(std::make_unique<Buffer>(*devs[r], largest.sendCount * typeSize, windowOf));
+      recvs.push_back(std::make_unique<Buffer>(*devs[r], largest.recvCount * typeSize, windowOf));
     }
     std::vector<char> host(std::max(sends[0]->bytes(), recvs[0]->bytes()));
     printHeader(opt, n);
@@ -279,6 +283,18 @@ bool fitsInMemory(const Options& opt, int nranks) {
   return false;
 }
 
+// -R 1: each rank's window holds its two buffers, unless MININCL_WINDOW_BYTES says otherwise
+// (the rank processes inherit it).
+void sizeWindows(const Options& opt, int nranks) {
+  const char* set = std::getenv("MININCL_WINDOW_BYTES");
+  if (set && *set) return;
+  size_t typeSize = typeInfo(opt.dtype).size;
+  Shape largest = shapeFor(opt.coll, opt.maxBytes, typeSize, nranks);
+  auto pages = [](size_t bytes) { return (bytes + 4095) / 4096 * 4096; };
+  size_t bytes = pages(largest.sendCount * typeSize) + pages(largest.recvCount * typeSize) + 4096;
+  setenv("MININCL_WINDOW_BYTES", std::to_string(bytes).c_str(), 1);
+}
+
 }  // namespace
 }  // namespace perf
 
@@ -296,6 +312,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!fitsInMemory(opt, nranks)) return 2;
+  if (opt.windowBuffers) sizeWindows(opt, nranks);
   RankMain rankMain = [&opt](mnclComm_t& comm, int rank, int nranks) { return runRank(opt, comm, rank, nranks); };
   try {
     if (opt.grouped) return runOneThread(opt, [&opt](std::vector<mnclComm_t>& comms) { return runGrouped(opt, comms); });

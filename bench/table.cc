@@ -18,9 +18,10 @@ void printHeader(const Options& opt, int nranks) {
   if (opt.stepBytes) std::snprintf(step, sizeof(step), "+%zu", opt.stepBytes);
   else std::snprintf(step, sizeof(step), "x%g", opt.factor);
   std::printf("# minincl-perf %s: %d ranks as %s on %s, minBytes %zu maxBytes %zu step: %s, "
-              "warmup iters: %d iters: %d, validation: %d, in place: %d\n",
+              "warmup iters: %d iters: %d, validation: %d, in place: %d, window buffers: %d\n",
               collName(opt.coll), nranks, opt.grouped ? "one thread's groups" : opt.nThreads > 0 ? "threads" : "processes", opt.device.c_str(),
-              opt.minBytes, opt.maxBytes, step, opt.warmup, opt.iters, opt.check ? 1 : 0, opt.inPlace ? 1 : 0);
+              opt.minBytes, opt.maxBytes, step, opt.warmup, opt.iters, opt.check ? 1 : 0, opt.inPlace ? 1 : 0,
+              opt.windowBuffers ? 1 : 0);
   std::printf("# MININCL_ALGO %s, MININCL_PROTO %s, MININCL_NCHANNELS %s; pid %d\n#\n", env("MININCL_ALGO"),
               env("MININCL_PROTO"), env("MININCL_NCHANNELS"), static_cast<int>(getpid()));
   std::printf("#%11s %13s %9s %9s %6s %9s %8s %8s %7s\n", "size", "count", "type", "redop", "root",

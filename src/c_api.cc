@@ -21,6 +21,7 @@
 #include "enqueue/enqueue.h"
 #include "gpu/cuda_api.h"
 #include "minincl.h"
+#include "transport/window_memory.h"
 
 using namespace mncl;
 
@@ -205,6 +206,12 @@ CommOptions optionsFrom(const mnclConfig_t* config) {
   MNCL_CHECK(options.maxChannels == 0 || options.minChannels <= options.maxChannels, mnclInvalidArgument,
              "config.minCTAs = " + std::to_string(options.minChannels) + " is above maxCTAs = " +
                  std::to_string(options.maxChannels));
+  if (config->size >= offsetof(mnclConfig_t, windowBytes) + sizeof(long long) &&
+      config->windowBytes != MNCL_CONFIG_UNDEF_INT) {
+    MNCL_CHECK(config->windowBytes >= 0 && config->windowBytes <= (1ll << 40), mnclInvalidArgument,
+               "config.windowBytes = " + std::to_string(config->windowBytes) + ": between 0 (no window) and 2^40");
+    options.windowBytes = config->windowBytes;
+  }
   return options;
 }
 
@@ -569,6 +576,19 @@ mnclResult_t mnclCommGetCallTimeout(const mnclComm_t comm, double* seconds) {
     MNCL_CHECK(seconds != nullptr, mnclInvalidArgument, "seconds is null");
     *seconds = use(comm).callTimeout();
   });
+}
+
+mnclResult_t mnclCommMemAlloc(mnclComm_t comm, void** ptr, size_t size) {
+  return guarded([&] {
+    MNCL_CHECK(ptr != nullptr, mnclInvalidArgument, "mnclCommMemAlloc: ptr is null");
+    *ptr = nullptr;
+    Comm& cm = use(comm);
+    std::shared_lock<std::shared_timed_mutex> held(comm->inUse);  // (not destroyed meanwhile)
+    *ptr = allocateWindowMemory(cm, size);
+  });
+}
+mnclResult_t mnclMemFree(void* ptr) {
+  return guarded([&] { freeWindowMemory(ptr); });
 }
 
 const char* mnclGetErrorString(mnclResult_t r) {

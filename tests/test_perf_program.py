@@ -103,6 +103,44 @@ def test_perf_in_place_checks_every_size(tmp_path: Path, collective: str, ranks:
     assert len(rows) >= 4 and [row[-1] for row in rows] == ["0"] * len(rows), run.stdout
 
 
+@pytest.mark.parametrize(
+    "collective,ranks,in_place",
+    [
+        ("allreduce", ["-p", "2"], "0"),
+        ("allgather", ["-p", "3"], "1"),
+        ("reduce_scatter", ["-p", "3"], "0"),
+        ("broadcast", ["-p", "2"], "1"),
+        ("sendrecv", ["-p", "2"], "0"),
+        ("allreduce", ["-t", "3", "-g"], "0"),  # (threads: plain memory, no window needed)
+    ],
+)
+def test_perf_window_buffers_check_every_size(tmp_path: Path, collective: str, ranks: list[str], in_place: str):
+    """-R 1, as nccl-tests' registered buffers: every buffer from mnclCommMemAlloc, in the rank's
+    window, which minincl-perf sizes through MININCL_WINDOW_BYTES."""
+    args = ["-b", "8", "-e", "2M", "-f", "8", "-n", "2", "-w", "1", "-c", "1", "-I", in_place]
+    run = perf(tmp_path, collective, *ranks, "-R", "1", *args)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "window buffers: 1" in run.stdout.splitlines()[0], run.stdout
+    rows = table_rows(run.stdout)
+    assert len(rows) >= 4 and [row[-1] for row in rows] == ["0"] * len(rows), run.stdout
+
+
+def test_perf_window_buffers_need_room_in_a_window_set_too_small(tmp_path: Path):
+    env = {**os.environ, "MININCL_WINDOW_BYTES": "64K"}
+    run = subprocess.run(
+        [sys.executable, "-m", "minincl", "perf", "allreduce", "-p", "2", "-b", "1M", "-e", "1M", "-R", "1"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert run.returncode != 0, run.stdout
+    assert "mnclCommMemAlloc of 1048576 B: invalid usage (the communicator's window cannot hold" in run.stderr, (
+        run.stderr
+    )
+
+
 def test_perf_in_place_is_refused_where_there_is_none(tmp_path: Path):
     run = perf(tmp_path, "sendrecv", "-t", "2", "-I", "1")
     assert run.returncode == 2
@@ -139,6 +177,8 @@ def test_perf_names_a_wrong_option(tmp_path: Path):
         # (a std::bad_alloc in every rank, or the OOM killer)
         (["-t", "2", "-e", "100000G"], "minincl-perf: -e 107374182400000 (100000.0 GiB) needs about"),
         (["-p", "2", "-e", "100000G"], "of buffers for 2 ranks; this machine has"),
+        (["-t", "2", "-R", "1", "-D", "cuda"], "-R 1: windows are for CPU ranks (-D cpu)"),
+        (["-t", "2", "-R", "2"], "bad value for -R: 2 is not from 0 to 1"),
     ],
 )
 def test_perf_refuses_what_it_ignored_or_misread(tmp_path: Path, options: list[str], said: str):

@@ -273,7 +273,8 @@ std::shared_ptr<ShmMapping> Comm::createRegions(const RegionLayout& layout, bool
   }
   mine.regionId = registerRegion(region_);
   mine.regionBytes = hostBytes;
-  size_t windowBytes = (size_t)env::bytes("MININCL_WINDOW_BYTES", 0);
+  int64_t chosen = options_.windowBytes;
+  size_t windowBytes = (size_t)(chosen >= 0 ? chosen : env::bytes("MININCL_WINDOW_BYTES", 0));
   if (windowUseful_ && windowBytes > 0) {
     window_ = std::make_shared<Window>(windowBytes, std::to_string(rank_));
     std::strncpy(mine.windowName, window_->name().c_str(), sizeof(mine.windowName) - 1);

@@ -91,7 +91,7 @@ int Comm::channelsWanted(int coresPerRank) const {
 }
 
 int Comm::withinChannelBounds(int want, int most) const {
-  auto [low, high] = options_;
+  int low = options_.minChannels, high = options_.maxChannels;
   MNCL_CHECK(low >= 0 && low <= most && high >= 0 && high <= most && (high == 0 || low <= high), mnclInvalidArgument,
              "channel bounds minCTAs = " + std::to_string(low) + ", maxCTAs = " + std::to_string(high) +
                  ": each must be 0 (no bound) or at most " + std::to_string(most) + " on this device, and min <= max");

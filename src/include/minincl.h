@@ -126,7 +126,10 @@ mnclResult_t mnclCommInitRankDevice(mnclComm_t* comm, int nranks, mnclUniqueId c
  *    binds the thread that runs init: there, minincl's.)
  *  - minCTAs / maxCTAs: bounds on the communicator's channels (blocks per GPU operation, threads
  *    per CPU operation); MININCL_NCHANNELS, or the default, is clamped into them. Every rank
- *    takes the smallest count of all. */
+ *    takes the smallest count of all.
+ *  - windowBytes (minincl's own): the size of this rank's window, the shared memory that
+ *    mnclCommMemAlloc hands out (MININCL_WINDOW_BYTES where undefined; 0: none). Read only
+ *    where the config's size covers it, so a caller built against an older header is unchanged. */
 #define MNCL_CONFIG_UNDEF_INT INT32_MIN
 typedef struct {
   size_t size;          /* sizeof(mnclConfig_t), set by the initializer */
@@ -135,11 +138,12 @@ typedef struct {
   int blocking;
   int minCTAs;
   int maxCTAs;
+  long long windowBytes;
 } mnclConfig_t;
 #define MNCL_CONFIG_MAGIC 0x6d6e636cu /* "mncl" */
 #define MNCL_CONFIG_INITIALIZER                                                            \
   {sizeof(mnclConfig_t), MNCL_CONFIG_MAGIC, MNCL_VERSION_CODE, MNCL_CONFIG_UNDEF_INT,   \
-   MNCL_CONFIG_UNDEF_INT, MNCL_CONFIG_UNDEF_INT}
+   MNCL_CONFIG_UNDEF_INT, MNCL_CONFIG_UNDEF_INT, MNCL_CONFIG_UNDEF_INT}
 /* mnclCommInitRank with a config (NULL: the defaults). */
 mnclResult_t mnclCommInitRankConfig(mnclComm_t* comm, int nranks, mnclUniqueId commId, int rank,
                                     mnclConfig_t* config);
@@ -201,6 +205,20 @@ mnclResult_t mnclCommCuDevice(const mnclComm_t comm, int* device);
  * mnclTimeout (mnclCommGetAsyncError; kernels in CUDA graphs are not watched). */
 mnclResult_t mnclCommSetCallTimeout(mnclComm_t comm, double seconds);
 mnclResult_t mnclCommGetCallTimeout(const mnclComm_t comm, double* seconds);
+
+/* Memory for a CPU communicator's buffers that its peers read and write directly (NCCL's
+ * ncclMemAlloc with a registered buffer): page-aligned, zeroed space in comm's window, the
+ * shared memory every peer process of this host mapped at init (config.windowBytes, or
+ * MININCL_WINDOW_BYTES). Collectives on it move a step with one copy or none, from steps of
+ * 1 KiB, where other memory between processes goes through the FIFO's two copies or, from
+ * 32 KiB, a system call per step. Where no peer is another process reached through shared
+ * memory (threads of this process read each other's buffers already), plain memory, and no
+ * window is needed. mnclInvalidUsage: a GPU communicator, no window where one is needed, or a
+ * full window. The memory stays valid until mnclMemFree, even after comm is destroyed; any
+ * communicator may use it (as plain memory where it is not in that one's window). */
+mnclResult_t mnclCommMemAlloc(mnclComm_t comm, void** ptr, size_t size);
+/* Frees memory from mnclCommMemAlloc (NULL: nothing); mnclInvalidArgument for any other pointer. */
+mnclResult_t mnclMemFree(void* ptr);
 
 const char* mnclGetErrorString(mnclResult_t result);
 /* A sentence about an error, saying what to do: with a comm whose init failed or that has

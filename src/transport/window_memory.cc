@@ -1,0 +1,79 @@
+#include "window_memory.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+#include "../core/comm.h"
+#include "../core/error.h"
+#include "window.h"
+
+namespace mncl {
+
+namespace {
+
+constexpr size_t kPage = 4096;
+
+// Every live allocation, and the window it lies in (null: plain memory, from aligned_alloc).
+struct Allocations {
+  std::mutex mutex;
+  std::unordered_map<void*, std::shared_ptr<Window>> windowOf;
+};
+Allocations& allocations() {
+  static Allocations* a = new Allocations;  // (never destroyed: a free may come at exit)
+  return *a;
+}
+
+void* plainMemory(size_t bytes) {
+  size_t rounded = (bytes + kPage - 1) / kPage * kPage;
+  void* p = std::aligned_alloc(kPage, rounded ? rounded : kPage);
+  if (!p) throw std::bad_alloc();
+  std::memset(p, 0, rounded ? rounded : kPage);
+  return p;
+}
+
+}  // namespace
+
+void* allocateWindowMemory(Comm& comm, size_t bytes) {
+  MNCL_CHECK(!comm.onGpu(), mnclInvalidUsage,
+             "mnclCommMemAlloc: windows are for CPU communicators; allocate GPU buffers with cudaMalloc");
+  std::shared_ptr<Window> window = comm.window();
+  MNCL_CHECK(window || !comm.windowUseful(), mnclInvalidUsage,
+             "mnclCommMemAlloc: this communicator has no window: set config.windowBytes, or MININCL_WINDOW_BYTES "
+             "(e.g. 1G), before it is made");
+  void* p = nullptr;
+  if (window) {
+    p = window->allocate(bytes);
+    std::memset(p, 0, bytes);  // (a page freed before may hold old data)
+  } else {
+    p = plainMemory(bytes);
+  }
+  Allocations& a = allocations();
+  std::lock_guard<std::mutex> lock(a.mutex);
+  a.windowOf[p] = std::move(window);
+  return p;
+}
+
+void freeWindowMemory(void* p) {
+  if (!p) return;
+  std::shared_ptr<Window> window;
+  {
+    Allocations& a = allocations();
+    std::lock_guard<std::mutex> lock(a.mutex);
+    auto it = a.windowOf.find(p);
+    if (it == a.windowOf.end()) {
+      std::ostringstream why;
+      why << "mnclMemFree: " << p << " is not memory from mnclCommMemAlloc (or it was freed already)";
+      throwError(mnclInvalidArgument, why.str());
+    }
+    window = std::move(it->second);
+    a.windowOf.erase(it);
+  }
+  if (window) window->release(p);  // (the window goes with its last allocation, if its comm is gone)
+  else std::free(p);
+}
+
+}  // namespace mncl
