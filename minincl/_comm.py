@@ -321,12 +321,16 @@ def init_from_env(device: DeviceSpec = None) -> Communicator:
         raise InvalidUsage(
             f"init_from_env: {found[0]} is set but none of {', '.join(missing)} is: set the matching one"
         )
-    host = _first_env("MININCL_ROOT_ADDR", "MASTER_ADDR")
-    if host is None:
+    host_from = _first_set("MININCL_ROOT_ADDR", "MASTER_ADDR")
+    if host_from is not None:
+        host = host_from[1]
+    else:
         # (Task 0 runs on the step's first host, which need not be the job's.)
         nodelist = _first_env("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
         host = _first_slurm_host(nodelist) if nodelist else "127.0.0.1"
     port = _int_from_env("MININCL_ROOT_PORT")
+    if port is not None and not 0 < port <= 65535:
+        raise InvalidArgument(f"init_from_env: MININCL_ROOT_PORT={port} is not a port (1 to 65535)")
     if port is None:
         master_port = _int_from_env("MASTER_PORT")
         port = master_port + 1 if master_port is not None else 29501
@@ -337,7 +341,12 @@ def init_from_env(device: DeviceSpec = None) -> Communicator:
             )
     rank_variable = _first_set(*RANK_VARIABLES)
     assert rank_variable is not None
-    uid = unique_id_for_address(host, port, _launcher_job(rank_variable[0]))
+    try:
+        uid = unique_id_for_address(host, port, _launcher_job(rank_variable[0]))
+    except InvalidArgument as e:  # (a host name that does not resolve: say where it came from)
+        if host_from is None:
+            raise
+        raise InvalidArgument(f"init_from_env: {host_from[0]}={host!r}: {e}") from None
     return Communicator(size, uid, rank, device)
 
 

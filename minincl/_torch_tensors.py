@@ -136,7 +136,10 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """A flat byte view: copy-only collectives then move any element type. (Every path of a
     call must move the same bytes in the same type on every rank, whichever path each rank
     takes: a rank's typed call would not match another's bytes.)"""
-    return _flat(t).view(torch.uint8)
+    flat = _flat(t)
+    if flat.numel() == 0:  # (an empty tensor may have stride 0, torch.from_numpy's, which view() refuses)
+        return flat.new_empty(0, dtype=torch.uint8)
+    return flat.view(torch.uint8)
 
 
 def as_elements(t: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -91,7 +92,7 @@ def _size_option(text: str) -> str:
     try:
         if parse_size(text) < 0:
             raise ValueError
-    except ValueError:
+    except (ValueError, OverflowError):  # (OverflowError: "infK", "1e400K")
         raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 8, 1K or 4M") from None
     return text
 
@@ -102,6 +103,8 @@ def _at_least(low: float, kind: type = int) -> Callable[[str], Any]:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value):  # ("inf", "1e400" and "nan" parse as floats)
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
         if value < low:
             raise argparse.ArgumentTypeError(f"{text} is below {low}")
         return value
@@ -418,21 +421,34 @@ def _row(cfg: Config, n: int, row: tuple[int, int, float, int]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("collective", nargs="?", default="allreduce", choices=COLLECTIVES)
-    p.add_argument("--ranks", "-n", type=_at_least(1), default=2, help="local ranks to spawn (processes)")
-    p.add_argument("-b", "--minbytes", type=_size_option, default="8", help="smallest size, e.g. 8, 1K, 4M")
-    p.add_argument("-e", "--maxbytes", type=_size_option, default="64M", help="largest size")
+    p.add_argument(
+        "--ranks",
+        "-n",
+        type=_at_least(1),
+        default=2,
+        help="local ranks to spawn (processes, each bound to a core of its own: MININCL_CPU_BIND=1 unless set; "
+        "default 2)",
+    )
+    p.add_argument("-b", "--minbytes", type=_size_option, default="8", help="smallest size, e.g. 8, 1K, 4M (default 8)")
+    p.add_argument("-e", "--maxbytes", type=_size_option, default="64M", help="largest size (default 64M)")
     p.add_argument(
         "-f",
         "--stepfactor",
         type=_at_least(1.01, float),
         default=2.0,
-        help="size multiplier between rows (at least 1.01)",
+        help="size multiplier between rows (at least 1.01; default 2)",
     )
     p.add_argument("--iters", type=_at_least(0), default=0, help="timed iterations per size (default: by size)")
-    p.add_argument("--warmup", type=_at_least(0), default=5)
-    p.add_argument("--dtype", default="float32", choices=[*DTYPES, *NARROW_FLOATS])
-    p.add_argument("--op", default="sum", choices=OPS)
-    p.add_argument("--root", type=int, default=0)
+    p.add_argument(
+        "--warmup",
+        type=_at_least(0),
+        default=5,
+        help="untimed calls per size before the timed ones (default 5; with --iters unset, at least as many as "
+        "the timed ones)",
+    )
+    p.add_argument("--dtype", default="float32", choices=[*DTYPES, *NARROW_FLOATS], help="(default float32)")
+    p.add_argument("--op", default="sum", choices=OPS, help="for the reducing collectives (default sum)")
+    p.add_argument("--root", type=int, default=0, help="broadcast, reduce, gather and scatter's root (default 0)")
     p.add_argument("--algo", help="force algorithms (MININCL_ALGO syntax)")
     p.add_argument("--proto", help="force protocols (MININCL_PROTO syntax)")
     p.add_argument(
@@ -501,7 +517,8 @@ def run(args: argparse.Namespace) -> int:
         args.check,
         args.window,
     )
-    if args.op in BITWISE and not np.issubdtype(DTYPES.get(args.dtype, np.float32), np.integer):
+    reduces = args.collective in ("allreduce", "reduce", "reduce_scatter")
+    if reduces and args.op in BITWISE and not np.issubdtype(DTYPES.get(args.dtype, np.float32), np.integer):
         raise SystemExit(
             f"minincl bench: --op {args.op} combines integers bit by bit; --dtype {args.dtype} is not an integer type"
         )

@@ -73,10 +73,11 @@ _ROOT_GONE = "an id serves one communicator's init, and that init is over"
 
 
 def _bootstrap_timeout() -> float:
-    """MININCL_BOOTSTRAP_TIMEOUT, seconds (60 by default; an init refuses a malformed one)."""
+    """MININCL_BOOTSTRAP_TIMEOUT, seconds, read as the core reads it ("2s" and "500ms" too; 60
+    by default, or where malformed: an init refuses it, naming the variable)."""
     try:
-        return float(os.environ.get("MININCL_BOOTSTRAP_TIMEOUT", "60"))
-    except ValueError:
+        return float(_core._bootstrap_timeout())
+    except Error:
         return 60.0
 
 

@@ -334,7 +334,24 @@ SockAddr rootBindAddress() {
     MNCL_CHECK(number >= 0 && number < 65536, mnclInvalidArgument,
                std::string(name) + "=" + spec + ": the port must be a number from 0 (any) to 65535");
   }
-  return SockAddr::resolve(host, number);
+  try {
+    return SockAddr::resolve(host, number);
+  } catch (const Error& e) {
+    throwError(e.code(), std::string(name) + "=" + spec + ": " + e.what());
+  }
+}
+
+// A root for a new unique id, at `addr`; a failure names MININCL_BOOTSTRAP_ADDR where it chose
+// the address (an address of another host cannot be bound).
+SockAddr startRootAt(const SockAddr& addr, uint64_t nonce) {
+  try {
+    return startRoot(addr, nonce);
+  } catch (const Error& e) {
+    std::string spec = env::str("MININCL_BOOTSTRAP_ADDR");
+    if (spec.empty() || e.code() != mnclSystemError) throw;  // (not the socket's: a bad timeout, say)
+    throwError(e.code(), "MININCL_BOOTSTRAP_ADDR=" + spec + " (an address of this host, where the root listens): " +
+                             e.what());
+  }
 }
 
 void fillId(mnclUniqueId* out, const SockAddr& addr, uint64_t nonce) {
@@ -373,7 +390,7 @@ mnclResult_t mnclGetUniqueId(mnclUniqueId* id) {
   return guarded([&] {
     MNCL_CHECK(id != nullptr, mnclInvalidArgument, "uniqueId is null");
     uint64_t nonce = randomNonce();
-    SockAddr root = startRoot(rootBindAddress(), nonce);
+    SockAddr root = startRootAt(rootBindAddress(), nonce);
     fillId(id, root, nonce);
   });
 }

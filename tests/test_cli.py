@@ -65,6 +65,13 @@ def test_bench_checks_bitwise_ops_and_refuses_them_on_floats() -> None:
     assert "--op band combines integers bit by bit" in refused.stdout + refused.stderr
 
 
+def test_bench_takes_a_bitwise_op_with_a_collective_that_reduces_nothing() -> None:
+    # (allgather takes no op, as the table's "none" says, but a float type with band was refused)
+    out = run_cli("bench", "allgather", "--ranks", "2", "-b", "8", "-e", "8", "--iters", "1", "--op", "band")
+    assert out.returncode == 0, out.stderr
+    assert ", op none," in out.stdout.splitlines()[0], out.stdout
+
+
 def test_bench_rejects_an_unknown_algorithm() -> None:
     out = run_cli("bench", "allreduce", "--ranks", "2", "-b", "8", "-e", "8", "--algo", "butterfly")
     assert out.returncode != 0
@@ -114,6 +121,12 @@ def test_a_reader_that_leaves_ends_the_command_quietly(command: list[str]) -> No
         (["-b", "abc"], "'abc' is not a size"),
         # (a MemoryError after minutes of smaller rows, or the OOM killer)
         (["-e", "100000G"], "minincl bench: -e 100000G needs about"),
+        # (a traceback out of argparse: OverflowError, cannot convert float infinity to integer)
+        (["-e", "infK"], "-e/--maxbytes: 'infK' is not a size"),
+        (["-e", "1e400K"], "-e/--maxbytes: '1e400K' is not a size"),
+        # (OverflowError and ValueError, naming no option)
+        (["-f", "inf"], "-f/--stepfactor: 'inf' is not a finite number"),
+        (["-f", "nan"], "-f/--stepfactor: 'nan' is not a finite number"),
     ],
 )
 def test_bench_refuses_bad_options_naming_them(options: list[str], words: str) -> None:

@@ -374,3 +374,22 @@ def test_pinned_cpu_ranks_grouped_by_numa_node(topo_env: pytest.MonkeyPatch, tmp
     assert devices == ["NUMA0", "NUMA1", "NUMA0", "NUMA1"] and not on_gpus and checks == 20
     for ring in rings:
         assert adjacent(ring, 0, 2) and adjacent(ring, 1, 3)
+
+
+def test_the_topology_subsystem_logs_what_the_search_made(tmp_path: Path) -> None:
+    """MININCL_DEBUG_SUBSYS=TOPO ("the topology search") said nothing of it: the plan's lines
+    (the search, each channel's ring and tree, the tuner's path bandwidth) were INIT's alone."""
+    env = {**os.environ, "MININCL_DEBUG": "INFO", "MININCL_DEBUG_SUBSYS": "TOPO", "MININCL_TOPO_FILE": PCIE}
+    env.pop("MININCL_TOPO_RANK_MAP", None)
+    run = subprocess.run(
+        [sys.executable, "-c", "import minincl; [c.destroy() for c in minincl.Communicator.init_all(4)]"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr
+    for said in ("search over ", "channel 0 ring: ", "channel 0 tree 0", "tuner: path bandwidth"):
+        assert said in run.stderr, run.stderr
+    assert "rank 0/4:" not in run.stderr, run.stderr  # (INIT's own lines stay INIT's)

@@ -328,6 +328,29 @@ def _gather_scatter(rank: int) -> Result:
     return [*(gathered or []), part]
 
 
+def _empty_of_stride_0(rank: int) -> Result:
+    """Empty tensors whose stride is 0 (torch.from_numpy's of an empty array, which torch
+    counts as contiguous) in every collective that moves them as bytes, as gloo takes them;
+    then a call that moves values."""
+
+    def empty() -> torch.Tensor:
+        t = torch.from_numpy(np.zeros(0, np.float32))
+        assert t.stride() == (0,)
+        return t
+
+    out = [empty() for _ in range(WORLD)]
+    dist.broadcast(empty(), src=0)
+    dist.all_gather(out, empty())
+    dist.all_gather_into_tensor(empty(), empty())
+    dist.all_to_all(out, [empty() for _ in range(WORLD)])
+    dist.all_to_all_single(empty(), empty())
+    dist.gather(empty(), out if rank == 0 else None, dst=0)
+    dist.scatter(empty(), out if rank == 1 else None, src=1)
+    x = values(rank)
+    dist.all_reduce(x)
+    return [*out, x]
+
+
 def _parameters(rank: int) -> Result:
     """Tensors that require grad (a model's parameters, as DDP broadcasts them): written in
     place, as gloo writes them, where minincl refuses them as they are (autograd's tensors)."""
@@ -818,6 +841,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
         _gather_scatter,
         lambda r: ([values(q) for q in range(WORLD)] if r == 1 else []) + [values(r) * 7],
     ),
+    "empty_of_stride_0": (_empty_of_stride_0, lambda r: [torch.zeros(0)] * WORLD + [_want_sum(r)]),
     "parameters": (_parameters, lambda r: [all_values().max(0).values.float(), values(1) * 2]),
     "short_forms": (_short_forms, _want_short_forms),
     "non_contiguous": (_non_contiguous, _want_non_contiguous),
@@ -890,6 +914,16 @@ def test_collective(case_results: list[dict[str, Any]], name: str) -> None:
         got = results[name]
         assert not isinstance(got, str), f"rank {rank}: {got}"
         assert_close(got, want(rank), f"{name}, rank {rank}", tol=0.0)
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("2", 2.0), ("2s", 2.0), ("500ms", 0.5), ("soon", 60.0)])
+def test_the_look_for_a_new_id_reads_the_bootstrap_timeout_as_inits_do(
+    monkeypatch: pytest.MonkeyPatch, value: str, seconds: float
+) -> None:
+    """How long a rank refused by a gone root reads the store again for rank 0's new id: "2s"
+    was 60 s (a float() of the variable; an init refuses "soon" itself, naming it)."""
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", value)
+    assert mtorch._bootstrap_timeout() == seconds
 
 
 # ---- one rank, in this process: errors and init through file:// ----

@@ -537,6 +537,28 @@ def late_rank(comm: minincl.Communicator, case: str, timeout: float, late: float
     return "ok"
 
 
+def exchange_held_up_inside(comm: minincl.Communicator, held: float) -> str:
+    """A ring exchange, then a barrier. Rank 0 enters the exchange first and waits there for
+    its late peers; a signal handler, which its long wait runs, then keeps it from running for
+    `held` seconds (as a stop or a debugger would), while the peers post their halves, end
+    their exchanges and enter the barrier. The error each rank raised, or "ok"."""
+    x = np.full(1024, comm.rank, np.int32)
+    y = np.zeros_like(x)
+    comm.barrier()
+    if comm.rank == 0:
+        signal.signal(signal.SIGALRM, lambda *_: time.sleep(held))
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+    else:
+        time.sleep(0.5)
+    try:
+        comm.sendrecv(x, y, (comm.rank + 1) % comm.nranks, (comm.rank - 1) % comm.nranks)
+        comm.barrier()
+    except minincl.Error as e:
+        return f"{type(e).__name__}: {e}"
+    np.testing.assert_array_equal(y, np.full(1024, (comm.rank - 1) % comm.nranks, np.int32))
+    return "ok"
+
+
 def different_calls(comm: minincl.Communicator, case: str) -> str:
     """Rank 0 (rank 1 for "send" and "recv") makes another call than the others, one whose
     steps never meet theirs in a FIFO (it takes another protocol or algorithm, or sends and

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -85,6 +86,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
     Bootstrap::checkArguments(id, rank, nranks);
     prepareDevice();
     double callTimeout = env::seconds("MININCL_CALL_TIMEOUT", 0);  // (its error names the variable)
+    if (std::isinf(callTimeout) && callTimeout > 0) callTimeout = 0;  // ("inf": no limit, as call_timeout = math.inf)
     try {
       setCallTimeout(callTimeout);
     } catch (const Error& e) {
@@ -185,9 +187,10 @@ PeerInfo Comm::describeSelf() {
   applyStreamStretchesSetting();
   applyVectorIsaSetting();
   mine.probeAddr = peerMemoryProbeAddress();
-  std::string transport = env::str("MININCL_TRANSPORT");
+  std::string given = env::str("MININCL_TRANSPORT"), transport = given;
+  for (char& c : transport) c = (char)std::tolower((unsigned char)c);  // (any case, as ALGO and PROTO)
   MNCL_CHECK(transport.empty() || transport == "auto" || transport == "net", mnclInvalidArgument,
-        "MININCL_TRANSPORT must be net or auto (or unset: auto, the network only between hosts)");
+             "MININCL_TRANSPORT=\"" + given + "\" is not net or auto (or unset: auto, the network only between hosts)");
   mine.netForced = transport == "net";
   int64_t spread = env::integer("MININCL_P2P_SPREAD", onGpu() ? 1 : 0);
   MNCL_CHECK(spread == 0 || spread == 1, mnclInvalidArgument, "MININCL_P2P_SPREAD must be 0 or 1");
@@ -447,7 +450,10 @@ void Comm::connect(const RegionLayout& layout) {
 // 0's topology files are read later, but a file it cannot read only makes a plan without it.
 void Comm::checkLaterSettings() {
   Monitor::timeoutSeconds();
-  dev::cpuSetSleepOnBusyCores(env::integer("MININCL_BUSY_CORES", 0) != 0);
+  int64_t busyCores = env::integer("MININCL_BUSY_CORES", 0);
+  MNCL_CHECK(busyCores == 0 || busyCores == 1, mnclInvalidArgument,
+             "MININCL_BUSY_CORES=" + std::to_string(busyCores) + " is not 0 (off) or 1 (on)");
+  dev::cpuSetSleepOnBusyCores(busyCores == 1);
   pointerStepSettings(0, 0);
   NetProxy::Setup net;
   applyNetSettings(net);

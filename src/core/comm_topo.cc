@@ -106,23 +106,24 @@ std::vector<int> Comm::treeParents(int c) const {
   return parents;
 }
 
-// Rank 0 speaks for all: the plan is the same everywhere.
+// Rank 0 speaks for all: the plan is the same everywhere. (Under INIT, and under TOPO: the
+// topology search's outcome.)
 void Comm::logPlan() const {
   for (const std::string& w : topoPlan_.warnings)
     MNCL_WARN(kInit, "topology (%s): %s", topoPlan_.source.c_str(), w.c_str());
   for (const std::string& n : topoPlan_.notes) MNCL_INFO(kTopo, "topology (%s): %s", topoPlan_.source.c_str(), n.c_str());
-  MNCL_INFO(kInit, "topology %s: %s", topoPlan_.source.empty() ? "-" : topoPlan_.source.c_str(), topoPlan_.why.c_str());
+  MNCL_INFO(kInitTopo, "topology %s: %s", topoPlan_.source.empty() ? "-" : topoPlan_.source.c_str(), topoPlan_.why.c_str());
   bool severalHosts = std::any_of(topoPlan_.hosts.begin(), topoPlan_.hosts.end(), [](int h) { return h > 0; });
-  MNCL_INFO(kInit, "ranks on: %s%s%s%s", joined(topoPlan_.devices).c_str(), severalHosts ? " (hosts " : "",
+  MNCL_INFO(kInitTopo, "ranks on: %s%s%s%s", joined(topoPlan_.devices).c_str(), severalHosts ? " (hosts " : "",
             severalHosts ? joined(topoPlan_.hosts).c_str() : "", severalHosts ? ")" : "");
   for (int c = 0; c < (int)channels_.size(); ++c) {
     const auto& hops = topoPlan_.ringHops.empty() ? std::vector<std::string>{} : topoPlan_.ringHops[c % topoPlan_.ringHops.size()];
-    MNCL_INFO(kInit, "channel %d ring: %s%s%s%s", c, joined(channels_[c]->ring).c_str(), hops.empty() ? "" : " (hops ",
+    MNCL_INFO(kInitTopo, "channel %d ring: %s%s%s%s", c, joined(channels_[c]->ring).c_str(), hops.empty() ? "" : " (hops ",
               joined(hops).c_str(), hops.empty() ? "" : ")");
-    MNCL_INFO(kInit, "channel %d tree %d (rooted at rank 0): parents %s", c, c % 2, joined(treeParents(c)).c_str());
+    MNCL_INFO(kInitTopo, "channel %d tree %d (rooted at rank 0): parents %s", c, c % 2, joined(treeParents(c)).c_str());
   }
   if (topoPlan_.searched)
-    MNCL_INFO(kInit, "tuner: path bandwidth %.1f GB/s per channel, bandwidth scale %.3f", topoPlan_.bwGBs,
+    MNCL_INFO(kInitTopo, "tuner: path bandwidth %.1f GB/s per channel, bandwidth scale %.3f", topoPlan_.bwGBs,
               tuner_.bandwidthScale());
 }
 

@@ -57,19 +57,26 @@ void Monitor::checkDeadlock(double now) {
 }
 
 // Peer r's call number (CallActivity::entered), if r is inside sends or receives that cannot
-// end while our collective call s runs: it has not made call s, and every rank it sends to or
-// receives from is inside a collective call that r has not made.
+// end while our collective call s runs: it has not made call s, every rank it sends to or
+// receives from is inside a collective call that r has not made, and one of them has not
+// posted the half of r's sends or receives that r waits for. (Where they all have, their
+// calls with r ended: r has only to run, and may not have for a while, stopped or in a
+// debugger.)
 std::optional<uint64_t> Monitor::blockedBehind(int r, uint64_t s) const {
   const CallLog& log = comm_.peerRegions_[r]->ctrl()->calls;
   uint64_t made = dev::loadAcquire(&log.made);
   std::optional<CallActivity> a = callActivity(log);
   if (!a || a->inside != Inside::sendsAndReceives || a->peers == 0 || made >= s) return std::nullopt;
-  for (int p = 0; p < comm_.nranks() && p < 64; ++p) {
+  bool waitsForOne = false;
+  for (int p = 0; p < comm_.nranks() && p < kP2pPeers; ++p) {
     if (!(a->peers >> p & 1)) continue;
     const CallLog& theirs = comm_.peerRegions_[p]->ctrl()->calls;
     std::optional<CallActivity> b = callActivity(theirs);
     if (!b || b->inside != Inside::collectives || dev::loadAcquire(&theirs.made) <= made) return std::nullopt;
+    PeerP2p mine = peerP2p(log, p), others = peerP2p(theirs, r);
+    waitsForOne = waitsForOne || mine.recvs > others.sends || mine.sends > others.recvs;
   }
+  if (!waitsForOne) return std::nullopt;
   return a->entered;
 }
 

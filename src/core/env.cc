@@ -1,6 +1,7 @@
 #include "env.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -18,10 +19,17 @@ namespace {
 [[noreturn]] void bad(const char* name, const std::string& v, const char* expect) {
   throwError(mnclInvalidArgument, std::string(name) + "=\"" + v + "\" is not " + expect);
 }
+
+// A number's text without the spaces around it (" 2" and "2 " alike).
+std::string numberText(const char* name) {
+  std::string v = str(name);
+  size_t first = v.find_first_not_of(" \t"), last = v.find_last_not_of(" \t");
+  return first == std::string::npos ? "" : v.substr(first, last - first + 1);
+}
 }  // namespace
 
 int64_t integer(const char* name, int64_t fallback) {
-  std::string v = str(name);
+  std::string v = numberText(name);
   if (v.empty()) return fallback;
   char* end = nullptr;
   errno = 0;
@@ -32,13 +40,15 @@ int64_t integer(const char* name, int64_t fallback) {
 }
 
 double seconds(const char* name, double fallback) {
-  std::string v = str(name);
+  std::string v = numberText(name);
   if (v.empty()) return fallback;
   char* end = nullptr;
   double x = std::strtod(v.c_str(), &end);
   std::string unit(end);
-  if (unit == "ms") return x / 1000;
-  if (unit == "" || unit == "s") return x;
+  // (strtod also reads hexadecimal and NaN: "0x10" was 16 s; "ms" alone, no number, was 0.)
+  bool number = end != v.c_str() && v.find_first_of("xX") == std::string::npos && !std::isnan(x);
+  if (number && unit == "ms") return x / 1000;
+  if (number && (unit == "" || unit == "s")) return x;
   bad(name, v, "a duration such as 5, 2.5s or 500ms");
 }
 
@@ -54,7 +64,7 @@ double limit(const char* name, double fallback, double lowest) {
 }
 
 int64_t bytes(const char* name, int64_t fallback) {
-  std::string v = str(name);
+  std::string v = numberText(name);
   if (v.empty()) return fallback;
   char* end = nullptr;
   errno = 0;

@@ -20,12 +20,12 @@ struct Settings {
   Level level = kWarn;
   unsigned subsys = kAll;
   Settings() {
-    std::string l = upper(env::str("MININCL_DEBUG"));
+    std::string given = env::str("MININCL_DEBUG"), l = upper(given);
     if (l == "NONE") level = kNone;
     else if (l == "INFO") level = kInfo;
     else if (l == "TRACE") level = kTrace;
-    else if (!l.empty() && l != "WARN") unknown("MININCL_DEBUG", l, "NONE, WARN, INFO, TRACE; using WARN");
-    std::string s = upper(env::str("MININCL_DEBUG_SUBSYS"));
+    else if (!l.empty() && l != "WARN") unknown("MININCL_DEBUG", given, "NONE, WARN, INFO, TRACE; using WARN");
+    std::string s = env::str("MININCL_DEBUG_SUBSYS");
     if (!s.empty()) subsys = subsystems(s);
   }
 
@@ -34,17 +34,20 @@ struct Settings {
     return s;
   }
 
-  // "INIT,NET" -> their bits; ALL -> every one.
+  // "INIT,NET" (or "init, net") -> their bits; ALL -> every one.
   static unsigned subsystems(const std::string& list) {
     const char* names[] = {"INIT", "COLL", "P2P", "NET", "TOPO", "TUNE"};
     unsigned bits = 0;
     size_t start = 0;
     while (start <= list.size()) {
       size_t end = std::min(list.find(',', start), list.size());
-      std::string name = list.substr(start, end - start);
+      std::string given = list.substr(start, end - start);
+      size_t first = given.find_first_not_of(' '), last = given.find_last_not_of(' ');
+      given = first == std::string::npos ? "" : given.substr(first, last - first + 1);
+      std::string name = upper(given);
       unsigned bit = name == "ALL" ? kAll : 0;
       for (unsigned i = 0; i < 6; ++i) bit |= name == names[i] ? 1u << i : 0;
-      if (!bit && !name.empty()) unknown("MININCL_DEBUG_SUBSYS", name, "INIT, COLL, P2P, NET, TOPO, TUNE, ALL");
+      if (!bit && !name.empty()) unknown("MININCL_DEBUG_SUBSYS", given, "INIT, COLL, P2P, NET, TOPO, TUNE, ALL");
       bits |= bit;
       start = end + 1;
     }

@@ -6,7 +6,8 @@
 namespace mncl::log {
 
 enum Level { kNone = 0, kWarn = 1, kInfo = 2, kTrace = 3 };
-enum Subsys : unsigned { kInit = 1, kColl = 2, kP2p = 4, kNet = 8, kTopo = 16, kTune = 32, kAll = 63 };
+enum Subsys : unsigned { kInit = 1, kColl = 2, kP2p = 4, kNet = 8, kTopo = 16, kTune = 32, kAll = 63,
+                         kInitTopo = kInit | kTopo };  // (said under either: what the topology search made)
 
 bool enabled(Level level, Subsys sub);
 void write(Level level, Subsys sub, const char* fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -88,6 +88,9 @@ void bindModuleFunctions(py::module_& m) {
   m.def("_cap_bootstrap_timeout", &capBootstrapTimeout, py::arg("seconds"),
         "Caps the bootstrap timeout of the unique ids and inits this thread starts (0: no cap); "
         "returns the cap before (the torch backend's group timeout).");
+  m.def("_bootstrap_timeout", &bootstrapTimeout,
+        "MININCL_BOOTSTRAP_TIMEOUT in seconds, as inits read it (\"5\", \"2.5s\", \"500ms\"), at most this "
+        "thread's cap; InvalidArgument for a malformed one.");
   m.def("version", [] {
     return std::to_string(MNCL_MAJOR) + "." + std::to_string(MNCL_MINOR) + "." + std::to_string(MNCL_PATCH);
   });
