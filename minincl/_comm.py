@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Union
 
 from . import _core
+from . import errors as _errors
 from .errors import Error, InvalidArgument, InvalidUsage, RemoteError
 
 if TYPE_CHECKING:
@@ -191,10 +192,16 @@ class Communicator(_core.Communicator):
         self._watch_begin(members)
         try:
             return type(self)(nranks, uid, rank, self.device)
-        except RemoteError:
+        except (RemoteError, _errors.SystemError) as e:
             # A member that exited is the story: another may have left the init for it first,
-            # and the root said so before this rank's watch looked.
+            # and the root said so before this rank's watch looked; or it hosted the init's
+            # root, whose connections closed as its process went (a SystemError), a moment
+            # before it was gone.
+            until = time.monotonic() + (0.5 if isinstance(e, _errors.SystemError) else 0.0)
             self._check_members(members)
+            while time.monotonic() < until:
+                time.sleep(0.01)
+                self._check_members(members)
             raise
         finally:
             self._watch_end()

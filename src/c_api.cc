@@ -469,8 +469,14 @@ static mnclComm_t newChild(Comm& parent, const UniqueIdData& id, int rank, int n
     c->impl = std::make_unique<Comm>(id, rank, nranks, parent.device(), options);
   } catch (const Error& e) {
     // A member that exited is the story: another may have left the init for it first, and the
-    // root said so before this rank's watch looked.
+    // root said so before this rank's watch looked; or it hosted the init's root, whose
+    // connections closed as its process went (a SystemError), a moment before it was gone.
     if (e.code() == mnclRemoteError) parent.failIfMemberGone(members);
+    auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+    while (e.code() == mnclSystemError && std::chrono::steady_clock::now() < until) {
+      parent.failIfMemberGone(members);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     throw;
   }
   return c.release();

@@ -1301,5 +1301,21 @@ def dies_after_the_rendezvous(comm: minincl.Communicator, how: str) -> str:
         return f"{type(e).__name__} after {time.monotonic() - start:.1f} s: {e}"
 
 
+def root_host_dies_in_the_new_init(comm: minincl.Communicator) -> str:
+    """Rank 0, the lowest member, makes the split's unique id (its process hosts the new
+    group's bootstrap root), then dies while the others wait at that root for its hello.
+    What the others raised."""
+    comm.allreduce(np.ones(4, np.float32))
+    try:
+        if comm.rank == 0:
+            comm._split_info(0, 0)
+            time.sleep(0.3)  # (the others connect and say hello meanwhile)
+            os._exit(0)
+        comm.split(0)
+        return "made"
+    except minincl.Error as e:
+        return f"{type(e).__name__}: {e}"
+
+
 def launches_again(comm: minincl.Communicator) -> Any:
     return minincl.launch(rank0_sleeps, 2, 0.0)

@@ -140,7 +140,19 @@ Socket Socket::listen(const SockAddr& addr) {
   Socket s(newSocket(addr.storage.ss_family));
   int one = 1;
   setsockopt(s.fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(s.fd_, addr.sa(), addr.len) != 0) throwSystemError("bind(" + addr.str() + ")");
+  if (::bind(s.fd_, addr.sa(), addr.len) != 0) {
+    // Any port: none of the local ports was free. Each closed bootstrap connection holds one
+    // for a minute (TIME-WAIT), so thousands of inits within a minute can use them all.
+    int err = errno;
+    std::string what = "bind(" + addr.str() + ")";
+    if (err == EADDRINUSE && addr.port() == 0) {
+      what += " (no local port free: /proc/sys/net/ipv4/ip_local_port_range; connections closed within the last "
+              "minute, in TIME-WAIT, hold theirs: `ss -tan state time-wait` counts them; many communicators made "
+              "and destroyed within a minute?)";
+    }
+    errno = err;
+    throwSystemError(what);
+  }
   if (::listen(s.fd_, 1024) != 0) throwSystemError("listen()");
   return s;
 }

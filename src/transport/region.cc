@@ -74,6 +74,9 @@ std::shared_ptr<Mapping> createLocalRegion(size_t bytes) { return std::make_shar
 
 uint64_t registerRegion(const std::shared_ptr<Mapping>& m) {
   std::lock_guard<std::mutex> lock(registryMutex);
+  // (Destroyed communicators' entries go here: nothing looks their ids up again, and each
+  // one kept ~120 bytes for good.)
+  std::erase_if(registry(), [](const auto& entry) { return entry.second.expired(); });
   uint64_t id = nextRegistryId++;
   registry()[id] = m;
   return id;
