@@ -192,12 +192,12 @@ class Communicator(_core.Communicator):
         self._watch_begin(members)
         try:
             return type(self)(nranks, uid, rank, self.device)
-        except (RemoteError, _errors.SystemError) as e:
+        except (RemoteError, _errors.SystemError):
             # A member that exited is the story: another may have left the init for it first,
             # and the root said so before this rank's watch looked; or it hosted the init's
-            # root, whose connections closed as its process went (a SystemError), a moment
-            # before it was gone.
-            until = time.monotonic() + (0.5 if isinstance(e, _errors.SystemError) else 0.0)
+            # root, whose connections closed (or were reset) as its process went, a moment
+            # before it was gone: look for half a second.
+            until = time.monotonic() + 0.5
             self._check_members(members)
             while time.monotonic() < until:
                 time.sleep(0.01)

@@ -470,13 +470,14 @@ static mnclComm_t newChild(Comm& parent, const UniqueIdData& id, int rank, int n
   } catch (const Error& e) {
     // A member that exited is the story: another may have left the init for it first, and the
     // root said so before this rank's watch looked; or it hosted the init's root, whose
-    // connections closed as its process went (a SystemError), a moment before it was gone.
-    if (e.code() == mnclRemoteError) parent.failIfMemberGone(members);
+    // connections closed (or were reset) as its process went, a moment before it was gone:
+    // look for half a second.
+    if (e.code() != mnclRemoteError && e.code() != mnclSystemError) throw;
     auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-    while (e.code() == mnclSystemError && std::chrono::steady_clock::now() < until) {
+    do {
       parent.failIfMemberGone(members);
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    } while (std::chrono::steady_clock::now() < until);
     throw;
   }
   return c.release();

@@ -230,6 +230,9 @@ def test_wrong_uses_are_refused_with_a_reason(lib: Any) -> None:
         plain = np.zeros(16, np.float32)
         assert lib.mnclMemFree(plain.ctypes.data) == MNCL_INVALID_ARGUMENT
         assert b"is not memory from mnclCommMemAlloc (or it was freed already)" in lib.mnclGetLastError(None)
+        for huge in (2**64 - 1, 2**63):  # (rounded up to pages, 2^64 - 1 wrapped to one page)
+            assert lib.mnclCommMemAlloc(comm, ctypes.byref(p), huge) == MNCL_INVALID_ARGUMENT
+            assert b"bytes is more than any memory holds" in lib.mnclGetLastError(None)
         assert lib.mnclCommMemAlloc(comm, ctypes.byref(p), 0) == MNCL_SUCCESS  # (a page, as any size)
         assert p.value and lib.mnclMemFree(p) == MNCL_SUCCESS
     finally:

@@ -959,6 +959,16 @@ def test_sends_and_receives_that_wait_longer_than_a_second_are_no_deadlock(case:
     assert case_on_ranks(workers.p2p_ring, 3, case, processes) == ["ok"] * 3
 
 
+def test_a_recv_blocked_behind_a_collective_on_rank_64_is_a_deadlock_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks from 64 on have no counts of their sends and receives (the call log keeps 64):
+    the deadlock check must not read past them. (It did, and missed this one: every rank
+    waited for its call timeout.)"""
+    monkeypatch.setenv("MININCL_NCHANNELS", "1")
+    results = workers.run_on_threads(65, lambda c: workers.recv_behind_an_allreduce(c, 64))
+    assert all(r.startswith(("InvalidUsage", "RemoteError")) for r in results), results
+    assert any("deadlock: rank 64 waits in sends or receives with rank(s) 0, " in r for r in results), results
+
+
 @pytest.mark.parametrize("transport", ["shm", "net"])
 def test_a_rank_held_up_inside_an_exchange_its_peers_ended_is_no_deadlock(
     monkeypatch: pytest.MonkeyPatch, transport: str

@@ -200,18 +200,19 @@ def test_a_member_that_dies_after_the_rendezvous_fails_the_new_init_at_once(
 
 
 def test_the_member_hosting_the_new_groups_root_dying_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The lowest member of a split hosts the new group's bootstrap root; it dies while the
-    others wait there: each names rank 0, a RemoteError. (Where the root's connections closed
-    with a reset, as a killed process's may, that was SystemError "connection reset by peer
-    ... did the root's process exit?", before the watch for exited members looked: 3 of 22
-    kills in a trial. This orderly exit closes them without one; it checks the story.)"""
+    """The lowest member of a split hosts the new group's bootstrap root; it is killed while
+    the others wait there: each names rank 0, a RemoteError. (Their connections to the root
+    closed, or were reset, as its process went, a moment before the watch for exited members
+    could see it gone: a RemoteError "the peer closed the connection ... did the root's
+    process exit?" or a SystemError "connection reset by peer", in 4 of 24 stories in a trial.)"""
     monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "30")
-    with pytest.raises(LaunchError) as info:
-        minincl.launch(workers.root_host_dies_in_the_new_init, 3, timeout=120)
-    survivors = info.value.results
-    assert sorted(survivors) == [1, 2], survivors
-    for story in survivors.values():
-        assert story.startswith("RemoteError: rank(s) 0 of the communicator split (or shrunk) exited"), story
+    for _ in range(3):
+        with pytest.raises(LaunchError) as info:
+            minincl.launch(workers.root_host_dies_in_the_new_init, 3, timeout=120)
+        survivors = info.value.results
+        assert sorted(survivors) == [1, 2], survivors
+        for story in survivors.values():
+            assert story.startswith("RemoteError: rank(s) 0 of the communicator split (or shrunk) exited"), story
 
 
 def test_wrong_exclude_lists_are_refused() -> None:

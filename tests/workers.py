@@ -559,6 +559,20 @@ def exchange_held_up_inside(comm: minincl.Communicator, held: float) -> str:
     return "ok"
 
 
+def recv_behind_an_allreduce(comm: minincl.Communicator, receiver: int) -> str:
+    """Rank `receiver` receives from rank 0, which never sends: every other rank is inside an
+    allreduce. The error each rank raised, or "ok"."""
+    comm.call_timeout = 60  # (a deadlock the checks miss ends here, as a Timeout)
+    try:
+        if comm.rank == receiver:
+            comm.recv(np.zeros(4, np.float32), 0)
+        else:
+            comm.allreduce(np.ones(4, np.float32))
+    except minincl.Error as e:
+        return f"{type(e).__name__}: {e}"
+    return "ok"
+
+
 def different_calls(comm: minincl.Communicator, case: str) -> str:
     """Rank 0 (rank 1 for "send" and "recv") makes another call than the others, one whose
     steps never meet theirs in a FIFO (it takes another protocol or algorithm, or sends and
@@ -1303,14 +1317,14 @@ def dies_after_the_rendezvous(comm: minincl.Communicator, how: str) -> str:
 
 def root_host_dies_in_the_new_init(comm: minincl.Communicator) -> str:
     """Rank 0, the lowest member, makes the split's unique id (its process hosts the new
-    group's bootstrap root), then dies while the others wait at that root for its hello.
-    What the others raised."""
+    group's bootstrap root), then is killed while the others wait at that root for its
+    hello. What the others raised."""
     comm.allreduce(np.ones(4, np.float32))
     try:
         if comm.rank == 0:
             comm._split_info(0, 0)
             time.sleep(0.3)  # (the others connect and say hello meanwhile)
-            os._exit(0)
+            os.kill(os.getpid(), signal.SIGKILL)
         comm.split(0)
         return "made"
     except minincl.Error as e:

@@ -57,6 +57,7 @@ void countP2p(CallLog& log, bool isSend, int peer, bool longSend, uint64_t steps
 }
 
 PeerP2p peerP2p(const CallLog& log, int peer) {
+  if (peer < 0 || peer >= kP2pPeers) return {};  // (not counted: see kP2pPeers)
   const CallLog::PeerWords& w = log.withPeer[peer];
   return {load(w.sends), load(w.recvs), load(w.lastLongSend), load(w.sendSteps), load(w.recvSteps)};
 }

@@ -105,7 +105,7 @@ struct P2pBalance {
 // Counts a send or receive the rank posts (its owner only; those of a group when it ends).
 // `peer` is counted only below kP2pPeers; `longSend` and `steps`: see PeerP2p.
 void countP2p(CallLog& log, bool isSend, int peer, bool longSend, uint64_t steps);
-// What the rank posted with `peer` (< kP2pPeers) so far.
+// What the rank posted with `peer` so far (zeros for a peer from kP2pPeers on: not counted).
 PeerP2p peerP2p(const CallLog& log, int peer);
 // Logs the rank's next call (its owner only; calls of one communicator come one at a time).
 void logCall(CallLog& log, const LoggedCall& call);

@@ -67,7 +67,7 @@ std::optional<uint64_t> Monitor::blockedBehind(int r, uint64_t s) const {
   uint64_t made = dev::loadAcquire(&log.made);
   std::optional<CallActivity> a = callActivity(log);
   if (!a || a->inside != Inside::sendsAndReceives || a->peers == 0 || made >= s) return std::nullopt;
-  bool waitsForOne = false;
+  bool waitsForOne = r >= kP2pPeers;  // (its posts are not counted: as before the counts, blocked)
   for (int p = 0; p < comm_.nranks() && p < kP2pPeers; ++p) {
     if (!(a->peers >> p & 1)) continue;
     const CallLog& theirs = comm_.peerRegions_[p]->ctrl()->calls;

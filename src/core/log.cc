@@ -42,7 +42,7 @@ struct Settings {
     while (start <= list.size()) {
       size_t end = std::min(list.find(',', start), list.size());
       std::string given = list.substr(start, end - start);
-      size_t first = given.find_first_not_of(' '), last = given.find_last_not_of(' ');
+      size_t first = given.find_first_not_of(" \t"), last = given.find_last_not_of(" \t");
       given = first == std::string::npos ? "" : given.substr(first, last - first + 1);
       std::string name = upper(given);
       unsigned bit = name == "ALL" ? kAll : 0;

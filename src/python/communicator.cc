@@ -461,7 +461,7 @@ py::array PyComm::windowEmpty(const std::vector<int64_t>& shape, const py::dtype
   size_t bytes = (size_t)dtype.itemsize();
   for (int64_t d : shape) {
     if (d < 0) throwError(mnclInvalidArgument, "empty: negative dimension " + std::to_string(d));
-    bytes *= (size_t)d;
+    if (__builtin_mul_overflow(bytes, (size_t)d, &bytes)) throwError(mnclInvalidArgument, "empty: too many bytes");
   }
   void* p = window->allocate(bytes);
   using Owner = std::pair<std::shared_ptr<Window>, void*>;

@@ -1,10 +1,12 @@
 #include "window_memory.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <string>
 #include <unordered_map>
 
 #include "../core/comm.h"
@@ -28,7 +30,7 @@ Allocations& allocations() {
 }
 
 void* plainMemory(size_t bytes) {
-  size_t rounded = (bytes + kPage - 1) / kPage * kPage;
+  size_t rounded = (bytes + kPage - 1) / kPage * kPage;  // (bytes is below SIZE_MAX / 2: no wrap)
   void* p = std::aligned_alloc(kPage, rounded ? rounded : kPage);
   if (!p) throw std::bad_alloc();
   std::memset(p, 0, rounded ? rounded : kPage);
@@ -38,6 +40,8 @@ void* plainMemory(size_t bytes) {
 }  // namespace
 
 void* allocateWindowMemory(Comm& comm, size_t bytes) {
+  MNCL_CHECK(bytes <= SIZE_MAX / 2, mnclInvalidArgument,
+             "mnclCommMemAlloc: " + std::to_string(bytes) + " bytes is more than any memory holds");
   MNCL_CHECK(!comm.onGpu(), mnclInvalidUsage,
              "mnclCommMemAlloc: windows are for CPU communicators; allocate GPU buffers with cudaMalloc");
   std::shared_ptr<Window> window = comm.window();
