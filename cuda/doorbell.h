@@ -14,6 +14,8 @@
 
 namespace mncl::dev {
 
+// (A line of its own: a ring's bump must not take the line of the head or tail the peer
+// polls away from it.)
 struct alignas(128) Doorbell {
   uint32_t rings;     // the futex word: bumped by every ring that finds a sleeper
   uint32_t sleepers;  // threads asleep on it, or about to be

@@ -41,7 +41,6 @@ RANK_SCRIPT = textwrap.dedent(
     """
     import ctypes, sys
     import numpy as np
-    sys.path.insert(0, sys.argv[5])
     import minincl
     from test_c_window_memory import ConfigWithWindow, in_shared_window
     from test_c_api import CONFIG_MAGIC, UNDEF, UniqueId
@@ -134,12 +133,12 @@ def run_ranks(nranks: int, window: int, env: dict[str, str] | None = None) -> li
                 str(nranks),
                 ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid)).hex(),
                 str(window),
-                here,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, **(env or {})},
+            cwd=here,  # (for the script's imports; not the repository root, whose minincl/ has no compiled core)
         )
         for r in range(nranks)
     ]

@@ -44,8 +44,11 @@ constexpr Clock::duration kMinSleep = microseconds(50), kMaxSleep = milliseconds
 // outnumber the cores yield to each other in turn, briefly, and stay with yields: they run
 // those faster.)
 constexpr auto kLongYield = milliseconds(1);
-constexpr int kLongYieldsToShare = 3;  // within kSharedCoreFor (one now and then: a VM's hiccup)
-constexpr auto kSharedCoreFor = milliseconds(1000);
+// Three within the window: a single long yield now and then is a VM's hiccup, not a busy
+// neighbour. Then the thread sleeps instead of yielding, for a second.
+constexpr int kLongYieldsForSharedCore = 3;
+constexpr auto kLongYieldWindow = milliseconds(1000);
+constexpr auto kSleepInsteadOfYieldFor = milliseconds(1000);
 constexpr Clock::duration kSharedCoreSleep = microseconds(5);
 // The hook runs about this often in a long wait (Ctrl-C within a tenth of a second).
 constexpr auto kHookEvery = milliseconds(50);
@@ -64,11 +67,11 @@ thread_local Clock::time_point tlsSharedCoreUntil, tlsLongYieldsFrom;
 thread_local int tlsLongYields = 0;
 
 void noteLongYield(Clock::time_point now) {
-  if (now - tlsLongYieldsFrom > kSharedCoreFor) {
+  if (now - tlsLongYieldsFrom > kLongYieldWindow) {
     tlsLongYieldsFrom = now;
     tlsLongYields = 0;
   }
-  if (++tlsLongYields >= kLongYieldsToShare) tlsSharedCoreUntil = now + kSharedCoreFor;
+  if (++tlsLongYields >= kLongYieldsForSharedCore) tlsSharedCoreUntil = now + kSleepInsteadOfYieldFor;
 }
 
 void sleepFor(Clock::duration d) {

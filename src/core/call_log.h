@@ -1,4 +1,5 @@
-// The collective calls a rank made last, in its control block, where its peers can read them.
+// What a rank's peers can read of its calls, in its control block: the collective calls it
+// made last, the sends and receives it posted, and the call it is inside now.
 //
 // Ranks that make different collective calls usually meet in a FIFO, where every step carries
 // its call (dev::StepInfo) and the receiver names the mismatch. But calls that differ in size
@@ -31,11 +32,13 @@ constexpr uint8_t kGatherCall = 0x42;
 constexpr uint8_t kScatterCall = 0x43;
 
 // The last kCallLogSize calls of a rank, in shared memory: written by the rank, read by its
-// peers' monitors (and its network proxy, which sends them on). Each entry is three words;
-// `seq` is 0 while the others change, so a reader that sees the same seq before and after
+// peers' monitors (and its network proxy, which sends them on). Each entry is five words;
+// `seq` is 0 while the other four change, so a reader that sees the same seq before and after
 // reading them has read one call.
 constexpr int kCallLogSize = 16;
-constexpr int kP2pPeers = 64;  // the peers whose sends and receives a log counts
+// The peers whose sends and receives a log counts: as many as fit a uint64_t bitmask
+// (CallActivity::peers).
+constexpr int kP2pPeers = 64;
 struct CallLog {
   alignas(128) uint64_t made;  // collective calls this rank started
   struct Entry {

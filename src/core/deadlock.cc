@@ -44,7 +44,7 @@ void Monitor::checkDeadlock(double now) {
     if (now - w.blockedSince < kDeadlockSeconds) continue;
     std::string peers;
     uint64_t mask = callActivity(comm_.peerRegions_[r]->ctrl()->calls).value_or(CallActivity{}).peers;
-    for (int p = 0; p < 64; ++p) {
+    for (int p = 0; p < kP2pPeers; ++p) {
       if (mask >> p & 1) peers += (peers.empty() ? "" : ", ") + std::to_string(p);
     }
     std::optional<LoggedCall> ours = loggedCall(mine, s);
@@ -58,23 +58,23 @@ void Monitor::checkDeadlock(double now) {
 
 // Peer r's call number (CallActivity::entered), if r is inside sends or receives that cannot
 // end while our collective call s runs: it has not made call s, every rank it sends to or
-// receives from is inside a collective call that r has not made, and one of them has not
-// posted the half of r's sends or receives that r waits for. (Where they all have, their
-// calls with r ended: r has only to run, and may not have for a while, stopped or in a
-// debugger.)
+// receives from is inside a collective call that r has not made, and r waits on one of them
+// (a receive it has not sent, or a long send it has not received: see PeerP2p). Where none
+// is, r has only to run, and may not have for a while: stopped, or in a debugger.
 std::optional<uint64_t> Monitor::blockedBehind(int r, uint64_t s) const {
   const CallLog& log = comm_.peerRegions_[r]->ctrl()->calls;
   uint64_t made = dev::loadAcquire(&log.made);
   std::optional<CallActivity> a = callActivity(log);
   if (!a || a->inside != Inside::sendsAndReceives || a->peers == 0 || made >= s) return std::nullopt;
-  bool waitsForOne = r >= kP2pPeers;  // (its posts are not counted: as before the counts, blocked)
+  bool waitsForOne = r >= kP2pPeers;  // (its per-peer counts are not kept: taken to wait)
   for (int p = 0; p < comm_.nranks() && p < kP2pPeers; ++p) {
     if (!(a->peers >> p & 1)) continue;
     const CallLog& theirs = comm_.peerRegions_[p]->ctrl()->calls;
     std::optional<CallActivity> b = callActivity(theirs);
     if (!b || b->inside != Inside::collectives || dev::loadAcquire(&theirs.made) <= made) return std::nullopt;
-    PeerP2p mine = peerP2p(log, p), others = peerP2p(theirs, r);
-    waitsForOne = waitsForOne || mine.recvs > others.sends || mine.sends > others.recvs;
+    PeerP2p rWithP = peerP2p(log, p), pWithR = peerP2p(theirs, r);
+    waitsForOne = waitsForOne || rWithP.recvs > pWithR.sends ||
+                  sendAwaitingReceives(rWithP, pWithR, comm_.shareFifos(r, p)) != 0;
   }
   if (!waitsForOne) return std::nullopt;
   return a->entered;
@@ -86,11 +86,11 @@ std::optional<uint64_t> Monitor::blockedBehind(int r, uint64_t s) const {
 std::optional<Monitor::Wait> Monitor::waitOn(int r, int p, bool everyRankInside) const {
   const CallLog& rLog = comm_.peerRegions_[r]->ctrl()->calls;
   const CallLog& pLog = comm_.peerRegions_[p]->ctrl()->calls;
-  PeerP2p mine = peerP2p(rLog, p);
-  PeerP2p theirs = peerP2p(pLog, r);
-  if (mine.recvs > theirs.sends) return Wait{r, p, false, mine.recvs, theirs.sends};
-  if (uint64_t send = sendAwaitingReceives(mine, theirs, comm_.shareFifos(r, p))) {
-    return Wait{r, p, true, send, theirs.recvs};
+  PeerP2p rWithP = peerP2p(rLog, p);
+  PeerP2p pWithR = peerP2p(pLog, r);
+  if (rWithP.recvs > pWithR.sends) return Wait{r, p, false, rWithP.recvs, pWithR.sends};
+  if (uint64_t send = sendAwaitingReceives(rWithP, pWithR, comm_.shareFifos(r, p))) {
+    return Wait{r, p, true, send, pWithR.recvs};
   }
   if (!everyRankInside) return std::nullopt;
   std::optional<CallActivity> a = callActivity(rLog), b = callActivity(pLog);

@@ -45,7 +45,7 @@ double seconds(const char* name, double fallback) {
   char* end = nullptr;
   double x = std::strtod(v.c_str(), &end);
   std::string unit(end);
-  // (strtod also reads hexadecimal and NaN: "0x10" was 16 s; "ms" alone, no number, was 0.)
+  // (strtod also reads hexadecimal and NaN, and no number from "ms": none is a duration.)
   bool number = end != v.c_str() && v.find_first_of("xX") == std::string::npos && !std::isnan(x);
   if (number && unit == "ms") return x / 1000;
   if (number && (unit == "" || unit == "s")) return x;

@@ -14,7 +14,9 @@ Window::Window(size_t bytes, const std::string& tag) : shm_(ShmMapping::create(p
 }
 
 void* Window::allocate(size_t bytes) {
-  size_t want = bytes > shm_->size() ? shm_->size() + 1 : pages(bytes ? bytes : 1);  // (never wraps; never fits)
+  // (A request bigger than the window becomes one byte too big to fit, unrounded: rounding
+  // it up to pages could wrap past SIZE_MAX.)
+  size_t want = bytes > shm_->size() ? shm_->size() + 1 : pages(bytes ? bytes : 1);
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < want) continue;

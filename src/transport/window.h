@@ -26,7 +26,7 @@ class Window {
 
   // Page-aligned space for a buffer, or an InvalidUsage error saying the window is full.
   void* allocate(size_t bytes);
-  void release(void* p);
+  void release(void* p);  // (a pointer it did not hand out: nothing)
 
  private:
   std::shared_ptr<ShmMapping> shm_;
