@@ -138,12 +138,14 @@ print((libc.mallinfo2().uordblks - before) / n)
 
 def test_communicators_made_and_destroyed_keep_no_memory(tmp_path: Path) -> None:
     """Each communicator left ~115 bytes in the process's registry of regions for good (a map
-    entry no lookup ever removed). Heap in use (mallinfo2, glibc), 1-rank communicators made
-    and destroyed on this thread, after a warm-up."""
+    entry no lookup ever removed). Heap in use (mallinfo2, glibc), 2000 1-rank communicators
+    made and destroyed on this thread, after a warm-up."""
     if not hasattr(ctypes.CDLL(None), "mallinfo2"):
         pytest.skip("no mallinfo2 (glibc 2.33 or later)")
     run = subprocess.run(
-        [sys.executable, "-c", HEAP_PROGRAM, "500"], capture_output=True, text=True, timeout=300, cwd=tmp_path
+        [sys.executable, "-c", HEAP_PROGRAM, "2000"], capture_output=True, text=True, timeout=300, cwd=tmp_path
     )
     assert run.returncode == 0, run.stderr
-    assert float(run.stdout) < 20, f"{run.stdout.strip()} bytes more in use per communicator"
+    # (0.2-6 bytes here; one block kept by chance, a cache filled under load, shows over the
+    # cycles: 25 over 500 once in CI. The leak was 112-117 a communicator.)
+    assert float(run.stdout) < 50, f"{run.stdout.strip()} bytes more in use per communicator"
