@@ -15,23 +15,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_c_api import CONFIG_MAGIC, MNCL_INVALID_ARGUMENT, MNCL_INVALID_USAGE, UNDEF, UniqueId, open_lib
+from test_c_api import CONFIG_MAGIC, MNCL_INVALID_ARGUMENT, MNCL_INVALID_USAGE, UNDEF, Config, UniqueId, open_lib
 
 MNCL_SUCCESS = 0
 
 
-class ConfigWithWindow(ctypes.Structure):
+class ConfigWithWindow(Config):
     """mnclConfig_t with windowBytes (test_c_api's Config is the layout from before it)."""
 
-    _fields_ = [
-        ("size", ctypes.c_size_t),
-        ("magic", ctypes.c_uint),
-        ("version", ctypes.c_uint),
-        ("blocking", ctypes.c_int),
-        ("minCTAs", ctypes.c_int),
-        ("maxCTAs", ctypes.c_int),
-        ("windowBytes", ctypes.c_longlong),
-    ]
+    _fields_ = [("windowBytes", ctypes.c_longlong)]
 
 
 # A rank process: inits rank RANK of NRANKS from the id in argv, takes its buffers from
@@ -181,7 +173,22 @@ def lib() -> Any:
     lib = open_lib()
     lib.mnclCommMemAlloc.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
     lib.mnclMemFree.argtypes = [ctypes.c_void_p]
+    lib.mnclCommInitRankConfig.argtypes = [
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_int,
+        UniqueId,
+        ctypes.c_int,
+        ctypes.POINTER(ConfigWithWindow),
+    ]
     return lib
+
+
+def init_one_rank(lib: Any, cfg: ConfigWithWindow) -> tuple[int, Any]:
+    """mnclCommInitRankConfig of a 1-rank communicator: its result, and the communicator."""
+    uid = UniqueId()
+    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == MNCL_SUCCESS
+    comm = ctypes.c_void_p()
+    return lib.mnclCommInitRankConfig(ctypes.byref(comm), 1, uid, 0, cfg), comm
 
 
 def test_ranks_of_one_process_get_plain_memory_without_a_window(lib: Any) -> None:
@@ -240,35 +247,17 @@ def test_wrong_uses_are_refused_with_a_reason(lib: Any) -> None:
 
 @pytest.mark.parametrize("window,said", [(-5, "config.windowBytes = -5: between 0 (no window) and 2^40")])
 def test_a_bad_window_size_in_a_config_is_refused(lib: Any, window: int, said: str) -> None:
-    lib.mnclCommInitRankConfig.argtypes = [
-        ctypes.POINTER(ctypes.c_void_p),
-        ctypes.c_int,
-        UniqueId,
-        ctypes.c_int,
-        ctypes.POINTER(ConfigWithWindow),
-    ]
-    uid = UniqueId()
-    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == MNCL_SUCCESS
     cfg = ConfigWithWindow(ctypes.sizeof(ConfigWithWindow), CONFIG_MAGIC, 100, UNDEF, UNDEF, UNDEF, window)
-    comm = ctypes.c_void_p()
-    assert lib.mnclCommInitRankConfig(ctypes.byref(comm), 1, uid, 0, cfg) == MNCL_INVALID_ARGUMENT
+    rc, _ = init_one_rank(lib, cfg)
+    assert rc == MNCL_INVALID_ARGUMENT
     assert said in lib.mnclGetLastError(None).decode()
 
 
 def test_an_older_callers_config_is_read_without_the_window_field(lib: Any) -> None:
     """A config whose size ends before windowBytes (a caller built against an older header):
     what lies after it is not read."""
-    lib.mnclCommInitRankConfig.argtypes = [
-        ctypes.POINTER(ctypes.c_void_p),
-        ctypes.c_int,
-        UniqueId,
-        ctypes.c_int,
-        ctypes.POINTER(ConfigWithWindow),
-    ]
-    uid = UniqueId()
-    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == MNCL_SUCCESS
     older = ConfigWithWindow.windowBytes.offset
     cfg = ConfigWithWindow(older, CONFIG_MAGIC, 100, UNDEF, UNDEF, UNDEF, -5)  # (-5 would be refused)
-    comm = ctypes.c_void_p()
-    assert lib.mnclCommInitRankConfig(ctypes.byref(comm), 1, uid, 0, cfg) == MNCL_SUCCESS, lib.mnclGetLastError(None)
+    rc, comm = init_one_rank(lib, cfg)
+    assert rc == MNCL_SUCCESS, lib.mnclGetLastError(None)
     assert lib.mnclCommDestroy(comm) == MNCL_SUCCESS
