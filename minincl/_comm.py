@@ -31,6 +31,23 @@ unique_id_for_address = _core.unique_id_for_address
 DeviceSpec = Union[None, str, int]
 
 _CPU = -1
+_WINDOW_FROM_ENV = -1  # (the core's "no window_bytes given")
+_WINDOW_MAX_BYTES = 1 << 40  # (as mnclConfig_t's windowBytes)
+
+
+def _window_bytes_setting(window_bytes: object) -> int:
+    """``window_bytes`` as the core takes it: bytes, or -1 for MININCL_WINDOW_BYTES."""
+    if window_bytes is None:
+        return _WINDOW_FROM_ENV
+    if isinstance(window_bytes, bool) or not hasattr(window_bytes, "__index__"):
+        raise InvalidArgument(
+            f"window_bytes must be a whole number of bytes (e.g. 1 << 30), got {type(window_bytes).__name__} "
+            f"{window_bytes!r}"
+        )
+    value = int(window_bytes.__index__())
+    if not 0 <= value <= _WINDOW_MAX_BYTES:
+        raise InvalidArgument(f"window_bytes = {value}: between 0 (no window) and 2**40")
+    return value
 
 
 def gpu_count() -> int:
@@ -106,16 +123,22 @@ class Communicator(_core.Communicator):
     ``unique_id`` (from :func:`get_unique_id`, shared with every rank by any means).
     Collectives take arrays with DLPack or the buffer protocol (NumPy, PyTorch, ...); with
     ``recv=None`` allreduce, broadcast and reduce work in place, and allgather,
-    reduce_scatter and alltoall return a new array.
+    reduce_scatter and alltoall return a new array. ``window_bytes`` sizes this rank's window
+    for :meth:`empty` (default: ``MININCL_WINDOW_BYTES``, else none); the communicators
+    split or shrunk from this one get the same.
     """
 
-    def __init__(self, nranks: int, unique_id: bytes, rank: int, device: DeviceSpec = None) -> None:
+    def __init__(
+        self, nranks: int, unique_id: bytes, rank: int, device: DeviceSpec = None, *, window_bytes: int | None = None
+    ) -> None:
         try:
             index = _device_index(device)
+            window = _window_bytes_setting(window_bytes)
         except Error as e:  # the other ranks' inits fail at once too, rather than wait for this one
             _core._report_init_failure(nranks, unique_id, rank, str(e))
             raise
-        super().__init__(nranks, unique_id, rank, index)
+        super().__init__(nranks, unique_id, rank, index, window)
+        self._window_option = window_bytes  # (for the communicators split from this one)
 
     @property
     def device(self) -> str:
@@ -123,17 +146,21 @@ class Communicator(_core.Communicator):
         return "cpu" if index < 0 else f"cuda:{index}"
 
     @classmethod
-    def init_all(cls, nranks: int, device: DeviceSpec = "cpu") -> list[Communicator]:
-        """Creates ``nranks`` communicators of one group, all in this process (ranks as threads)."""
+    def init_all(
+        cls, nranks: int, device: DeviceSpec = "cpu", *, window_bytes: int | None = None
+    ) -> list[Communicator]:
+        """Creates ``nranks`` communicators of one group, all in this process (ranks as threads;
+        they read each other's buffers, so they make no windows whatever ``window_bytes``)."""
         if nranks < 1:
             raise InvalidArgument(f"nranks must be at least 1, got {nranks}")
+        _window_bytes_setting(window_bytes)  # (refused here, once, rather than by every rank)
         uid = get_unique_id()
         comms: list[Communicator | None] = [None] * nranks
         errors: list[BaseException | None] = [None] * nranks
 
         def join(rank: int) -> None:
             try:
-                comms[rank] = cls(nranks, uid, rank, device)
+                comms[rank] = cls(nranks, uid, rank, device, window_bytes=window_bytes)
             except BaseException as e:  # noqa: BLE001 - re-raised below
                 errors[rank] = e
 
@@ -154,10 +181,11 @@ class Communicator(_core.Communicator):
     def empty(self, shape: int | tuple[int, ...], dtype: Any = "float32") -> np.ndarray[Any, Any]:
         """A NumPy array in this rank's window: shared memory every peer process maps, so that
         collectives read it straight from here instead of passing it through the FIFOs (one
-        copy instead of two). Needs ``MININCL_WINDOW_BYTES`` set before the communicator is
-        created; the array keeps the window alive and frees its space when collected. Where
-        no peer is another process of this host (threads, which read each other's buffers
-        anyway; peers over the network), a plain NumPy array."""
+        copy instead of two). Needs a window: ``window_bytes=`` or ``MININCL_WINDOW_BYTES`` when
+        the communicator is created (:attr:`window_bytes` says its size); the array keeps the
+        window alive and frees its space when collected. Where no peer is another process of
+        this host (threads, which read each other's buffers anyway; peers over the network), a
+        plain NumPy array."""
         import numpy as np
 
         dims = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -191,7 +219,7 @@ class Communicator(_core.Communicator):
         ``members`` (this communicator's ranks) exits before joining."""
         self._watch_begin(members)
         try:
-            return type(self)(nranks, uid, rank, self.device)
+            return type(self)(nranks, uid, rank, self.device, window_bytes=self._window_option)
         except (RemoteError, _errors.SystemError):
             # A member that exited is the story: another may have left the init for it first,
             # and the root said so before this rank's watch looked; or it hosted the init's
@@ -301,7 +329,7 @@ RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 SIZE_VARIABLES = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
 
 
-def init_from_env(device: DeviceSpec = None) -> Communicator:
+def init_from_env(device: DeviceSpec = None, *, window_bytes: int | None = None) -> Communicator:
     """Joins the group described by the launcher's environment.
 
     torchrun: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Slurm: SLURM_PROCID, SLURM_NTASKS,
@@ -312,7 +340,8 @@ def init_from_env(device: DeviceSpec = None) -> Communicator:
     MASTER_PORT + 1, since torchrun's own store already holds MASTER_PORT; else 29501);
     rank 0 starts it. The job id of the launcher that gave the rank (torchrun's run id, Open
     MPI's PMIx namespace, Slurm's job and step; MININCL_JOB_ID instead, where set) goes into
-    the id, so that another job at the same address fails at once.
+    the id, so that another job at the same address fails at once. ``window_bytes``: as
+    :class:`Communicator` takes it.
     """
     rank = _int_from_env(*RANK_VARIABLES)
     size = _int_from_env(*SIZE_VARIABLES)
@@ -354,7 +383,7 @@ def init_from_env(device: DeviceSpec = None) -> Communicator:
         if host_from is None:
             raise
         raise InvalidArgument(f"init_from_env: {host_from[0]}={host!r}: {e}") from None
-    return Communicator(size, uid, rank, device)
+    return Communicator(size, uid, rank, device, window_bytes=window_bytes)
 
 
 # ---- launch: local processes ----
@@ -374,13 +403,20 @@ def end_with_parent() -> None:
 
 
 def _launch_child(
-    fn: Callable[..., Any], nranks: int, rank: int, uid: bytes, device: DeviceSpec, args: tuple[Any, ...], queue: Any
+    fn: Callable[..., Any],
+    nranks: int,
+    rank: int,
+    uid: bytes,
+    device: DeviceSpec,
+    window_bytes: int | None,
+    args: tuple[Any, ...],
+    queue: Any,
 ) -> None:
     end_with_parent()
     try:
         if device == "cuda" and gpu_count() > 0:  # one GPU per rank while there are enough
             device = f"cuda:{rank % gpu_count()}"
-        with Communicator(nranks, uid, rank, device) as comm:
+        with Communicator(nranks, uid, rank, device, window_bytes=window_bytes) as comm:
             result = fn(comm, *args)
         # (The queue pickles on a thread of its own, where a failure is printed and lost.)
         try:
@@ -447,7 +483,12 @@ def _check_launchable(fn: Callable[..., Any], nranks: int) -> None:
 
 
 def launch(
-    fn: Callable[..., Any], nranks: int, *args: Any, device: DeviceSpec = "cpu", timeout: float | None = None
+    fn: Callable[..., Any],
+    nranks: int,
+    *args: Any,
+    device: DeviceSpec = "cpu",
+    timeout: float | None = None,
+    window_bytes: int | None = None,
 ) -> list[Any]:
     """Runs ``fn(comm, *args)`` in ``nranks`` new local processes, one rank each.
 
@@ -456,14 +497,16 @@ def launch(
     must call ``launch`` under ``if __name__ == "__main__":``. If a rank fails or dies,
     raises :class:`LaunchError` with every rank's story. ``timeout``: seconds after which
     ranks still running are killed (and named in the LaunchError). The rank processes end
-    with the launching process (SIGTERM, on Linux) if it is killed.
+    with the launching process (SIGTERM, on Linux) if it is killed. ``window_bytes``: each
+    rank's window, as :class:`Communicator` takes it.
     """
     _check_launchable(fn, nranks)
+    _window_bytes_setting(window_bytes)  # (refused here rather than in every rank)
     ctx = mp.get_context("spawn")
     uid = get_unique_id()
     queue = ctx.Queue()
     procs = [
-        ctx.Process(target=_launch_child, args=(fn, nranks, r, uid, device, args, queue), daemon=True)
+        ctx.Process(target=_launch_child, args=(fn, nranks, r, uid, device, window_bytes, args, queue), daemon=True)
         for r in range(nranks)
     ]
     for p in procs:

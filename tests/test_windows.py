@@ -71,9 +71,50 @@ def test_ranks_that_need_no_window_get_plain_arrays(monkeypatch: pytest.MonkeyPa
             c.destroy()
 
 
-def test_processes_without_the_setting_are_told_to_set_it() -> None:
+def test_processes_without_the_setting_are_told_to_set_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MININCL_WINDOW_BYTES", raising=False)
     for story in minincl.launch(workers.empty_without_a_window, 2):
-        assert (
-            story
-            == "InvalidUsage: this communicator has no window: set MININCL_WINDOW_BYTES (e.g. 1G) before it is created"
+        assert story == (
+            "InvalidUsage: this communicator has no window: pass window_bytes= (e.g. 1 << 30) when it is created, "
+            "or set MININCL_WINDOW_BYTES (e.g. 1G) before"
         )
+
+
+def test_window_bytes_sizes_the_window_and_those_of_splits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """window_bytes= instead of the setting, per communicator; split and shrink pass it on.
+    The pointer steps show the arrays from empty() really lie in windows the peer maps
+    (plain arrays between processes take none at these sizes)."""
+    monkeypatch.delenv("MININCL_WINDOW_BYTES", raising=False)
+    monkeypatch.setenv("MININCL_ALGO", "ring")
+    monkeypatch.setenv("MININCL_PROTO", "simple")
+    for rank_windows in minincl.launch(workers.windows_of_splits, 2, window_bytes=3 << 20):
+        assert [size for size, _ in rank_windows] == [3 << 20] * 3
+        assert all(steps > 0 for _, steps in rank_windows), rank_windows
+
+
+def test_window_bytes_zero_overrides_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MININCL_WINDOW_BYTES", "4M")
+    stories = minincl.launch(workers.empty_without_a_window, 2, window_bytes=0)
+    assert all("has no window: pass window_bytes=" in story for story in stories), stories
+    # threads make no window whatever they are given
+    comms = minincl.Communicator.init_all(2, window_bytes=4 << 20)
+    try:
+        assert [c.window_bytes for c in comms] == [0, 0]
+    finally:
+        for c in comms:
+            c.destroy()
+
+
+@pytest.mark.parametrize("bad", [-1, (1 << 40) + 1, "1G", True, 1.5])
+def test_window_bytes_out_of_range_or_not_a_count_is_refused(bad: object) -> None:
+    """Refused before any rank starts: init_all and launch check once; a rank's own
+    Communicator(...) tells the others' inits (here there are none: 1 rank)."""
+    want = (
+        r"between 0 \(no window\) and 2\*\*40" if isinstance(bad, int) and not isinstance(bad, bool) else "whole number"
+    )
+    with pytest.raises(minincl.InvalidArgument, match=want):
+        minincl.Communicator.init_all(2, window_bytes=bad)  # type: ignore[arg-type]
+    with pytest.raises(minincl.InvalidArgument, match=want):
+        minincl.launch(workers.empty_without_a_window, 2, window_bytes=bad)  # type: ignore[arg-type]
+    with pytest.raises(minincl.InvalidArgument, match=want):
+        minincl.Communicator(1, minincl.get_unique_id(), 0, window_bytes=bad)  # type: ignore[arg-type]

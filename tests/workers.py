@@ -415,6 +415,18 @@ def broadcast_from_its_own_root_then_destroy(comm: minincl.Communicator) -> list
     return x.tolist()
 
 
+def windows_of_splits(comm: minincl.Communicator) -> list[tuple[int, int]]:
+    """This communicator's window size and pointer steps into its window (see
+    small_steps_shortcuts), then the same for one split from it and one shrunk from it."""
+    split = comm.split(0, key=-comm.rank)  # (ranks in the other order)
+    shrunk = comm.shrink([])
+    assert split is not None
+    out = [(c.window_bytes, small_steps_shortcuts(c, True)[0]) for c in (comm, split, shrunk)]
+    split.destroy()
+    shrunk.destroy()
+    return out
+
+
 def empty_without_a_window(comm: minincl.Communicator) -> str:
     try:
         comm.empty(8, np.float32)

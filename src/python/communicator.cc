@@ -114,7 +114,7 @@ CollCall callArgs(Coll coll, const ArrayView& s, const ArrayView& r, size_t coun
 
 thread_local std::vector<PyComm*> PyComm::tlsHeld;
 
-PyComm::PyComm(int nranks, py::bytes uid, int rank, int device) {
+PyComm::PyComm(int nranks, py::bytes uid, int rank, int device, int64_t windowBytes) {
   std::string id = uid;
   if (id.size() != MNCL_UNIQUE_ID_BYTES) {
     throwError(mnclInvalidArgument, "the unique id must be " + std::to_string(MNCL_UNIQUE_ID_BYTES) +
@@ -127,7 +127,9 @@ PyComm::PyComm(int nranks, py::bytes uid, int rank, int device) {
   py_interrupt::InterruptibleCall interruptible([&cancel](const std::string&) { cancel = true; });
   interruptible.withoutGil([&] {  // (one that ends though interrupted goes with this object)
     WaitCancel cancelWaits(&cancel);
-    comm_ = std::make_unique<Comm>(data, rank, nranks, device);
+    CommOptions options;
+    options.windowBytes = windowBytes;
+    comm_ = std::make_unique<Comm>(data, rank, nranks, device, options);
   });
   rank_ = comm_->rank();
   nranks_ = comm_->nranks();
@@ -448,6 +450,10 @@ py::object PyComm::sendrecv(py::object send, py::object recv, int peer, py::obje
 
 // ---- the other methods: window arrays, settings, counters, split and shrink, abort and destroy ----
 
+size_t PyComm::windowBytes() {
+  return withLive([](Comm& cm) { return cm.window() ? cm.window()->size() : size_t{0}; });
+}
+
 py::array PyComm::windowEmpty(const std::vector<int64_t>& shape, const py::dtype& dtype) {
   auto [window, useful] = withLive([](Comm& cm) { return std::make_pair(cm.window(), cm.windowUseful()); });
   if (!window && device_ >= 0) {
@@ -455,8 +461,8 @@ py::array PyComm::windowEmpty(const std::vector<int64_t>& shape, const py::dtype
   }
   if (!window && !useful) return py::array(dtype, shape);
   if (!window) {
-    throwError(mnclInvalidUsage, "this communicator has no window: set MININCL_WINDOW_BYTES (e.g. 1G) before it is "
-                                 "created");
+    throwError(mnclInvalidUsage, "this communicator has no window: pass window_bytes= (e.g. 1 << 30) when it is created, "
+                                 "or set MININCL_WINDOW_BYTES (e.g. 1G) before");
   }
   size_t bytes = (size_t)dtype.itemsize();
   for (int64_t d : shape) {

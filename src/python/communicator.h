@@ -70,7 +70,8 @@ class PyComm {
   }
 
  public:
-  PyComm(int nranks, py::bytes uid, int rank, int device);
+  // windowBytes: the window's size (Communicator(window_bytes=)); -1: MININCL_WINDOW_BYTES.
+  PyComm(int nranks, py::bytes uid, int rank, int device, int64_t windowBytes = -1);
   ~PyComm() { destroy(); }
 
   // Who this communicator is stays readable once it is destroyed or aborted (for the error
@@ -100,6 +101,7 @@ class PyComm {
   // A NumPy array in this rank's window (see Communicator.empty). The array keeps the window
   // mapped, whatever happens to the communicator, and gives its space back when collected.
   // Where no window would serve (no peer in another process of this host): a plain array.
+  size_t windowBytes();
   py::array windowEmpty(const std::vector<int64_t>& shape, const py::dtype& dtype);
 
   int pendingSender();

@@ -163,8 +163,8 @@ void bindCommunicator(py::module_& m) {
 
   py::class_<PyComm> comm(m, "Communicator");
   comm
-      .def(py::init<int, py::bytes, int, int>(), py::arg("nranks"), py::arg("unique_id"), py::arg("rank"),
-           py::arg("device") = MNCL_DEVICE_CPU)
+      .def(py::init<int, py::bytes, int, int, int64_t>(), py::arg("nranks"), py::arg("unique_id"), py::arg("rank"),
+           py::arg("device") = MNCL_DEVICE_CPU, py::arg("window_bytes") = -1)
       .def_property_readonly("rank", &PyComm::rank)
       .def_property_readonly("nranks", &PyComm::nranks)
       .def_property_readonly("_device_index", &PyComm::device)
@@ -206,6 +206,8 @@ void bindCommunicator(py::module_& m) {
                     "no limit; default MININCL_CALL_TIMEOUT, else 0). Once it fired the communicator is failed, "
                     "as after any error.")
       .def("_window_empty", &PyComm::windowEmpty, py::arg("shape"), py::arg("dtype"))
+      .def_property_readonly("window_bytes", &PyComm::windowBytes,
+                             "The size of this rank's window in bytes (0: it has none).")
       .def("_topology", &PyComm::topology)
       .def("abort", &PyComm::abort,
            "Stops every call in flight on this communicator, on any thread (they raise minincl.Aborted), then "

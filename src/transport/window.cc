@@ -30,8 +30,9 @@ void* Window::allocate(size_t bytes) {
   for (auto& [off, len] : free_) freeBytes += len;
   throwError(mnclInvalidUsage, "the communicator's window cannot hold " + std::to_string(bytes) + " more bytes (" +
                                    std::to_string(freeBytes) + " of " + std::to_string(shm_->size()) +
-                                   " free): raise MININCL_WINDOW_BYTES (C: or config.windowBytes), or free arrays made with empty() "
-                                   "(C: memory from mnclCommMemAlloc)");
+                                   " free): make the communicator with a larger window (MININCL_WINDOW_BYTES; Python: window_bytes=, "
+                                   "C: config.windowBytes), or free arrays made with empty() (C: memory from "
+                                   "mnclCommMemAlloc)");
 }
 
 void Window::release(void* p) {
