@@ -22,7 +22,7 @@ from conftest import run_ranks
 import minincl
 from minincl import LaunchError
 
-MNCL_INVALID_ARGUMENT, MNCL_INVALID_USAGE, MNCL_ABORTED, INT32, FLOAT32, SUM = 4, 5, 9, 2, 7, 0
+MNCL_INVALID_ARGUMENT, MNCL_INVALID_USAGE, MNCL_REMOTE_ERROR, MNCL_ABORTED, INT32, FLOAT32, SUM = 4, 5, 6, 9, 2, 7, 0
 MNCL_SHRINK_DEFAULT, MNCL_SHRINK_ABORT = 0, 1
 
 
@@ -460,8 +460,12 @@ def test_c_api_shrink_with_abort_stops_a_split_waiting_on_another_thread() -> No
             t.start()
         for t in [*splitters, *shrinkers]:
             t.join(60)
-        want = {"split 0": MNCL_ABORTED, "split 1": MNCL_ABORTED, "shrink 0": 0, "shrink 1": 0}
-        assert codes == want, (codes, lib.mnclGetLastError(None))
+        # A split aborted by its own rank's shrink ends with mnclAborted; the other rank's may
+        # first hear from the root that this one left its init (mnclRemoteError; 1 in 4 runs
+        # beside busy processes).
+        splits_ended = sorted(codes.pop(f"split {r}", -1) for r in range(2))
+        assert codes == {"shrink 0": 0, "shrink 1": 0}, (codes, lib.mnclGetLastError(None))
+        assert splits_ended in ([MNCL_ABORTED] * 2, sorted([MNCL_ABORTED, MNCL_REMOTE_ERROR])), splits_ended
         for new in news:
             count = ctypes.c_int(0)
             assert lib.mnclCommCount(new, ctypes.byref(count)) == 0 and count.value == 2

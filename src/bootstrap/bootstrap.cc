@@ -126,10 +126,30 @@ void Bootstrap::registerWithRoot(const UniqueIdData& id) {
   bool startsRoot = fromAddress && rank_ == 0;
   std::optional<WaitCheck> rootFailed;
   if (!startsRoot && (rootWatch_ = localRootWatch(id.nonce, fromAddress))) rootFailed.emplace(rootWatch_);
-  Socket toRoot;
+  Socket toRoot = reachRoot(id);
+  if (startsRoot && (rootWatch_ = localRootWatch(id.nonce, true))) rootFailed.emplace(rootWatch_);
+  // Listen on the interface that reaches the root, so peers can reach us the same way.
+  SockAddr mine = toRoot.localAddr();
+  mine.setPort(0);
+  listen_ = Socket::listen(mine);
+
+  RootHello hello = helloFrom(id, rank_, nranks_);
+  hello.listen = listen_.localAddr().storage;
+  toRoot.sendAll(&hello, sizeof(hello), deadline(), "sending hello to the bootstrap root");
+  saidHello_ = true;
+  awaitRootReply(toRoot, id);
+  // The root names only the next rank's address; the ring passes the others around (see
+  // shareAddresses).
+  sockaddr_storage next{};
+  toRoot.recvAll(&next, sizeof(next), deadline(), "reading the next rank's address from the bootstrap root");
+  addrs_.assign(nranks_, WireAddr{});
+  addrs_[(rank_ + 1) % nranks_] = WireAddr::from(SockAddr{next, 0});
+  addrs_[rank_] = WireAddr::from(listen_.localAddr());
+}
+
+Socket Bootstrap::reachRoot(const UniqueIdData& id) {
   try {
-    toRoot = connectToRoot(id, rank_, deadline(), "registering with the bootstrap root");
-    if (startsRoot && (rootWatch_ = localRootWatch(id.nonce, true))) rootFailed.emplace(rootWatch_);
+    return connectToRoot(id, rank_, deadline(), "registering with the bootstrap root");
   } catch (const Error& e) {
     if (e.code() == mnclRemoteError && !id.rankZeroStartsRoot) {  // (it refused us: see connectToRoot)
       if (rootWatch_) rootWatch_();  // (a root of this process that failed: its story)
@@ -155,15 +175,9 @@ void Bootstrap::registerWithRoot(const UniqueIdData& id) {
                             "mnclGetUniqueId and serves one communicator's init: has that process exited, or did "
                             "another communicator's init already use this id?");
   }
-  // Listen on the interface that reaches the root, so peers can reach us the same way.
-  SockAddr mine = toRoot.localAddr();
-  mine.setPort(0);
-  listen_ = Socket::listen(mine);
+}
 
-  RootHello hello = helloFrom(id, rank_, nranks_);
-  hello.listen = listen_.localAddr().storage;
-  toRoot.sendAll(&hello, sizeof(hello), deadline(), "sending hello to the bootstrap root");
-  saidHello_ = true;
+void Bootstrap::awaitRootReply(Socket& toRoot, const UniqueIdData& id) {
   RootReply reply{};
   // The root gives up on missing ranks at its own deadline and says which are missing:
   // wait a little longer than it does, to hear that rather than a bare timeout.
@@ -182,13 +196,6 @@ void Bootstrap::registerWithRoot(const UniqueIdData& id) {
   if (reply.status != 0) {
     throwBootstrapFailure((mnclResult_t)reply.status, std::string(reply.message, strnlen(reply.message, sizeof(reply.message))));
   }
-  // The root names only the next rank's address; the ring passes the others around (see
-  // shareAddresses).
-  sockaddr_storage next{};
-  toRoot.recvAll(&next, sizeof(next), deadline(), "reading the next rank's address from the bootstrap root");
-  addrs_.assign(nranks_, WireAddr{});
-  addrs_[(rank_ + 1) % nranks_] = WireAddr::from(SockAddr{next, 0});
-  addrs_[rank_] = WireAddr::from(listen_.localAddr());
 }
 
 void Bootstrap::shareAddresses() {

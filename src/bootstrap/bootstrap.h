@@ -114,7 +114,10 @@ class Bootstrap {
     std::vector<char> data;
   };
 
+  // Says hello to the root of `id`; learns the next rank's address (or the init's failure).
   void registerWithRoot(const UniqueIdData& id);
+  Socket reachRoot(const UniqueIdData& id);  // its connection, or an error that says why not
+  void awaitRootReply(Socket& toRoot, const UniqueIdData& id);  // throws the failure it tells
   void connectRing();
   void shareAddresses();  // fills addrs_ (the root told this rank only its own and next's)
   // Accepts connections until one matches (kind, peer, tag); stashes p2p messages that arrive

@@ -329,122 +329,166 @@ void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, co
   }
 }
 
-void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& local) {
-  // The clock starts when the first rank of this id arrives: an id may be made long before
-  // its ranks start (a job that loads its data first). Until then the root waits, as NCCL's.
-  Deadline deadline = deadlineIn(10 * 365 * 86400.0);
-  bool started = false;
-  std::vector<Joined> joined;
-  std::vector<sockaddr_storage> table;
-  int nranks = -1;
-  std::string failure;
-  mnclResult_t status = mnclInvalidUsage;  // of a failure: the ranks disagree, or (Timeout) some never came
-  int strangers = 0;  // hellos with another id: a second job at this address, say
-  bool reportedHere = false;
-  RanksAccountedFor accounted;  // every rank of this id that came (for answerLateRanks)
-  int leftRank = -1;  // a rank that closed its connection before every rank came
+// One id's rendezvous: each rank's hello is checked and kept until every rank came; then each
+// hears the next rank's address, or, if it failed, why (and so do the ranks that come late).
+class Rendezvous {
+ public:
+  Rendezvous(Socket& listener, uint64_t nonce, double timeout, LocalRendezvous& local)
+      : nonce_(nonce), timeout_(timeout), local_(local), arrivals_(listener) {}
+
+  void run() {
+    try {
+      gatherRanks();
+    } catch (const Error& e) {
+      failFrom(e);
+    }
+    if (!failure_.empty()) local_.rootFailed(status_, failure_);  // (for ranks of this process it cannot answer)
+    answerJoined();
+    if (!failure_.empty() && status_ != mnclTimeout) {
+      accounted_.expect(nranks_);  // (where a rank of this process told it)
+      answerLateRanks(arrivals_, nonce_, status_, failure_, std::move(accounted_),
+                      leftRank_ >= 0 ? deadline_ : std::min(deadline_, deadlineIn(10.0)), local_);
+    }
+  }
+
+ private:
+  // Takes hellos until every rank joined, or one ends the rendezvous (failure_ says why).
+  void gatherRanks() {
+    while (nranks_ < 0 || (int)joined_.size() < nranks_) {
+      throwIfFailedOrLeft(false);  // (Arrivals::next waits 100 ms at most)
+      std::optional<Arriving> next = arrivals_.next(deadline_);
+      if (!next) continue;
+      if (!ofThisId(next->hello, nonce_)) {
+        turnAway(*next);
+        ++strangers_;
+        continue;
+      }
+      if (!admit(*next)) return;
+    }
+    throwIfFailedOrLeft(true);  // (the last rank came: is every other one still there?)
+  }
+
+  // A hello of this id: the rank joins, or (false) it ends the rendezvous.
+  bool admit(Arriving& a) {
+    const RootHello& h = a.hello;
+    // The clock starts when the first rank of this id arrives: an id may be made long before
+    // its ranks start (a job that loads its data first). Until then the root waits, as NCCL's.
+    if (!started_) deadline_ = deadlineIn(timeout_);
+    started_ = true;
+    accounted_.expect(h.nranks);
+    accounted_.add(h.rank);
+    if (h.failCode != 0) {  // (that rank waits for no answer)
+      status_ = mnclRemoteError;
+      failure_ = "rank " + std::to_string(h.rank) + " could not make its communicator: " +
+                 std::string(h.failMessage, strnlen(h.failMessage, sizeof(h.failMessage)));
+      if (nranks_ < 0) nranks_ = h.nranks;
+      return false;
+    }
+    if (nranks_ < 0 && !sizeFrom(a)) return false;
+    failure_ = joiningFailure(h, nranks_, joined_);
+    if (!failure_.empty()) {
+      // A duplicate whose first connection is closed is that rank come back (a restarted
+      // process): that it left is the story, as it is when it does not come back.
+      auto first = std::find_if(joined_.begin(), joined_.end(), [&](const Joined& j) { return j.rank == h.rank; });
+      if (first != joined_.end() && first->sock.closedByPeer()) {
+        leftRank_ = h.rank;
+        status_ = mnclRemoteError;
+        failure_ = rankLeftFailure(leftRank_);
+      }
+      reply(a.sock, nonce_, status_, failure_, nullptr);
+      return false;
+    }
+    table_[h.rank] = h.listen;
+    joined_.push_back({std::move(a.sock), h.rank});
+    return true;
+  }
+
+  // The first hello sets the rank count, unless the root cannot hold that many (false).
+  bool sizeFrom(Arriving& a) {
+    const RootHello& h = a.hello;
+    nranks_ = h.nranks;
+    if (nranks_ > kMaxRanks) {  // (its rank checked it too: another build's, say)
+      return refuse(a, mnclInvalidArgument, "rank " + std::to_string(h.rank) + ": " + tooManyRanks(nranks_));
+    }
+    try {
+      table_.assign(nranks_ > 0 ? nranks_ : 0, sockaddr_storage{});
+    } catch (const std::bad_alloc&) {  // (a wrong world size must not take this process down)
+      return refuse(a, mnclInvalidArgument,
+                    "rank " + std::to_string(h.rank) + " says nranks=" + std::to_string(nranks_) +
+                        ": more ranks than the bootstrap root can hold addresses for; is the world size right?");
+    }
+    return true;
+  }
+
+  bool refuse(Arriving& a, mnclResult_t status, const std::string& failure) {
+    status_ = status;
+    failure_ = failure;
+    reply(a.sock, nonce_, status_, failure_, nullptr);
+    return false;
+  }
+
   // A failure reported in this process, or a joined rank that left: the others cannot init
   // without it, and it would otherwise hold them (and this thread) until the timeout. The
   // joined connections every 100 ms (`always`: now): a look at each per hello would cost the
   // square of nranks.
-  Clock::time_point lookedAtJoined{};
-  auto failedOrLeft = [&](bool always) {
-    if (local.aRankFailed()) throwError(mnclRemoteError, "a rank of this process reported its failed init");
-    if (!always && Clock::now() - lookedAtJoined < std::chrono::milliseconds(100)) return;
-    lookedAtJoined = Clock::now();
-    for (const Joined& j : joined) {
+  void throwIfFailedOrLeft(bool always) {
+    if (local_.aRankFailed()) throwError(mnclRemoteError, "a rank of this process reported its failed init");
+    if (!always && Clock::now() - lookedAtJoined_ < std::chrono::milliseconds(100)) return;
+    lookedAtJoined_ = Clock::now();
+    for (const Joined& j : joined_) {
       if (!j.sock.closedByPeer()) continue;
-      leftRank = j.rank;
+      leftRank_ = j.rank;
       throwError(mnclRemoteError, "a rank left");
     }
-  };
-  Arrivals arrivals(listener);
-  try {
-    while (nranks < 0 || (int)joined.size() < nranks) {
-      failedOrLeft(false);  // (Arrivals::next waits 100 ms at most)
-      std::optional<Arriving> next = arrivals.next(deadline);
-      if (!next) continue;
-      Socket& s = next->sock;
-      const RootHello& h = next->hello;
-      if (!ofThisId(h, nonce)) {
-        turnAway(*next);
-        ++strangers;
-        continue;
-      }
-      if (!started) deadline = deadlineIn(timeout);
-      started = true;
-      accounted.expect(h.nranks);
-      accounted.add(h.rank);
-      if (h.failCode != 0) {
-        status = mnclRemoteError;
-        failure = "rank " + std::to_string(h.rank) + " could not make its communicator: " +
-                  std::string(h.failMessage, strnlen(h.failMessage, sizeof(h.failMessage)));
-        if (nranks < 0) nranks = h.nranks;
-        break;
-      }
-      if (nranks < 0) {
-        nranks = h.nranks;
-        if (nranks > kMaxRanks) {  // (its rank checked it too: another build's, say)
-          failure = "rank " + std::to_string(h.rank) + ": " + tooManyRanks(nranks);
-          reply(s, nonce, mnclInvalidArgument, failure, nullptr);
-          status = mnclInvalidArgument;
-          break;
-        }
-        try {
-          table.assign(nranks > 0 ? nranks : 0, sockaddr_storage{});
-        } catch (const std::bad_alloc&) {  // (a wrong world size must not take this process down)
-          failure = "rank " + std::to_string(h.rank) + " says nranks=" + std::to_string(nranks) +
-                    ": more ranks than the bootstrap root can hold addresses for; is the world size right?";
-          reply(s, nonce, mnclInvalidArgument, failure, nullptr);
-          status = mnclInvalidArgument;
-          break;
-        }
-      }
-      failure = joiningFailure(h, nranks, joined);
-      if (!failure.empty()) {
-        // A duplicate whose first connection is closed is that rank come back (a restarted
-        // process): that it left is the story, as it is when it does not come back.
-        auto first = std::find_if(joined.begin(), joined.end(), [&](const Joined& j) { return j.rank == h.rank; });
-        if (first != joined.end() && first->sock.closedByPeer()) {
-          leftRank = h.rank;
-          status = mnclRemoteError;
-          failure = rankLeftFailure(leftRank);
-        }
-        reply(s, nonce, status, failure, nullptr);
-        break;
-      }
-      table[h.rank] = h.listen;
-      joined.push_back({std::move(s), h.rank});
-    }
-    if (failure.empty()) failedOrLeft(true);  // (the last rank came: is every other one still there?)
-  } catch (const Error& e) {
-    if (local.aRankFailed()) {  // (as a failure reported by socket, above)
-      reportedHere = true;
-      status = mnclRemoteError;
-      failure = local.rankFailure(&nranks);
-    } else if (leftRank >= 0) {
-      status = mnclRemoteError;
-      failure = rankLeftFailure(leftRank);
+  }
+
+  // The story of what interrupted gatherRanks.
+  void failFrom(const Error& e) {
+    bool reportedHere = local_.aRankFailed();  // (as a failure reported by socket, in admit)
+    status_ = e.code();
+    if (reportedHere) {
+      status_ = mnclRemoteError;
+      failure_ = local_.rankFailure(&nranks_);
+    } else if (leftRank_ >= 0) {
+      status_ = mnclRemoteError;
+      failure_ = rankLeftFailure(leftRank_);
     } else if (e.code() == mnclTimeout) {  // (the deadline: ranks never came)
-      status = mnclTimeout;
-      failure = missingRanksFailure(nranks, joined, strangers);
+      failure_ = missingRanksFailure(nranks_, joined_, strangers_);
     } else {  // (accept() failed: out of file descriptors, say)
-      status = e.code();
-      failure = std::string("the bootstrap root failed: ") + e.what();
+      failure_ = std::string("the bootstrap root failed: ") + e.what();
     }
-    if (!reportedHere) MNCL_WARN(kInit, "bootstrap root: %s", failure.c_str());
+    if (!reportedHere) MNCL_WARN(kInit, "bootstrap root: %s", failure_.c_str());
   }
-  if (!failure.empty()) local.rootFailed(status, failure);  // (for ranks of this process it cannot answer)
-  for (Joined& j : joined) {
-    const sockaddr_storage* next = failure.empty() ? &table[(j.rank + 1) % nranks] : nullptr;
-    reply(j.sock, nonce, failure.empty() ? mnclSuccess : status, failure, next);
+
+  // Every joined rank hears the next one's address, or the failure; their sockets then close
+  // (not held while late ranks are answered).
+  void answerJoined() {
+    for (Joined& j : joined_) {
+      const sockaddr_storage* next = failure_.empty() ? &table_[(j.rank + 1) % nranks_] : nullptr;
+      reply(j.sock, nonce_, failure_.empty() ? mnclSuccess : status_, failure_, next);
+    }
+    joined_.clear();
   }
-  joined.clear();  // (their sockets: not held while late ranks are answered)
-  if (!failure.empty() && status != mnclTimeout) {
-    accounted.expect(nranks);  // (where a rank of this process told it)
-    answerLateRanks(arrivals, nonce, status, failure, std::move(accounted),
-                    leftRank >= 0 ? deadline : std::min(deadline, deadlineIn(10.0)), local);
-  }
+
+  const uint64_t nonce_;
+  const double timeout_;
+  LocalRendezvous& local_;
+  Arrivals arrivals_;
+  Deadline deadline_ = deadlineIn(10 * 365 * 86400.0);  // (until the first rank comes: see admit)
+  bool started_ = false;
+  int nranks_ = -1;  // (from the first hello)
+  std::vector<Joined> joined_;
+  std::vector<sockaddr_storage> table_;  // each joined rank's listening address, by rank
+  std::string failure_;
+  mnclResult_t status_ = mnclInvalidUsage;  // of a failure: the ranks disagree, or (Timeout) some never came
+  int strangers_ = 0;  // hellos with another id: a second job at this address, say
+  RanksAccountedFor accounted_;  // every rank of this id that came (for answerLateRanks)
+  int leftRank_ = -1;  // a rank that closed its connection before every rank came
+  Clock::time_point lookedAtJoined_{};
+};
+
+void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& local) {
+  Rendezvous(listener, nonce, timeout, local).run();
 }
 
 }  // namespace
