@@ -66,7 +66,9 @@ struct P2pEngine {
   // This channel receives in this group too (thread 0): its sends may go as pointer steps.
   bool receivesToo = false;
   int opsLeft = 0;        // the group's unfinished ops
+  int sendsLeft = 0;      // ... of them sends
   bool recvsLeft = false; // ... some of them recvs (as this pass began)
+  bool opsGrouped = false;  // each connection's ops lie together (see blockedByEarlier)
   uint64_t readLongest = kLongestRead;  // the most the next pointer-step read takes (movePass)
 
   MNCL_HOSTDEV static StepInfo infoOf(const P2pOp& op) {
@@ -90,6 +92,7 @@ struct P2pEngine {
         receivesToo |= !ops[i].isSend;
       }
     }
+    opsGrouped = groupedByConnection(ops, n);
     barrier();
     bool ok = runOps(ops, n);
     if (tid() == 0) {
@@ -109,6 +112,8 @@ struct P2pEngine {
 
   MNCL_DEV bool runOps(P2pOp* ops, int n) {
     opsLeft = n;
+    sendsLeft = 0;
+    for (int i = 0; i < n; ++i) sendsLeft += ops[i].isSend ? 1 : 0;
     uint32_t idle = 0;
     while (opsLeft > 0) {
       // Recvs publish their buffers first, then sends post, then recvs read: a peer waiting
@@ -121,7 +126,7 @@ struct P2pEngine {
         }
       }
       bool moved = false;
-      recvsLeft = unfinished(ops, n, false);
+      recvsLeft = unfinished(false);
       if (!movePass(ops, n, true, &moved) || !movePass(ops, n, false, &moved)) return false;
       if (moved) {
         idle = 0;
@@ -152,31 +157,56 @@ struct P2pEngine {
       if (!sends && op.stepAt != 0 && !op.written) {
         // About to read a sender's memory: first post what our sends can (our receiver may
         // have started since the sends' pass: a peer publishes its buffer, then posts).
-        if (unfinished(ops, n, true) && !movePass(ops, n, true, moved)) return false;
-        readLongest = unfinished(ops, n, true) ? ch.pointerReadBytes : kLongestRead;
+        if (unfinished(true) && !movePass(ops, n, true, moved)) return false;
+        readLongest = unfinished(true) ? ch.pointerReadBytes : kLongestRead;
       }
       if (!moveStep(op)) return false;
       *moved = true;
-      if (op.finished()) --opsLeft;
+      if (op.finished()) {
+        --opsLeft;
+        sendsLeft -= op.isSend ? 1 : 0;
+      }
     }
     return true;
   }
 
   // Some send has bytes left to post (or some recv bytes left to read).
-  MNCL_DEV static bool unfinished(const P2pOp* ops, int n, bool sends) {
-    for (int i = 0; i < n; ++i) {
-      if (ops[i].isSend == sends && !ops[i].finished()) return true;
+  MNCL_DEV bool unfinished(bool sends) const { return sends ? sendsLeft > 0 : opsLeft > sendsLeft; }
+
+  // Ops on the same connection (peer and direction) run in the order they were issued. An op
+  // waits for the one before it on its connection only (that one waited for its own). Where
+  // the ops are grouped by connection, that is the op just before; else (a GPU launch's,
+  // kMaxGpuP2pOps at most) a scan finds it. (A pass over thousands of ops to one peer
+  // scanned them all for each: a group of 2000 sends and 2000 receives took seconds.)
+  MNCL_DEV bool blockedByEarlier(const P2pOp* ops, int i) const {
+    if (opsGrouped) return i > 0 && sameConnection(ops[i - 1], ops[i]) && !ops[i - 1].finished();
+    for (int j = 0; j < i; ++j) {
+      if (!ops[j].finished() && sameConnection(ops[j], ops[i])) return true;
     }
     return false;
   }
 
-  // Ops on the same connection (peer and direction) run in the order they were issued.
-  MNCL_DEV static bool blockedByEarlier(const P2pOp* ops, int i) {
-    for (int j = 0; j < i; ++j) {
-      if (!ops[j].finished() && ops[j].peer == ops[i].peer && ops[j].isSend == ops[i].isSend) return true;
-    }
-    return false;
+  MNCL_HOSTDEV static bool sameConnection(const P2pOp& a, const P2pOp& b) {
+    return a.peer == b.peer && a.isSend == b.isSend;
   }
+
+  // Whether ops[0..n) are in connectionOrder (the CPU's host puts them so: groupP2pOps):
+  // then each connection's ops lie together.
+  MNCL_DEV bool groupedByConnection(const P2pOp* ops, int n) const {
+    for (int i = 1; i < n; ++i) {
+      if (connectionOrder(ops[i], ch.rank, ch.nranks) < connectionOrder(ops[i - 1], ch.rank, ch.nranks)) return false;
+    }
+    return true;
+  }
+
+ public:
+  // An op's place when a group's ops are grouped by connection: by peer from the next rank
+  // on (as the ranks of an alltoall go), each peer's recvs before its sends.
+  MNCL_HOSTDEV static int64_t connectionOrder(const P2pOp& op, int rank, int nranks) {
+    return 2 * (int64_t)((op.peer - rank + nranks) % nranks) + (op.isSend ? 1 : 0);
+  }
+
+ private:
 
   MNCL_DEV char* slot(const ConnFifo& f, uint64_t step) const {
     return f.simpleSlot(step, ch.sizes);

@@ -212,6 +212,53 @@ def test_send_recv_ring_and_pairs(comms_of: Any, nranks: int, count: int) -> Non
         np.testing.assert_array_equal(own, data[r])
 
 
+@pytest.mark.parametrize("nranks", [2, 3, 5])
+def test_many_sends_and_receives_in_one_group_pair_in_order(comms_of: Any, nranks: int) -> None:
+    """Each rank posts a few hundred sends and receives with every peer in one group, the
+    connections interleaved at random (each connection's in its order); sizes from 0 to
+    above a pointer step and a slot. The i-th send from a to b lands in b's i-th receive from
+    a. (The ops are regrouped by connection before they run; a group of thousands of small
+    ops took seconds when each op looked back over all those before it.)"""
+    comms = comms_of(nranks)
+    rng = np.random.default_rng(nranks)
+    sizes = {
+        (a, b): rng.choice([0, 1, 5, 300, 3000, 20011], size=int(rng.integers(40, 90)))
+        for a in range(nranks)
+        for b in range(nranks)
+        if a != b
+    }
+
+    def payload(a: int, b: int, i: int) -> np.ndarray:
+        return (np.arange(sizes[(a, b)][i], dtype=np.int32) * 7 + 1000 * a + 100000 * b + 17 * i).astype(np.int32)
+
+    def posts(r: int) -> list[tuple[str, int, int]]:
+        """('send' | 'recv', peer, index) in a random interleaving of the connections."""
+        queues = [[("send", p, i) for i in range(len(sizes[(r, p)]))] for p in range(nranks) if p != r]
+        queues += [[("recv", p, i) for i in range(len(sizes[(p, r)]))] for p in range(nranks) if p != r]
+        order = np.random.default_rng(100 + r).permutation(np.repeat(np.arange(len(queues)), [len(q) for q in queues]))
+        heads = [0] * len(queues)
+        out = []
+        for q in order:
+            out.append(queues[q][heads[q]])
+            heads[q] += 1
+        return out
+
+    def body(c: Any) -> dict[tuple[int, int], np.ndarray]:
+        got = {}
+        with minincl.group():
+            for kind, peer, i in posts(c.rank):
+                if kind == "send":
+                    c.send(payload(c.rank, peer, i), peer)
+                else:
+                    got[(peer, i)] = np.full(sizes[(peer, c.rank)][i], -1, np.int32)
+                    c.recv(got[(peer, i)], peer)
+        return got
+
+    for r, got in enumerate(run_ranks(comms, body)):
+        for (peer, i), buf in got.items():
+            np.testing.assert_array_equal(buf, payload(peer, r, i), err_msg=f"rank {r}: receive {i} from {peer}")
+
+
 @pytest.mark.parametrize("nranks", [1, 2, 3])
 def test_copies_to_self_are_shared_among_channels(comms_of: Any, nranks: int) -> None:
     """Copies to self of 64 KiB and more are split among the channels with work: several

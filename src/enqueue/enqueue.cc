@@ -170,7 +170,10 @@ void launch(CommLaunch* plans, size_t nplans, bool* ran) {
   for (size_t i = 0; i < nplans; ++i) checkUsable(*plans[i].comm);
   *ran = true;
   Completion done;
-  for (size_t i = 0; i < nplans; ++i) matchSelf(plans[i]);
+  for (size_t i = 0; i < nplans; ++i) {
+    matchSelf(plans[i]);
+    for (std::vector<dev::P2pOp>& ops : plans[i].p2p) groupP2pOps(*plans[i].comm, ops);
+  }
   for (size_t i = 0; i < nplans; ++i) {
     CommLaunch& plan = plans[i];
     for (int c = i == 0 ? 1 : 0; c < plan.comm->nChannels(); ++c) {

@@ -123,6 +123,20 @@ void planP2pOps(Comm& comm, const P2pCall& c, std::vector<std::vector<dev::P2pOp
   }
 }
 
+void groupP2pOps(const Comm& comm, std::vector<dev::P2pOp>& ops) {
+  auto before = [rank = comm.rank(), n = comm.nranks()](const dev::P2pOp& a, const dev::P2pOp& b) {
+    return dev::P2pEngine::connectionOrder(a, rank, n) < dev::P2pEngine::connectionOrder(b, rank, n);
+  };
+  if (std::is_sorted(ops.begin(), ops.end(), before)) return;  // (most groups: nothing to move)
+  if (ops.size() <= 32) {  // (an insertion sort, stable, allocates nothing)
+    for (size_t i = 1; i < ops.size(); ++i) {
+      for (size_t j = i; j > 0 && before(ops[j], ops[j - 1]); --j) std::swap(ops[j], ops[j - 1]);
+    }
+    return;
+  }
+  std::stable_sort(ops.begin(), ops.end(), before);
+}
+
 void checkSelfPairs(int rank, const std::vector<const P2pCall*>& sends, const std::vector<const P2pCall*>& recvs) {
   MNCL_CHECK(sends.size() == recvs.size(), mnclInvalidUsage,
         "rank " + std::to_string(rank) + " sends to itself " + std::to_string(sends.size()) +

@@ -49,6 +49,9 @@ P2pSplit p2pSplit(const Comm& comm, size_t bytes, int peer);
 // (p2pSplit) always carries a step, so a receiver compares sizes with its sender even when
 // they would disagree on the channel count.
 void planP2pOps(Comm& comm, const P2pCall& c, std::vector<std::vector<dev::P2pOp>>& perChannel);
+// Puts a channel's ops in connection order (dev::P2pEngine::connectionOrder), each
+// connection's in the order they were posted, so that an op waits on the one just before it.
+void groupP2pOps(const Comm& comm, std::vector<dev::P2pOp>& ops);
 
 // Sends to self pair with recvs from self in order; throws InvalidUsage unless they match.
 void checkSelfPairs(int rank, const std::vector<const P2pCall*>& sends, const std::vector<const P2pCall*>& recvs);
