@@ -62,7 +62,7 @@ std::string progressOf(const CallLog& log) {
          std::to_string(dev::loadAcquire(&log.recvsPosted)) + " receive(s) posted";
 }
 
-// A heartbeat moves every 10 ms: one still for this long means the rank's process is
+// A heartbeat moves every monitor tick (250 ms at most): one still for this long means the rank's process is
 // stopped (SIGSTOP, a debugger) or starved of CPU, whatever its call log last said.
 constexpr double kStoppedAfterSeconds = 1.0;
 

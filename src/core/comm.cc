@@ -196,6 +196,7 @@ PeerInfo Comm::describeSelf() {
   MNCL_CHECK(spread == 0 || spread == 1, mnclInvalidArgument, "MININCL_P2P_SPREAD must be 0 or 1");
   mine.p2pSpread = (int32_t)spread;
   p2pSpread_ = spread != 0;
+  mine.timeoutSeconds = Monitor::timeoutSeconds();
   mine.algoMask = Tuner::algoMaskFromEnv();
   mine.protoMask = Tuner::protoMaskFromEnv();
   mine.cpu = sched_getcpu();

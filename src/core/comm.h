@@ -61,6 +61,7 @@ struct PeerInfo {
   // MININCL_ALGO / MININCL_PROTO as masks (must agree: every rank's tuner must choose alike).
   uint32_t algoMask, protoMask;
   int32_t oversubscribed;  // this host's channel threads outnumber its cores (for the tuner)
+  double timeoutSeconds;   // MININCL_TIMEOUT: how long its peers may go without its heartbeat
   WireAddr netAddr;       // this rank's network-transport listener (when some peer needs it)
 };
 

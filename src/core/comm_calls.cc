@@ -9,6 +9,7 @@
 #include "comm.h"
 #include "error.h"
 #include "log.h"
+#include "monitor.h"
 
 namespace mncl {
 
@@ -92,10 +93,12 @@ void Comm::setCallTimeout(double seconds) {
 }
 
 Comm::CallScope::CallScope(Comm& c, Inside inside, uint64_t peers) : comm(c) {
-  int before = comm.callsInside_.fetch_add(1, std::memory_order_acq_rel);
+  // (seq_cst: see Monitor::nextTick)
+  int before = comm.callsInside_.fetch_add(1, std::memory_order_seq_cst);
   if (before > 0 && !comm.onGpu()) refuseSecondThread();
   if (comm.region_ && !comm.onGpu()) enterCall(comm.region_->ctrl()->calls, inside, peers);
   if (comm.netProxy_) comm.netProxy_->wake();
+  if (comm.monitor_) comm.monitor_->callStarting();
 }
 
 // A CPU call runs on the communicator's channels (their connections, FIFOs and step counts)

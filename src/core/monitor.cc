@@ -15,8 +15,9 @@
 
 namespace mncl {
 
-bool processGone(int pid) {
+bool processGone(int pid, bool orZombie) {
   if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  if (!orZombie) return false;
   FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
   if (!f) return false;
   char state = 0;
@@ -43,6 +44,7 @@ std::chrono::steady_clock::time_point Monitor::timeoutFromNow() {
 Monitor::Monitor(Comm& comm)
     : comm_(comm),
       timeout_(timeoutSeconds()),
+      idleTick_(idleTick(comm)),
       watch_(comm.nranks()),
       gaveUp_(std::make_unique<std::atomic<bool>[]>(comm.nranks())) {
   double now = nowSeconds();
@@ -64,7 +66,11 @@ void Monitor::loop() {
   if (comm_.onGpu()) gpu::becomeWatcherThread(comm_.device());
   RankCtrl* mine = comm_.region_->ctrl();
   std::unique_lock<std::mutex> lock(mutex_);
-  while (!cv_.wait_for(lock, std::chrono::milliseconds(10), [&] { return stop_; })) {
+  for (;;) {
+    cv_.wait_for(lock, nextTick(), [&] { return stop_ || woken_; });
+    if (stop_) return;
+    woken_ = false;
+    idleWait_.store(false, std::memory_order_relaxed);
     dev::storeRelease(&mine->heartbeat, mine->heartbeat + 1);
     double now = nowSeconds();
     noteOwnStall(now);
@@ -81,6 +87,47 @@ void Monitor::loop() {
     if (!comm_.onGpu() && !comm_.failed()) checkWaitCycle(now);
     if (!comm_.failed()) comm_.onGpu() ? checkGpuCallTimeout(now) : checkCallTimeout(now);
   }
+}
+
+// kBusyTick while a call runs here (or a GPU kernel is queued) and after one ran since the
+// last tick: a peer's failure, a mismatch or a deadlock should stop it soon. Idle, up to
+// kLongestIdleTick (idleTick): enough for the heartbeat its peers time, at a 25th of the
+// wake-ups (communicators held idle took a core: 8 processes with 50 splits each, at 10 ms);
+// a call that starts meanwhile ends the idle tick (callStarting).
+std::chrono::milliseconds Monitor::nextTick() {
+  uint64_t calls = callsLogged();
+  bool ranCalls = calls != callsSeen_;
+  callsSeen_ = calls;
+  // (Stored before callsInside_ is read, as callStarting reads it after counting the call:
+  // either this loop sees the call, or the call sees the idle tick and ends it.)
+  idleWait_.store(true, std::memory_order_seq_cst);
+  if (ranCalls || comm_.callsInside_.load(std::memory_order_seq_cst) > 0 || comm_.gpuWorkPending()) {
+    idleWait_.store(false, std::memory_order_relaxed);
+    return kBusyTick;
+  }
+  return idleTick_;
+}
+
+// A twentieth of the shortest MININCL_TIMEOUT among the ranks (the heartbeat must move well
+// within each peer's), from kBusyTick to kLongestIdleTick.
+std::chrono::milliseconds Monitor::idleTick(const Comm& comm) {
+  double shortest = timeoutSeconds();
+  for (const PeerInfo& p : comm.peers_) shortest = std::min(shortest, p.timeoutSeconds);
+  return std::clamp(std::chrono::milliseconds((long long)(shortest * 1000 / 20)), kBusyTick, kLongestIdleTick);
+}
+
+void Monitor::callStarting() {
+  if (!idleWait_.load(std::memory_order_seq_cst)) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    woken_ = true;
+  }
+  cv_.notify_one();
+}
+
+uint64_t Monitor::callsLogged() const {
+  const CallLog& log = comm_.region_->ctrl()->calls;
+  return dev::loadRelaxed(&log.made) + dev::loadRelaxed(&log.sendsPosted) + dev::loadRelaxed(&log.recvsPosted);
 }
 
 // This process did not run for a while (SIGSTOP, a debugger, a suspended machine): the peers'
@@ -126,7 +173,7 @@ void Monitor::checkPeer(int r, double now) {
   const PeerInfo& peer = comm_.peers_[r];
   RankCtrl* ctrl = comm_.peerRegions_[r]->ctrl();
   PeerWatch& w = watch_[r];
-  std::string who = "rank " + std::to_string(r) + " (pid " + std::to_string(peer.pid) + ")";
+  auto who = [&] { return "rank " + std::to_string(r) + " (pid " + std::to_string(peer.pid) + ")"; };
   uint32_t state = dev::loadAcquire(&ctrl->state);
   if (state == RankCtrl::kFailed) {
     // (The rank it gave up on, if any, passed on with the failure and on the same links: a
@@ -134,7 +181,7 @@ void Monitor::checkPeer(int r, double now) {
     uint32_t gaveUpOn = dev::loadAcquire(&ctrl->gaveUpOn);
     RankCtrl* mine = comm_.region_->ctrl();
     if (gaveUpOn != 0 && dev::loadAcquire(&mine->gaveUpOn) == 0) dev::storeRelease(&mine->gaveUpOn, gaveUpOn);
-    fail(mnclRemoteError, who + " failed: " + std::string(ctrl->failMessage));
+    fail(mnclRemoteError, who() + " failed: " + std::string(ctrl->failMessage));
     return;
   }
   bool sameProcess = inThisProcess(r);
@@ -145,9 +192,9 @@ void Monitor::checkPeer(int r, double now) {
     if (!waiting) return;
     std::string never = callThePeerNeverMade(r);
     if (!never.empty()) {
-      fail(mnclRemoteError, who + " destroyed its communicator (or its process exited) " + never);
+      fail(mnclRemoteError, who() + " destroyed its communicator (or its process exited) " + never);
     } else if (now - w.leftSince > timeout_) {  // (it made our call: it may have done its part)
-      fail(mnclRemoteError, who + " destroyed its communicator (or its process exited) while this rank was "
+      fail(mnclRemoteError, who() + " destroyed its communicator (or its process exited) while this rank was "
                             "still waiting on it");
     }
     return;
@@ -157,8 +204,12 @@ void Monitor::checkPeer(int r, double now) {
   // (A pid means something on this host only; over the network a vanished peer's
   // connections close, and its mirrored state says so.)
   bool sameHost = peer.hostHash == comm_.peers_[comm_.rank()].hostHash;
-  if (sameHost && processGone(peer.pid)) {
-    fail(mnclRemoteError, who + " exited (or was killed) without destroying its communicator");
+  // (A zombie, through /proc, every kZombieLookEvery: each look costs as much as the rest of
+  // a tick, and many communicators watch the same processes.)
+  bool lookForZombie = now - w.zombieLookedAt >= kZombieLookEvery;
+  if (lookForZombie) w.zombieLookedAt = now;
+  if (sameHost && processGone(peer.pid, lookForZombie)) {
+    fail(mnclRemoteError, who() + " exited (or was killed) without destroying its communicator");
     return;
   }
   if (!heartbeatStopped(r, now)) return;
@@ -169,7 +220,7 @@ void Monitor::checkPeer(int r, double now) {
   if (dev::loadAcquire(&mine->gaveUpOn) == 0) dev::storeRelease(&mine->gaveUpOn, (uint32_t)r + 1);
   char limit[32];
   std::snprintf(limit, sizeof limit, "%g", timeout_);  // (0.2, not the 0 an int cast gave)
-  fail(mnclTimeout, who + " has shown no sign of life for " + limit + " s (MININCL_TIMEOUT); it is hung or unreachable");
+  fail(mnclTimeout, who() + " has shown no sign of life for " + limit + " s (MININCL_TIMEOUT); it is hung or unreachable");
 }
 
 bool Monitor::heartbeatStopped(int r, double now) {

@@ -1,6 +1,7 @@
 // Watches the peers of a communicator so that a vanished peer becomes an error, not a hang.
 //
-// Every 10 ms it bumps this rank's heartbeat and looks at each peer's control block:
+// Every tick (10 ms while a call runs, up to 250 ms idle: see nextTick) it bumps this rank's
+// heartbeat and looks at each peer's control block:
 //  - the peer failed (aborted, or hit an error)     -> RemoteError naming it, at once;
 //  - the peer's process is gone (same host)         -> RemoteError, at once;
 //  - the peer's heartbeat stopped for MININCL_TIMEOUT -> Timeout, and the peer is given up
@@ -42,9 +43,9 @@ namespace mncl {
 
 class Comm;
 
-// Whether process pid (on this host) is gone, or a zombie waiting for its parent to reap it
-// (a killed child of a launcher).
-bool processGone(int pid);
+// Whether process pid (on this host) is gone, or (`orZombie`) a zombie waiting for its parent
+// to reap it (a killed child of a launcher).
+bool processGone(int pid, bool orZombie = true);
 
 class Monitor {
  public:
@@ -60,8 +61,16 @@ class Monitor {
   // state said running (a stopped or hung process). For good, as a peer that left; after this
   // communicator failed the loop still looks, so that every such peer is found. Any thread.
   bool gaveUpOn(int r) const { return gaveUp_[r].load(std::memory_order_acquire); }
+  // A call is starting on this communicator (Comm::CallScope): an idle tick ends now, so
+  // that the call is watched every kBusyTick from its start.
+  void callStarting();
 
  private:
+  static constexpr std::chrono::milliseconds kBusyTick{10}, kLongestIdleTick{250};
+  static std::chrono::milliseconds idleTick(const Comm& comm);
+  static constexpr double kZombieLookEvery = 0.05;  // seconds
+  std::chrono::milliseconds nextTick();
+  uint64_t callsLogged() const;  // this rank's collective calls, sends and receives so far
   void loop();
   void noteOwnStall(double now);
   void fail(mnclResult_t code, const std::string& message);  // comm_.fail (which adds stallNote)
@@ -96,9 +105,10 @@ class Monitor {
 
   Comm& comm_;
   double timeout_;
+  std::chrono::milliseconds idleTick_;
   struct PeerWatch {
     uint64_t lastBeat = 0;
-    double lastChange = 0, leftSince = -1;
+    double lastChange = 0, leftSince = -1, zombieLookedAt = -1;
     uint64_t blockedCall = 0;  // the peer's call (CallActivity::entered) blocked behind ours
     double blockedSince = 0;
   };
@@ -117,6 +127,9 @@ class Monitor {
   std::mutex mutex_;
   std::condition_variable cv_;
   bool stop_ = false;
+  bool woken_ = false;                // (callStarting; under mutex_)
+  std::atomic<bool> idleWait_{false};  // the loop is in (or about to enter) an idle tick
+  uint64_t callsSeen_ = 0;            // callsLogged() at the last tick
   std::thread thread_;
 };
 
