@@ -35,6 +35,16 @@ _WINDOW_FROM_ENV = -1  # (the core's "no window_bytes given")
 _WINDOW_MAX_BYTES = 1 << 40  # (as mnclConfig_t's windowBytes)
 
 
+def _check_int32_ranks(nranks: int, rank: int) -> None:
+    """Counts past 32 bits get the core's messages, not a TypeError from the binding."""
+    if isinstance(nranks, int) and nranks >= 2**31:
+        raise InvalidArgument(
+            f"nranks={nranks} is more than minincl takes ({_core._MAX_RANKS}); is the world size right?"
+        )
+    if isinstance(rank, int) and not -(2**31) <= rank < 2**31:
+        raise InvalidArgument(f"rank {rank} is out of range for nranks={nranks}")
+
+
 def _window_bytes_setting(window_bytes: object) -> int:
     """``window_bytes`` as the core takes it: bytes, or -1 for MININCL_WINDOW_BYTES."""
     if window_bytes is None:
@@ -131,6 +141,7 @@ class Communicator(_core.Communicator):
     def __init__(
         self, nranks: int, unique_id: bytes, rank: int, device: DeviceSpec = None, *, window_bytes: int | None = None
     ) -> None:
+        _check_int32_ranks(nranks, rank)  # (before the report below, which takes 32-bit ones)
         try:
             index = _device_index(device)
             window = _window_bytes_setting(window_bytes)

@@ -205,6 +205,29 @@ def test_inexact_sums_are_bitwise_identical_on_every_rank(forced: ForcedPool, nr
                     assert np.all(np.abs(first.astype(np.float64) - exact) <= bound), label
 
 
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_max_and_min_propagate_nan_as_numpy(forced: ForcedPool, op: str) -> None:
+    """A NaN on any rank makes that element NaN, as np.maximum / np.minimum do, under every
+    algorithm and protocol (a comparison that keeps the other operand would drop it in one
+    order of the ranks and keep it in another); infinities as NumPy's too (a zero's sign is
+    not compared)."""
+    nranks, count = 3, 2003
+    rng = np.random.default_rng(7)
+    for algo in ALGOS:
+        for proto in PROTOS:
+            comms = forced.get(nranks, algo, proto)
+            for dtype in EPSILON:
+                needs(dtype)
+                values = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1.5, -2.0])
+                inputs = [as_numpy(make(rng.choice(values, count), dtype)).astype(np.float64) for _ in range(nranks)]
+                results = run_ranks(comms, lambda c: c.allreduce(make(inputs[c.rank], dtype), op=op))
+                want = (np.maximum if op == "max" else np.minimum).reduce(inputs)
+                for r in range(nranks):
+                    got = as_numpy(results[r]).astype(np.float64)
+                    same = (got == want) | (np.isnan(got) & np.isnan(want))
+                    assert same.all(), f"{algo}/{proto} {dtype} rank {r}: {got[~same][:4]} for {want[~same][:4]}"
+
+
 def test_tuner_remembers_its_last_choice_per_collective(tmp_path: Path) -> None:
     """MININCL_DEBUG=INFO logs a choice when the tuner makes it: once for a loop of same-sized
     calls, again when the size changes, and the remembered plan keeps giving NumPy's answer."""

@@ -1144,6 +1144,11 @@ def test_a_rank_count_too_large_is_refused_and_the_root_lives_on() -> None:
     (or, where memory is overcommitted, took 128 GiB). Past 2**22 ranks, a wrong world size."""
     with pytest.raises(minincl.InvalidArgument, match=r"nranks=1073741824 is more than minincl takes \(4194304\)"):
         minincl.Communicator(1 << 30, minincl.get_unique_id(), 0)
+    # past 32 bits too (the binding's TypeError named no argument), and a rank past them
+    with pytest.raises(minincl.InvalidArgument, match=r"nranks=2147483648 is more than minincl takes \(4194304\)"):
+        minincl.Communicator(1 << 31, minincl.get_unique_id(), 0)
+    with pytest.raises(minincl.InvalidArgument, match=r"rank 4294967296 is out of range for nranks=2"):
+        minincl.Communicator(2, minincl.get_unique_id(), 1 << 32)
     comms = minincl.Communicator.init_all(2)  # (this process goes on)
     x = [np.ones(3, np.float32) for _ in comms]
     run_ranks(comms, lambda c: c.allreduce(x[c.rank]))

@@ -31,6 +31,17 @@ namespace mncl {
 
 namespace {
 
+// How long the root waits for a rank's reply to go out (a rank that stopped reading is gone).
+constexpr double kReplySeconds = 2.0;
+// How often the waits for hellos come up to look at failures and closed connections.
+constexpr std::chrono::milliseconds kLookEvery{100};
+// The most missing ranks a timeout's story names (then "and N more").
+constexpr int kMissingRanksListed = 32;
+// How long a failed rendezvous goes on answering ranks still to come (see answerLateRanks).
+constexpr double kLateRanksSeconds = 10.0;
+// The deadline of a root no rank has come to yet: none (ten years).
+constexpr double kNoDeadlineSeconds = 10 * 365 * 86400.0;
+
 // What a root and the ranks of its own process tell each other without sockets, which may
 // be what failed (no file descriptor left): a rank's failed init (reportToLocalRoot), ranks
 // that will not come (leaveLocalRoot), and the root's failure, for the ranks it could not
@@ -135,7 +146,7 @@ void reply(Socket& s, uint64_t nonce, int status, const std::string& msg, const 
   r.status = status;
   std::strncpy(r.message, msg.c_str(), sizeof(r.message) - 1);
   try {
-    Deadline d = deadlineIn(2.0);
+    Deadline d = deadlineIn(kReplySeconds);
     s.sendAll(&r, sizeof(r), d, "bootstrap root reply");
     if (next) s.sendAll(next, sizeof(*next), d, "bootstrap root: the next rank's address");
   } catch (const Error&) {
@@ -182,7 +193,7 @@ std::string missingRanksFailure(int nranks, const std::vector<Joined>& joined, i
     if (in[r]) continue;
     std::string item = (list.empty() ? "" : ",") + std::to_string(r);
     bool lastOne = listed + 1 == missing;
-    if (listed == 32 || list.size() + item.size() + (lastOne ? 0 : kMoreSize) > room) break;
+    if (listed == kMissingRanksListed || list.size() + item.size() + (lastOne ? 0 : kMoreSize) > room) break;
     list += item;
     ++listed;
   }
@@ -205,7 +216,7 @@ class Arrivals {
  public:
   explicit Arrivals(Socket& listener) : listener_(listener) {}
 
-  // The next whole hello, with its connection, in the order they came; nullopt after 100 ms
+  // The next whole hello, with its connection, in the order they came; nullopt after kLookEvery
   // with none. Timeout at `deadline`.
   std::optional<Arriving> next(Deadline deadline) {
     if (whole_.empty()) waitAndRead(deadline);
@@ -227,7 +238,7 @@ class Arrivals {
     std::vector<pollfd> fds;
     if (!listenerPaused_) fds.push_back({listener_.fd(), POLLIN, 0});
     for (const Arriving& a : coming_) fds.push_back({a.sock.fd(), POLLIN, 0});
-    if (::poll(fds.data(), fds.size(), (int)std::min<long long>(left + 1, 100)) < 0 && errno != EINTR) {
+    if (::poll(fds.data(), fds.size(), (int)std::min<long long>(left + 1, kLookEvery.count())) < 0 && errno != EINTR) {
       throwSystemError("bootstrap root waiting for ranks: poll()");
     }
     if (!listenerPaused_) acceptWaiting();
@@ -303,7 +314,7 @@ void turnAway(Arriving& a) {
 
 // Ranks still to come after the rendezvous failed (one said it cannot, the ranks disagreed,
 // one left): they hear why at once too, instead of waiting for the bootstrap timeout. Until
-// every rank is accounted for, or `until`: 10 s at most (an id from a fixed address keeps its
+// every rank is accounted for, or `until`: kLateRanksSeconds at most (an id from a fixed address keeps its
 // port until this ends), the deadline where a rank left after it came (the others may be far
 // behind it).
 void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, const std::string& failure,
@@ -324,7 +335,7 @@ void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, co
       accounted.add(h.rank);
     } catch (const Error& e) {
       if (e.code() != mnclSystemError) return;  // (until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // (no descriptor to accept with: the rank waits)
+      std::this_thread::sleep_for(kLookEvery);  // (no descriptor to accept with: the rank waits)
     }
   }
 }
@@ -347,7 +358,7 @@ class Rendezvous {
     if (!failure_.empty() && status_ != mnclTimeout) {
       accounted_.expect(nranks_);  // (where a rank of this process told it)
       answerLateRanks(arrivals_, nonce_, status_, failure_, std::move(accounted_),
-                      leftRank_ >= 0 ? deadline_ : std::min(deadline_, deadlineIn(10.0)), local_);
+                      leftRank_ >= 0 ? deadline_ : std::min(deadline_, deadlineIn(kLateRanksSeconds)), local_);
     }
   }
 
@@ -355,7 +366,7 @@ class Rendezvous {
   // Takes hellos until every rank joined, or one ends the rendezvous (failure_ says why).
   void gatherRanks() {
     while (nranks_ < 0 || (int)joined_.size() < nranks_) {
-      throwIfFailedOrLeft(false);  // (Arrivals::next waits 100 ms at most)
+      throwIfFailedOrLeft(false);  // (Arrivals::next waits kLookEvery at most)
       std::optional<Arriving> next = arrivals_.next(deadline_);
       if (!next) continue;
       if (!ofThisId(next->hello, nonce_)) {
@@ -429,11 +440,11 @@ class Rendezvous {
 
   // A failure reported in this process, or a joined rank that left: the others cannot init
   // without it, and it would otherwise hold them (and this thread) until the timeout. The
-  // joined connections every 100 ms (`always`: now): a look at each per hello would cost the
+  // joined connections every kLookEvery (`always`: now): a look at each per hello would cost the
   // square of nranks.
   void throwIfFailedOrLeft(bool always) {
     if (local_.aRankFailed()) throwError(mnclRemoteError, "a rank of this process reported its failed init");
-    if (!always && Clock::now() - lookedAtJoined_ < std::chrono::milliseconds(100)) return;
+    if (!always && Clock::now() - lookedAtJoined_ < kLookEvery) return;
     lookedAtJoined_ = Clock::now();
     for (const Joined& j : joined_) {
       if (!j.sock.closedByPeer()) continue;
@@ -474,7 +485,7 @@ class Rendezvous {
   const double timeout_;
   LocalRendezvous& local_;
   Arrivals arrivals_;
-  Deadline deadline_ = deadlineIn(10 * 365 * 86400.0);  // (until the first rank comes: see admit)
+  Deadline deadline_ = deadlineIn(kNoDeadlineSeconds);  // (until the first rank comes: see admit)
   bool started_ = false;
   int nranks_ = -1;  // (from the first hello)
   std::vector<Joined> joined_;

@@ -68,6 +68,7 @@ void bindErrors() {
 
 // The module's functions: unique ids, what this build and machine have, init failures.
 void bindModuleFunctions(py::module_& m) {
+  m.attr("_MAX_RANKS") = kMaxRanks;
   m.def("get_unique_id", [] {
     mnclUniqueId id;
     checkResult(mnclGetUniqueId(&id));
