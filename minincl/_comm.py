@@ -41,6 +41,8 @@ def _check_int32_ranks(nranks: int, rank: int) -> None:
         raise InvalidArgument(
             f"nranks={nranks} is more than minincl takes ({_core._MAX_RANKS}); is the world size right?"
         )
+    if isinstance(nranks, int) and nranks < -(2**31):
+        raise InvalidArgument(f"nranks must be at least 1, got {nranks}")
     if isinstance(rank, int) and not -(2**31) <= rank < 2**31:
         raise InvalidArgument(f"rank {rank} is out of range for nranks={nranks}")
 

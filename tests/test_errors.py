@@ -1149,6 +1149,8 @@ def test_a_rank_count_too_large_is_refused_and_the_root_lives_on() -> None:
         minincl.Communicator(1 << 31, minincl.get_unique_id(), 0)
     with pytest.raises(minincl.InvalidArgument, match=r"rank 4294967296 is out of range for nranks=2"):
         minincl.Communicator(2, minincl.get_unique_id(), 1 << 32)
+    with pytest.raises(minincl.InvalidArgument, match=r"nranks must be at least 1, got -2147483649"):
+        minincl.Communicator(-(1 << 31) - 1, minincl.get_unique_id(), 0)
     comms = minincl.Communicator.init_all(2)  # (this process goes on)
     x = [np.ones(3, np.float32) for _ in comms]
     run_ranks(comms, lambda c: c.allreduce(x[c.rank]))

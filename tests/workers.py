@@ -424,6 +424,7 @@ def windows_of_splits(comm: minincl.Communicator) -> list[tuple[int, int]]:
     out = [(c.window_bytes, small_steps_shortcuts(c, True)[0]) for c in (comm, split, shrunk)]
     split.destroy()
     shrunk.destroy()
+    assert split.window_bytes == out[1][0]  # (still readable, as rank is)
     return out
 
 

@@ -160,7 +160,7 @@ void Comm::awaitPeersOutOfCalls() const {
   for (int r = 0; r < nranks_; ++r) {
     if (r == rank_ || netPeer_[r]) continue;  // (a network peer's proxy is ours: see netSettle)
     // A peer whose monitor stopped beating (a stopped process) will not fail: not waited for
-    // once its heartbeat stood still for 100 ms (its monitor beats every 10).
+    // once its heartbeat stood still for 100 ms (inside a call its monitor beats every 10).
     const RankCtrl* ctrl = peerRegions_[r]->ctrl();
     uint64_t beat = dev::loadAcquire(&ctrl->heartbeat);
     auto beatSeen = Clock::now();

@@ -133,6 +133,7 @@ PyComm::PyComm(int nranks, py::bytes uid, int rank, int device, int64_t windowBy
   });
   rank_ = comm_->rank();
   nranks_ = comm_->nranks();
+  windowBytes_ = comm_->window() ? comm_->window()->size() : 0;
   device_ = comm_->device();
   commAddress_ = comm_.get();
 }
@@ -449,10 +450,6 @@ py::object PyComm::sendrecv(py::object send, py::object recv, int peer, py::obje
 }
 
 // ---- the other methods: window arrays, settings, counters, split and shrink, abort and destroy ----
-
-size_t PyComm::windowBytes() {
-  return withLive([](Comm& cm) { return cm.window() ? cm.window()->size() : size_t{0}; });
-}
 
 py::array PyComm::windowEmpty(const std::vector<int64_t>& shape, const py::dtype& dtype) {
   auto [window, useful] = withLive([](Comm& cm) { return std::make_pair(cm.window(), cm.windowUseful()); });

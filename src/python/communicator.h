@@ -101,7 +101,7 @@ class PyComm {
   // A NumPy array in this rank's window (see Communicator.empty). The array keeps the window
   // mapped, whatever happens to the communicator, and gives its space back when collected.
   // Where no window would serve (no peer in another process of this host): a plain array.
-  size_t windowBytes();
+  size_t windowBytes() const { return windowBytes_; }  // (as made: readable after destroy too)
   py::array windowEmpty(const std::vector<int64_t>& shape, const py::dtype& dtype);
 
   int pendingSender();
@@ -192,6 +192,7 @@ class PyComm {
 
   std::unique_ptr<Comm> comm_;
   int rank_ = 0, nranks_ = 0, device_ = 0;
+  size_t windowBytes_ = 0;
   const Comm* commAddress_ = nullptr;  // comm_'s, kept to find its calls in a group once it is gone
   std::shared_timed_mutex callMutex_;
   std::mutex lifeMutex_;
