@@ -89,7 +89,7 @@ void Monitor::loop() {
   }
 }
 
-// kBusyTick while a call runs here (or a GPU kernel is queued) and after one ran since the
+// kBusyTick while a call runs here (and on a GPU communicator) and after one ran since the
 // last tick: a peer's failure, a mismatch or a deadlock should stop it soon. Idle, up to
 // kLongestIdleTick (idleTick): enough for the heartbeat its peers time, at a 25th of the
 // wake-ups (communicators held idle took a core: 8 processes with 50 splits each, at 10 ms);
@@ -101,7 +101,8 @@ std::chrono::milliseconds Monitor::nextTick() {
   // (Stored before callsInside_ is read, as callStarting reads it after counting the call:
   // either this loop sees the call, or the call sees the idle tick and ends it.)
   idleWait_.store(true, std::memory_order_seq_cst);
-  if (ranCalls || comm_.callsInside_.load(std::memory_order_seq_cst) > 0 || comm_.gpuWorkPending()) {
+  // (A GPU communicator always: its replayed CUDA graphs run kernels no call announces.)
+  if (ranCalls || comm_.onGpu() || comm_.callsInside_.load(std::memory_order_seq_cst) > 0) {
     idleWait_.store(false, std::memory_order_relaxed);
     return kBusyTick;
   }
