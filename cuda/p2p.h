@@ -207,7 +207,6 @@ struct P2pEngine {
   }
 
  private:
-
   MNCL_DEV char* slot(const ConnFifo& f, uint64_t step) const {
     return f.simpleSlot(step, ch.sizes);
   }

@@ -216,8 +216,8 @@ class Arrivals {
  public:
   explicit Arrivals(Socket& listener) : listener_(listener) {}
 
-  // The next whole hello, with its connection, in the order they came; nullopt after kLookEvery
-  // with none. Timeout at `deadline`.
+  // The next whole hello, with its connection, in the order they came; nullopt after
+  // kLookEvery with none. Timeout at `deadline`.
   std::optional<Arriving> next(Deadline deadline) {
     if (whole_.empty()) waitAndRead(deadline);
     if (whole_.empty()) {
@@ -314,9 +314,9 @@ void turnAway(Arriving& a) {
 
 // Ranks still to come after the rendezvous failed (one said it cannot, the ranks disagreed,
 // one left): they hear why at once too, instead of waiting for the bootstrap timeout. Until
-// every rank is accounted for, or `until`: kLateRanksSeconds at most (an id from a fixed address keeps its
-// port until this ends), the deadline where a rank left after it came (the others may be far
-// behind it).
+// every rank is accounted for, or `until`: kLateRanksSeconds at most (an id from a fixed
+// address keeps its port until this ends), the deadline where a rank left after it came (the
+// others may be far behind it).
 void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, const std::string& failure,
                      RanksAccountedFor accounted, Deadline until, LocalRendezvous& local) {
   for (;;) {
