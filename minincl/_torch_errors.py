@@ -50,21 +50,32 @@ _IN_TORCH_TERMS = {
 }
 
 
-def _in_torch_terms(args: tuple[object, ...]) -> tuple[object, ...]:
+def _in_torch_terms(args: tuple[object, ...], note: str) -> tuple[object, ...]:
     if not args or not isinstance(args[0], str):
         return args
     message = args[0]
     for minincls, torchs in _IN_TORCH_TERMS.items():
         message = message.replace(minincls, torchs)
-    return (message, *args[1:])
+    return (message + note, *args[1:])
 
 
-def as_backend_error(error: BaseException) -> BaseException:
+def global_ranks_note(group_ranks: list[int]) -> str:
+    """What to add to the messages of a group whose ranks are not the global ones: minincl
+    names a communicator's own ranks, and a subgroup's rank 1 may be global rank 3."""
+    if group_ranks == list(range(len(group_ranks))):
+        return ""
+    n, shown = len(group_ranks), min(len(group_ranks), 16)
+    which = f"0-{shown - 1}" + (f" (of {n})" if n > shown else "")
+    globals_ = ", ".join(map(str, group_ranks[:shown]))
+    return f" [rank numbers here are this process group's: its ranks {which} are global ranks {globals_}]"
+
+
+def as_backend_error(error: BaseException, note: str = "") -> BaseException:
     """`error` as its DistBackendError flavour, with the same message (its advice in torch's
-    terms) and traceback (anything else, returned as it is)."""
+    terms, `note` after it) and traceback (anything else, returned as it is)."""
     flavour = _AS_BACKEND_ERROR.get(type(error))
     if flavour is None:
         return error
-    same = flavour(*_in_torch_terms(error.args))
+    same = flavour(*_in_torch_terms(error.args, note))
     same.__cause__, same.__context__ = error.__cause__, error.__context__
     return same.with_traceback(error.__traceback__)

@@ -57,10 +57,12 @@ class MinincclWork(dist._Work):
         outputs: list[torch.Tensor],
         start: Callable[[MinincclWork | None], None] | None = None,
         devices: list[torch.device] | None = None,
+        ranks_note: Callable[[], str] | None = None,
     ) -> None:
         super().__init__()
         self._outputs = outputs
         self._start = start
+        self._ranks_note = ranks_note  # what an error adds: which global ranks the group's are
         # A CUDA future records an event on the current stream when completed, so that
         # whoever uses the value later waits for the GPU work, not just for the host.
         self._devices = devices
@@ -81,10 +83,12 @@ class MinincclWork(dist._Work):
             self._start(self if waited else None)
 
     def _finish(self, error: BaseException | None) -> None:
+        if error is not None:
+            error = as_backend_error(error, self._ranks_note() if self._ranks_note else "")
         with _LAZY:
             if self._done:  # (a QueuedWork's outcome may reach it twice: its waiter, its lane)
                 return
-            self._error = None if error is None else as_backend_error(error)
+            self._error = error
             self._done = True
             # (The outcome's future lets go of the work once completed: the error it holds
             # leads back here through its traceback, a cycle the collector cannot see into.)
@@ -201,9 +205,14 @@ class QueuedWork(MinincclWork):
     anyway, as minincl runs a call only after the async_op calls before it)."""
 
     def __init__(
-        self, outputs: list[torch.Tensor], handle: Any, lane: Lane, start: Callable[[MinincclWork | None], None]
+        self,
+        outputs: list[torch.Tensor],
+        handle: Any,
+        lane: Lane,
+        start: Callable[[MinincclWork | None], None],
+        ranks_note: Callable[[], str] | None = None,
     ) -> None:
-        super().__init__(outputs, start)
+        super().__init__(outputs, start, ranks_note=ranks_note)
         self._handle = handle
         self._lane = lane
 

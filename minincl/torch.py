@@ -53,6 +53,7 @@ from . import _torch_call_forms as call_forms
 from ._comm import Communicator, get_unique_id, group
 from ._core import build_info
 from ._torch_compile import outside_compiled_code
+from ._torch_errors import global_ranks_note
 from ._torch_launch import LocalRunError, free_port, run_local
 from ._torch_sparse import summed_over_ranks
 from ._torch_tensors import Op, Staged, as_bytes, as_elements, op_name, plain_op, reducible, stage
@@ -255,6 +256,15 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     def setGroupDesc(self, desc: str) -> None:
         self._group_desc = desc
 
+    def _ranks_note(self) -> str:
+        """What this group's errors add to minincl's messages, which name the communicator's
+        ranks: which global ranks those are, where they differ ("" where they do not, or where
+        torch no longer knows the group)."""
+        try:
+            return global_ranks_note(dist.get_process_group_ranks(self))
+        except (ValueError, RuntimeError, KeyError):
+            return ""
+
     def __repr__(self) -> str:
         return f"<ProcessGroupMinincl rank {self.rank()} of {self.size()} on {sorted(self._comms)}>"
 
@@ -292,7 +302,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     ) -> MinincclWork:
         device = self._device_of(call, tensors)
         cuda = [t.device for t in tensors[:1]] if device == "cuda" else None
-        work = MinincclWork(outputs, start=self._start_deferred, devices=cuda)
+        work = MinincclWork(outputs, start=self._start_deferred, devices=cuda, ranks_note=self._ranks_note)
         op = _Op(device, body, work, after or [], p2p)
         if deferred or self._coalescing:
             with self._lock:
@@ -330,8 +340,12 @@ class ProcessGroupMinincl(dist.ProcessGroup):
                 handle = dc.lane.queue(lambda: run(dc.comm, True, *bufs))
             except Error:
                 return None  # (not queued: the general path reports it, from wait(), as torch's error)
-            return None if handle is None else QueuedWork(tensors[:1], handle, dc.lane, self._start_deferred)
-        work = MinincclWork(tensors[:1], devices=[tensors[0].device] if cuda else None)
+            return (
+                None
+                if handle is None
+                else QueuedWork(tensors[:1], handle, dc.lane, self._start_deferred, self._ranks_note)
+            )
+        work = MinincclWork(tensors[:1], devices=[tensors[0].device] if cuda else None, ranks_note=self._ranks_note)
         work._lane = dc.lane  # (run_now queues it where the lane is busy)
 
         def job() -> None:

@@ -1113,6 +1113,52 @@ def test_ranks_that_disagree_on_tags_or_roots_fail_instead_of_pairing_the_wrong_
         assert any("mismatched send/recv" in o and "with tag -536870912" in o for o in outs), outs
 
 
+def subgroup_mismatches() -> list[str]:
+    """Ranks 1 and 3 make a subgroup and disagree in it: on a collective's count (in one
+    group), on a send's size (in another)."""
+    dist.init_process_group("minincl")
+    rank, said = dist.get_rank(), []
+    try:
+        for kind in ("collective", "send/recv"):
+            g = dist.new_group([1, 3])
+            try:
+                if kind == "collective" and rank in (1, 3):
+                    dist.all_reduce(torch.ones(4 if rank == 1 else 8), group=g)
+                elif rank == 1:
+                    dist.send(torch.ones(4), 3, group=g)
+                elif rank == 3:
+                    dist.recv(torch.ones(8), 1, group=g)
+                said.append("ok")
+            except Exception as e:  # noqa: BLE001 - for the test to inspect
+                said.append(f"{type(e).__name__}: {e}")
+        dist.barrier()  # (the world group still works)
+    finally:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    return said
+
+
+def test_a_subgroups_errors_say_which_global_ranks_its_ranks_are() -> None:
+    """minincl's messages name the communicator's ranks; a subgroup's errors add which
+    global ranks those are (its rank 0 is global rank 1 here)."""
+    outs = run_local(subgroup_mismatches, 4, timeout=120)
+    assert outs[0] == outs[2] == ["ok", "ok"], outs
+    note = "[rank numbers here are this process group's: its ranks 0-1 are global ranks 1, 3]"
+    collective, p2p = outs[3]
+    assert "mismatched calls: " in collective and collective.endswith(note), outs
+    assert "mismatched send/recv: rank 1 posted a recv of 8 float32" in p2p and p2p.endswith(note), outs
+    assert outs[1][0].endswith(note), outs  # (rank 1's send fit: it may end without its receive)
+
+
+def test_the_global_ranks_note_is_empty_for_the_world_and_cut_short_for_many() -> None:
+    from minincl._torch_errors import global_ranks_note
+
+    assert global_ranks_note([0, 1, 2]) == ""
+    assert global_ranks_note([2, 0]).endswith("its ranks 0-1 are global ranks 2, 0]")
+    many = global_ranks_note(list(range(1, 41)))
+    assert "its ranks 0-15 (of 40) are global ranks 1, 2, " in many and many.endswith(", 16]"), many
+
+
 def init_mixed(spec: str) -> str:
     try:
         dist.init_process_group(spec)
