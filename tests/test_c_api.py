@@ -60,7 +60,9 @@ class UniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * 128)]
 
 
-def open_lib() -> Any:
+def open_lib(config_type: type[ctypes.Structure] = Config) -> Any:
+    """The C library, with mnclCommInitRankConfig taking a pointer to `config_type` (a
+    mnclConfig_t, or a test's extension of it)."""
     lib = ctypes.CDLL(minincl._c_library.library_path())
     lib.mnclGetLastError.restype = ctypes.c_char_p
     lib.mnclCommInitRankConfig.argtypes = [
@@ -68,7 +70,7 @@ def open_lib() -> Any:
         ctypes.c_int,
         UniqueId,
         ctypes.c_int,
-        ctypes.POINTER(Config),
+        ctypes.POINTER(config_type),
     ]
     return lib
 

@@ -33,15 +33,11 @@ RANK_SCRIPT = textwrap.dedent(
     """
     import ctypes, sys
     import numpy as np
-    import minincl
     from test_c_window_memory import ConfigWithWindow, in_shared_window
-    from test_c_api import CONFIG_MAGIC, UNDEF, UniqueId
+    from test_c_api import CONFIG_MAGIC, UNDEF, UniqueId, open_lib
 
     rank, nranks, window = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4])
-    lib = ctypes.CDLL(minincl._c_library.library_path())
-    lib.mnclGetLastError.restype = ctypes.c_char_p
-    lib.mnclCommInitRankConfig.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int,
-                                           ctypes.POINTER(ConfigWithWindow)]
+    lib = open_lib(ConfigWithWindow)
     uid = UniqueId()
     ctypes.memmove(ctypes.addressof(uid), bytes.fromhex(sys.argv[3]), ctypes.sizeof(uid))
     cfg = ConfigWithWindow(ctypes.sizeof(ConfigWithWindow), CONFIG_MAGIC, 100, UNDEF, UNDEF, UNDEF,
@@ -170,16 +166,9 @@ def test_a_full_window_says_how_much_is_free() -> None:
 
 @pytest.fixture
 def lib() -> Any:
-    lib = open_lib()
+    lib = open_lib(ConfigWithWindow)
     lib.mnclCommMemAlloc.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
     lib.mnclMemFree.argtypes = [ctypes.c_void_p]
-    lib.mnclCommInitRankConfig.argtypes = [
-        ctypes.POINTER(ctypes.c_void_p),
-        ctypes.c_int,
-        UniqueId,
-        ctypes.c_int,
-        ctypes.POINTER(ConfigWithWindow),
-    ]
     return lib
 
 
