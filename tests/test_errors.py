@@ -814,6 +814,50 @@ def test_a_send_nobody_receives_before_a_collective_is_named(processes: bool) ->
     assert any(counted in r or ("mismatched calls" in r and "send of 2000 bytes" in r) for r in results), results
 
 
+ARGUMENT_REFUSALS: dict[str, tuple[Callable[[minincl.Communicator], object], str]] = {
+    "complex type": (lambda c: c.allreduce(np.ones(4, np.complex64)), "unsupported"),
+    "strided array": (lambda c: c.allreduce(np.ones(8, np.float32)[::2]), "not contiguous"),
+    "big-endian array": (lambda c: c.allreduce(np.ones(4, ">f4")), "big-endian"),
+    "unknown op": (lambda c: c.allreduce(np.ones(4, np.float32), op="foo"), "foo"),
+    "recv too short": (lambda c: c.allgather(np.ones(4, np.float32), np.ones(5, np.float32)), "allgather"),
+    "float premul scalar of an integer type": (
+        lambda c: c.allreduce(np.ones(4, np.int32), op=minincl.PreMulSum(0.5)),
+        "premul_sum scalar 0.5",
+    ),
+    "a peer that is not a number": (lambda c: c.send(np.ones(4, np.float32), "1"), "send(): 'peer' must be an int"),
+}
+
+
+@pytest.mark.parametrize("case", list(ARGUMENT_REFUSALS))
+def test_a_call_refused_for_its_arguments_in_a_group_fails_the_group_at_its_end(case: str) -> None:
+    """Refusals that come from reading a call's arguments (its arrays, its op, a parameter's
+    type) fail the group as the others do: the group's end raises, naming the refusal, and
+    runs none of its calls. (They left it to run rank 0's call alone, which waited for ever
+    for rank 1's.)"""
+    refused, says = ARGUMENT_REFUSALS[case]
+    comms = minincl.Communicator.init_all(2)
+    try:
+        x = np.full(5, 2, np.float32)
+        refusal = "none of the group's calls ran, as one of them was refused: "
+        with pytest.raises(minincl.Error, match=refusal) as end, minincl.group():
+            comms[0].allreduce(x)
+            with pytest.raises((minincl.Error, TypeError, ValueError)) as caught:
+                refused(comms[1])
+        assert says in str(caught.value), caught.value
+        assert str(caught.value) in str(end.value), end.value
+        np.testing.assert_array_equal(x, np.full(5, 2, np.float32))  # (rank 0's allreduce did not run)
+        assert minincl._core._group_depth() == 0
+        ys = [np.full(7, r + 1, np.int32) for r in range(2)]
+        with minincl.group():
+            for c, y in zip(comms, ys):
+                c.allreduce(y)
+        for y in ys:
+            np.testing.assert_array_equal(y, np.full(7, 3, np.int32))
+    finally:
+        for c in comms:
+            c.destroy()
+
+
 def test_a_call_refused_in_a_group_drops_the_group() -> None:
     """One thread's group holding both ranks' calls, one of them refused: the exception
     leaves the block without running the other rank's call (it waited for ever for the

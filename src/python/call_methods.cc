@@ -1,8 +1,10 @@
 #include "call_methods.h"
 
 #include <exception>
+#include <string>
 
 #include "../core/error.h"
+#include "../enqueue/enqueue.h"
 #include "call_args.h"
 #include "communicator.h"
 #include "errors.h"
@@ -27,10 +29,24 @@ PyObject* callGuarded(Body body) {
 PyComm& self(PyObject* obj) { return py::cast<PyComm&>(py::handle(obj)); }
 
 // A per-call method: `Sig` names its parameters, `Body` calls the communicator with them.
+// Inside a group, a call refused for any reason (its arguments, its arrays, its op) refuses
+// the group, even where the caller catches the error: the group's end then runs none of its
+// calls (run alone, another rank's call that one thread recorded would wait for ever).
 using Body = py::object (*)(PyComm&, const Args&);
 template <const Signature& Sig, Body F>
 PyObject* method(PyObject* obj, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  return callGuarded([&] { return F(self(obj), Args(Sig, args, nargs, kwnames)); });
+  return callGuarded([&] {
+    try {
+      return F(self(obj), Args(Sig, args, nargs, kwnames));
+    } catch (const Error& e) {
+      groupRefuse(e.code(), e.what());  // (outside a group: nothing)
+      throw;
+    } catch (const std::exception& e) {  // (a Python error too: py::error_already_set)
+      std::string why = e.what(), method = std::string(Sig.method()) + "()";
+      groupRefuse(mnclInvalidArgument, why.find(method) == std::string::npos ? method + ": " + why : why);
+      throw;
+    }
+  });
 }
 
 const Signature kAllreduce("allreduce", {"send", "recv=None", "op='sum'", "async_op=False", "stream=None"});
