@@ -208,7 +208,7 @@ CommOptions optionsFrom(const mnclConfig_t* config) {
                  std::to_string(options.maxChannels));
   if (config->size >= offsetof(mnclConfig_t, windowBytes) + sizeof(long long) &&
       config->windowBytes != MNCL_CONFIG_UNDEF_INT) {
-    MNCL_CHECK(config->windowBytes >= 0 && config->windowBytes <= (1ll << 40), mnclInvalidArgument,
+    MNCL_CHECK(config->windowBytes >= 0 && config->windowBytes <= kMaxWindowBytes, mnclInvalidArgument,
                "config.windowBytes = " + std::to_string(config->windowBytes) + ": between 0 (no window) and 2^40");
     options.windowBytes = config->windowBytes;
   }

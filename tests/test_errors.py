@@ -225,6 +225,7 @@ def test_time_limits_in_the_environment_are_checked_where_they_are_set(monkeypat
         ("MININCL_SIMPLE_SLOT_BYTES", "2G", "MININCL_SIMPLE_SLOT_BYTES must be a multiple of 4096, at most 1G"),
         ("MININCL_PIPELINE_CHUNK_BYTES", "99999999999G", 'MININCL_PIPELINE_CHUNK_BYTES="99999999999G" is not a size'),
         ("MININCL_WINDOW_BYTES", "-1", 'MININCL_WINDOW_BYTES="-1" is not a size'),  # (accepted by threads)
+        ("MININCL_WINDOW_BYTES", "1025G", "MININCL_WINDOW_BYTES = 1100585369600: from 0 (no window) to 2^40 (1T)"),
         # (clamped, then said as "MININCL_STREAM_STRETCHES=9223372036854775807 is not between 1 and 16")
         ("MININCL_STREAM_STRETCHES", "99999999999999999999", "is not an integer that fits in 64 bits"),
         ("MININCL_TIMEOUT", "0x10", 'MININCL_TIMEOUT="0x10" is not a duration'),  # (strtod's hex: 16 s)

@@ -278,9 +278,11 @@ std::shared_ptr<ShmMapping> Comm::createRegions(const RegionLayout& layout, bool
   mine.regionId = registerRegion(region_);
   mine.regionBytes = hostBytes;
   int64_t chosen = options_.windowBytes;
-  size_t windowBytes = (size_t)(chosen >= 0 ? chosen : env::bytes("MININCL_WINDOW_BYTES", 0));
+  int64_t windowBytes = chosen >= 0 ? chosen : env::bytes("MININCL_WINDOW_BYTES", 0);
+  MNCL_CHECK(windowBytes <= kMaxWindowBytes, mnclInvalidArgument,
+             "MININCL_WINDOW_BYTES = " + std::to_string(windowBytes) + ": from 0 (no window) to 2^40 (1T)");
   if (windowUseful_ && windowBytes > 0) {
-    window_ = std::make_shared<Window>(windowBytes, std::to_string(rank_));
+    window_ = std::make_shared<Window>((size_t)windowBytes, std::to_string(rank_));
     std::strncpy(mine.windowName, window_->name().c_str(), sizeof(mine.windowName) - 1);
     mine.windowBytes = window_->size();
     mine.windowAt = (uint64_t)(uintptr_t)window_->base();

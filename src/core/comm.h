@@ -70,9 +70,10 @@ struct CommOptions {
   // Bounds on the channel count: MININCL_NCHANNELS, or the default, is clamped into them
   // (0: no bound). Every rank takes the smallest count of all, as always.
   int minChannels = 0, maxChannels = 0;
-  // The window's size (mnclConfig_t's windowBytes); -1: MININCL_WINDOW_BYTES.
+  // The window's size (mnclConfig_t's windowBytes), 0 to kMaxWindowBytes; -1: MININCL_WINDOW_BYTES.
   int64_t windowBytes = -1;
 };
+constexpr int64_t kMaxWindowBytes = int64_t{1} << 40;
 
 class Comm {
  public:

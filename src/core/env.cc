@@ -70,7 +70,11 @@ int64_t bytes(const char* name, int64_t fallback) {
   errno = 0;
   long long x = std::strtoll(v.c_str(), &end, 10);
   std::string unit(end);
-  int shift = unit == "K" || unit == "k" ? 10 : unit == "M" || unit == "m" ? 20 : unit == "G" || unit == "g" ? 30 : 0;
+  int shift = unit == "K" || unit == "k"   ? 10
+              : unit == "M" || unit == "m" ? 20
+              : unit == "G" || unit == "g" ? 30
+              : unit == "T" || unit == "t" ? 40
+                                           : 0;
   bool known = shift > 0 || unit.empty();
   // (Negative or past 2^62: a size cast to an unsigned one wrapped into terabytes.)
   if (!known || end == v.c_str() || errno == ERANGE || x < 0 || x > (int64_t{1} << (62 - shift))) {
