@@ -59,7 +59,7 @@ def _perf(args: list[str]) -> int:
         print("minincl perf: this package was built without minincl-perf (MININCL_BUILD_BENCH=OFF)", file=sys.stderr)
         return 2
     sys.stdout.flush()
-    os.execv(program, [program, *args])
+    os.execv(program, ["minincl perf", *args])  # (its usage and errors name the command typed)
 
 
 def main(argv: list[str] | None = None) -> int:
