@@ -3,6 +3,7 @@
 
   python3 bench/sweep_algos.py --perf /tmp/measure/bench/minincl-perf -p 4 --rounds 3 --out sweep4.json
   python3 bench/sweep_algos.py --perf ... -p 2 --issue3 --rounds 5 --out sweep2.json
+  python3 bench/sweep_algos.py --perf ... -t 8 --small --out sweep_t8.json   # 8 thread-ranks, to 64 KiB
 
 Every (size group, configuration) pair is one minincl-perf invocation; within a round the
 configurations run back to back per size group, and their order rotates between rounds,
@@ -39,9 +40,10 @@ ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+\S+\s+\S+\s+-?\d+\s+([\d.]+)\s+([\d.]+)\s
 TUNE = re.compile(r"allreduce (\d+) bytes on (\d+) ranks: (\w+)(?: (one-shot|two-shot))?/(\w+) on (\d+) channel")
 
 
-def run_perf(perf, nranks, group, algo, proto, debug=False, timeout=900):
+def run_perf(perf, ranks, group, algo, proto, debug=False, timeout=900):
+    """`ranks`: minincl-perf's ["-p", N] (processes) or ["-t", N] (threads of one process)."""
     b, e, f, n, w = group
-    cmd = [perf, "allreduce", "-p", str(nranks), "-b", b, "-e", e, "-f", f, "-n", str(n), "-w", str(w)]
+    cmd = [perf, "allreduce", *ranks, "-b", b, "-e", e, "-f", f, "-n", str(n), "-w", str(w)]
     if algo:
         cmd += ["-A", algo]
     if proto:
@@ -49,7 +51,8 @@ def run_perf(perf, nranks, group, algo, proto, debug=False, timeout=900):
     env = dict(os.environ)
     for k in ("MININCL_ALGO", "MININCL_PROTO", "MININCL_DEBUG", "MININCL_DEBUG_SUBSYS"):
         env.pop(k, None)
-    env.setdefault("MININCL_CPU_BIND", "1")  # one core per rank process, as Open MPI binds
+    if ranks[0] == "-p":
+        env.setdefault("MININCL_CPU_BIND", "1")  # one core per rank process, as Open MPI binds
     if debug:
         env["MININCL_DEBUG"] = "INFO"
         env["MININCL_DEBUG_SUBSYS"] = "TUNE"
@@ -73,6 +76,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--perf", default="/tmp/measure/bench/minincl-perf")
     ap.add_argument("-p", type=int, default=4, help="ranks as processes")
+    ap.add_argument("-t", type=int, default=0, help="ranks as threads of one process (instead of -p)")
+    ap.add_argument("--small", action="store_true", help="sizes up to 64 KiB only")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--issue3", action="store_true", help="protocols only (tuner picks the algorithm), 8 B and 64 MiB")
     ap.add_argument("--out", required=True)
@@ -82,7 +87,7 @@ def main():
         groups = GROUPS_ISSUE3
         configs = [(None, p) for p in PROTOS] + [(None, None)]
     else:
-        groups = GROUPS_FULL
+        groups = GROUPS_FULL[:2] + [("64K", "64K", "2", 100, 10)] if args.small else GROUPS_FULL
         configs = [(a, p) for a in ALGOS for p in PROTOS] + [(None, None)]
 
     def name(c):
@@ -91,13 +96,21 @@ def main():
             return "tuner"
         return f"{a or 'auto'}/{p or 'auto'}"
 
-    data = {"nranks": args.p, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commands": [], "runs": {}, "picks": {}}
+    ranks = ["-t", str(args.t)] if args.t else ["-p", str(args.p)]
+    data = {
+        "nranks": args.t or args.p,
+        "threads": bool(args.t),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "commands": [],
+        "runs": {},
+        "picks": {},
+    }
     # What the tuner picks (and direct's variant when forced), one untimed call per size.
     for c in configs:
         if c[0] not in (None, "direct") and c != (None, None):
             continue
         for g in groups:
-            _, _, picks = run_perf(args.perf, args.p, (g[0], g[1], g[2], 1, 0), c[0], c[1], debug=True)
+            _, _, picks = run_perf(args.perf, ranks, (g[0], g[1], g[2], 1, 0), c[0], c[1], debug=True)
             for size, pick in picks.items():
                 data["picks"].setdefault(name(c), {})[size] = pick
     print("picks:", json.dumps(data["picks"], indent=1), flush=True)
@@ -109,7 +122,7 @@ def main():
             if rnd % 2:
                 order = order[::-1]
             for c in order:
-                cmd, rows, _ = run_perf(args.perf, args.p, g, c[0], c[1])
+                cmd, rows, _ = run_perf(args.perf, ranks, g, c[0], c[1])
                 if rnd == 0:
                     data["commands"].append(" ".join(cmd))
                 for size, v in rows.items():

@@ -404,6 +404,17 @@ def test_a_communicator_destroyed_inside_a_group_drops_only_its_calls() -> None:
     b.destroy()
 
 
+def test_a_group_whose_other_communicator_failed_still_runs_the_healthy_ones_call() -> None:
+    """A group of calls on A and B, where A fails (a mismatch) between the group logging its
+    calls and running them: B's call runs all the same, as the peers' does. Dropped, it paired
+    each peer's B call with this rank's next one: a wrong sum (21 for 3, then 21 for 30) and no
+    error, on a healthy communicator (a helper's trial: 2-3 of 4 runs at 5-100 ms apart)."""
+    for said in minincl.launch(workers.group_with_a_mismatch_on_one_communicator, 2, [5, 20, 50], timeout=120):
+        for delay, line in zip([5, 20, 50], said):
+            assert line.startswith(f"{delay} ms: group ") and "group no error" not in line, said
+            assert line.endswith("B 3.0 then 30.0"), said
+
+
 MNCL_ABORTED = 9  # mnclAborted
 
 

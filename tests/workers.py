@@ -1346,3 +1346,30 @@ def root_host_dies_in_the_new_init(comm: minincl.Communicator) -> str:
 
 def launches_again(comm: minincl.Communicator) -> Any:
     return minincl.launch(rank0_sleeps, 2, 0.0)
+
+
+def group_with_a_mismatch_on_one_communicator(comm: minincl.Communicator, delays_ms: list[int]) -> list[str]:
+    """Per delay: a group of an allreduce on A (counts that differ: a mismatch) and one on B
+    (healthy), rank 1 coming `delay` ms after rank 0; then one more allreduce on B. What each
+    B call gave, and how the group ended."""
+    said = []
+    for delay in delays_ms:
+        a, b = comm.split(0, comm.rank), comm.split(0, comm.rank)
+        assert a is not None and b is not None
+        b.call_timeout = 20
+        in_group = np.full(1000, comm.rank + 1, np.float32)
+        if comm.rank == 1:
+            time.sleep(delay / 1000)
+        try:
+            with minincl.group():
+                a.allreduce(np.ones(100 * (comm.rank + 1), np.float32))
+                b.allreduce(in_group)
+            ended = "no error"
+        except minincl.Error as e:
+            ended = type(e).__name__
+        after = np.full(1000, 10.0 * (comm.rank + 1), np.float32)
+        b.allreduce(after)
+        said.append(f"{delay} ms: group {ended}, B {in_group[0]} then {after[0]}")
+        a.destroy()
+        b.destroy()
+    return said

@@ -46,6 +46,7 @@ struct CommLaunch {
   // channels' threads at once, not on the caller's before any channel starts.
   std::vector<int> selfSlice;  // [channel]
   int selfSlices = 0;
+  bool usable = true;  // the communicator had not failed when the launch began: its calls run
 
   void reset(Comm* c) {
     comm = c;
@@ -61,6 +62,7 @@ struct CommLaunch {
     selfRecvs.clear();
     selfSlice.assign(n, -1);
     selfSlices = 0;
+    usable = true;
   }
   bool hasWork(int c) const { return !colls[c].empty() || !p2p[c].empty(); }
   bool runs(int c) const { return hasWork(c) || selfSlice[c] >= 0; }
@@ -166,9 +168,16 @@ void launch(CommLaunch* plans, size_t nplans, bool* ran) {
   // (CallScope), we look once more: either we see our failure here (our monitor makes it
   // within a tick of the peer's), or the peer sees us inside (the fences pair up; see
   // Comm::peerOutOfCalls).
+  // In a group, a communicator that failed since the group logged its calls (its monitor
+  // found a peer's mismatch meanwhile, say) runs none of them, and the group's end raises its
+  // error. The group's other communicators run theirs all the same: their peers logged the
+  // same calls and may be running them already, and a call logged here but never run would
+  // pair with their next one (wrong data, no error).
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  for (size_t i = 0; i < nplans; ++i) checkUsable(*plans[i].comm);
-  *ran = true;
+  for (size_t i = 0; i < nplans; ++i) {
+    plans[i].usable = !plans[i].comm->failed();
+    *ran = *ran || plans[i].usable;
+  }
   Completion done;
   for (size_t i = 0; i < nplans; ++i) {
     matchSelf(plans[i]);
@@ -176,13 +185,13 @@ void launch(CommLaunch* plans, size_t nplans, bool* ran) {
   }
   for (size_t i = 0; i < nplans; ++i) {
     CommLaunch& plan = plans[i];
-    for (int c = i == 0 ? 1 : 0; c < plan.comm->nChannels(); ++c) {
+    for (int c = i == 0 ? 1 : 0; c < plan.comm->nChannels() && plan.usable; ++c) {
       if (plan.runs(c)) plan.comm->executor().post(c, [&plan, c] { runChannel(plan, c); }, &done);
     }
   }
-  if (nplans > 0 && plans[0].runs(0)) runChannel(plans[0], 0);
+  if (nplans > 0 && plans[0].usable && plans[0].runs(0)) runChannel(plans[0], 0);
   done.wait();
-  for (size_t i = 0; i < nplans; ++i) throwIfFailed(plans[i]);
+  for (size_t i = 0; i < nplans; ++i) throwIfFailed(plans[i]);  // (an unusable one's stored error)
 }
 
 // ---- groups ----
@@ -419,7 +428,9 @@ void runRecorded(std::vector<Recorded>& calls) {
     launch(plans.data(), nplans, &ran);
   } catch (...) {
     if (ran) {
-      for (size_t i = 0; i < nplans; ++i) plans[i].comm->awaitPeersOutOfCalls();  // (see recordOrRun)
+      for (size_t i = 0; i < nplans; ++i) {
+        if (plans[i].usable) plans[i].comm->awaitPeersOutOfCalls();  // (see recordOrRun)
+      }
     }
     throw;
   }
