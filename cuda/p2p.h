@@ -127,7 +127,7 @@ struct P2pEngine {
       }
       bool moved = false;
       recvsLeft = unfinished(false);
-      if (!movePass(ops, n, true, &moved) || !movePass(ops, n, false, &moved)) return false;
+      if (!movePass<true>(ops, n, &moved) || !movePass<false>(ops, n, &moved)) return false;
       if (moved) {
         idle = 0;
         continue;
@@ -142,8 +142,11 @@ struct P2pEngine {
     return true;
   }
 
-  // One step of every ready send (or recv) op; false if aborted or mismatched.
-  MNCL_DEV bool movePass(P2pOp* ops, int n, bool sends, bool* moved) {
+  // One step of every ready send (or recv) op; false if aborted or mismatched. (A template,
+  // so that the recv pass's call to the send pass is no recursion: a GPU's stack size is
+  // checked at init from each kernel's frame, which cannot count a recursion's depth.)
+  template <bool sends>
+  MNCL_DEV bool movePass(P2pOp* ops, int n, bool* moved) {
     for (int i = 0; i < n; ++i) {
       P2pOp& op = ops[i];
       if (op.isSend != sends || op.finished() || blockedByEarlier(ops, i)) continue;
@@ -157,7 +160,7 @@ struct P2pEngine {
       if (!sends && op.stepAt != 0 && !op.written) {
         // About to read a sender's memory: first post what our sends can (our receiver may
         // have started since the sends' pass: a peer publishes its buffer, then posts).
-        if (unfinished(true) && !movePass(ops, n, true, moved)) return false;
+        if (unfinished(true) && !movePass<true>(ops, n, moved)) return false;
         readLongest = unfinished(true) ? ch.pointerReadBytes : kLongestRead;
       }
       if (!moveStep(op)) return false;

@@ -357,8 +357,8 @@ MNCL_DEV void storeAny16(uint8_t* p, int shift, const Bits16& v) {
 // grid, each output's stored in pieces where it does. Such bytes went one load each: a
 // thread kept one byte in flight where it now keeps 16. The caller keeps every load inside
 // the sources. (Fn names the reduction, which runs on words here. One vector a thread per
-// round: two made the Simple and p2p kernels spill where they did not, inlined or not:
-// ptxas -v, at the build's -O1.)
+// round: two made the Simple and p2p kernels spill more, inlined or not: ptxas -v, at the
+// build's -O1, where Simple's copy kernel spills some all the same, up to 476 bytes a thread.)
 template <typename Fn>
 MNCL_DEV void reduceBytesShifted(const Fn&, int nsrc, const uint8_t* const* srcs, int ndst, uint8_t* const* dsts,
                                  size_t at, size_t nvec) {
