@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -1373,3 +1374,66 @@ def group_with_a_mismatch_on_one_communicator(comm: minincl.Communicator, delays
         a.destroy()
         b.destroy()
     return said
+
+
+def group_after_a_communicator_failed(comm: minincl.Communicator, cause: str) -> list[str]:
+    """A group {A.allreduce, B.allreduce} where A failed just before: rank 1 aborted it (or a
+    broadcast with different roots failed it), rank 1 comes 50 ms after rank 0, which may not
+    know yet. Then B.allreduce twice. B's results, and how the group ended."""
+    a, b = comm.split(0, comm.rank), comm.split(0, comm.rank)
+    assert a is not None and b is not None
+    b.call_timeout = 20
+    x = np.full(1000, comm.rank + 1, np.float32)
+    if cause == "abort" and comm.rank == 1:
+        a.abort()
+    elif cause == "roots":
+        with contextlib.suppress(minincl.Error):
+            a.broadcast(np.ones(10, np.float32), root=comm.rank)
+    if comm.rank == 1:
+        time.sleep(0.05)
+    try:
+        with minincl.group():
+            a.allreduce(np.ones(10, np.float32))
+            b.allreduce(x)
+        ended = "no error"
+    except minincl.Error as e:
+        ended = type(e).__name__
+    after = [np.full(1000, 10.0 * (comm.rank + 1) * k, np.float32) for k in (1, 2)]
+    for y in after:
+        b.allreduce(y)
+    a.destroy()
+    b.destroy()
+    return [ended, float(x[0]), *(float(y[0]) for y in after)]
+
+
+def group_whose_other_communicator_is_busy_on_another_thread(comm: minincl.Communicator) -> list[str | float]:
+    """Rank 0 ends a group {A.allreduce, B.allreduce} while another of its threads waits in a
+    receive on B (two threads on B: B fails); rank 1 makes the same group. A was used right.
+    A's results in the group and after, and how the group ended."""
+    a, b = comm.split(0, comm.rank), comm.split(0, comm.rank)
+    assert a is not None and b is not None
+    x = np.full(1000, comm.rank + 1, np.float32)
+    other = None
+
+    def receive_on_b() -> None:
+        with contextlib.suppress(minincl.Error):  # (B fails: two threads on it)
+            b.recv(np.zeros(4, np.float32), 1)
+
+    if comm.rank == 0:
+        other = threading.Thread(target=receive_on_b)
+        other.start()
+        time.sleep(0.2)  # (inside its receive by now)
+    try:
+        with minincl.group():
+            a.allreduce(x)
+            b.allreduce(np.ones(10, np.float32))
+        ended = "no error"
+    except minincl.Error as e:
+        ended = type(e).__name__
+    if other is not None:
+        other.join(30)
+    after = np.full(1000, 10.0 * (comm.rank + 1), np.float32)
+    a.allreduce(after)
+    a.destroy()
+    b.destroy()
+    return [ended, float(x[0]), float(after[0])]

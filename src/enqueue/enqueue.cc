@@ -46,7 +46,9 @@ struct CommLaunch {
   // channels' threads at once, not on the caller's before any channel starts.
   std::vector<int> selfSlice;  // [channel]
   int selfSlices = 0;
-  bool usable = true;  // the communicator had not failed when the launch began: its calls run
+  // Its calls run: its call scope was entered, and the communicator had not failed when the
+  // launch began (see launch).
+  bool usable = true;
 
   void reset(Comm* c) {
     comm = c;
@@ -175,7 +177,7 @@ void launch(CommLaunch* plans, size_t nplans, bool* ran) {
   // pair with their next one (wrong data, no error).
   std::atomic_thread_fence(std::memory_order_seq_cst);
   for (size_t i = 0; i < nplans; ++i) {
-    plans[i].usable = !plans[i].comm->failed();
+    plans[i].usable = plans[i].usable && !plans[i].comm->failed();
     *ran = *ran || plans[i].usable;
   }
   Completion done;
@@ -418,11 +420,17 @@ void runRecorded(std::vector<Recorded>& calls) {
   };
   for (Recorded& r : calls) planOf(r.comm);
   bool ran = false;
+  std::exception_ptr notEntered;  // why a communicator's call scope refused its calls
   try {
     CallScopes scopes;
     for (size_t i = 0; i < nplans; ++i) {
       auto [inside, peers] = insideOf(calls, plans[i].comm);
-      scopes.enter(*plans[i].comm, inside, peers);
+      try {
+        scopes.enter(*plans[i].comm, inside, peers);
+      } catch (...) {  // (a second thread on it, which fails it): its calls do not run, the others do (see launch)
+        plans[i].usable = false;
+        if (!notEntered) notEntered = std::current_exception();
+      }
     }
     for (Recorded& r : calls) plan(planOf(r.comm), r);
     launch(plans.data(), nplans, &ran);
@@ -434,6 +442,7 @@ void runRecorded(std::vector<Recorded>& calls) {
     }
     throw;
   }
+  if (notEntered) std::rethrow_exception(notEntered);
 }
 
 // Inside a group: appends the call to this thread's group, which runs at groupEnd. Outside one:

@@ -35,8 +35,12 @@ void checkOverlap(Comm& comm, const CollCall& c) {
 
 }  // namespace
 
+// Inside a CPU group, the group's end says that the communicator failed instead: it runs the
+// calls on the group's other communicators, as the peers do, who may not know of the failure
+// yet. (Refused here, the call would refuse the whole group on this rank alone, and the
+// peers' calls on a healthy communicator would pair with this rank's next ones.)
 void checkUsable(Comm& comm) {
-  if (comm.failed()) comm.throwStoredError();
+  if (comm.failed() && (groupDepth() == 0 || comm.onGpu())) comm.throwStoredError();
 }
 
 void checkTypeOp(DataType t, RedOp op, bool reduces) {

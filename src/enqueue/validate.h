@@ -8,7 +8,7 @@
 
 namespace mncl {
 
-// Throws the communicator's stored error if it failed.
+// Throws the communicator's stored error if it failed (inside a CPU group: see validate.cc).
 void checkUsable(Comm& comm);
 // A known type, and for a reducing call a known op that can combine it.
 void checkTypeOp(DataType t, RedOp op, bool reduces);

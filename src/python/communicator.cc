@@ -164,7 +164,10 @@ void PyComm::closeDeferred() noexcept {
 template <typename Op>
 py::object PyComm::run(bool asyncOp, py::object stream, py::object result, std::initializer_list<py::object> keep,
                        Op op, py::handle like) {
-  if (destroyed_) throwClosed();
+  // (In a group, a closed communicator's call is no error until the group's end, which runs
+  // the others, as the peers do: refused here, the caller's exception would leave the group,
+  // and with it calls on healthy communicators that the peers make.)
+  if (destroyed_ && groupDepth() == 0) throwClosed();
   if (!stream.is_none() && device_ < 0) throwError(mnclInvalidArgument, "a CPU communicator takes no stream");
   void* cudaStream = nullptr;
   if (device_ >= 0) {
@@ -180,7 +183,7 @@ py::object PyComm::run(bool asyncOp, py::object stream, py::object result, std::
     // logged and run at its end, after them).
     try {
       if (!async_.idle()) awaitAsyncCalls();
-      withLive([&](Comm& cm) { op(cm, cudaStream); });  // records only
+      ifLive([&](Comm& cm) { op(cm, cudaStream); });  // records only
     } catch (const Error& e) {
       groupRefuse(e.code(), e.what());  // (the group's end runs none of it, even if the caller goes on)
       throw;

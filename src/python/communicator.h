@@ -42,6 +42,14 @@ class PyComm {
     if (destroyed_) throwClosed();
     return f(*comm_);
   }
+  // withLive for a call recorded in a group: on a communicator closed already, nothing (the
+  // group's end says its calls did not run, after running the others: see endGroup).
+  template <typename F>
+  void ifLive(F f) {
+    HeldHere here(this);
+    std::shared_lock<std::shared_timed_mutex> lock(callMutex_);
+    if (!destroyed_) f(*comm_);
+  }
 
   // Marks the communicators this thread holds open (inside withLive or a group's end). A
   // signal handler runs on the thread it interrupts, from inside the call's long wait: an
