@@ -159,12 +159,55 @@ void throwIfFailed(CommLaunch& plan) {
   if (comm.failed()) comm.throwStoredError();
 }
 
+// The first failed communicator's error (an unusable one's included), naming the others that
+// failed too: a group's error that named one alone let its other outputs pass for right.
+void throwIfAnyFailed(CommLaunch* plans, size_t nplans) {
+  std::optional<Error> first;
+  std::string others;
+  for (size_t i = 0; i < nplans; ++i) {
+    try {
+      throwIfFailed(plans[i]);
+    } catch (const Error& e) {
+      if (!first) first = e;
+      else others += std::string(others.empty() ? "" : "; ") + e.what();
+    }
+  }
+  if (!first) return;
+  if (others.empty()) throw *first;
+  throwError(first->code(), std::string(first->what()) + " (in the same group, another communicator failed too: " +
+                                others + ")");
+}
+
+// The call scopes of a group's communicators, left together when it ends (or one early: see
+// launch). A few (a sendrecv's one) live on the stack: a small group allocates nothing.
+class CallScopes {
+ public:
+  void enter(Comm& comm, Inside inside, uint64_t peers) {
+    if (few_ < std::size(onStack_)) onStack_[few_++].emplace(comm, inside, peers);
+    else onHeap_.push_back(std::make_unique<Comm::CallScope>(comm, inside, peers));
+  }
+  void leave(const Comm& comm) {
+    for (size_t i = 0; i < few_; ++i) {
+      if (onStack_[i] && &onStack_[i]->comm == &comm) onStack_[i].reset();
+    }
+    for (std::unique_ptr<Comm::CallScope>& scope : onHeap_) {
+      if (scope && &scope->comm == &comm) scope.reset();
+    }
+  }
+
+ private:
+  std::optional<Comm::CallScope> onStack_[4];
+  size_t few_ = 0;
+  std::vector<std::unique_ptr<Comm::CallScope>> onHeap_;
+};
+
 // Runs the plans of one launch. The caller runs the first communicator's channel 0 itself;
 // every other channel (other communicators' too, when one thread drives several ranks) runs
 // on its own thread, since any rank may have to wait for another.
 // *ran: set once the channels may have exposed the calls' buffers to peers (posted pointer
 // steps, published outputs); a failure after that waits for the peers (see recordOrRun).
-void launch(CommLaunch* plans, size_t nplans, bool* ran) {
+// `scopes`: a group's (see runRecorded).
+void launch(CommLaunch* plans, size_t nplans, bool* ran, CallScopes* scopes = nullptr) {
   // A peer whose call failed may have left pointer steps to buffers it hands back to its
   // caller; it waits until we have failed too, or are outside any call. Having entered ours
   // (CallScope), we look once more: either we see our failure here (our monitor makes it
@@ -174,10 +217,13 @@ void launch(CommLaunch* plans, size_t nplans, bool* ran) {
   // found a peer's mismatch meanwhile, say) runs none of them, and the group's end raises its
   // error. The group's other communicators run theirs all the same: their peers logged the
   // same calls and may be running them already, and a call logged here but never run would
-  // pair with their next one (wrong data, no error).
+  // pair with their next one (wrong data, no error). Its call scope is left at once: a peer
+  // whose call on it failed waits for this rank to leave it (or for MININCL_TIMEOUT), and
+  // may be the peer of the others' calls.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   for (size_t i = 0; i < nplans; ++i) {
     plans[i].usable = plans[i].usable && !plans[i].comm->failed();
+    if (!plans[i].usable && scopes) scopes->leave(*plans[i].comm);
     *ran = *ran || plans[i].usable;
   }
   Completion done;
@@ -193,7 +239,7 @@ void launch(CommLaunch* plans, size_t nplans, bool* ran) {
   }
   if (nplans > 0 && plans[0].usable && plans[0].runs(0)) runChannel(plans[0], 0);
   done.wait();
-  for (size_t i = 0; i < nplans; ++i) throwIfFailed(plans[i]);  // (an unusable one's stored error)
+  throwIfAnyFailed(plans, nplans);
 }
 
 // ---- groups ----
@@ -218,21 +264,6 @@ void plan(CommLaunch& p, const Recorded& r) {
   if (r.isP2p) planP2p(p, r.p2p);
   else planColl(p, r.coll);
 }
-
-// The call scopes of a group's communicators, left together when it ends. A few (a sendrecv's
-// one) live on the stack: a small group allocates nothing.
-class CallScopes {
- public:
-  void enter(Comm& comm, Inside inside, uint64_t peers) {
-    if (few_ < std::size(onStack_)) onStack_[few_++].emplace(comm, inside, peers);
-    else onHeap_.push_back(std::make_unique<Comm::CallScope>(comm, inside, peers));
-  }
-
- private:
-  std::optional<Comm::CallScope> onStack_[4];
-  size_t few_ = 0;
-  std::vector<std::unique_ptr<Comm::CallScope>> onHeap_;
-};
 
 // A GPU group: every call is of a GPU communicator, launched in the order recorded (each
 // communicator's sends and receives together, after its collectives).
@@ -433,7 +464,7 @@ void runRecorded(std::vector<Recorded>& calls) {
       }
     }
     for (Recorded& r : calls) plan(planOf(r.comm), r);
-    launch(plans.data(), nplans, &ran);
+    launch(plans.data(), nplans, &ran, &scopes);
   } catch (...) {
     if (ran) {
       for (size_t i = 0; i < nplans; ++i) {

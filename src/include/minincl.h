@@ -269,6 +269,11 @@ mnclResult_t mnclRedOpCreatePreMulSum(mnclRedOp_t* op, void* scalar, mnclDataTyp
                                       mnclScalarResidence_t residence, mnclComm_t comm);
 mnclResult_t mnclRedOpDestroy(mnclRedOp_t op, mnclComm_t comm);
 
+/* Calls between mnclGroupStart and mnclGroupEnd run at mnclGroupEnd. A call refused for its
+ * arguments fails the whole group (mnclGroupEnd runs none of its calls and returns that
+ * error). A call on a CPU communicator that failed returns mnclSuccess: mnclGroupEnd runs the
+ * group's calls on its other communicators, as the peers run theirs, then returns the
+ * failed one's error. */
 mnclResult_t mnclGroupStart(void);
 mnclResult_t mnclGroupEnd(void);
 
