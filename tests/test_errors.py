@@ -436,6 +436,15 @@ def test_a_group_whose_other_communicator_refuses_a_second_thread_still_runs_the
         assert got[1:] == [3.0, 30.0], got
 
 
+def test_a_groups_failed_communicator_holds_no_peer_up_while_the_others_run() -> None:
+    """A queued call fails A (a mismatch); then a group {A, B}. A peer whose call on A failed
+    waits for this rank to leave A (or for MININCL_TIMEOUT, 5 s) before it goes on to its B
+    call: A's call scope, held while B's call ran, kept both waiting until B's call timeout
+    (2 s here) failed the healthy B (a review: 4 of 9 runs stalled 5 s)."""
+    for said in minincl.launch(workers.group_after_a_queued_call_failed_its_communicator, 2, 4, timeout=180):
+        assert said == ["B 3.0, no timeout"] * 4, said
+
+
 MNCL_ABORTED = 9  # mnclAborted
 
 

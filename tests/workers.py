@@ -1437,3 +1437,29 @@ def group_whose_other_communicator_is_busy_on_another_thread(comm: minincl.Commu
     a.destroy()
     b.destroy()
     return [ended, float(x[0]), float(after[0])]
+
+
+def group_after_a_queued_call_failed_its_communicator(comm: minincl.Communicator, rounds: int) -> list[str]:
+    """Per round: an async_op allreduce on A whose counts differ (it fails A), then a group
+    {A.allreduce, B.allreduce}, B's call timeout 2 s (below MININCL_TIMEOUT's 5). B's result
+    in the group and how the group ended."""
+    said = []
+    for _ in range(rounds):
+        a, b = comm.split(0, comm.rank), comm.split(0, comm.rank)
+        assert a is not None and b is not None
+        b.call_timeout = 2
+        queued = a.allreduce(np.ones(10 + comm.rank, np.float32), async_op=True)
+        x = np.full(1000, comm.rank + 1, np.float32)
+        try:
+            with minincl.group():
+                a.allreduce(np.ones(8, np.float32))
+                b.allreduce(x)
+            ended = "no error"
+        except minincl.Error as e:
+            ended = f"{type(e).__name__}: {e}"
+        with contextlib.suppress(minincl.Error):
+            queued.wait()
+        said.append(f"B {x[0]}, {'timeout' if 'call timeout' in ended else 'no timeout'}")
+        a.destroy()
+        b.destroy()
+    return said
