@@ -20,20 +20,22 @@ PROTOS = ["simple", "ll", "ll128"]
 COMBOS = [f"{a}/{p}" for a in ALGOS for p in PROTOS]
 
 # tuner.cc's kCpuCost (every channel thread has a core) and kCpuCostOversubscribed, fitted to
-# the sixth session's sweeps (bench/RESULTS.md).
+# the sixth session's sweeps (bench/RESULTS.md); the latter refitted in the fifty-fifth.
 ONE_CORE_EACH = {
     "base": 1.0,
     "cost": {"simple": (0.3, 6.0), "ll": (0.1, 0.3), "ll128": (0.2, 1.5)},
     "cacheBoost": 3.0,
     "treeStepCost": 1.0,
+    "treeLineStepCost": 1.0,
     "treeFactor": 1.6,
     "oversubscribed": False,
 }
 OVERSUBSCRIBED = {
     "base": 1.0,
-    "cost": {"simple": (1.3, 4.0), "ll": (0.8, 0.2), "ll128": (0.9, 1.2)},
+    "cost": {"simple": (1.0, 4.0), "ll": (0.8, 0.2), "ll128": (0.6, 1.2)},
     "cacheBoost": 3.0,
     "treeStepCost": 1.0,
+    "treeLineStepCost": 2.0,
     "treeFactor": 1.6,
     "oversubscribed": True,
 }
@@ -79,7 +81,8 @@ def estimate(model, n, algo, proto, variant, nbytes, nch=1):
     if algo == "ring":
         steps, factor = 2 * (n - 1), 2 * (n - 1) / n
     elif algo == "tree":
-        steps, factor = 2 * tree_depth(n) * model["treeStepCost"], model["treeFactor"]
+        cost = model["treeStepCost"] if proto == "simple" else model["treeLineStepCost"]  # (allreduce only)
+        steps, factor = 2 * tree_depth(n) * cost, model["treeFactor"]
     elif variant == 0:  # CPU one-shot: Simple's memory traffic (see Tuner::estimate)
         traffic = n - 1 if model["oversubscribed"] else (2 * n + 1) / 4
         steps, factor = n - 1, traffic if proto == "simple" else n

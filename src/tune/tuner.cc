@@ -32,6 +32,7 @@ struct CostTable {
   ProtoCost proto[3];       // simple, ll, ll128
   double cacheBoost;        // bandwidth multiplier for messages of up to kCacheBytes
   double treeStepCost;      // a tree step against a ring step (an inner node serves 3 peers)
+  double treeLineStepCost;  // the same for an allreduce under LL and LL128
   double treeFactor;        // bytes a tree allreduce moves per byte of the buffer
 };
 // Every channel thread has a core (2 rank processes on 2 cores, bound to them).
@@ -39,14 +40,20 @@ constexpr CostTable kCpuCost = {{
     {0.3, 6.0},   // simple
     {0.1, 0.3},   // ll
     {0.2, 1.5},   // ll128
-}, 3.0, 1.0, 1.6};
+}, 3.0, 1.0, 1.0, 1.6};
 // Channel threads outnumber cores (4 rank processes on 2 cores): a step costs several times
-// more, since the peer it waits for may first need this core.
+// more, since the peer it waits for may first need this core. Refitted to small-size sweeps
+// of 8 and 4 thread-ranks and 4 and 3 rank processes on 2 cores (bench/RESULTS.md,
+// fifty-fifth session): one-shot LL128 allreduce was the fastest from 8 B to 1 KiB where the
+// tuner took an LL tree (1.6-2.8x its time with 8 thread-ranks): each inner node of an LL
+// tree allreduce waits for its children, each perhaps descheduled, where one-shot's posts do
+// not wait on one another. (A broadcast's or reduce's tree kept its LL step cost: one-way,
+// it measured no slower.)
 constexpr CostTable kCpuCostOversubscribed = {{
-    {1.3, 4.0},   // simple
+    {1.0, 4.0},   // simple
     {0.8, 0.2},   // ll
-    {0.9, 1.2},   // ll128
-}, 3.0, 1.0, 1.6};
+    {0.6, 1.2},   // ll128
+}, 3.0, 1.0, 2.0, 1.6};
 // One GPU block per channel, ranks on one GPU. Fitted to forced sweeps on one H200 (2 and 8
 // ranks, every algorithm x protocol, 8 B to 16 MiB; bench/RESULTS.md, fifth and eighth
 // sessions): a Simple step costs ~6 us (ring at 8 ranks: 95 us for 14 steps) and a channel
@@ -59,7 +66,7 @@ constexpr CostTable kGpuCost = {{
     {6.0, 20.0},  // simple
     {3.0, 2.9},   // ll
     {6.0, 1.0},   // ll128
-}, 1.0, 1.5, 2.0};
+}, 1.0, 1.5, 1.5, 2.0};
 constexpr size_t kCacheBytes = 256 << 10;
 constexpr double kBaseLatencyUs = 1.0;
 
@@ -163,7 +170,8 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
       factor = reduceAll ? 2 * (n - 1) / n : rootColl ? 1.0 : (n - 1) / n;
       break;
     case Algo::tree:
-      steps = (reduceAll ? 2 : 1) * dev::treeDepth(nranks_, ranksPerHost_) * table.treeStepCost;
+      steps = (reduceAll ? 2 : 1) * dev::treeDepth(nranks_, ranksPerHost_) *
+              (reduceAll && p != Proto::simple ? table.treeLineStepCost : table.treeStepCost);
       factor = reduceAll ? table.treeFactor : 1.0;
       // On a GPU an LL tree pipelines its small slots through nodes that serve three
       // connections from one block: per byte it measured 3-4x the direct or ring LL
