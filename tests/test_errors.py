@@ -856,6 +856,17 @@ def test_a_send_nobody_receives_before_a_collective_is_named(processes: bool) ->
     assert any(counted in r or ("mismatched calls" in r and "send of 2000 bytes" in r) for r in results), results
 
 
+def assert_the_two_ranks_work_on(comms: list[minincl.Communicator], count: int, dtype: Any) -> None:
+    """After a refused group: no group is left open, and a group of both ranks' allreduces sums."""
+    assert minincl._core._group_depth() == 0
+    ys = [np.full(count, r + 1, dtype) for r in range(2)]
+    with minincl.group():
+        for c, y in zip(comms, ys):
+            c.allreduce(y)
+    for y in ys:
+        np.testing.assert_array_equal(y, np.full(count, 3, dtype))
+
+
 ARGUMENT_REFUSALS: dict[str, tuple[Callable[[minincl.Communicator], object], str]] = {
     "complex type": (lambda c: c.allreduce(np.ones(4, np.complex64)), "unsupported"),
     "strided array": (lambda c: c.allreduce(np.ones(8, np.float32)[::2]), "not contiguous"),
@@ -888,13 +899,7 @@ def test_a_call_refused_for_its_arguments_in_a_group_fails_the_group_at_its_end(
         assert says in str(caught.value), caught.value
         assert str(caught.value) in str(end.value), end.value
         np.testing.assert_array_equal(x, np.full(5, 2, np.float32))  # (rank 0's allreduce did not run)
-        assert minincl._core._group_depth() == 0
-        ys = [np.full(7, r + 1, np.int32) for r in range(2)]
-        with minincl.group():
-            for c, y in zip(comms, ys):
-                c.allreduce(y)
-        for y in ys:
-            np.testing.assert_array_equal(y, np.full(7, 3, np.int32))
+        assert_the_two_ranks_work_on(comms, 7, np.int32)
     finally:
         for c in comms:
             c.destroy()
@@ -922,13 +927,7 @@ def test_a_call_refused_in_a_group_drops_the_group() -> None:
             with pytest.raises(minincl.InvalidArgument):
                 comms[1].broadcast(x, root=7)
         np.testing.assert_array_equal(x, np.full(3, 5, np.float32))
-        assert minincl._core._group_depth() == 0
-        ys = [np.full(1009, r + 1, np.int64) for r in range(2)]
-        with minincl.group():
-            for c, y in zip(comms, ys):
-                c.allreduce(y)
-        for y in ys:
-            np.testing.assert_array_equal(y, np.full(1009, 3, np.int64))
+        assert_the_two_ranks_work_on(comms, 1009, np.int64)
     finally:
         for c in comms:
             c.destroy()

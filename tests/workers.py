@@ -1349,6 +1349,18 @@ def launches_again(comm: minincl.Communicator) -> Any:
     return minincl.launch(rank0_sleeps, 2, 0.0)
 
 
+def allreduces_in_one_group(first: Any, first_buf: Any, second: Any, second_buf: Any) -> str:
+    """A group of an allreduce on each of two communicators; how it ended ("no error", or the
+    error's class and message)."""
+    try:
+        with minincl.group():
+            first.allreduce(first_buf)
+            second.allreduce(second_buf)
+    except minincl.Error as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
 def group_with_a_mismatch_on_one_communicator(comm: minincl.Communicator, delays_ms: list[int]) -> list[str]:
     """Per delay: a group of an allreduce on A (counts that differ: a mismatch) and one on B
     (healthy), rank 1 coming `delay` ms after rank 0; then one more allreduce on B. What each
@@ -1361,13 +1373,7 @@ def group_with_a_mismatch_on_one_communicator(comm: minincl.Communicator, delays
         in_group = np.full(1000, comm.rank + 1, np.float32)
         if comm.rank == 1:
             time.sleep(delay / 1000)
-        try:
-            with minincl.group():
-                a.allreduce(np.ones(100 * (comm.rank + 1), np.float32))
-                b.allreduce(in_group)
-            ended = "no error"
-        except minincl.Error as e:
-            ended = type(e).__name__
+        ended = allreduces_in_one_group(a, np.ones(100 * (comm.rank + 1), np.float32), b, in_group).split(":")[0]
         after = np.full(1000, 10.0 * (comm.rank + 1), np.float32)
         b.allreduce(after)
         said.append(f"{delay} ms: group {ended}, B {in_group[0]} then {after[0]}")
@@ -1391,13 +1397,7 @@ def group_after_a_communicator_failed(comm: minincl.Communicator, cause: str) ->
             a.broadcast(np.ones(10, np.float32), root=comm.rank)
     if comm.rank == 1:
         time.sleep(0.05)
-    try:
-        with minincl.group():
-            a.allreduce(np.ones(10, np.float32))
-            b.allreduce(x)
-        ended = "no error"
-    except minincl.Error as e:
-        ended = type(e).__name__
+    ended = allreduces_in_one_group(a, np.ones(10, np.float32), b, x).split(":")[0]
     after = [np.full(1000, 10.0 * (comm.rank + 1) * k, np.float32) for k in (1, 2)]
     for y in after:
         b.allreduce(y)
@@ -1423,13 +1423,7 @@ def group_whose_other_communicator_is_busy_on_another_thread(comm: minincl.Commu
         other = threading.Thread(target=receive_on_b)
         other.start()
         time.sleep(0.2)  # (inside its receive by now)
-    try:
-        with minincl.group():
-            a.allreduce(x)
-            b.allreduce(np.ones(10, np.float32))
-        ended = "no error"
-    except minincl.Error as e:
-        ended = type(e).__name__
+    ended = allreduces_in_one_group(a, x, b, np.ones(10, np.float32)).split(":")[0]
     if other is not None:
         other.join(30)
     after = np.full(1000, 10.0 * (comm.rank + 1), np.float32)
@@ -1450,13 +1444,7 @@ def group_after_a_queued_call_failed_its_communicator(comm: minincl.Communicator
         b.call_timeout = 2
         queued = a.allreduce(np.ones(10 + comm.rank, np.float32), async_op=True)
         x = np.full(1000, comm.rank + 1, np.float32)
-        try:
-            with minincl.group():
-                a.allreduce(np.ones(8, np.float32))
-                b.allreduce(x)
-            ended = "no error"
-        except minincl.Error as e:
-            ended = f"{type(e).__name__}: {e}"
+        ended = allreduces_in_one_group(a, np.ones(8, np.float32), b, x)
         with contextlib.suppress(minincl.Error):
             queued.wait()
         said.append(f"B {x[0]}, {'timeout' if 'call timeout' in ended else 'no timeout'}")
