@@ -393,7 +393,7 @@ def test_a_communicator_destroyed_inside_a_group_drops_only_its_calls() -> None:
     (a,), (b,) = minincl.Communicator.init_all(1), minincl.Communicator.init_all(1)
     x = np.arange(5, dtype=np.float32)
     out_a, out_b = np.zeros(5, np.float32), np.zeros(5, np.float32)
-    closed = r"rank\(s\) 0 did not run: it was destroyed or aborted"
+    closed = r"the group's calls on 1 communicator\(s\) \(rank 0's\) did not run: destroyed or aborted"
     with pytest.raises(minincl.InvalidUsage, match=closed), minincl.group():
         a.allreduce(x, out_a)
         b.allreduce(x, out_b)
@@ -441,8 +441,25 @@ def test_a_groups_failed_communicator_holds_no_peer_up_while_the_others_run() ->
     waits for this rank to leave A (or for MININCL_TIMEOUT, 5 s) before it goes on to its B
     call: A's call scope, held while B's call ran, kept both waiting until B's call timeout
     (2 s here) failed the healthy B (a review: 4 of 9 runs stalled 5 s)."""
-    for said in minincl.launch(workers.group_after_a_queued_call_failed_its_communicator, 2, 4, timeout=180):
-        assert said == ["B 3.0, no timeout"] * 4, said
+    for said in minincl.launch(workers.group_after_a_queued_call_failed_its_communicator, 2, 10, timeout=180):
+        assert said == ["B 3.0, no timeout"] * 10, said  # (the stall came in about half the rounds)
+
+
+def test_a_groups_error_says_how_many_of_its_communicators_failed() -> None:
+    """One thread drives two ranks of A and of B in one group, with counts that differ on
+    both: every handle fails, and the error names the first and says how many more."""
+    a, b = minincl.Communicator.init_all(2), minincl.Communicator.init_all(2)
+    try:
+        with pytest.raises((minincl.InvalidUsage, minincl.RemoteError)) as failed, minincl.group():
+            for comms, count in ((a, 10), (b, 20)):
+                for c in comms:
+                    c.allreduce(np.ones(count + c.rank, np.float32))
+        said = str(failed.value)  # (rank 0's handle may have heard of it from rank 1's: RemoteError)
+        assert "mismatched calls: " in said.split(" (in the same group")[0], said
+        assert "(in the same group, 3 other communicator handle(s) failed too, the first: " in said, said
+    finally:
+        for c in a + b:
+            c.destroy()
 
 
 MNCL_ABORTED = 9  # mnclAborted

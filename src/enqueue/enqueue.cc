@@ -159,23 +159,24 @@ void throwIfFailed(CommLaunch& plan) {
   if (comm.failed()) comm.throwStoredError();
 }
 
-// The first failed communicator's error (an unusable one's included), naming the others that
-// failed too: a group's error that named one alone let its other outputs pass for right.
+// The first failed communicator's error (an unusable one's included), saying how many others
+// of the group failed too and the first of those: a group's error that named one alone let its
+// other outputs pass for right. (One thread driving several ranks holds a handle per rank.)
 void throwIfAnyFailed(CommLaunch* plans, size_t nplans) {
-  std::optional<Error> first;
-  std::string others;
+  std::optional<Error> first, second;
+  int failed = 0;
   for (size_t i = 0; i < nplans; ++i) {
     try {
       throwIfFailed(plans[i]);
     } catch (const Error& e) {
-      if (!first) first = e;
-      else others += std::string(others.empty() ? "" : "; ") + e.what();
+      if (++failed == 1) first = e;
+      else if (failed == 2) second = e;
     }
   }
-  if (!first) return;
-  if (others.empty()) throw *first;
-  throwError(first->code(), std::string(first->what()) + " (in the same group, another communicator failed too: " +
-                                others + ")");
+  if (failed == 0) return;
+  if (failed == 1) throw *first;
+  throwError(first->code(), std::string(first->what()) + " (in the same group, " + std::to_string(failed - 1) +
+                                " other communicator handle(s) failed too, the first: " + second->what() + ")");
 }
 
 // The call scopes of a group's communicators, left together when it ends (or one early: see

@@ -652,17 +652,18 @@ void PyComm::endGroup(std::vector<PyComm*> comms) {
     std::vector<std::unique_ptr<HeldHere>> here;  // (declared first: they end after the locks)
     std::vector<std::shared_lock<std::shared_timed_mutex>> held;
     std::string closed;
+    int nclosed = 0;
     for (PyComm* c : comms) {
       here.push_back(std::make_unique<HeldHere>(c));
       held.emplace_back(c->callMutex_);
       if (!c->destroyed_) continue;
       groupForget(c->commAddress_);
-      closed += (closed.empty() ? "" : ", ") + std::to_string(c->rank_);
+      closed += (nclosed++ ? ", " : "") + std::string("rank ") + std::to_string(c->rank_) + "'s";
     }
     groupEnd();
-    if (!closed.empty()) {
-      throwError(mnclInvalidUsage, "the group's calls on the communicator of rank(s) " + closed +
-                                       " did not run: it was destroyed or aborted before the group ended");
+    if (nclosed > 0) {
+      throwError(mnclInvalidUsage, "the group's calls on " + std::to_string(nclosed) + " communicator(s) (" + closed +
+                                       ") did not run: destroyed or aborted before the group ended");
     }
   });
   interruptible.checkAfterReturn([&comms](const std::string& why) {
