@@ -180,7 +180,8 @@ py::object PyComm::run(bool asyncOp, py::object stream, py::object result, std::
   if (groupDepth() > 0) {
     if (asyncOp) throwError(mnclInvalidUsage, "async_op=True inside minincl.group(): the group itself is the unit of completion");
     // Program order: the async_op calls queued before come first (the group's calls are
-    // logged and run at its end, after them).
+    // logged and run at its end, after them). (The per-call methods refuse the group for any
+    // error, their arguments' too, in call_methods.cc; barrier() has only this.)
     try {
       if (!async_.idle()) awaitAsyncCalls();
       ifLive([&](Comm& cm) { op(cm, cudaStream); });  // records only
