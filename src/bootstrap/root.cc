@@ -3,8 +3,10 @@
 // It checks what it can (magic, nonce, nranks, duplicate or out-of-range ranks) and answers
 // every waiting rank with an error naming the problem rather than letting anyone hang.
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -41,6 +43,9 @@ constexpr int kMissingRanksListed = 32;
 constexpr double kLateRanksSeconds = 10.0;
 // The deadline of a root no rank has come to yet: none (ten years).
 constexpr double kNoDeadlineSeconds = 10 * 365 * 86400.0;
+// How long a new try of an id from an address waits for the earlier try's root to let go of
+// the port (it answers the ranks it holds, kReplySeconds each at most, then stops).
+constexpr std::chrono::seconds kEarlierRootWait{10};
 
 // What a root and the ranks of its own process tell each other without sockets, which may
 // be what failed (no file descriptor left): a rank's failed init (reportToLocalRoot), ranks
@@ -94,6 +99,19 @@ class LocalRendezvous {
     std::lock_guard<std::mutex> lock(mutex_);
     if (rootStatus_ != mnclSuccess) throwBootstrapFailure(rootStatus_, rootFailure_);
   }
+  // A new try of its id (from an address) needs the port: late ranks are no longer answered.
+  void supersede() { superseded_ = true; }
+  bool superseded() const { return superseded_; }
+  // Its thread is done with the listener (closed).
+  void threadEnded() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    threadEnded_ = true;
+    ended_.notify_all();
+  }
+  bool waitForThreadEnd(std::chrono::seconds most) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return ended_.wait_for(lock, most, [this] { return threadEnded_; });
+  }
 
  private:
   std::mutex mutex_;
@@ -103,6 +121,9 @@ class LocalRendezvous {
   std::string rankMessage_;
   mnclResult_t rootStatus_ = mnclSuccess;
   std::string rootFailure_;
+  std::atomic<bool> superseded_ = false;
+  bool threadEnded_ = false;
+  std::condition_variable ended_;
 };
 
 // The roots this process serves, by nonce, from startRoot until serve ends; a failed one's
@@ -321,7 +342,7 @@ void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, co
                      RanksAccountedFor accounted, Deadline until, LocalRendezvous& local) {
   for (;;) {
     for (int r : local.ranksGone()) accounted.add(r);
-    if (accounted.all()) return;
+    if (accounted.all() || local.superseded()) return;
     try {
       std::optional<Arriving> next = arrivals.next(until);
       if (!next) continue;
@@ -529,8 +550,29 @@ std::function<void()> localRootWatch(uint64_t nonce, bool fromAddress) {
   return [local] { local->throwIfRootFailed(); };
 }
 
+namespace {
+
+// An id from an address has the same nonce at each try, and its port: an earlier try's root
+// in this process that failed may still hold it, replying to its ranks or answering late
+// ones. It stops answering late ones, and its thread's end is waited for (else the bind
+// failed now and then with "Address already in use", a CI run found). (One still gathering
+// ranks is another init of this id under way: the bind fails.)
+Socket listenAfterAnEarlierTry(const SockAddr& bind, uint64_t nonce) {
+  std::shared_ptr<LocalRendezvous> earlier = localRoot(nonce, true);
+  if (earlier && (earlier->failed() || earlier->aRankFailed())) {
+    earlier->supersede();
+    if (!earlier->waitForThreadEnd(kEarlierRootWait)) {
+      MNCL_WARN(kInit, "bootstrap root: an earlier init's root of this id still runs after %llds",
+                (long long)kEarlierRootWait.count());
+    }
+  }
+  return Socket::listen(bind);
+}
+
+}  // namespace
+
 SockAddr startRoot(const SockAddr& bind, uint64_t nonce) {
-  Socket listener = Socket::listen(bind);
+  Socket listener = listenAfterAnEarlierTry(bind, nonce);
   SockAddr actual = listener.localAddr();
   double timeout = bootstrapTimeout();  // (read here: a bad setting is the caller's error, not the thread's)
   auto local = std::make_shared<LocalRendezvous>();
@@ -545,6 +587,7 @@ SockAddr startRoot(const SockAddr& bind, uint64_t nonce) {
     } catch (const std::exception& e) {  // (the ranks see their connections close; this process goes on)
       MNCL_WARN(kInit, "bootstrap root stopped: %s", e.what());
     }
+    local->threadEnded();  // (serve took the listener, and closed it)
     std::lock_guard<std::mutex> lock(localRootsMutex);
     auto it = localRoots().find(nonce);
     if (it == localRoots().end() || it->second != local) return;  // (a newer root's, same nonce)
