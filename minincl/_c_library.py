@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import _core
 from ._core import build_info
 
-_PACKAGE = Path(__file__).resolve().parent
+# Where the build put the extension module, and beside it include/, lib/ and bin/: the
+# package's folder, but for an editable install, whose Python files stay in the source tree.
+_PACKAGE = Path(_core.__file__).resolve().parent
 
 
 def get_include() -> str:
