@@ -46,6 +46,9 @@ constexpr double kNoDeadlineSeconds = 10 * 365 * 86400.0;
 // How long a new try of an id from an address waits for the earlier try's root to let go of
 // the port (it answers the ranks it holds, kReplySeconds each at most, then stops).
 constexpr std::chrono::seconds kEarlierRootWait{10};
+// How long a rank of this process that reported to its root waits for the root to act on it
+// (a look every kLookEvery; a reply to a rank that stopped reading takes kReplySeconds).
+constexpr std::chrono::seconds kReportTakenWait{3};
 
 // What a root and the ranks of its own process tell each other without sockets, which may
 // be what failed (no file descriptor left): a rank's failed init (reportToLocalRoot), ranks
@@ -56,22 +59,41 @@ class LocalRendezvous {
  public:
   const pid_t pid = getpid();
 
-  void rankFailed(int rank, int nranks, const std::string& message) {
+  // Each returns the report's number, for awaitTaken.
+  uint64_t rankFailed(int rank, int nranks, const std::string& message) {
     std::lock_guard<std::mutex> lock(mutex_);
     gone_.insert(rank);
-    if (rankFailed_) return;  // (the first story is the one told)
-    rankFailed_ = true;
-    failedRank_ = rank;
-    nranks_ = nranks;
-    rankMessage_ = message;
+    if (!rankFailed_) {  // (the first story is the one told)
+      rankFailed_ = true;
+      failedRank_ = rank;
+      nranks_ = nranks;
+      rankMessage_ = message;
+    }
+    return ++reports_;
   }
-  void rankGone(int rank) {
+  uint64_t rankGone(int rank) {
     std::lock_guard<std::mutex> lock(mutex_);
     gone_.insert(rank);
+    return ++reports_;
   }
-  std::set<int> ranksGone() {
+  // `upTo`: the reports these ranks are of (for reportsTaken).
+  std::set<int> ranksGone(uint64_t* upTo = nullptr) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (upTo) *upTo = reports_;
     return gone_;
+  }
+  // The root acted on the reports up to `upTo`: if they accounted for its last ranks, its try
+  // is over (Rendezvous::endTry).
+  void reportsTaken(uint64_t upTo) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    taken_ = std::max(taken_, upTo);
+    changed_.notify_all();
+  }
+  // A rank that reported returns once the root acted on it (within kLookEvery), not before:
+  // it may try again at once, and the next try must not find this one still running.
+  void awaitTaken(uint64_t report, std::chrono::seconds most) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait_for(lock, most, [&] { return taken_ >= report || threadEnded_; });
   }
   bool aRankFailed() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -88,12 +110,12 @@ class LocalRendezvous {
     rootStatus_ = status;
     rootFailure_ = failure;
   }
-  bool failed() {
+  bool failed() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return rootStatus_ != mnclSuccess;
   }
-  // When the root's thread ended, after a failure (its story stays a while: see localRoot).
-  std::optional<std::chrono::steady_clock::time_point> endedAt;  // (under localRootsMutex)
+  // When the root's try ended, after a failure (its story stays a while: see localRoot).
+  mutable std::optional<std::chrono::steady_clock::time_point> endedAt;  // (under localRootsMutex)
   // Throws the root's failure as its reply would have said it.
   void throwIfRootFailed() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -106,15 +128,15 @@ class LocalRendezvous {
   void threadEnded() {
     std::lock_guard<std::mutex> lock(mutex_);
     threadEnded_ = true;
-    ended_.notify_all();
+    changed_.notify_all();
   }
   bool waitForThreadEnd(std::chrono::seconds most) {
     std::unique_lock<std::mutex> lock(mutex_);
-    return ended_.wait_for(lock, most, [this] { return threadEnded_; });
+    return changed_.wait_for(lock, most, [this] { return threadEnded_; });
   }
 
  private:
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::set<int> gone_;  // ranks of this process that failed before their hello
   bool rankFailed_ = false;
   int failedRank_ = -1, nranks_ = -1;
@@ -123,7 +145,8 @@ class LocalRendezvous {
   std::string rootFailure_;
   std::atomic<bool> superseded_ = false;
   bool threadEnded_ = false;
-  std::condition_variable ended_;
+  uint64_t reports_ = 0, taken_ = 0;  // local reports made, and acted on
+  std::condition_variable changed_;  // (threadEnded_, taken_)
 };
 
 // The roots this process serves, by nonce, from startRoot until serve ends; a failed one's
@@ -152,6 +175,16 @@ std::shared_ptr<LocalRendezvous> localRoot(uint64_t nonce, bool running = false)
   auto it = localRoots().find(nonce);
   if (it == localRoots().end() || it->second->pid != getpid() || (running && it->second->endedAt)) return nullptr;
   return it->second;
+}
+
+// The root's try is over (see Rendezvous::endTry) or its thread ended: it no longer counts as
+// running. A failed one's story stays for kFailureKept; else it leaves the registry.
+void endLocalRoot(uint64_t nonce, const LocalRendezvous& local) {
+  std::lock_guard<std::mutex> lock(localRootsMutex);
+  auto it = localRoots().find(nonce);
+  if (it == localRoots().end() || it->second.get() != &local) return;  // (a newer root's, same nonce)
+  if (!local.failed()) localRoots().erase(it);
+  else if (!local.endedAt) local.endedAt = std::chrono::steady_clock::now();
 }
 
 struct Joined {
@@ -339,9 +372,13 @@ void turnAway(Arriving& a) {
 // address keeps its port until this ends), the deadline where a rank left after it came (the
 // others may be far behind it).
 void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, const std::string& failure,
-                     RanksAccountedFor accounted, Deadline until, LocalRendezvous& local) {
+                     RanksAccountedFor accounted, Deadline until, LocalRendezvous& local,
+                     const std::function<void()>& endTry) {
   for (;;) {
-    for (int r : local.ranksGone()) accounted.add(r);
+    uint64_t reports = 0;
+    for (int r : local.ranksGone(&reports)) accounted.add(r);
+    if (accounted.all() || local.superseded()) endTry();
+    local.reportsTaken(reports);
     if (accounted.all() || local.superseded()) return;
     try {
       std::optional<Arriving> next = arrivals.next(until);
@@ -351,9 +388,10 @@ void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, co
         turnAway(*next);
         continue;
       }
-      if (h.failCode == 0) reply(next->sock, nonce, status, failure, nullptr);  // (else it waits for none)
       accounted.expect(h.nranks);
       accounted.add(h.rank);
+      if (accounted.all()) endTry();  // (before the last rank hears it: it may try again at once)
+      if (h.failCode == 0) reply(next->sock, nonce, status, failure, nullptr);  // (else it waits for none)
     } catch (const Error& e) {
       if (e.code() != mnclSystemError) return;  // (until)
       std::this_thread::sleep_for(kLookEvery);  // (no descriptor to accept with: the rank waits)
@@ -366,7 +404,7 @@ void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, co
 class Rendezvous {
  public:
   Rendezvous(Socket& listener, uint64_t nonce, double timeout, LocalRendezvous& local)
-      : nonce_(nonce), timeout_(timeout), local_(local), arrivals_(listener) {}
+      : nonce_(nonce), timeout_(timeout), local_(local), listener_(listener), arrivals_(listener) {}
 
   void run() {
     try {
@@ -375,12 +413,22 @@ class Rendezvous {
       failFrom(e);
     }
     if (!failure_.empty()) local_.rootFailed(status_, failure_);  // (for ranks of this process it cannot answer)
-    answerJoined();
-    if (!failure_.empty() && status_ != mnclTimeout) {
+    bool answersLateRanks = !failure_.empty() && status_ != mnclTimeout;
+    uint64_t reports = 0;
+    std::set<int> gone = local_.ranksGone(&reports);
+    if (answersLateRanks) {
       accounted_.expect(nranks_);  // (where a rank of this process told it)
-      answerLateRanks(arrivals_, nonce_, status_, failure_, std::move(accounted_),
-                      leftRank_ >= 0 ? deadline_ : std::min(deadline_, deadlineIn(kLateRanksSeconds)), local_);
+      for (int r : gone) accounted_.add(r);
     }
+    if (!answersLateRanks || accounted_.all()) endTry();
+    local_.reportsTaken(reports);
+    answerJoined();
+    if (answersLateRanks) {
+      answerLateRanks(arrivals_, nonce_, status_, failure_, std::move(accounted_),
+                      leftRank_ >= 0 ? deadline_ : std::min(deadline_, deadlineIn(kLateRanksSeconds)), local_,
+                      [this] { endTry(); });
+    }
+    endTry();
   }
 
  private:
@@ -492,6 +540,18 @@ class Rendezvous {
     if (!reportedHere) MNCL_WARN(kInit, "bootstrap root: %s", failure_.c_str());
   }
 
+  // No rank still to come will be answered: the port is let go, and the root no longer counts
+  // as running in this process, before any rank of this try hears its answer. A rank may try
+  // again as soon as it hears it, with the same nonce and port if the id is from an address,
+  // and must then reach the next try's root, not this one (a helper's trial saw the old
+  // failure taken by the next try's rank 1 in 10-21 of 100 tries under load).
+  void endTry() {
+    if (tryEnded_) return;
+    tryEnded_ = true;
+    listener_.close();
+    endLocalRoot(nonce_, local_);
+  }
+
   // Every joined rank hears the next one's address, or the failure; their sockets then close
   // (not held while late ranks are answered).
   void answerJoined() {
@@ -505,6 +565,8 @@ class Rendezvous {
   const uint64_t nonce_;
   const double timeout_;
   LocalRendezvous& local_;
+  Socket& listener_;
+  bool tryEnded_ = false;
   Arrivals arrivals_;
   Deadline deadline_ = deadlineIn(kNoDeadlineSeconds);  // (until the first rank comes: see admit)
   bool started_ = false;
@@ -529,12 +591,15 @@ bool reportToLocalRoot(uint64_t nonce, bool fromAddress, int rank, int nranks, c
   // (Rank 0 of an id from an address starts a new root where the last one ended: an earlier
   // try's, whose story would keep this report from the ranks of this one.)
   std::shared_ptr<LocalRendezvous> local = localRoot(nonce, fromAddress && rank == 0);
-  if (local) local->rankFailed(rank, nranks, message);
+  if (local) local->awaitTaken(local->rankFailed(rank, nranks, message), kReportTakenWait);
   return local != nullptr;
 }
 
 void leaveLocalRoot(uint64_t nonce, int rank) {
-  if (std::shared_ptr<LocalRendezvous> local = localRoot(nonce)) local->rankGone(rank);
+  std::shared_ptr<LocalRendezvous> local = localRoot(nonce);
+  if (!local) return;
+  uint64_t report = local->rankGone(rank);
+  if (local->failed()) local->awaitTaken(report, kReportTakenWait);  // (else no rank is answered yet)
 }
 
 std::function<void()> localRootWatch(uint64_t nonce, bool fromAddress) {
@@ -587,12 +652,8 @@ SockAddr startRoot(const SockAddr& bind, uint64_t nonce) {
     } catch (const std::exception& e) {  // (the ranks see their connections close; this process goes on)
       MNCL_WARN(kInit, "bootstrap root stopped: %s", e.what());
     }
+    endLocalRoot(nonce, *local);  // (where serve stopped before its try ended)
     local->threadEnded();  // (serve took the listener, and closed it)
-    std::lock_guard<std::mutex> lock(localRootsMutex);
-    auto it = localRoots().find(nonce);
-    if (it == localRoots().end() || it->second != local) return;  // (a newer root's, same nonce)
-    if (local->failed()) local->endedAt = std::chrono::steady_clock::now();
-    else localRoots().erase(it);
   }).detach();
   return actual;
 }
