@@ -2318,9 +2318,14 @@ for t in ranks:
 for t in ranks:
     t.join()
 print("first:", out[0], out[1])
-c = minincl.Communicator(1, uid, 0)  # (at once, while the failed root waits for its rank 2)
-c.destroy()
-print("second: ok")
+# At once, while the failed root waits for its rank 2: rank 1 may reach it before rank 0
+# starts the new root.
+ranks = [threading.Thread(target=rank, args=(1, 2)), threading.Thread(target=rank, args=(0, 2))]
+for t in ranks:
+    t.start()
+for t in ranks:
+    t.join()
+print("second:", out[0], out[1])
 """,
 )
 
@@ -2330,7 +2335,9 @@ def test_an_address_id_inits_again_while_its_failed_root_answers_late_ranks(tmp_
     on the port the id names. A new try of that id in the same process could not bind it
     ("Address already in use") until then; it also failed now and then after a timed-out
     init (a CI run found that), when the old root had not yet closed its port. Now the new
-    try stops the old root's answering and waits for it to let the port go."""
+    try stops the old root's answering and waits for it to let the port go; the new try's rank
+    1, if it reached the old root first, is told to connect again (it took the old failure,
+    and rank 0 then waited out the bootstrap timeout: 7 of 12 runs, a review found)."""
     out = subprocess.run(
         [sys.executable, "-c", _ADDRESS_ID_RETRIED_WHILE_ITS_ROOT_ANSWERS_LATE_RANKS],
         capture_output=True,
@@ -2338,7 +2345,7 @@ def test_an_address_id_inits_again_while_its_failed_root_answers_late_ranks(tmp_
         timeout=60,
         cwd=tmp_path,
     )
-    assert out.stdout.split("\n")[:2] == ["first: InvalidUsage InvalidUsage", "second: ok"], (out.stdout, out.stderr)
+    assert out.stdout.split("\n")[:2] == ["first: InvalidUsage InvalidUsage", "second: ok ok"], (out.stdout, out.stderr)
 
 
 _ADDRESS_ID_TRIED_AGAIN_AT_ONCE_ROUNDS = """

@@ -5,6 +5,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "../core/env.h"
 #include "../core/error.h"
@@ -125,9 +126,9 @@ void Bootstrap::registerWithRoot(const UniqueIdData& id) {
   bool fromAddress = id.rankZeroStartsRoot != 0;
   bool startsRoot = fromAddress && rank_ == 0;
   std::optional<WaitCheck> rootFailed;
-  if (!startsRoot && (rootWatch_ = localRootWatch(id.nonce, fromAddress))) rootFailed.emplace(rootWatch_);
+  if (!startsRoot && (rootWatch_ = localRootWatch(id.nonce, fromAddress, rank_))) rootFailed.emplace(rootWatch_);
   Socket toRoot = reachRoot(id);
-  if (startsRoot && (rootWatch_ = localRootWatch(id.nonce, true))) rootFailed.emplace(rootWatch_);
+  if (startsRoot && (rootWatch_ = localRootWatch(id.nonce, true, rank_))) rootFailed.emplace(rootWatch_);
   // Listen on the interface that reaches the root, so peers can reach us the same way.
   SockAddr mine = toRoot.localAddr();
   mine.setPort(0);
@@ -135,9 +136,18 @@ void Bootstrap::registerWithRoot(const UniqueIdData& id) {
 
   RootHello hello = helloFrom(id, rank_, nranks_);
   hello.listen = listen_.localAddr().storage;
-  toRoot.sendAll(&hello, sizeof(hello), deadline(), "sending hello to the bootstrap root");
-  saidHello_ = true;
-  awaitRootReply(toRoot, id);
+  // An id from an address is the same at every try: an earlier try's root (ending, or stopped
+  // by this try's rank 0) may take the hello, and tell the rank to try again: this try's root,
+  // started by rank 0, takes it then.
+  std::optional<Deadline> tryAgainUntil;
+  if (fromAddress && !startsRoot) tryAgainUntil = deadline();
+  for (;;) {
+    toRoot.sendAll(&hello, sizeof(hello), deadline(), "sending hello to the bootstrap root");
+    saidHello_ = true;
+    if (awaitRootReply(toRoot, id, tryAgainUntil)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // (no busy loop at a port that closes at once)
+    toRoot = reachRoot(id);
+  }
   // The root names only the next rank's address; the ring passes the others around (see
   // shareAddresses).
   sockaddr_storage next{};
@@ -177,7 +187,7 @@ Socket Bootstrap::reachRoot(const UniqueIdData& id) {
   }
 }
 
-void Bootstrap::awaitRootReply(Socket& toRoot, const UniqueIdData& id) {
+bool Bootstrap::awaitRootReply(Socket& toRoot, const UniqueIdData& id, std::optional<Deadline> tryAgainUntil) {
   RootReply reply{};
   // The root gives up on missing ranks at its own deadline and says which are missing:
   // wait a little longer than it does, to hear that rather than a bare timeout.
@@ -193,9 +203,11 @@ void Bootstrap::awaitRootReply(Socket& toRoot, const UniqueIdData& id) {
   }
   MNCL_CHECK(reply.nonce == id.nonce, mnclSystemError,
         rootAt + " did not answer as minincl's root: is another program listening on that port?");
+  if (reply.status == kRootTryAgain && tryAgainUntil && Clock::now() < *tryAgainUntil) return false;
   if (reply.status != 0) {
     throwBootstrapFailure((mnclResult_t)reply.status, std::string(reply.message, strnlen(reply.message, sizeof(reply.message))));
   }
+  return true;
 }
 
 void Bootstrap::shareAddresses() {

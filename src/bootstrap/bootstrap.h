@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <list>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,7 +71,7 @@ void leaveLocalRoot(uint64_t nonce, int rank);
 // For a rank of the process that serves the root of `nonce`: a check that throws the root's
 // failure once it failed (it may have no file descriptor left to answer the rank with).
 // Empty if the root runs elsewhere (of an id from an address: a check that finds no root).
-std::function<void()> localRootWatch(uint64_t nonce, bool fromAddress);
+std::function<void()> localRootWatch(uint64_t nonce, bool fromAddress, int rank);
 // A root's failure as the error its ranks throw ("bootstrap failed: ..."): Timeout (ranks
 // never came), RemoteError (one could not init), InvalidArgument (too many ranks),
 // SystemError (the root itself failed: out of file descriptors, say), else InvalidUsage
@@ -117,7 +118,9 @@ class Bootstrap {
   // Says hello to the root of `id`; learns the next rank's address (or the init's failure).
   void registerWithRoot(const UniqueIdData& id);
   Socket reachRoot(const UniqueIdData& id);  // its connection, or an error that says why not
-  void awaitRootReply(Socket& toRoot, const UniqueIdData& id);  // throws the failure it tells
+  // Throws the failure the root tells. False where it says to try again (kRootTryAgain) and
+  // `tryAgainUntil` is given and not past.
+  bool awaitRootReply(Socket& toRoot, const UniqueIdData& id, std::optional<Deadline> tryAgainUntil);
   void connectRing();
   void shareAddresses();  // fills addrs_ (the root told this rank only its own and next's)
   // Accepts connections until one matches (kind, peer, tag); stashes p2p messages that arrive

@@ -76,6 +76,16 @@ class LocalRendezvous {
     gone_.insert(rank);
     return ++reports_;
   }
+  // The root took `rank`'s hello by socket. (A rank it heard from, or that reported to it, and
+  // comes again is of a later try of an id from an address: the same nonce.)
+  void heard(int rank) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    heard_.insert(rank);
+  }
+  bool knows(int rank) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return heard_.count(rank) > 0 || gone_.count(rank) > 0;
+  }
   // `upTo`: the reports these ranks are of (for reportsTaken).
   std::set<int> ranksGone(uint64_t* upTo = nullptr) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -137,6 +147,7 @@ class LocalRendezvous {
 
  private:
   mutable std::mutex mutex_;
+  std::set<int> heard_;  // ranks whose hello came by socket
   std::set<int> gone_;  // ranks of this process that failed before their hello
   bool rankFailed_ = false;
   int failedRank_ = -1, nranks_ = -1;
@@ -285,6 +296,18 @@ class Arrivals {
     return a;
   }
 
+  // The connections waiting, and those in the listener's queue, with their hellos as they come
+  // until `until`: at the end of a try, a later try's ranks, told to try again.
+  std::deque<Arriving> takeWaiting(Deadline until) {
+    do {
+      acceptWaiting();
+      readHellos();
+      if (coming_.empty()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } while (Clock::now() < until);
+    return std::exchange(whole_, {});
+  }
+
  private:
   void waitAndRead(Deadline deadline) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -360,6 +383,16 @@ bool ofThisId(const RootHello& h, uint64_t nonce) {
   return h.magic == kIdMagic && h.nonce == nonce;
 }
 
+// How long a root whose try is over reads the hellos of a later try's ranks that came meanwhile.
+constexpr double kLaterTryHelloSeconds = 0.05;
+
+// Tells the ranks of a later try of this id (from an address: the same nonce) that came to
+// this root, whose try is over, to connect again: to their try's root, which rank 0 starts.
+void tellToTryAgain(Arriving& a, uint64_t nonce) {
+  reply(a.sock, nonce, kRootTryAgain, "an earlier init's bootstrap root of this id, whose try is over, took the hello",
+        nullptr);
+}
+
 // Answers a hello of another id (echoing its nonce: it is talking to a minincl root, of another id).
 void turnAway(Arriving& a) {
   reply(a.sock, a.hello.nonce, mnclInvalidUsage,
@@ -377,6 +410,11 @@ void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, co
   for (;;) {
     uint64_t reports = 0;
     for (int r : local.ranksGone(&reports)) accounted.add(r);
+    if (local.superseded()) {  // (a later try's rank 0 started its root: the ranks here are that try's)
+      for (Arriving& a : arrivals.takeWaiting(deadlineIn(kLaterTryHelloSeconds))) {
+        if (ofThisId(a.hello, nonce) && a.hello.failCode == 0) tellToTryAgain(a, nonce);
+      }
+    }
     if (accounted.all() || local.superseded()) endTry();
     local.reportsTaken(reports);
     if (accounted.all() || local.superseded()) return;
@@ -388,6 +426,13 @@ void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, co
         turnAway(*next);
         continue;
       }
+      if (local.knows(h.rank)) {  // (a later try's rank: this try is over)
+        if (h.failCode == 0) tellToTryAgain(*next, nonce);
+        endTry();
+        local.reportsTaken(reports);
+        return;
+      }
+      local.heard(h.rank);
       accounted.expect(h.nranks);
       accounted.add(h.rank);
       if (accounted.all()) endTry();  // (before the last rank hears it: it may try again at once)
@@ -455,6 +500,7 @@ class Rendezvous {
     // its ranks start (a job that loads its data first). Until then the root waits, as NCCL's.
     if (!started_) deadline_ = deadlineIn(timeout_);
     started_ = true;
+    local_.heard(h.rank);
     accounted_.expect(h.nranks);
     accounted_.add(h.rank);
     if (h.failCode != 0) {  // (that rank waits for no answer)
@@ -589,7 +635,8 @@ void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& loc
 
 bool reportToLocalRoot(uint64_t nonce, bool fromAddress, int rank, int nranks, const std::string& message) {
   // (Rank 0 of an id from an address starts a new root where the last one ended: an earlier
-  // try's, whose story would keep this report from the ranks of this one.)
+  // try's, whose story would keep this report from the ranks of this one. Another rank's
+  // report may follow its leaving in the same init, after the root's try ended.)
   std::shared_ptr<LocalRendezvous> local = localRoot(nonce, fromAddress && rank == 0);
   if (local) local->awaitTaken(local->rankFailed(rank, nranks, message), kReportTakenWait);
   return local != nullptr;
@@ -602,12 +649,14 @@ void leaveLocalRoot(uint64_t nonce, int rank) {
   if (local->failed()) local->awaitTaken(report, kReportTakenWait);  // (else no rank is answered yet)
 }
 
-std::function<void()> localRootWatch(uint64_t nonce, bool fromAddress) {
-  // An id from an address: the root is looked up at each look, and one whose thread ended is
-  // an earlier try's (rank 0 may start this try's after this rank began).
+std::function<void()> localRootWatch(uint64_t nonce, bool fromAddress, int rank) {
+  // An id from an address: the root is looked up at each look, and one whose try ended, or
+  // that knows this rank already, is an earlier try's (rank 0 may start this try's after this
+  // rank began). (A root that took this rank's hello answers it by socket.)
   if (fromAddress) {
-    return [nonce] {
-      if (std::shared_ptr<LocalRendezvous> local = localRoot(nonce, true)) local->throwIfRootFailed();
+    return [nonce, rank] {
+      std::shared_ptr<LocalRendezvous> local = localRoot(nonce, true);
+      if (local && !local->knows(rank)) local->throwIfRootFailed();
     };
   }
   std::shared_ptr<LocalRendezvous> local = localRoot(nonce);

@@ -22,5 +22,8 @@ struct RootReply {
   int32_t status;  // mnclSuccess: the next rank's listen address (a sockaddr_storage) follows; else the failure's mnclResult_t
   char message[252];
 };
+// RootReply::status of an earlier try's root of an id from an address (the same nonce): its
+// try is over, and the rank connects again, to this try's root.
+constexpr int32_t kRootTryAgain = -1;
 
 }  // namespace mncl
