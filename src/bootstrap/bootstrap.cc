@@ -36,7 +36,7 @@ Socket connectToRoot(const UniqueIdData& id, int rank, Deadline d, const std::st
   SockAddr root = id.root.toSockAddr();
   if (id.rankZeroStartsRoot && rank == 0) {
     try {
-      startRoot(root, id.nonce);
+      startRoot(root, id.nonce, true);
     } catch (const Error& e) {
       throwError(e.code(), "rank 0 could not start the bootstrap root at " + root.str() + " (the address the unique id "
                                "names; init_from_env: MININCL_ROOT_PORT, else MASTER_PORT + 1): " + e.what());

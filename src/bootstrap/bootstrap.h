@@ -59,7 +59,8 @@ inline std::string tooManyRanks(int nranks) {
 
 // Starts a root listener on `bind` in a background thread that serves one rendezvous, then
 // exits (also after the bootstrap timeout). Returns the address it listens on.
-SockAddr startRoot(const SockAddr& bind, uint64_t nonce);
+// `fromAddress`: of an id from an address, the same at every try (rank 0 starts its root).
+SockAddr startRoot(const SockAddr& bind, uint64_t nonce, bool fromAddress = false);
 // Tells the root of `nonce`, if this process serves it, that `rank` could not init: it fails
 // the other ranks at once, as a report by socket does (see Bootstrap::reportInitFailure), so
 // this works without a file descriptor to spare. False if no such root runs here.

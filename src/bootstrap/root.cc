@@ -404,8 +404,9 @@ void turnAway(Arriving& a) {
 // every rank is accounted for, or `until`: kLateRanksSeconds at most (an id from a fixed
 // address keeps its port until this ends), the deadline where a rank left after it came (the
 // others may be far behind it).
-void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, const std::string& failure,
-                     RanksAccountedFor accounted, Deadline until, LocalRendezvous& local,
+// `fromAddress`: a rank it knows that comes again is a later try's (else a duplicate).
+void answerLateRanks(Arrivals& arrivals, uint64_t nonce, bool fromAddress, mnclResult_t status,
+                     const std::string& failure, RanksAccountedFor accounted, Deadline until, LocalRendezvous& local,
                      const std::function<void()>& endTry) {
   for (;;) {
     uint64_t reports = 0;
@@ -426,7 +427,7 @@ void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, co
         turnAway(*next);
         continue;
       }
-      if (local.knows(h.rank)) {  // (a later try's rank: this try is over)
+      if (fromAddress && local.knows(h.rank)) {  // (a later try's rank: this try is over)
         if (h.failCode == 0) tellToTryAgain(*next, nonce);
         endTry();
         local.reportsTaken(reports);
@@ -448,8 +449,9 @@ void answerLateRanks(Arrivals& arrivals, uint64_t nonce, mnclResult_t status, co
 // hears the next rank's address, or, if it failed, why (and so do the ranks that come late).
 class Rendezvous {
  public:
-  Rendezvous(Socket& listener, uint64_t nonce, double timeout, LocalRendezvous& local)
-      : nonce_(nonce), timeout_(timeout), local_(local), listener_(listener), arrivals_(listener) {}
+  Rendezvous(Socket& listener, uint64_t nonce, bool fromAddress, double timeout, LocalRendezvous& local)
+      : nonce_(nonce), fromAddress_(fromAddress), timeout_(timeout), local_(local), listener_(listener),
+        arrivals_(listener) {}
 
   void run() {
     try {
@@ -469,7 +471,7 @@ class Rendezvous {
     local_.reportsTaken(reports);
     answerJoined();
     if (answersLateRanks) {
-      answerLateRanks(arrivals_, nonce_, status_, failure_, std::move(accounted_),
+      answerLateRanks(arrivals_, nonce_, fromAddress_, status_, failure_, std::move(accounted_),
                       leftRank_ >= 0 ? deadline_ : std::min(deadline_, deadlineIn(kLateRanksSeconds)), local_,
                       [this] { endTry(); });
     }
@@ -609,6 +611,7 @@ class Rendezvous {
   }
 
   const uint64_t nonce_;
+  const bool fromAddress_;
   const double timeout_;
   LocalRendezvous& local_;
   Socket& listener_;
@@ -627,8 +630,8 @@ class Rendezvous {
   Clock::time_point lookedAtJoined_{};
 };
 
-void serve(Socket listener, uint64_t nonce, double timeout, LocalRendezvous& local) {
-  Rendezvous(listener, nonce, timeout, local).run();
+void serve(Socket listener, uint64_t nonce, bool fromAddress, double timeout, LocalRendezvous& local) {
+  Rendezvous(listener, nonce, fromAddress, timeout, local).run();
 }
 
 }  // namespace
@@ -685,7 +688,7 @@ Socket listenAfterAnEarlierTry(const SockAddr& bind, uint64_t nonce) {
 
 }  // namespace
 
-SockAddr startRoot(const SockAddr& bind, uint64_t nonce) {
+SockAddr startRoot(const SockAddr& bind, uint64_t nonce, bool fromAddress) {
   Socket listener = listenAfterAnEarlierTry(bind, nonce);
   SockAddr actual = listener.localAddr();
   double timeout = bootstrapTimeout();  // (read here: a bad setting is the caller's error, not the thread's)
@@ -695,9 +698,9 @@ SockAddr startRoot(const SockAddr& bind, uint64_t nonce) {
     dropEndedRoots();
     localRoots()[nonce] = local;
   }
-  std::thread([listener = std::move(listener), nonce, timeout, local]() mutable {
+  std::thread([listener = std::move(listener), nonce, fromAddress, timeout, local]() mutable {
     try {
-      serve(std::move(listener), nonce, timeout, *local);
+      serve(std::move(listener), nonce, fromAddress, timeout, *local);
     } catch (const std::exception& e) {  // (the ranks see their connections close; this process goes on)
       MNCL_WARN(kInit, "bootstrap root stopped: %s", e.what());
     }
