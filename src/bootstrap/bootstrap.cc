@@ -203,7 +203,12 @@ bool Bootstrap::awaitRootReply(Socket& toRoot, const UniqueIdData& id, std::opti
   }
   MNCL_CHECK(reply.nonce == id.nonce, mnclSystemError,
         rootAt + " did not answer as minincl's root: is another program listening on that port?");
-  if (reply.status == kRootTryAgain && tryAgainUntil && Clock::now() < *tryAgainUntil) return false;
+  if (reply.status == kRootTryAgain) {
+    if (tryAgainUntil && Clock::now() < *tryAgainUntil) return false;
+    throwError(mnclTimeout, "rank " + std::to_string(rank_) + ": an earlier init's bootstrap root of this id at " +
+                                id.root.toSockAddr().str() + " took the hello, and this init's root did not "
+                                "take it before the bootstrap timeout: is rank 0 running?");
+  }
   if (reply.status != 0) {
     throwBootstrapFailure((mnclResult_t)reply.status, std::string(reply.message, strnlen(reply.message, sizeof(reply.message))));
   }
