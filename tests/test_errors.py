@@ -2312,20 +2312,17 @@ def rank(r, nranks):
         out[r] = "ok"
     except minincl.Error as e:
         out[r] = type(e).__name__
-ranks = [threading.Thread(target=rank, args=(0, 3)), threading.Thread(target=rank, args=(1, 2))]
-for t in ranks:
-    t.start()
-for t in ranks:
-    t.join()
-print("first:", out[0], out[1])
+def in_threads(*ranks):  # (rank, nranks) each, started in this order
+    threads = [threading.Thread(target=rank, args=r) for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return f"{out[0]} {out[1]}"
+print("first:", in_threads((0, 3), (1, 2)))
 # At once, while the failed root waits for its rank 2: rank 1 may reach it before rank 0
 # starts the new root.
-ranks = [threading.Thread(target=rank, args=(1, 2)), threading.Thread(target=rank, args=(0, 2))]
-for t in ranks:
-    t.start()
-for t in ranks:
-    t.join()
-print("second:", out[0], out[1])
+print("second:", in_threads((1, 2), (0, 2)))
 """,
 )
 
