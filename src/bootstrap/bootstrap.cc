@@ -83,7 +83,9 @@ Bootstrap::Bootstrap(const UniqueIdData& id, int rank, int nranks)
   try {
     registerWithRoot(id);
   } catch (const Error& e) {
-    if (!saidHello_) leaveLocalRoot(id.nonce, rank);
+    // (Rank 0 of an id from an address, after its hello too: a retry may come at once, before
+    // the root sees the connection close, and must find the root it started done with.)
+    if (!saidHello_ || (id.rankZeroStartsRoot && rank == 0)) leaveLocalRoot(id.nonce, rank);
     // A root of this process that failed first closed us out (or could not let us in): its
     // failure is the story.
     if (rootWatch_ && e.code() != mnclTimeout) rootWatch_();

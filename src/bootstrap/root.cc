@@ -82,6 +82,10 @@ class LocalRendezvous {
     std::lock_guard<std::mutex> lock(mutex_);
     heard_.insert(rank);
   }
+  bool left(int rank) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return gone_.count(rank) > 0;
+  }
   bool knows(int rank) const {
     std::lock_guard<std::mutex> lock(mutex_);
     return heard_.count(rank) > 0 || gone_.count(rank) > 0;
@@ -148,7 +152,7 @@ class LocalRendezvous {
  private:
   mutable std::mutex mutex_;
   std::set<int> heard_;  // ranks whose hello came by socket
-  std::set<int> gone_;  // ranks of this process that failed before their hello
+  std::set<int> gone_;  // ranks of this process that failed before their hello (rank 0 of an id from an address: or after it)
   bool rankFailed_ = false;
   int failedRank_ = -1, nranks_ = -1;
   std::string rankMessage_;
@@ -670,13 +674,13 @@ std::function<void()> localRootWatch(uint64_t nonce, bool fromAddress, int rank)
 namespace {
 
 // An id from an address has the same nonce at each try, and its port: an earlier try's root
-// in this process that failed may still hold it, replying to its ranks or answering late
-// ones. It stops answering late ones, and its thread's end is waited for (else the bind
+// in this process that failed (or whose rank 0 left) may still hold it, replying to its ranks
+// or answering late ones. It stops answering late ones, and its thread's end is waited for (else the bind
 // failed now and then with "Address already in use", a CI run found). (One still gathering
 // ranks is another init of this id under way: the bind fails.)
 Socket listenAfterAnEarlierTry(const SockAddr& bind, uint64_t nonce) {
   std::shared_ptr<LocalRendezvous> earlier = localRoot(nonce, true);
-  if (earlier && (earlier->failed() || earlier->aRankFailed())) {
+  if (earlier && (earlier->failed() || earlier->aRankFailed() || earlier->left(0))) {
     earlier->supersede();
     if (!earlier->waitForThreadEnd(kEarlierRootWait)) {
       MNCL_WARN(kInit, "bootstrap root: an earlier init's root of this id still runs after %llds",
