@@ -2301,6 +2301,11 @@ def test_an_address_id_inits_again_after_a_failed_init(tmp_path: Any) -> None:
     assert out.stdout.split("\n")[:2] == ["first: Timeout", "second: ok"], (out.stdout, out.stderr)
 
 
+def _run_script(script: str, cwd: Any, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Runs a Python script in a new process, in `cwd`, and returns what it printed."""
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
 _ADDRESS_ID_RETRIED_WHILE_ITS_ROOT_ANSWERS_LATE_RANKS = _address_id_script(
     20,
     ", threading",
@@ -2335,13 +2340,7 @@ def test_an_address_id_inits_again_while_its_failed_root_answers_late_ranks(tmp_
     try stops the old root's answering and waits for it to let the port go; the new try's rank
     1, if it reached the old root first, is told to connect again (it took the old failure,
     and rank 0 then waited out the bootstrap timeout: 7 of 12 runs, a review found)."""
-    out = subprocess.run(
-        [sys.executable, "-c", _ADDRESS_ID_RETRIED_WHILE_ITS_ROOT_ANSWERS_LATE_RANKS],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    out = _run_script(_ADDRESS_ID_RETRIED_WHILE_ITS_ROOT_ANSWERS_LATE_RANKS, tmp_path, timeout=60)
     assert out.stdout.split("\n")[:2] == ["first: InvalidUsage InvalidUsage", "second: ok ok"], (out.stdout, out.stderr)
 
 
@@ -2387,13 +2386,7 @@ def test_an_address_id_tried_again_at_once_reaches_the_new_root_every_time(tmp_p
     build before fails this test 4 of 4 times). A root's try now ends (its port let go, no
     longer running) before its last rank hears its answer, or once it acted on a local rank's
     report, which that rank waits for."""
-    out = subprocess.run(
-        [sys.executable, "-c", _ADDRESS_ID_TRIED_AGAIN_AT_ONCE_ROUNDS],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    out = _run_script(_ADDRESS_ID_TRIED_AGAIN_AT_ONCE_ROUNDS, tmp_path, timeout=300)
     assert out.stdout.strip() == "20 of 20 ok", (out.stdout, out.stderr[-2000:])
 
 
@@ -2421,11 +2414,5 @@ def test_an_address_id_inits_again_at_once_after_an_interrupted_init(tmp_path: A
     close only at its next look, so a retry at once found the port still held ("Address
     already in use", 3 of 3 runs, a review found). Rank 0 now tells the root in memory that it
     left, and the retry waits for that root to end."""
-    out = subprocess.run(
-        [sys.executable, "-c", _ADDRESS_ID_RETRIED_AFTER_AN_INTERRUPT],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    out = _run_script(_ADDRESS_ID_RETRIED_AFTER_AN_INTERRUPT, tmp_path, timeout=60)
     assert out.stdout.split("\n")[:2] == ["first: KeyboardInterrupt", "second: ok"], (out.stdout, out.stderr)

@@ -135,7 +135,8 @@ class LocalRendezvous {
     std::lock_guard<std::mutex> lock(mutex_);
     if (rootStatus_ != mnclSuccess) throwBootstrapFailure(rootStatus_, rootFailure_);
   }
-  // A new try of its id (from an address) needs the port: late ranks are no longer answered.
+  // A later try of its id (from an address) began: its rank 0 needs the port, or one of its
+  // ranks came here. Late ranks are no longer answered.
   void supersede() { superseded_ = true; }
   bool superseded() const { return superseded_; }
   // Its thread is done with the listener (closed).
@@ -415,7 +416,7 @@ void answerLateRanks(Arrivals& arrivals, uint64_t nonce, bool fromAddress, mnclR
   for (;;) {
     uint64_t reports = 0;
     for (int r : local.ranksGone(&reports)) accounted.add(r);
-    if (local.superseded()) {  // (a later try's rank 0 started its root: the ranks here are that try's)
+    if (local.superseded()) {  // (a later try began: the ranks still coming here are that try's)
       for (Arriving& a : arrivals.takeWaiting(deadlineIn(kLaterTryHelloSeconds))) {
         if (ofThisId(a.hello, nonce) && a.hello.failCode == 0) tellToTryAgain(a, nonce);
       }
@@ -431,11 +432,10 @@ void answerLateRanks(Arrivals& arrivals, uint64_t nonce, bool fromAddress, mnclR
         turnAway(*next);
         continue;
       }
-      if (fromAddress && local.knows(h.rank)) {  // (a later try's rank: this try is over)
+      if (fromAddress && local.knows(h.rank)) {  // (a later try's rank: that try began)
         if (h.failCode == 0) tellToTryAgain(*next, nonce);
-        endTry();
-        local.reportsTaken(reports);
-        return;
+        local.supersede();
+        continue;
       }
       local.heard(h.rank);
       accounted.expect(h.nranks);
