@@ -576,6 +576,35 @@ def test_the_other_hosts_shrink_away_a_rank_that_aborted(tmp_path: Path) -> None
         assert (rank, nranks, summed) == (old // 2, 2, [4.0] * 3), result
 
 
+@pytest.mark.parametrize("short", [0, 2])
+@pytest.mark.parametrize("transport", ["shm", "net"])
+def test_the_rank_with_the_shortest_timeout_frees_the_others(tmp_path: Path, transport: str, short: int) -> None:
+    """Ranks may set different MININCL_TIMEOUTs: rank `short` waits 1 s for a hung rank 1
+    (SIGSTOP), the other survivor 60 s. The first to give up tells the others, so that one
+    hears why (RemoteError naming both) within seconds, not after its own 60. Over shared
+    memory (one MININCL_HOSTID for all: a host's processes) and over the network."""
+    other = 2 - short
+
+    def env_of(rank: int) -> dict[str, str]:
+        same_host = {"MININCL_HOSTID": "one-host"} if transport == "shm" else {}
+        return {"MININCL_TIMEOUT": "1" if rank == short else "60", **same_host}
+
+    got = launch_as_hosts(
+        workers.stop_mid_run, 3, 1, str(tmp_path), int(signal.SIGSTOP), env_of=env_of, timeout=60, reporting=2
+    )
+    assert sorted(got) == [0, 2], got
+    ok, story = got[short]
+    assert ok and story.startswith("Timeout after"), story
+    assert re.search(r"rank 1 \(pid \d+\) has shown no sign of life for 1 s", story), story
+    ok, story = got[other]
+    assert ok, story
+    heard = re.fullmatch(
+        r"RemoteError after (\d+\.\d+)s: rank (\d) \(pid \d+\) failed: rank 1 .*no sign of life.*", story
+    )
+    assert heard and int(heard.group(2)) == short, story
+    assert float(heard.group(1)) < 20, story  # (its own timeout: 60 s)
+
+
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_a_rank_stopped_past_the_timeout_learns_why_its_peers_gave_up(tmp_path: Path, nranks: int) -> None:
     """Rank 1 stops (SIGSTOP) between calls; rank 0 times out, destroys its communicator, and
