@@ -1147,6 +1147,67 @@ def test_global_mode_capture_beside_a_watched_kernel(cp: Any) -> None:
             c.destroy()
 
 
+def test_global_mode_capture_beside_calls_on_another_thread(cp: Any) -> None:
+    """A capture in CUDA's global mode on this thread while another thread makes calls on a
+    communicator whose call timeout is set (as the torch backend's always is): each launch is
+    watched, and the calling thread queries the earlier launches' events as it records the
+    next (LaunchWatch). It queries in relaxed mode, so the capture ends well and its graph
+    replays; every call of the other thread sums right."""
+    comms = minincl.Communicator.init_all(2, device=DEVICE)
+    try:
+        for c in comms:
+            c.call_timeout = 60
+        capturing = cp.cuda.Stream(non_blocking=True)
+        streams = [cp.cuda.Stream(non_blocking=True) for _ in comms]
+        with capturing:
+            z = cp.ones(1000, cp.float32)
+        ones = [cp.ones(4096, cp.float32) for _ in comms]
+        sums = [cp.zeros(4096, cp.float32) for _ in comms]
+        cp.cuda.Device().synchronize()  # (nothing allocates once the capture began)
+        calling, stop = threading.Event(), threading.Event()
+        calls = [0]
+        failed: list[BaseException] = []
+
+        def call_on() -> None:
+            try:
+                while not stop.is_set():
+                    with minincl.group():
+                        for c in comms:
+                            c.allreduce(ones[c.rank], sums[c.rank], stream=streams[c.rank])
+                    calls[0] += 1
+                    calling.set()
+                for s in streams:
+                    s.synchronize()
+            except BaseException as e:  # noqa: BLE001 - raised below
+                failed.append(e)
+                calling.set()
+
+        caller = threading.Thread(target=call_on)
+        caller.start()
+        try:
+            assert calling.wait(30)
+
+            def record() -> None:
+                with capturing:
+                    cp.multiply(z, 3, out=z)
+                time.sleep(0.2)  # the other thread's calls go on meanwhile
+
+            graph = captured(capturing, record, mode=cp.cuda.runtime.streamCaptureModeGlobal)
+        finally:
+            stop.set()
+            caller.join()
+        assert not failed, failed
+        assert calls[0] > 1
+        graph.launch(stream=capturing)
+        capturing.synchronize()
+        np.testing.assert_array_equal(cp.asnumpy(z), np.full(1000, 3, np.float32))
+        for r in range(2):
+            np.testing.assert_array_equal(cp.asnumpy(sums[r]), np.full(4096, 2, np.float32))
+    finally:
+        for c in comms:
+            c.destroy()
+
+
 def test_a_capture_between_launches_keeps_them_in_order(cp: Any) -> None:
     """Rank 0 queues a call on one stream (rank 1 not called yet), a graph captures a call of
     both ranks on another, then rank 0 queues a call on a third: that one still waits for the

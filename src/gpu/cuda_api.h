@@ -28,6 +28,20 @@ void becomeWatcherThread(int device);
 namespace mncl::gpu {
 // Throws mnclUnhandledCudaError naming `what` and CUDA's own words for `e`.
 void check(cudaError_t e, const char* what);
+
+// For its scope, this thread's stream capture mode is relaxed (see becomeWatcherThread): an
+// event query made on the caller's thread, after a launch, must not end another thread's
+// capture in global mode.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;  // (then the thread's own, to restore)
+};
 }  // namespace mncl::gpu
 
 #define MNCL_CUDA_CHECK(call) ::mncl::gpu::check((call), #call)

@@ -157,6 +157,7 @@ bool GpuComm::recordLaunch(cudaStream_t stream) {
 
 bool GpuComm::mayBeRunning() const {
   if (!haveLast_.load(std::memory_order_acquire)) return false;
+  RelaxedCaptureMode relaxed;  // (finalize and destroy ask on the caller's thread)
   cudaError_t e = cudaEventQuery(last_);
   if (e != cudaSuccess && e != cudaErrorNotReady) cudaGetLastError();
   return e == cudaErrorNotReady;

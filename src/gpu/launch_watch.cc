@@ -41,6 +41,7 @@ std::optional<LaunchWatch::Launched> LaunchWatch::oldestUnfinished() {
 }
 
 void LaunchWatch::dropFinished() {
+  RelaxedCaptureMode relaxed;  // (record runs on the caller's thread, which another may capture beside)
   while (!unfinished_.empty()) {
     cudaError_t e = cudaEventQuery(unfinished_.front().done);
     if (e == cudaErrorNotReady) return;
