@@ -154,15 +154,17 @@ MNCL_DEV bool runTyped(DevChannel& ch, const DevWork& w, Fn fn, DevError* err) {
   }
   MNCL_TRACE(ch, kTraceDispatch);
   Paths::template run<T, Fn>(cx);
+  // (On a GPU a warp may stop on the abort alone, in a pass after the first: the block's verdict.)
+  bool aborted = barrierAny(waiter.aborted);
   if (tid() == 0) {
     if (ch.pointerStepsPosted) drainPointerSteps(ch, waiter);
     // Stopped early: take back our published outputs.
-    for (int p = 0; waiter.aborted && p < ch.nranks; ++p) {
+    for (int p = 0; aborted && p < ch.nranks; ++p) {
       if (p != ch.rank && ch.recvFrom[p].ctrl) retractOutput(ch, p);
     }
   }
   MNCL_TRACE(ch, kTraceRunDone);
-  return !waiter.aborted;
+  return !aborted;
 }
 
 // Copy-only collectives move bytes: rewrite the element counts once. The steps' StepInfo
