@@ -158,6 +158,7 @@ MNCL_DEV bool runTyped(DevChannel& ch, const DevWork& w, Fn fn, DevError* err) {
   bool aborted = barrierAny(waiter.aborted);
   if (tid() == 0) {
     if (ch.pointerStepsPosted) drainPointerSteps(ch, waiter);
+    aborted = aborted || waiter.aborted;  // (or while it drained)
     // Stopped early: take back our published outputs.
     for (int p = 0; aborted && p < ch.nranks; ++p) {
       if (p != ch.rank && ch.recvFrom[p].ctrl) retractOutput(ch, p);

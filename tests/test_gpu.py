@@ -1187,17 +1187,21 @@ def test_global_mode_capture_beside_calls_on_another_thread(cp: Any) -> None:
         try:
             assert calling.wait(30)
 
+            during = [0, 0]  # the other thread's call count as the capture began and ended
+
             def record() -> None:
+                during[0] = calls[0]
                 with capturing:
                     cp.multiply(z, 3, out=z)
                 time.sleep(0.2)  # the other thread's calls go on meanwhile
+                during[1] = calls[0]
 
             graph = captured(capturing, record, mode=cp.cuda.runtime.streamCaptureModeGlobal)
         finally:
             stop.set()
             caller.join()
         assert not failed, failed
-        assert calls[0] > 1
+        assert during[1] > during[0], during  # (calls made while it captured)
         graph.launch(stream=capturing)
         capturing.synchronize()
         np.testing.assert_array_equal(cp.asnumpy(z), np.full(1000, 3, np.float32))

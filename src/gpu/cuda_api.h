@@ -32,15 +32,24 @@ void check(cudaError_t e, const char* what);
 // For its scope, this thread's stream capture mode is relaxed (see becomeWatcherThread): an
 // event query made on the caller's thread, after a launch, must not end another thread's
 // capture in global mode.
+// (A failed exchange leaves the mode as it was, and no error behind for the next call.)
 class RelaxedCaptureMode {
  public:
-  RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCaptureMode() : swapped_(exchange()) {}
+  ~RelaxedCaptureMode() {
+    if (swapped_) exchange();
+  }
   RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
   RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
 
  private:
+  bool exchange() {
+    if (cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess) return true;
+    cudaGetLastError();
+    return false;
+  }
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;  // (then the thread's own, to restore)
+  bool swapped_;
 };
 }  // namespace mncl::gpu
 

@@ -193,6 +193,7 @@ void printTrace(const dev::DevChannel* channelsOnDevice, int nChannels, int devi
 #endif
 
 GpuComm::~GpuComm() {
+  RelaxedCaptureMode relaxed;  // (destroy runs on the caller's thread: its syncs and frees too)
   if (side_) cudaStreamSynchronize(side_);
 #if defined(MNCL_GPU_TRACE)
   if (channels_) printTrace(channels_, nChannels_, device_);
