@@ -421,9 +421,10 @@ void answerLateRanks(Arrivals& arrivals, uint64_t nonce, bool fromAddress, mnclR
         if (ofThisId(a.hello, nonce) && a.hello.failCode == 0) tellToTryAgain(a, nonce);
       }
     }
-    if (accounted.all() || local.superseded()) endTry();
+    bool over = accounted.all() || local.superseded();
+    if (over) endTry();
     local.reportsTaken(reports);
-    if (accounted.all() || local.superseded()) return;
+    if (over) return;
     try {
       std::optional<Arriving> next = arrivals.next(until);
       if (!next) continue;
