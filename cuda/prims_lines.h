@@ -205,6 +205,10 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
     const int lane = tid() % kLanes;
     const size_t nlines = (n + kLineElems - 1) / kLineElems;
     const size_t linesPerPass = kU * (size_t)(nthreads() / kLanes);
+    // A step of this rank's input sent in place (an in-place broadcast root's) leaves the
+    // output as it is: it holds those values already, and the root may only read it (the
+    // caller's read-only memory; Simple's reduceCopy skips it the same way).
+    T* out = !kind.recv && src == dst && !Fn::kHasPre && !(finish && Fn::kHasPost) ? nullptr : dst;
     // The loop bound is the same for every thread, so a warp's lanes stay together.
     for (size_t base = 0; base < nlines && !cx_.waiter.aborted; base += linesPerPass) {
       const Pass ps = planPass(base, lane, n, nlines);
@@ -225,7 +229,7 @@ class PrimsLines : public PrimsVocabulary<PrimsLines<T, Fn, Format>, T> {
       if (cx_.waiter.aborted) break;
       for (int u = 0; u < kU; ++u) {
         if (finish) postPack(cx_.fn, v[u]);
-        if (dst && ps.elems[u] > 0) storePackPrefix(v[u], dst + ps.first[u], ps.elems[u]);
+        if (out && ps.elems[u] > 0) storePackPrefix(v[u], out + ps.first[u], ps.elems[u]);
       }
       if (kind.send && !kind.sendInput) {
         writeLines(ps, lane, v);

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import multiprocessing as mp
+import operator
 import os
 import pickle
 import queue as queue_mod
@@ -201,8 +202,11 @@ class Communicator(_core.Communicator):
         plain NumPy array."""
         import numpy as np
 
-        dims = (shape,) if isinstance(shape, int) else tuple(shape)
-        return self._window_empty(list(dims), np.dtype(dtype))
+        dims = (operator.index(shape),) if hasattr(shape, "__index__") else tuple(operator.index(d) for d in shape)
+        dt = np.dtype(dtype)
+        if not dt.isnative:  # (every call would refuse it)
+            raise InvalidArgument(f"empty: {dt} is not in this machine's byte order; pass dtype {dt.newbyteorder('=')}")
+        return self._window_empty(list(dims), dt)
 
     def split(self, color: int, key: int = 0) -> Communicator | None:
         """The ranks that pass the same ``color`` form a new communicator, ranked by

@@ -180,15 +180,21 @@ def stage(t: torch.Tensor, receives: bool = True) -> Staged:
         return Staged(d.resolve_neg().contiguous(), d if receives else None)
     if d.is_contiguous():
         return Staged(d)
-    if receives and torch._debug_has_internal_overlap(d) == 1:  # (1: some elements share memory)
-        refusal = (
-            f"minincl backend: an output tensor (shape {tuple(d.shape)}, strides {d.stride()}) whose elements "
-            "share memory, as an expand()ed one's do: the results would overwrite each other, so this rank's "
-            "were not written (the call ran, and the other ranks have theirs); give a tensor with memory of its "
-            "own (.clone())"
-        )
+    if receives and (refusal := overlap_refusal(d)) is not None:
         return Staged(d.contiguous(), d, refusal)
     return Staged(d.contiguous(), d if receives else None)
+
+
+def overlap_refusal(out: torch.Tensor) -> str | None:
+    """Why results cannot be written into `out` (its elements share memory), or None."""
+    if torch._debug_has_internal_overlap(out) != 1:  # (1: some elements share memory)
+        return None
+    return (
+        f"minincl backend: an output tensor (shape {tuple(out.shape)}, strides {out.stride()}) whose elements "
+        "share memory, as an expand()ed one's do: the results would overwrite each other, so this rank's "
+        "were not written (the call ran, and the other ranks have theirs); give a tensor with memory of its "
+        "own (.clone())"
+    )
 
 
 def finish_all(staged: list[Staged]) -> None:

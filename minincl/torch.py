@@ -56,7 +56,7 @@ from ._torch_compile import outside_compiled_code
 from ._torch_errors import global_ranks_note
 from ._torch_launch import LocalRunError, free_port, run_local
 from ._torch_sparse import summed_over_ranks
-from ._torch_tensors import Op, Staged, as_bytes, as_elements, op_name, plain_op, reducible, stage
+from ._torch_tensors import Op, Staged, as_bytes, as_elements, op_name, overlap_refusal, plain_op, reducible, stage
 from ._torch_work import Lane, MinincclWork, QueuedWork
 from .errors import Error, InvalidUsage, RemoteError, Timeout
 
@@ -219,7 +219,9 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         if isinstance(self._timeout, timedelta):
             # A call waiting longer fails, as gloo's do; on a GPU, a kernel that long unfinished
             # (NCCL's watchdog).
-            comm.call_timeout = self._timeout.total_seconds()
+            # (A timeout of 1e9 s, 31 years, or more is no limit: the communicator takes none longer.)
+            seconds = self._timeout.total_seconds()
+            comm.call_timeout = seconds if seconds < 1e9 else 0
 
     def set_timeout(self, timeout: timedelta) -> None:
         """A new limit on how long any call of this group may wait (gloo's and NCCL's
@@ -655,6 +657,8 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         for outs, inp in zip(output_lists, inputs):
             if any(o.numel() != inp.numel() for o in outs):
                 raise NotImplementedError("minincl backend: allgather with outputs of different sizes")
+            if any(o.dtype != inp.dtype for o in outs):  # (as gloo: no silent conversion)
+                raise TypeError(f"minincl backend: allgather of {inp.dtype} into outputs of {[o.dtype for o in outs]}")
             flat = inp.new_empty((len(outs) * inp.numel(),))
             flats.append((as_bytes(stage(inp, receives=False).buf), as_bytes(flat)))
             after.append(_copy_split(flat, outs))
@@ -883,12 +887,20 @@ class _AllOf(MinincclWork):
         self._works = works
 
     def wait(self, timeout: Any | None = None) -> bool:
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        deadline = time.monotonic() + seconds if seconds else None  # (one limit for them all)
         for w in self._works:
-            w.wait(timeout)
+            w.wait(None if deadline is None else max(deadline - time.monotonic(), 1e-6))
         return True
 
     def is_completed(self) -> bool:
         return all(w.is_completed() for w in self._works)
+
+    def is_success(self) -> bool:
+        return all(w.is_success() for w in self._works)
+
+    def exception(self) -> BaseException | None:
+        return next((e for e in (w.exception() for w in self._works) if e is not None), None)
 
     def get_future(self) -> torch.futures.Future[Any]:
         futures = [w.get_future() for w in self._works]
@@ -899,8 +911,14 @@ class _AllOf(MinincclWork):
 
 def _copy_split(flat: torch.Tensor, outs: list[torch.Tensor]) -> Callable[[], None]:
     def copy() -> None:
+        refusal: str | None = None
         for part, o in zip(flat.view(len(outs), -1), outs):
+            if (why := overlap_refusal(o)) is not None:  # (the other outputs are written all the same)
+                refusal = refusal or why
+                continue
             o.copy_(part.view(o.shape))
+        if refusal is not None:
+            raise ValueError(refusal)
 
     return copy
 

@@ -374,6 +374,94 @@ def test_read_only_output_is_refused(pair: Any) -> None:
         pair[0].recv(ro, 1)
 
 
+def test_a_buffer_protocol_array_stays_in_place_while_its_call_may_use_it(pair: Any, tmp_path: Any) -> None:
+    """A bytearray, array.array or mmap cannot be resized or closed while a queued call
+    (async_op=True, or recorded in a group) may still read or write it: that freed memory
+    the call then used (wrong results, crashes). Once the call has ended, it can be again."""
+    import array
+    import mmap
+
+    rank1_may_call = threading.Event()
+
+    def story(comm: Any) -> list[Any]:
+        a = array.array("f", [comm.rank + 1.0] * 1000)
+        b = bytearray(np.full(64, comm.rank + 1, np.int32).tobytes())
+        m = mmap.mmap(-1, 4096)
+        m[:] = np.full(1024, comm.rank + 1, np.int32).tobytes()
+        refused = []
+        if comm.rank == 0:
+            works = [comm.allreduce(x, async_op=True) for x in (a, b, m)]
+            for grow in (lambda: a.extend([0.0]), lambda: b.extend(b"1234"), m.close):
+                try:
+                    grow()
+                except BufferError:
+                    refused.append(True)
+            rank1_may_call.set()
+            assert [w.result() for w in works] == [a, b, m]
+        else:
+            assert rank1_may_call.wait(30)
+            for x in (a, b, m):
+                comm.allreduce(x)
+        with minincl.group():
+            comm.allreduce(b)
+            try:
+                b.extend(b"1234")
+            except BufferError:
+                refused.append(True)
+        got = [list(a), np.frombuffer(b, np.int32).tolist(), np.frombuffer(m, np.int32).tolist()]
+        a.extend([0.0])  # (all of them free again)
+        b.extend(b"1234")
+        m.close()
+        return [refused, *got]
+
+    outs = run_ranks(pair, story)
+    assert outs[0][0] == [True] * 4 and outs[1][0] == [True]
+    for out in outs:
+        assert out[1:] == [[3.0] * 1000, [6] * 64, [3] * 1024]
+
+
+def test_work_result_is_the_output_once_the_call_has_ended(pair: Any) -> None:
+    def story(comm: Any) -> list[float]:
+        if comm.rank == 1:
+            time.sleep(0.3)
+        return comm.allgather(np.full(2, comm.rank + 1.0), async_op=True).result().tolist()
+
+    assert run_ranks(pair, story) == [[1.0, 1.0, 2.0, 2.0]] * 2
+
+
+def test_small_arguments_are_checked_as_python_would(pair: Any) -> None:
+    c = pair[0]
+    x = np.zeros(2, np.float32)
+    for bad in ("1", 1.0):
+        with pytest.raises(TypeError, match=f"sendrecv\\(\\): 'recv_peer' must be an int, not {type(bad).__name__}"):
+            c.sendrecv(x, x.copy(), 1, bad)
+    assert c.empty(np.int64(4)).shape == (4,) and c.empty((np.int32(2), 3)).shape == (2, 3)
+    with pytest.raises(minincl.InvalidArgument, match="not in this machine's byte order; pass dtype float32"):
+        c.empty(4, ">f4")
+
+
+PATHS = [(algo, proto) for algo in ("ring", "tree", "direct") for proto in ("simple", "ll", "ll128")]
+
+
+def test_in_place_broadcast_and_reduce_take_read_only_memory_where_nothing_is_written(tmp_path: Any) -> None:
+    """A broadcast root only reads its buffer, and so does a reduce's non-root: read-only
+    arrays are taken there, and nothing writes to them (pages the process may only read:
+    a write would kill it). Ranks as threads, then as processes (kernel copies)."""
+    from conftest import forced_env
+
+    for algo, proto in PATHS:
+        with forced_env(algo, proto):
+            comms = minincl.Communicator.init_all(3)
+        try:
+            wrong = run_ranks(comms, lambda c: workers.read_only_in_place_roots(c, [1, 300_007], str(tmp_path)))
+        finally:
+            for c in comms:
+                c.destroy()
+        assert wrong == [[], [], []], (algo, proto)
+    results = minincl.launch(workers.in_place_roots_read_only, 3, PATHS, [1, 1000, 300_007], str(tmp_path), timeout=300)
+    assert results == [[], [], []]
+
+
 def test_use_after_destroy(pair: Any) -> None:
     c = pair[0]
     c.destroy()

@@ -167,6 +167,13 @@ def _all_gather_shapes_and_types(rank: int) -> Result:
     all_gather_single(out, torch.nn.Parameter(values(rank).reshape(2, 3)))
     i16 = torch.empty(WORLD * 6, dtype=torch.int16)
     all_gather_single(i16, values(rank, dtype=torch.int16))
+    # Outputs of another type are refused (as gloo's are), not converted.
+    f64 = [torch.zeros(2, dtype=torch.float64) for _ in range(WORLD)]
+    try:
+        dist.group.WORLD.allgather([f64], [values(rank, 2)])  # type: ignore[union-attr]
+        raise AssertionError("allgather converted float32 into float64 outputs")
+    except TypeError as e:
+        assert "of torch.float32 into outputs of" in str(e), e
     return [out, i16]
 
 
@@ -553,7 +560,13 @@ def _expanded_output_on_one_rank(rank: int) -> Result:
             dist.all_reduce(beside)
     except ValueError as e:
         assert rank == 1 and "share memory" in str(e), e
-    return [out, after, beside]
+    # The list form (gathered into one buffer, then copied out): the other outputs are written.
+    listed = [torch.zeros(1).expand(4) if rank == 1 and q == 0 else torch.zeros(4) for q in range(WORLD)]
+    try:
+        dist.all_gather(listed, values(rank, 4))
+    except ValueError as e:
+        assert rank == 1 and "share memory" in str(e), e
+    return [out, after, beside, *listed[1:]]
 
 
 def _want_non_contiguous(rank: int) -> Result:
@@ -609,7 +622,13 @@ def _coalesced(rank: int) -> Result:
     c = values(rank, 4)
     with dist._coalescing_manager(device=torch.device("cpu")):  # _start/_end_coalescing
         dist.all_reduce(c, op=dist.ReduceOp.MAX)
-    return [a, b, c]
+    d = values(rank, 2)
+    with dist._coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:  # one work for both
+        dist.all_reduce(d)
+        dist.all_reduce(c)
+    cm.wait()
+    assert [(w.is_success(), w.exception()) for w in cm.works] == [(True, None)], cm.works
+    return [a, b, c, d]
 
 
 def _subgroups(rank: int) -> Result:
@@ -778,6 +797,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
             torch.zeros(WORLD * 4) if r == 1 else torch.cat([values(q, 4) for q in range(WORLD)]),
             _want_sum(r, 3),
             _want_sum(r, 6).reshape(3, 2).t(),
+            *[values(q, 4) for q in range(1, WORLD)],
         ],
     ),
     "all_gather_into_tensor": (
@@ -864,7 +884,8 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
         lambda r: [
             _want_sum(r),
             _want_sum(r, 3, torch.float64),
-            all_values(4).max(0).values.float(),
+            all_values(4).max(0).values.float() * WORLD,
+            _want_sum(r, 2),
         ],
     ),
     "new_group": (_subgroups, lambda r: [_want_sum(r), values(r) * 3]),
@@ -1520,6 +1541,22 @@ def late_rank_1(set_later: bool) -> dict[str, Any]:
     outcome = outcome_of(all_reduce)
     dist.destroy_process_group()
     return outcome
+
+
+def timeout_of_years() -> list[float]:
+    """A group timeout of 20000 days (past minincl's 1e9 s limit: no limit) and set_timeout
+    of as much, as gloo takes them."""
+    dist.init_process_group("minincl", timeout=timedelta(days=20000))
+    t = torch.full((3,), float(int(os.environ["RANK"]) + 1))
+    dist.all_reduce(t)
+    dist.group.WORLD.set_timeout(timedelta(days=40000))  # type: ignore[union-attr]
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.tolist()
+
+
+def test_a_group_timeout_of_years_means_no_limit() -> None:
+    assert run_local(timeout_of_years, WORLD, timeout=90) == [[6.0] * 3] * WORLD
 
 
 @pytest.mark.parametrize("set_later", [False, True])

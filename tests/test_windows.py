@@ -5,6 +5,11 @@ writes). Real processes, results against NumPy."""
 
 from __future__ import annotations
 
+import ast
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import workers
@@ -118,3 +123,38 @@ def test_window_bytes_out_of_range_or_not_a_count_is_refused(bad: object) -> Non
         minincl.launch(workers.empty_without_a_window, 2, window_bytes=bad)  # type: ignore[arg-type]
     with pytest.raises(minincl.InvalidArgument, match=want):
         minincl.Communicator(1, minincl.get_unique_id(), 0, window_bytes=bad)  # type: ignore[arg-type]
+
+
+def in_a_small_dev_shm(megabytes: int, code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`code` run by Python in a mount namespace of its own whose /dev/shm holds `megabytes`."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    shell = f"mount -t tmpfs -o size={megabytes}m tmpfs /dev/shm && exec {sys.executable} -c '{code}'"
+    run = ["unshare", "-m", "sh", "-c", shell]
+    return subprocess.run(run, capture_output=True, text=True, timeout=120, env=env, cwd=tests)  # (not the source tree)
+
+
+def can_mount_a_dev_shm() -> bool:
+    try:
+        return in_a_small_dev_shm(1, "pass", {}).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.mark.skipif(not can_mount_a_dev_shm(), reason="needs unshare -m and mount (root)")
+def test_a_dev_shm_too_small_for_a_window_array_is_an_error_not_sigbus() -> None:
+    """tmpfs hands out pages as they are first touched: a window array bigger than /dev/shm
+    could give killed its ranks with SIGBUS (a container's default /dev/shm is 64 MiB). Its
+    pages are claimed when it is made, and the error names the room needed. Connection
+    buffers that could outgrow /dev/shm get a warning at init (a ring touches few of them)."""
+    launch = "import minincl, workers; print(minincl.launch(workers.{}, 2, {}))"
+    fifo = in_a_small_dev_shm(1, launch.format("bitwise_collectives", "[1]"), {})
+    assert fifo.returncode == 0 and fifo.stdout.strip() == "[9, 9]", fifo.stderr
+    assert fifo.stderr.count("of /dev/shm, which holds 1 MiB") == 1 and "--shm-size" in fifo.stderr, fifo.stderr
+    window = in_a_small_dev_shm(
+        16, launch.format("window_arrays_past_dev_shm", "48 << 20, 1 << 20"), {"MININCL_WINDOW_BYTES": "64M"}
+    )
+    assert window.returncode == 0, window.stderr
+    for said in ast.literal_eval(window.stdout.strip()):  # (the ranks' lists of strings)
+        assert said[0].startswith("SystemError: /dev/shm has no room for 50331648 more bytes of the communicator"), said
+        assert said[1] == "small: 2..2", said

@@ -1451,3 +1451,65 @@ def group_after_a_queued_call_failed_its_communicator(comm: minincl.Communicator
         a.destroy()
         b.destroy()
     return said
+
+
+def read_only_mapping(values: np.ndarray, directory: str) -> np.ndarray:
+    """`values` in pages the process may only read (a file mapped read-only): a write there
+    kills the process (SIGSEGV), and a kernel copy into it fails (EFAULT)."""
+    import mmap
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(dir=directory) as f:
+        f.write(values.tobytes())
+        f.flush()
+        pages = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return np.frombuffer(pages, values.dtype)
+
+
+def in_place_roots_read_only(
+    comm: minincl.Communicator, paths: list[tuple[str, str]], counts: list[int], directory: str
+) -> list[str]:
+    """read_only_in_place_roots under each (algorithm, protocol), on a split made with it."""
+    wrong = []
+    for algo, proto in paths:
+        os.environ["MININCL_ALGO"], os.environ["MININCL_PROTO"] = algo, proto
+        sub = comm.split(0)
+        wrong += [f"{algo}/{proto} {w}" for w in read_only_in_place_roots(sub, counts, directory)]
+        sub.destroy()
+    return wrong
+
+
+def read_only_in_place_roots(comm: minincl.Communicator, counts: list[int], directory: str) -> list[str]:
+    """In-place broadcast from a root whose buffer is read-only memory, and in-place reduce
+    where the non-roots' are (nothing is written there); what was wrong, if anything."""
+    wrong = []
+    total = comm.nranks * (comm.nranks + 1) // 2
+    for n in counts:
+        for root in range(comm.nranks):
+            data = np.arange(n, dtype=np.float32) + root
+            buf = read_only_mapping(data, directory) if comm.rank == root else np.zeros(n, np.float32)
+            comm.broadcast(buf, root=root)
+            if not np.array_equal(buf, data):
+                wrong.append(f"broadcast n={n} root={root}")
+            mine = np.full(n, comm.rank + 1, np.float32)
+            buf = mine.copy() if comm.rank == root else read_only_mapping(mine, directory)
+            comm.reduce(buf, root=root)
+            want = np.full(n, total, np.float32) if comm.rank == root else mine
+            if not np.array_equal(buf, want):
+                wrong.append(f"reduce n={n} root={root}")
+    return wrong
+
+
+def window_arrays_past_dev_shm(comm: minincl.Communicator, big: int, small: int) -> list[str]:
+    """An array bigger than /dev/shm holds, then a small one (in a window that could take both)."""
+    said = []
+    try:
+        comm.empty(big, np.uint8)
+        said.append("made")
+    except minincl.Error as e:
+        said.append(f"{type(e).__name__}: {e}")
+    a = comm.empty(small, np.uint8)
+    a[:] = 1
+    comm.allreduce(a)
+    said.append(f"small: {a.min()}..{a.max()}")
+    return said

@@ -44,6 +44,21 @@ uint64_t hostHash() {
 
 namespace {
 
+// tmpfs gives a segment's pages as they are first touched, and a page /dev/shm cannot give
+// then kills the process that touches it (SIGBUS). Claiming every rank's connection buffers at
+// init would refuse jobs whose traffic never reaches most of them (a ring uses 2 of a rank's
+// ranks x channels connections: 8 ranks in a container's default 64 MiB run), so where they
+// could outgrow /dev/shm the host's first rank says so, once.
+void warnIfDevShmTooSmall(size_t regionBytes, int localRanks) {
+  size_t room = ShmMapping::devShmBytes(), need = regionBytes * (size_t)localRanks;
+  if (room == 0 || need <= room) return;
+  MNCL_WARN(kInit,
+            "the connection buffers of this host's %d ranks can take %zu MiB of /dev/shm, which holds %zu MiB: a rank "
+            "whose traffic reaches past what it can give dies of SIGBUS. Give /dev/shm more (a container's: docker "
+            "run --shm-size=1g), or make the buffers smaller (MININCL_NCHANNELS, MININCL_SIMPLE_SLOT_BYTES)",
+            localRanks, need >> 20, room >> 20);
+}
+
 int cpuCount() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
@@ -129,6 +144,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   windowUseful_ = !onGpu() && host.otherProcess;
   RegionLayout layout(nranks, nch, mine.sizes);
   std::shared_ptr<ShmMapping> shm = createRegions(layout, host.otherProcess);
+  if (host.otherProcess && !onGpu() && host.localIndex == 0) warnIfDevShmTooSmall(layout.totalBytes(), host.localRanks);
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
   mapPeerRegions();
   // Other ranks' channels share this rank's cores: a thread that waits must yield soon.

@@ -214,7 +214,7 @@ mnclResult_t mnclCommGetCallTimeout(const mnclComm_t comm, double* seconds);
  * 32 KiB, a system call per step. Where no peer is another process reached through shared
  * memory (threads of this process read each other's buffers already), plain memory, and no
  * window is needed. mnclInvalidUsage: a GPU communicator, no window where one is needed, or a
- * full window. The memory stays valid until mnclMemFree, even after comm is destroyed; any
+ * full window; mnclSystemError: /dev/shm has no room for the pages. The memory stays valid until mnclMemFree, even after comm is destroyed; any
  * communicator may use it (as plain memory where it is not in that one's window). */
 mnclResult_t mnclCommMemAlloc(mnclComm_t comm, void** ptr, size_t size);
 /* Frees memory from mnclCommMemAlloc (NULL: nothing); mnclInvalidArgument for any other pointer. */

@@ -168,6 +168,30 @@ std::unordered_set<PyTypeObject*>& bufferRefusers() {
   return *types;
 }
 
+// What keeps a buffer-protocol array's memory in place while a call may use it. A NumPy
+// array cannot free or move its data while referenced (resize() checks references), so the
+// array itself will do. Any other exporter (bytearray, array.array, mmap) keeps its export:
+// while that is held, a resize or close raises BufferError instead of freeing memory that a
+// queued or running call still reads or writes.
+py::object holdExport(py::handle obj, Py_buffer& b) {
+  if (py::detail::npy_api::get().PyArray_Check_(obj.ptr())) {
+    PyBuffer_Release(&b);
+    return py::reinterpret_borrow<py::object>(obj);
+  }
+  auto* held = new Py_buffer(b);
+  PyObject* capsule = PyCapsule_New(held, "minincl.buffer_export", [](PyObject* c) {
+    auto* h = static_cast<Py_buffer*>(PyCapsule_GetPointer(c, "minincl.buffer_export"));
+    PyBuffer_Release(h);
+    delete h;
+  });
+  if (!capsule) {
+    PyBuffer_Release(held);
+    delete held;
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::object>(capsule);
+}
+
 // Empty when the object offers the buffer protocol only to refuse it and describes itself as a
 // GPU array instead (CuPy's device arrays do, under Python 3.12).
 std::optional<ArrayView> viewBuffer(py::handle obj, bool writable, const char* role) {
@@ -198,11 +222,11 @@ std::optional<ArrayView> viewBuffer(py::handle obj, bool writable, const char* r
   v.data = b.buf;
   v.count = b.itemsize > 0 ? (size_t)(b.len / b.itemsize) : 0;
   for (int i = 0; i < b.ndim; ++i) v.shape.push_back(b.shape[i]);
-  PyBuffer_Release(&b);
+  if (!contiguous || !typed) PyBuffer_Release(&b);
   if (!contiguous) invalid(std::string(role) + " is not contiguous; pass a contiguous array (e.g. numpy.ascontiguousarray)");
   if (!typed && fmt.find_first_of(">!") != std::string::npos && py::hasattr(obj, "dtype")) bigEndian(role, obj.attr("dtype"));
   if (!typed) invalid(std::string(role) + " has an unsupported element type (buffer format '" + fmt + "'); supported: " + kSupported);
-  v.keepAlive = py::reinterpret_borrow<py::object>(obj);
+  v.keepAlive = holdExport(obj, b);
   return v;
 }
 

@@ -94,6 +94,11 @@ int Args::integer(int i) const {
   return (int)v;
 }
 
+std::optional<int> Args::integerOrNone(int i) const {
+  if (!given_[i] || given_[i] == Py_None) return std::nullopt;
+  return integer(i);
+}
+
 bool Args::flag(int i) const {
   if (!given_[i]) return sig_.defaultOf(i).flag;
   int v = PyObject_IsTrue(given_[i]);

@@ -13,6 +13,7 @@
 #include <pybind11/pybind11.h>
 
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,7 @@ class Args {
   py::object object(int i) const;
   std::string text(int i) const;
   int integer(int i) const;
+  std::optional<int> integerOrNone(int i) const;  // (None, or not given: empty)
   bool flag(int i) const;
 
  private:

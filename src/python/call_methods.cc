@@ -93,7 +93,7 @@ py::object recvWith(PyComm& c, const Args& a) {
   return c.recv(a.object(0), a.integer(1), a.flag(2), a.object(3), a.integer(4));
 }
 py::object sendrecvWith(PyComm& c, const Args& a) {
-  return c.sendrecv(a.object(0), a.object(1), a.integer(2), a.object(3), a.flag(4), a.object(5));
+  return c.sendrecv(a.object(0), a.object(1), a.integer(2), a.integerOrNone(3), a.flag(4), a.object(5));
 }
 
 }  // namespace

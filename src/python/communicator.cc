@@ -233,7 +233,11 @@ void PyComm::failInside(const std::string& why) {
 }
 
 void PyComm::releaseFinishedAsync() {
-  while (!asyncHeld_.empty() && asyncHeld_.front().first->done()) asyncHeld_.pop_front();  // (they end in order)
+  while (!asyncHeld_.empty() && asyncHeld_.front().first->done()) {  // (they end in order)
+    py::list& arrays = asyncHeld_.front().second;  // (shared with the Work: emptied for it too)
+    PyList_SetSlice(arrays.ptr(), 0, PY_SSIZE_T_MAX, nullptr);
+    asyncHeld_.pop_front();
+  }
 }
 
 void PyComm::checkDevice(const ArrayView& v, const char* role) {
@@ -256,9 +260,9 @@ void PyComm::checkDevice(const ArrayView& v, const char* role) {
   }
 }
 
-std::pair<ArrayView, ArrayView> PyComm::sendRecv(py::object send, py::object& recv) {
-  if (recv.is_none()) {  // in place: the one array is read and written
-    ArrayView s = py_arrays::view(send, true, "send (in place)");
+std::pair<ArrayView, ArrayView> PyComm::sendRecv(py::object send, py::object& recv, bool writtenInPlace) {
+  if (recv.is_none()) {  // in place: the one array is read, and written where this rank gets a result
+    ArrayView s = py_arrays::view(send, writtenInPlace, "send (in place)");
     checkDevice(s, "send");
     recv = send;
     return {s, std::move(s)};
@@ -297,7 +301,7 @@ py::object PyComm::allreduce(py::object send, py::object recv, py::handle op, bo
 }
 
 py::object PyComm::broadcast(py::object send, py::object recv, int root, bool asyncOp, py::object stream) {
-  auto [s, r] = sendRecv(send, recv);
+  auto [s, r] = sendRecv(send, recv, rank_ != root);  // (in place, the root only reads)
   checkCounts("broadcast", s, r, s.count);
   return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive},
              EnqueueColl{callArgs(Coll::broadcast, s, r, s.count, RedOp::sum, root)});
@@ -305,7 +309,7 @@ py::object PyComm::broadcast(py::object send, py::object recv, int root, bool as
 
 py::object PyComm::reduce(py::object send, py::object recv, py::handle op, int root, bool asyncOp, py::object stream) {
   py_ops::OpArg rop = py_ops::parse(op);
-  auto [s, r] = sendRecv(send, recv);
+  auto [s, r] = sendRecv(send, recv, rank_ == root);  // (in place, only the root's is written)
   checkCounts("reduce", s, r, s.count);
   CollCall call = callArgs(Coll::reduce, s, r, s.count, RedOp::sum, root);
   py::object scalar = applyOp(rop, call);
@@ -439,13 +443,13 @@ py::object PyComm::recv(py::object buf, int peer, bool asyncOp, py::object strea
   });
 }
 
-py::object PyComm::sendrecv(py::object send, py::object recv, int peer, py::object recvPeer, bool asyncOp,
+py::object PyComm::sendrecv(py::object send, py::object recv, int peer, std::optional<int> recvPeer, bool asyncOp,
                             py::object stream) {
   ArrayView s = py_arrays::view(send, false, "send");
   ArrayView r = py_arrays::view(recv, true, "recv");
   checkDevice(s, "send");
   checkDevice(r, "recv");
-  int from = recvPeer.is_none() ? peer : recvPeer.cast<int>();
+  int from = recvPeer.value_or(peer);
   P2pCall out{true, s.data, s.count, s.dtype, peer}, in{false, r.data, r.count, r.dtype, from};
   return run(asyncOp, stream, recv, {s.keepAlive, r.keepAlive}, [out, in](Comm& cm, void* st) mutable {
     out.stream = in.stream = st;

@@ -104,7 +104,7 @@ class PyComm {
   py::object scatter(py::object send, py::object recv, int root, bool asyncOp, py::object stream);
   py::object send(py::object buf, int peer, bool asyncOp, py::object stream, int tag);
   py::object recv(py::object buf, int peer, bool asyncOp, py::object stream, int tag);
-  py::object sendrecv(py::object send, py::object recv, int peer, py::object recvPeer, bool asyncOp, py::object stream);
+  py::object sendrecv(py::object send, py::object recv, int peer, std::optional<int> recvPeer, bool asyncOp, py::object stream);
 
   // A NumPy array in this rank's window (see Communicator.empty). The array keeps the window
   // mapped, whatever happens to the communicator, and gives its space back when collected.
@@ -172,7 +172,8 @@ class PyComm {
   void close();
 
   void checkDevice(const py_arrays::ArrayView& v, const char* role);
-  std::pair<py_arrays::ArrayView, py_arrays::ArrayView> sendRecv(py::object send, py::object& recv);
+  std::pair<py_arrays::ArrayView, py_arrays::ArrayView> sendRecv(py::object send, py::object& recv,
+                                                                 bool writtenInPlace = true);
   std::vector<int64_t> gatheredShape(const std::vector<int64_t>& s);
   // The call's reduction from `op`; an array scalar on this communicator's device, kept
   // alive with the call (returned; None for a number).

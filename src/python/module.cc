@@ -77,7 +77,11 @@ void bindModuleFunctions(py::module_& m) {
   m.def(
       "unique_id_for_address",
       [](const std::string& host, int port, const std::string& job) {
-        UniqueIdData d = uniqueIdForAddress(host, port, job);
+        UniqueIdData d;
+        {
+          py_gil::Released nogil;  // (resolving a host name may wait on DNS)
+          d = uniqueIdForAddress(host, port, job);
+        }
         char bytes[MNCL_UNIQUE_ID_BYTES] = {};
         std::memcpy(bytes, &d, sizeof(d));
         return py::bytes(bytes, sizeof(bytes));
@@ -160,7 +164,8 @@ void bindCommunicator(py::module_& m) {
            "Blocks until the operation finished (or raises Timeout after `timeout` seconds, the operation going "
            "on); raises its error; returns its result.")
       .def("is_completed", &Work::isCompleted)
-      .def("result", &Work::result);
+      .def("result", &Work::wait, py::arg("timeout") = py::none(),
+           "The same as wait(): the result once the operation has ended (never an output it has not written yet).");
 
   py::class_<PyComm> comm(m, "Communicator");
   comm

@@ -51,16 +51,27 @@ class Work {
                                           " s (it goes on: wait again, or abort the communicator)");
       }
     }
+    releaseArrays();
     if (state_->code() != mnclSuccess) py_errors::raise(state_->code(), state_->message());
     return result_;
   }
-  bool isCompleted() { return state_->done(); }
-  py::object result() { return result_; }
+  bool isCompleted() {
+    if (!state_->done()) return false;
+    releaseArrays();
+    return true;
+  }
 
  private:
+  // Lets go of the arrays once the operation has ended: a buffer-protocol array's export
+  // (arrays.cc, holdExport) would otherwise refuse a resize for as long as the Work lives.
+  // The list is shared with the communicator's record of running works (PyComm::asyncHeld_).
+  void releaseArrays() {
+    if (PyList_GET_SIZE(keep_.ptr()) > 0) PyList_SetSlice(keep_.ptr(), 0, PY_SSIZE_T_MAX, nullptr);
+  }
+
   std::shared_ptr<Outcome> state_;
   py::object result_;
-  py::list keep_;  // the arrays, alive until the work is gone
+  py::list keep_;  // the arrays, alive until the operation ends
   Stop stop_;
 };
 

@@ -4,10 +4,12 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <map>
@@ -116,6 +118,27 @@ void removeOrphanedSegments() {
 }
 
 }  // namespace
+
+std::string ShmMapping::noRoomFor(size_t bytes, const char* what) {
+  struct statvfs fs;
+  std::string room = statvfs("/dev/shm", &fs) == 0
+                         ? " (" + std::to_string((uint64_t)fs.f_bavail * fs.f_frsize >> 20) + " MiB free of " +
+                               std::to_string((uint64_t)fs.f_blocks * fs.f_frsize >> 20) + ")"
+                         : "";
+  return "/dev/shm has no room for " + std::to_string(bytes) + " more bytes of " + what + room +
+         ": give it more (a container's: docker run --shm-size=1g; Kubernetes: an emptyDir of medium Memory on "
+         "/dev/shm)";
+}
+
+size_t ShmMapping::devShmBytes() {
+  struct statvfs fs;
+  return statvfs("/dev/shm", &fs) == 0 ? (size_t)fs.f_blocks * fs.f_frsize : 0;
+}
+
+size_t ShmMapping::devShmFreeBytes() {
+  struct statvfs fs;
+  return statvfs("/dev/shm", &fs) == 0 ? (size_t)fs.f_bavail * fs.f_frsize : SIZE_MAX;
+}
 
 std::shared_ptr<ShmMapping> ShmMapping::create(size_t bytes, const std::string& tag) {
   removeOrphanedSegments();

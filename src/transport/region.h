@@ -71,11 +71,18 @@ std::shared_ptr<Mapping> findRegion(uint64_t registryId);  // null if gone
 // A shared-memory segment for a rank; `name` receives its name for peers to open.
 class ShmMapping : public Mapping {
  public:
+  // (tmpfs gives its pages as they are first touched: one that /dev/shm cannot give then
+  // kills the process with SIGBUS. See Window::claim and Comm::warnIfDevShmTooSmall.)
   static std::shared_ptr<ShmMapping> create(size_t bytes, const std::string& tag);
   static std::shared_ptr<ShmMapping> open(const std::string& name, size_t bytes);
   ~ShmMapping() override;
   const std::string& name() const { return name_; }
   void unlink();  // after every peer has mapped it
+  // "/dev/shm has no room for `bytes` more bytes of `what` (... MiB free of ...): give it more ...".
+  static std::string noRoomFor(size_t bytes, const char* what);
+  // /dev/shm's size, and what is free of it, in bytes (where they cannot be read: 0, and no limit).
+  static size_t devShmBytes();
+  static size_t devShmFreeBytes();
 
  private:
   std::string name_;

@@ -1,6 +1,14 @@
 #include "window.h"
 
+#include <sys/mman.h>
+
+#include <cerrno>
+
 #include "../core/error.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // (Linux 5.14; older C library headers lack it)
+#endif
 
 namespace mncl {
 
@@ -9,7 +17,9 @@ constexpr size_t kPage = 4096;
 size_t pages(size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 }  // namespace
 
-Window::Window(size_t bytes, const std::string& tag) : shm_(ShmMapping::create(pages(bytes), "w" + tag)) {
+// (Not committed here: a window's pages are claimed as its allocations are made; see claim.)
+Window::Window(size_t bytes, const std::string& tag)
+    : shm_(ShmMapping::create(pages(bytes), "w" + tag)) {
   free_[0] = shm_->size();
 }
 
@@ -24,6 +34,7 @@ void* Window::allocate(size_t bytes) {
     free_.erase(it);
     if (left) free_[off + want] = left;
     used_[off] = want;
+    claim(off, want);
     return shm_->base() + off;
   }
   size_t freeBytes = 0;
@@ -35,9 +46,27 @@ void* Window::allocate(size_t bytes) {
                                    "mnclCommMemAlloc)");
 }
 
+// Claims the pages of a new allocation (with the lock held), so that a /dev/shm too small for
+// them is an error here, not SIGBUS at a later touch (see ShmMapping::create). Where the free
+// room is short already, nothing is claimed: a claim that fails part-way holds pages for a
+// moment, and a peer touching one of its own then would die. (Kernels before 5.14 have no
+// MADV_POPULATE_WRITE: there the pages come as they are touched, as before.)
+void Window::claim(size_t off, size_t len) {
+  char* p = shm_->base() + off;
+  if (ShmMapping::devShmFreeBytes() >= len) {
+    if (madvise(p, len, MADV_POPULATE_WRITE) == 0 || errno == EINVAL) return;
+    madvise(p, len, MADV_REMOVE);  // (gives back the pages it did claim)
+  }
+  releaseLocked(off);
+  throwError(mnclSystemError, ShmMapping::noRoomFor(len, "the communicator's window"));
+}
+
 void Window::release(void* p) {
   std::lock_guard<std::mutex> lock(mutex_);
-  size_t off = static_cast<char*>(p) - shm_->base();
+  releaseLocked(static_cast<char*>(p) - shm_->base());
+}
+
+void Window::releaseLocked(size_t off) {
   auto it = used_.find(off);
   if (it == used_.end()) return;
   size_t len = it->second;
