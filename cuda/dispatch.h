@@ -1,9 +1,11 @@
 // From a work item's run-time (collective, algorithm, protocol, type, op) to the one template
 // instance that runs it. Included by the CPU entry point and the CUDA kernel alike.
 //
-// Only (type, op) are template parameters of the entry; algorithm and protocol are switched
-// at run time inside it. Signed sums and products run as unsigned (same bits, and no
-// undefined overflow), and copy-only collectives run once, on bytes.
+// (type, op) are template parameters of the entry, and the algorithm is switched at run time
+// inside it; so is the protocol on CPUs (AnyProtocol), where GPUs have a kernel per protocol
+// (OneProtocol) and one for direct LL alone (DirectLLOnly). Signed sums, products and
+// premulsums run as unsigned (same bits, and no undefined overflow), and copy-only
+// collectives run once, on bytes.
 #pragma once
 
 #include <cstdio>

@@ -218,8 +218,8 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     for (int i = 0; i < send_.n; ++i) s.written[i] = DirectWrite{nullptr, 0, false};
     // A broadcast's receivers have nothing else to do: they copy for themselves (a pointer
     // step) when they can, rather than leave every copy to the sender's core. A sender with
-    // no copy of its own and one receiver (an in-place root of 2 ranks, or of a ring) writes
-    // every other step itself, so both copy: into the receiver's output where it can, through
+    // no copy of its own and one receiver (an in-place root of 2 ranks, or of a ring; an
+    // in-place ring allgather's own block too) writes every other step itself, so both copy: into the receiver's output where it can, through
     // the kernel if need be (a pointer step and a kernel write, each of 128 KiB, in turn:
     // 8 MiB in ~0.4 ms against ~0.7 ms through the FIFO). (Steps too small for a pointer are
     // written.)

@@ -1,5 +1,6 @@
-// Reduction operators: sum, prod, max, min, avg, premulsum over the twelve element types;
-// band, bor, bxor over the integer types (as bytes).
+// Reduction operators: sum, prod, max, min, premulsum over the twelve element types, avg over
+// the integer ones (a float avg runs as a premulsum by 1/n); band, bor, bxor over the integer
+// types (as bytes).
 //
 // Integer sums and products wrap around in the type's width (done in unsigned arithmetic, so
 // signed types wrap as two's complement without undefined behaviour). Max and min propagate

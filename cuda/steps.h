@@ -18,8 +18,10 @@ MNCL_DEV void forEachStep(size_t step, size_t count, F f) {
 // The step for a message of `count` elements that crosses a pipeline `hops` connections deep.
 // Steps of a whole slot would cross the hops one after another; cut into `hops` pieces, every
 // hop works on a piece at once. Pieces stay at least the channel's pipelineChunkBytes (a
-// step's handshake must stay cheap next to its bytes) and at most a step, rounded to 64 bytes
-// so copies stay aligned. One hop has nothing to overlap: its steps stay whole.
+// step's handshake must stay cheap next to its bytes), rounded to 64 bytes so copies stay
+// aligned, and at most a step (a Simple step is whole 64-byte lines; an LL or LL128 step need
+// not be, and needs no more than 8-byte alignment). One hop has nothing to overlap: its steps
+// stay whole.
 template <typename T>
 MNCL_HOSTDEV size_t pipelineStep(const ProtoSizes& sizes, size_t stepElems, size_t count, int hops) {
   size_t align = 64 / sizeof(T);
@@ -37,7 +39,7 @@ struct RingLoop {
 };
 
 // The chunk of such a loop: the `remaining` elements shared among n ranks, rounded up to 64
-// bytes' worth of elements so copies stay aligned, and at most a step.
+// bytes' worth of elements so copies stay aligned, and at most a step (see pipelineStep).
 template <typename T>
 MNCL_HOSTDEV size_t ringChunk(size_t remaining, int n, size_t stepElems) {
   size_t align = 64 / sizeof(T);

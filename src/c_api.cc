@@ -34,7 +34,8 @@ struct PreMulSumOp {
 };
 
 // Where a communicator's init stands: done in the call (blocking), or on a thread of its own
-// (nonblocking init, or a mnclCommInitRank* inside a group, run together at the group's end).
+// (nonblocking init, or a mnclCommInitRank* inside a group: started at once, and awaited at
+// the group's end).
 enum class Init { ready, running, failed };
 
 struct mnclComm {
@@ -567,6 +568,8 @@ mnclResult_t mnclCommGetAsyncError(mnclComm_t comm, mnclResult_t* asyncError) {
     MNCL_CHECK(asyncError != nullptr, mnclInvalidArgument, "asyncError is null");
     MNCL_CHECK(comm != nullptr, mnclInvalidArgument, "the communicator is null");
     Init init = comm->init.load(std::memory_order_acquire);
+    // (An init this thread's open group started is in progress until the group ends: see use.)
+    if (init == Init::ready && !tlsGroupInits.empty() && initInOpenGroup(comm)) init = Init::running;
     if (init == Init::running) *asyncError = mnclInProgress;
     else if (init == Init::failed) *asyncError = comm->initError;
     else *asyncError = use(comm).asyncError();

@@ -269,6 +269,28 @@ def test_group_inits_the_ranks_from_one_thread(lib: Any) -> None:
         destroy(lib, comms)
 
 
+def test_async_error_says_in_progress_until_the_group_that_inits_ends(lib: Any) -> None:
+    """mnclCommGetAsyncError on a communicator this thread's open group is making: success,
+    with mnclInProgress as the value, before and after its init thread is done (once done, it
+    used to return mnclInProgress itself and leave the value unwritten); mnclSuccess after."""
+    uid = UniqueId()
+    assert lib.mnclGetUniqueId(ctypes.byref(uid)) == 0
+    comm = ctypes.c_void_p()
+    try:
+        assert lib.mnclGroupStart() == 0
+        assert lib.mnclCommInitRank(ctypes.byref(comm), 1, uid, 0) == 0
+        for delay in (0.0, 0.5):
+            time.sleep(delay)
+            state = ctypes.c_int(-1)
+            assert lib.mnclCommGetAsyncError(comm, ctypes.byref(state)) == 0, delay
+            assert state.value == MNCL_IN_PROGRESS, delay
+        assert lib.mnclGroupEnd() == 0, lib.mnclGetLastError(None)
+        state = ctypes.c_int(-1)
+        assert lib.mnclCommGetAsyncError(comm, ctypes.byref(state)) == 0 and state.value == 0
+    finally:
+        destroy(lib, [comm])
+
+
 def test_a_call_on_a_communicator_its_group_is_making_fails_the_group(lib: Any) -> None:
     """A call before the group's end finds its communicator unmade, even once the inits
     (which run on threads of their own) are done (it used to depend on their speed): it

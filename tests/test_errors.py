@@ -1198,6 +1198,21 @@ def test_a_rank_that_left_before_a_call_it_never_made_fails_the_wait_at_once(
         assert LEFT_BEFORE[case] in story, story
 
 
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_a_peer_that_left_after_doing_its_part_fails_no_call_before_the_timeout(
+    monkeypatch: pytest.MonkeyPatch, processes: bool
+) -> None:
+    """Rank 0 sends (its receiver's FIFO holds it) and destroys its communicator; rank 1, idle
+    for longer than MININCL_TIMEOUT, then receives it in a group that waits 0.3 s for rank 2.
+    The timeout counted from rank 0's leaving, so the group failed at once, naming rank 0."""
+    monkeypatch.setenv("MININCL_TIMEOUT", "1")
+    fn, args = workers.receive_long_after_the_sender_left, (1.5, 0.3)
+    results = (
+        minincl.launch(fn, 3, *args, timeout=60) if processes else workers.run_on_threads(3, lambda c: fn(c, *args))
+    )
+    assert results == ["left", "ok", "sent"], results
+
+
 @pytest.mark.parametrize("case", ["collective", "recv"])
 @pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
 def test_a_call_past_its_timeout_fails_naming_where_every_rank_is(case: str, processes: bool) -> None:

@@ -686,3 +686,13 @@ def test_transport_settings_are_checked() -> None:
     assert sorted(got) == [0, 1]
     for ok, story in got.values():
         assert not ok and "InvalidUsage" in story and "MININCL_TRANSPORT" in story, story
+
+
+def test_a_destroy_beside_a_hung_peer_gives_up_on_its_last_sends_after_the_timeout() -> None:
+    """A destroy sends what the rank's sends left to its proxy: to a hung peer (stopped) that
+    took until the bootstrap timeout (60 s here), where MININCL_TIMEOUT without progress is
+    enough to call a peer hung."""
+    env = {"MININCL_TIMEOUT": "2", "MININCL_BOOTSTRAP_TIMEOUT": "60", "MININCL_NET_SOCKET_BUFFER": "64K"}
+    got = launch_as_hosts(workers.destroy_beside_a_stopped_peer, 2, env=env, timeout=90, reporting=1)
+    assert list(got) == [0] and got[0][0], got
+    assert got[0][1] < 20, got  # (MININCL_TIMEOUT, 2 s, with no progress; not 60)

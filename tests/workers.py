@@ -1513,3 +1513,49 @@ def window_arrays_past_dev_shm(comm: minincl.Communicator, big: int, small: int)
     comm.allreduce(a)
     said.append(f"small: {a.min()}..{a.max()}")
     return said
+
+
+def receive_long_after_the_sender_left(comm: minincl.Communicator, idle: float, late: float) -> str:
+    """Rank 0 sends 4 KiB to rank 1 (the FIFO holds it: the send ends at once) and destroys its
+    communicator; rank 1, `idle` s later, receives it and rank 2's in one group; rank 2 sends
+    `late` s after that. How rank 1's group ended."""
+    x = np.full(1024, comm.rank + 1, np.float32)
+    comm.barrier()
+    if comm.rank == 0:
+        comm.send(x, 1)
+        comm.destroy()
+        return "left"
+    time.sleep(idle + (late if comm.rank == 2 else 0))
+    if comm.rank == 2:
+        comm.send(x, 1)
+        return "sent"
+    a, b = np.zeros(1024, np.float32), np.zeros(1024, np.float32)
+    try:
+        with minincl.group():
+            comm.recv(a, 0)
+            comm.recv(b, 2)
+    except minincl.Error as e:
+        return f"{type(e).__name__}: {e}"
+    return "ok" if (a == 1).all() and (b == 3).all() else f"wrong: {a[:2]} {b[:2]}"
+
+
+def destroy_beside_a_stopped_peer(comm: minincl.Communicator) -> float:
+    """Rank 1 stops (SIGSTOP, a hung process) after a barrier; rank 0's sends to it return at
+    once, its proxy still holding some of them to send, and it destroys its communicator. How
+    long rank 0's destroy took."""
+    comm.barrier()
+    if comm.rank == 1:
+        time.sleep(0.5)  # (its proxy delivers the barrier first)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return 0.0
+    time.sleep(0.8)
+    x = np.ones(16 << 10, np.float32)
+    t = time.monotonic()
+    for k in range(5):  # (320 KiB: more than the sockets hold, as much as the proxy's FIFOs take)
+        try:
+            comm.send(x, 1)
+        except minincl.Error as e:
+            raise RuntimeError(f"send {k} after {time.monotonic() - t:.2f} s: {e}") from e
+    start = time.monotonic()
+    comm.destroy()
+    return time.monotonic() - start

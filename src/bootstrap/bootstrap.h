@@ -58,7 +58,8 @@ inline std::string tooManyRanks(int nranks) {
 }
 
 // Starts a root listener on `bind` in a background thread that serves one rendezvous, then
-// exits (also after the bootstrap timeout). Returns the address it listens on.
+// exits (also once a rank has come and the bootstrap timeout passed; an id no rank ever uses
+// keeps its root until the process exits, as NCCL's). Returns the address it listens on.
 // `fromAddress`: of an id from an address, the same at every try (rank 0 starts its root).
 SockAddr startRoot(const SockAddr& bind, uint64_t nonce, bool fromAddress = false);
 // Tells the root of `nonce`, if this process serves it, that `rank` could not init: it fails

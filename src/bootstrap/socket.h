@@ -1,6 +1,7 @@
 // TCP sockets where every blocking call has a deadline: connect, accept, send and receive
 // either finish in time or throw a clear error (Timeout, or RemoteError when the peer went
-// away). Nothing in bootstrap can wait forever.
+// away). No rank's wait in bootstrap is without end (a root whose id no rank ever uses
+// serves until the process exits: see startRoot).
 #pragma once
 
 #include <netinet/in.h>

@@ -406,6 +406,7 @@ void Comm::startNetProxy(const UniqueIdData& id, const RegionLayout& layout, int
   s.abortWord = abortWord();
   s.busy = [this] { return callsInside_.load() > 0; };
   s.timeout = std::max(bootstrapTimeout(), Monitor::timeoutSeconds());
+  s.lastSendsTimeout = Monitor::timeoutSeconds();
   applyNetSettings(s);
   netProxy_ = std::make_unique<NetProxy>(std::move(s));
   netListener_.close();

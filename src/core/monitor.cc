@@ -187,10 +187,13 @@ void Monitor::checkPeer(int r, double now) {
   }
   bool sameProcess = inThisProcess(r);
   if (state == RankCtrl::kLeft) {
-    if (w.leftSince < 0) w.leftSince = now;
     // (A GPU call returns at once: what may still wait on the peer is its kernel.)
     bool waiting = comm_.callsInside_.load() > 0 || comm_.gpuWorkPending();
-    if (!waiting) return;
+    if (!waiting) {  // (the time counts from when a call waits with the peer gone, not from its leaving)
+      w.leftSince = -1;
+      return;
+    }
+    if (w.leftSince < 0) w.leftSince = now;
     std::string never = callThePeerNeverMade(r);
     if (!never.empty()) {
       fail(mnclRemoteError, who() + " destroyed its communicator (or its process exited) " + never);

@@ -8,7 +8,8 @@
 //    on: lost_ranks() lists it (see gaveUpOn);
 //  - the peer destroyed its communicator while this rank is inside a call the peer never
 //    made (a later collective, a receive beyond its sends) -> RemoteError, at once; inside
-//    another call (the peer may have done its part) for MININCL_TIMEOUT -> RemoteError;
+//    another call (the peer may have done its part) that has waited for MININCL_TIMEOUT
+//    since the peer left                             -> RemoteError;
 //  - the peer made another collective call than ours under the same number (see
 //    call_log.h)                                     -> InvalidUsage naming both, at once;
 //  - the ranks' sends and receives before a collective call they all made do not pair up
@@ -108,6 +109,7 @@ class Monitor {
   std::chrono::milliseconds idleTick_;
   struct PeerWatch {
     uint64_t lastBeat = 0;
+    // leftSince: since when a call of ours has waited while the peer was gone (-1: none has).
     double lastChange = 0, leftSince = -1, zombieLookedAt = -1;
     uint64_t blockedCall = 0;  // the peer's call (CallActivity::entered) blocked behind ours
     double blockedSince = 0;

@@ -73,7 +73,9 @@ bool writeByKernel(const CollCall& c, size_t recvBytes, bool inPlace) {
 
 // Whether an allgather's receivers read each step of a sender's input themselves (a pointer
 // step), as a broadcast's do, rather than take a direct write from the sender (window buffers
-// or ranks in one process): each core then writes only its own output. 2 processes with
+// or ranks in one process): each core then writes only its own output (out of place; in place,
+// a sender with one receiver writes every other step of its own block, as a broadcast root
+// does: prims_simple.h). 2 processes with
 // window buffers, three runs: 0.58-0.74x the time at 128 KiB, 0.73-0.94x at 512 KiB,
 // 0.64-1.02x at 2-8 MiB; ranks as threads alike at 128 KiB-2 MiB. No gain at 32 MiB, where
 // outputs are streamed.

@@ -739,9 +739,10 @@ void NetProxy::sleep() {
 // Teardown: what our channels published still goes out (unless this communicator failed:
 // then nobody waits for it), then our last state; then the sockets close, each after reading
 // what is left in it (closing with unread data would reset the connection, and the peer
-// could lose what we sent last).
+// could lose what we sent last). A peer that takes nothing for MININCL_TIMEOUT is hung: the
+// rest is dropped (a destroy waited for the bootstrap timeout, 60 s, on a stopped peer).
 void NetProxy::flush() {
-  Deadline deadline = deadlineIn(setup_.timeout);
+  Deadline deadline = deadlineIn(setup_.lastSendsTimeout);
   auto pending = [&] {
     for (auto& l : data_) {
       if (!l->closed && !l->ctrl->lost && (l->sending() || dev::loadAcquire(&l->out.ctrl->tail) > l->sent)) return true;
@@ -760,6 +761,7 @@ void NetProxy::flush() {
       if (!l->closed && !l->ctrl->lost && !failed) moved |= progressSend(*l);
     }
     if (failed && std::all_of(ctrl_.begin(), ctrl_.end(), [](auto& c) { return c->closed || !c->outPending; })) break;
+    if (moved) deadline = deadlineIn(setup_.lastSendsTimeout);
     spins = moved ? 0 : spins + 1;
     dev::cpuBackoff(spins);
   }
