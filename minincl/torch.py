@@ -591,7 +591,16 @@ class ProcessGroupMinincl(dist.ProcessGroup):
 
         return self._new_op("broadcast", tensors, tensors, body, _outputs_after(staged), opts=opts)
 
+    def _check_gathered(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        """(Here, in elements: the communicator sees bytes, and would count those.)"""
+        if output.numel() != input.numel() * self.size():
+            raise ValueError(
+                f"minincl backend: all_gather_into_tensor: the output has {output.numel()} elements, "
+                f"expected {input.numel() * self.size()} ({self.size()} ranks x the input's {input.numel()})"
+            )
+
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MinincclWork:
+        self._check_gathered(output, input)
         if type(opts) is AllgatherOptions and output.dtype == input.dtype:
             work = self._direct(
                 opts, [output, input], lambda c, q, o, i: c.allgather(as_bytes(i), as_bytes(o), async_op=q)
@@ -606,6 +615,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         for o, i in zip(outputs, inputs):
             if o.dtype != i.dtype:  # (the bytes are gathered as they are: they would be read as the other type)
                 raise TypeError(f"minincl backend: all_gather_into_tensor of {i.dtype} into a {o.dtype} output")
+            self._check_gathered(o, i)
         outs = [stage(t) for t in outputs]
         pairs = [(as_bytes(stage(i, receives=False).buf), as_bytes(o.buf)) for o, i in zip(outs, inputs)]
 

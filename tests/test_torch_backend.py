@@ -174,6 +174,12 @@ def _all_gather_shapes_and_types(rank: int) -> Result:
         raise AssertionError("allgather converted float32 into float64 outputs")
     except TypeError as e:
         assert "of torch.float32 into outputs of" in str(e), e
+    # A wrong output size is told in elements (the communicator sees bytes).
+    try:
+        dist.group.WORLD._allgather_base(torch.zeros(3), torch.ones(1)).wait()  # type: ignore[union-attr]
+        raise AssertionError("an all_gather_into_tensor output of the wrong size was taken")
+    except ValueError as e:
+        assert f"the output has 3 elements, expected {WORLD} ({WORLD} ranks x the input's 1)" in str(e), e
     return [out, i16]
 
 
