@@ -202,7 +202,7 @@ class Communicator(_core.Communicator):
         plain NumPy array."""
         import numpy as np
 
-        dims = (operator.index(shape),) if hasattr(shape, "__index__") else tuple(operator.index(d) for d in shape)
+        dims = (operator.index(shape),) if np.ndim(shape) == 0 else tuple(operator.index(d) for d in shape)
         dt = np.dtype(dtype)
         if not dt.isnative:  # (every call would refuse it)
             raise InvalidArgument(f"empty: {dt} is not in this machine's byte order; pass dtype {dt.newbyteorder('=')}")

@@ -436,6 +436,7 @@ def test_small_arguments_are_checked_as_python_would(pair: Any) -> None:
         with pytest.raises(TypeError, match=f"sendrecv\\(\\): 'recv_peer' must be an int, not {type(bad).__name__}"):
             c.sendrecv(x, x.copy(), 1, bad)
     assert c.empty(np.int64(4)).shape == (4,) and c.empty((np.int32(2), 3)).shape == (2, 3)
+    assert c.empty(np.array([2, 3])).shape == (2, 3)
     with pytest.raises(minincl.InvalidArgument, match="not in this machine's byte order; pass dtype float32"):
         c.empty(4, ">f4")
 
@@ -1211,6 +1212,16 @@ def test_a_peer_that_left_after_doing_its_part_fails_no_call_before_the_timeout(
         minincl.launch(fn, 3, *args, timeout=60) if processes else workers.run_on_threads(3, lambda c: fn(c, *args))
     )
     assert results == ["left", "ok", "sent"], results
+
+
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_a_peer_that_left_fails_no_call_it_has_no_part_in(monkeypatch: pytest.MonkeyPatch, processes: bool) -> None:
+    """Rank 2 destroys its communicator while rank 0 waits 2 s for a receive from rank 1:
+    the receive used to fail after MININCL_TIMEOUT, 1 s, naming rank 2."""
+    monkeypatch.setenv("MININCL_TIMEOUT", "1")
+    fn = workers.receive_beside_a_rank_that_left
+    results = minincl.launch(fn, 3, 2.0, timeout=60) if processes else workers.run_on_threads(3, lambda c: fn(c, 2.0))
+    assert results == ["ok", "sent", "left"], results
 
 
 @pytest.mark.parametrize("case", ["collective", "recv"])

@@ -1559,3 +1559,22 @@ def destroy_beside_a_stopped_peer(comm: minincl.Communicator) -> float:
     start = time.monotonic()
     comm.destroy()
     return time.monotonic() - start
+
+
+def receive_beside_a_rank_that_left(comm: minincl.Communicator, late: float) -> str:
+    """Rank 2 destroys its communicator; rank 0 receives from rank 1, which sends `late` s
+    later: rank 2 has no part in it. How rank 0's receive ended."""
+    comm.barrier()
+    if comm.rank == 2:
+        comm.destroy()
+        return "left"
+    x = np.full(1024, comm.rank + 1, np.float32)
+    if comm.rank == 1:
+        time.sleep(late)
+        comm.send(x, 0)
+        return "sent"
+    try:
+        comm.recv(x, 1)
+    except minincl.Error as e:
+        return f"{type(e).__name__}: {e}"
+    return "ok" if (x == 2).all() else f"wrong: {x[:2]}"

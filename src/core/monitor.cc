@@ -187,13 +187,17 @@ void Monitor::checkPeer(int r, double now) {
   }
   bool sameProcess = inThisProcess(r);
   if (state == RankCtrl::kLeft) {
-    // (A GPU call returns at once: what may still wait on the peer is its kernel.)
-    bool waiting = comm_.callsInside_.load() > 0 || comm_.gpuWorkPending();
-    if (!waiting) {  // (the time counts from when a call waits with the peer gone, not from its leaving)
+    // (The time counts from when a call that waits on the peer began to wait with it gone:
+    // not from its leaving, nor for a call with other peers.)
+    uint64_t call = callWaitingOn(r);
+    if (call == 0) {
       w.leftSince = -1;
       return;
     }
-    if (w.leftSince < 0) w.leftSince = now;
+    if (w.leftSince < 0 || w.leftCall != call) {
+      w.leftSince = now;
+      w.leftCall = call;
+    }
     std::string never = callThePeerNeverMade(r);
     if (!never.empty()) {
       fail(mnclRemoteError, who() + " destroyed its communicator (or its process exited) " + never);
@@ -250,6 +254,17 @@ void Monitor::giveUpOnStoppedPeers(double now) {
 // Whether this rank waits in a call that peer r, which left, never made: a collective call
 // after its last, or a receive beyond the sends it posted to this rank. Then nothing can end
 // the wait, and the peer's leaving is an error at once; says so, or returns "".
+uint64_t Monitor::callWaitingOn(int r) const {
+  // (A GPU call returns at once: what may still wait on the peer is its kernel.)
+  if (comm_.onGpu()) return comm_.gpuWorkPending() ? 1 : 0;
+  if (comm_.callsInside_.load() == 0) return 0;
+  std::optional<CallActivity> me = callActivity(comm_.region_->ctrl()->calls);
+  if (!me || me->inside == Inside::nothing) return 0;
+  bool p2pWithIt = me->inside != Inside::collectives &&
+                   (r >= kP2pPeers || comm_.rank() >= kP2pPeers || me->inside == Inside::both || (me->peers >> r & 1));
+  return me->inside == Inside::collectives || p2pWithIt ? me->entered : 0;
+}
+
 std::string Monitor::callThePeerNeverMade(int r) const {
   const CallLog& mine = comm_.region_->ctrl()->calls;
   const CallLog& theirs = comm_.peerRegions_[r]->ctrl()->calls;

@@ -8,8 +8,9 @@
 //    on: lost_ranks() lists it (see gaveUpOn);
 //  - the peer destroyed its communicator while this rank is inside a call the peer never
 //    made (a later collective, a receive beyond its sends) -> RemoteError, at once; inside
-//    another call (the peer may have done its part) that has waited for MININCL_TIMEOUT
-//    since the peer left                             -> RemoteError;
+//    another call that waits on it (a collective, or sends and receives with it: the peer
+//    may have done its part) that has waited for MININCL_TIMEOUT since the peer left
+//                                                    -> RemoteError;
 //  - the peer made another collective call than ours under the same number (see
 //    call_log.h)                                     -> InvalidUsage naming both, at once;
 //  - the ranks' sends and receives before a collective call they all made do not pair up
@@ -81,6 +82,9 @@ class Monitor {
   bool inThisProcess(int r) const;  // (a thread of this process: its heartbeat is ours)
   bool checkCalls(int r);
   std::string callThePeerNeverMade(int r) const;
+  // The number (CallActivity::entered) of our call under way if it waits on peer r (a
+  // collective, or sends and receives with it), else 0. GPU: 1 while a kernel is pending.
+  uint64_t callWaitingOn(int r) const;
   void checkP2pBalance();
   void checkDeadlock(double now);
   std::optional<uint64_t> blockedBehind(int r, uint64_t collective) const;
@@ -109,8 +113,9 @@ class Monitor {
   std::chrono::milliseconds idleTick_;
   struct PeerWatch {
     uint64_t lastBeat = 0;
-    // leftSince: since when a call of ours has waited while the peer was gone (-1: none has).
+    // leftSince: since when our call leftCall has waited on the peer while it was gone (-1: none has).
     double lastChange = 0, leftSince = -1, zombieLookedAt = -1;
+    uint64_t leftCall = 0;
     uint64_t blockedCall = 0;  // the peer's call (CallActivity::entered) blocked behind ours
     double blockedSince = 0;
   };

@@ -153,7 +153,8 @@ void PyComm::closeDeferred() noexcept {
       py_gil::Released nogil;  // (queued async_op calls may need it to end)
       closeNow();
     }
-    asyncHeld_.clear();  // (close() waited for the queued calls; touched with the GIL only)
+    releaseFinishedAsync();  // (close() waited for the queued calls; touched with the GIL only)
+    asyncHeld_.clear();
   } else {
     closeNow();
   }
@@ -621,7 +622,8 @@ void PyComm::end(bool abortFirst) {
     if (abortFirst) comm_->abort();
     close();
   }
-  asyncHeld_.clear();  // (close() waited for the queued calls)
+  releaseFinishedAsync();  // (close() waited for the queued calls: their Works let go of their arrays)
+  asyncHeld_.clear();
 }
 
 void PyComm::close() {

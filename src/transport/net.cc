@@ -739,10 +739,11 @@ void NetProxy::sleep() {
 // Teardown: what our channels published still goes out (unless this communicator failed:
 // then nobody waits for it), then our last state; then the sockets close, each after reading
 // what is left in it (closing with unread data would reset the connection, and the peer
-// could lose what we sent last). A peer that takes nothing for MININCL_TIMEOUT is hung: the
-// rest is dropped (a destroy waited for the bootstrap timeout, 60 s, on a stopped peer).
+// could lose what we sent last). Where nothing moves (control messages included) for
+// MININCL_TIMEOUT, the peer is hung: the rest is dropped (a destroy waited for the bootstrap
+// timeout, 60 s, on a stopped peer); a live one that reads nothing has until then.
 void NetProxy::flush() {
-  Deadline deadline = deadlineIn(setup_.lastSendsTimeout);
+  Deadline deadline = deadlineIn(setup_.lastSendsTimeout), cap = deadlineIn(setup_.timeout);
   auto pending = [&] {
     for (auto& l : data_) {
       if (!l->closed && !l->ctrl->lost && (l->sending() || dev::loadAcquire(&l->out.ctrl->tail) > l->sent)) return true;
@@ -753,7 +754,7 @@ void NetProxy::flush() {
     return false;
   };
   uint32_t spins = 0;
-  while (pending() && Clock::now() < deadline) {
+  while (pending() && Clock::now() < std::min(deadline, cap)) {
     bool failed = dev::loadRelaxed(setup_.abortWord) != 0;
     bool moved = false;
     for (auto& c : ctrl_) moved |= progressCtrl(*c);

@@ -56,9 +56,10 @@ class NetProxy {
     // an error if `congestionRequired` (the user asked for it), else the system's is kept.
     std::string congestion = "cubic";
     bool congestionRequired = false;
-    double timeout = 5;               // for connecting
-    // Teardown: how long the last sends may make no progress (a peer that reads nothing for
-    // that long is hung: MININCL_TIMEOUT, as the monitor gives up on it).
+    double timeout = 5;               // for connecting, and for the last sends at teardown
+    // Teardown: how long the last sends may go with nothing moving on any link (the peers'
+    // control messages included) before the peers are taken for hung: MININCL_TIMEOUT, as the
+    // monitor gives up on a peer.
     double lastSendsTimeout = 5;
   };
 

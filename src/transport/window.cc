@@ -61,9 +61,15 @@ void Window::claim(size_t off, size_t len) {
   throwError(mnclSystemError, ShmMapping::noRoomFor(len, "the communicator's window"));
 }
 
+// A freed allocation's pages go back to /dev/shm (the next allocation claims its own: see
+// claim, whose check of the free room counts on it).
 void Window::release(void* p) {
   std::lock_guard<std::mutex> lock(mutex_);
-  releaseLocked(static_cast<char*>(p) - shm_->base());
+  size_t off = static_cast<char*>(p) - shm_->base();
+  auto it = used_.find(off);
+  if (it == used_.end()) return;
+  madvise(shm_->base() + off, it->second, MADV_REMOVE);
+  releaseLocked(off);
 }
 
 void Window::releaseLocked(size_t off) {
