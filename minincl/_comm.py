@@ -202,7 +202,7 @@ class Communicator(_core.Communicator):
         plain NumPy array."""
         import numpy as np
 
-        dims = (operator.index(shape),) if np.ndim(shape) == 0 else tuple(operator.index(d) for d in shape)
+        dims = tuple(operator.index(d) for d in np.atleast_1d(shape))  # (an int, a sequence, or an array)
         dt = np.dtype(dtype)
         if not dt.isnative:  # (every call would refuse it)
             raise InvalidArgument(f"empty: {dt} is not in this machine's byte order; pass dtype {dt.newbyteorder('=')}")
