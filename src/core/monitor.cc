@@ -251,9 +251,6 @@ void Monitor::giveUpOnStoppedPeers(double now) {
   }
 }
 
-// Whether this rank waits in a call that peer r, which left, never made: a collective call
-// after its last, or a receive beyond the sends it posted to this rank. Then nothing can end
-// the wait, and the peer's leaving is an error at once; says so, or returns "".
 uint64_t Monitor::callWaitingOn(int r) const {
   // (A GPU call returns at once: what may still wait on the peer is its kernel.)
   if (comm_.onGpu()) return comm_.gpuWorkPending() ? 1 : 0;
@@ -265,6 +262,9 @@ uint64_t Monitor::callWaitingOn(int r) const {
   return me->inside == Inside::collectives || p2pWithIt ? me->entered : 0;
 }
 
+// Whether this rank waits in a call that peer r, which left, never made: a collective call
+// after its last, or a receive beyond the sends it posted to this rank. Then nothing can end
+// the wait, and the peer's leaving is an error at once; says so, or returns "".
 std::string Monitor::callThePeerNeverMade(int r) const {
   const CallLog& mine = comm_.region_->ctrl()->calls;
   const CallLog& theirs = comm_.peerRegions_[r]->ctrl()->calls;
