@@ -264,6 +264,31 @@ def test_malformed_file_names_file_and_line(tmp_path: Path) -> None:
         core.topo_report(xml=str(tmp_path / "missing.xml"))
 
 
+def test_hostile_files_are_refused_naming_what_is_wrong(tmp_path: Path) -> None:
+    """Files no topology is: elements nested past any machine's depth (the parser recursed
+    per level and overflowed its stack), numbers out of range (they wrapped, silently), and
+    paths that are not a regular file (a FIFO blocked, /dev/zero filled memory)."""
+    deep = tmp_path / "deep.xml"
+    deep.write_text('<system version="1">' + "<a>" * 30000 + "</a>" * 30000 + "</system>")
+    with pytest.raises(Exception, match=r"deep\.xml:1: elements nest deeper than 64 levels"):
+        core.topo_report(xml=str(deep))
+    gpu = '<pci busid="0000:01:00.0" class="0x030200" link_width="{w}"><gpu dev="0" sm="{sm}"/></pci>'
+    for width, sm, attribute in (
+        ("4294967312", "80", "link_width"),  # (read as 16 before)
+        ("16", "-80", "sm"),
+        ("16", "99999999999999999999", "sm"),  # (strtol saturates: read as -1 before)
+    ):
+        bad = tmp_path / "range.xml"
+        bad.write_text(f'<system version="1">\n<cpu numaid="0" affinity="ff">\n{gpu.format(w=width, sm=sm)}\n</cpu></system>')
+        with pytest.raises(Exception, match=rf"range\.xml:3: attribute {attribute}=.* is out of range"):
+            core.topo_report(xml=str(bad))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (tmp_path, fifo, Path("/dev/zero")):
+        with pytest.raises(Exception, match="is not a regular file"):
+            core.topo_report(xml=str(path))
+
+
 # --------------------------------------------------------------------------- detection
 
 

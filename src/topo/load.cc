@@ -8,7 +8,9 @@
 // Cloud providers publish partial files where a GPU or NIC is just a <pci> leaf with its
 // class; those load too. Several hosts: a <cluster> root holding one <system> per host
 // (our extension; each <system> is a valid NCCL file on its own).
+#include <cerrno>
 #include <cstdlib>
+#include <limits>
 #include <set>
 
 #include "topo.h"
@@ -25,12 +27,18 @@ struct Loader {
     throw XmlError(path + ":" + std::to_string(e.line) + ": " + what);
   }
 
-  int toInt(const XmlElement& e, const char* key, int fallback) const {
+  // An integer attribute, at least `lowest` (-1 where the format uses it for "unknown").
+  int toInt(const XmlElement& e, const char* key, int fallback, int lowest = 0) const {
     const std::string* v = e.find(key);
     if (!v || v->empty()) return fallback;
     char* end = nullptr;
+    errno = 0;
     long x = std::strtol(v->c_str(), &end, 0);
-    if (*end != '\0') fail(e, std::string("attribute ") + key + "=\"" + *v + "\" is not a number");
+    std::string what = std::string("attribute ") + key + "=\"" + *v + "\"";
+    if (*end != '\0') fail(e, what + " is not a number");
+    if (errno == ERANGE || x < lowest || x > std::numeric_limits<int>::max())
+      fail(e, what + " is out of range (" + std::to_string(lowest) + " to " +
+                  std::to_string(std::numeric_limits<int>::max()) + ")");
     return static_cast<int>(x);
   }
 
@@ -57,12 +65,12 @@ struct Loader {
   void loadCpu(const XmlElement& e, int host) {
     int id = sys.addNode(NodeType::Cpu, host, -1);
     Node& cpu = sys.nodes[id];
-    cpu.numaId = toInt(e, "numaid", static_cast<int>(sys.cpuIds(host).size()) - 1);
+    cpu.numaId = toInt(e, "numaid", static_cast<int>(sys.cpuIds(host).size()) - 1, -1);
     cpu.cpus = parseCpuMask(e.get("affinity"));
     cpu.arch = e.get("arch");
     cpu.vendor = e.get("vendor");
-    cpu.familyId = toInt(e, "familyid", -1);
-    cpu.modelId = toInt(e, "modelid", -1);
+    cpu.familyId = toInt(e, "familyid", -1, -1);
+    cpu.modelId = toInt(e, "modelid", -1, -1);
     keepUnknown(e, {"numaid", "affinity", "arch", "vendor", "familyid", "modelid"}, cpu);
     loadChildren(e, host, id);
   }
@@ -117,9 +125,9 @@ struct Loader {
 
   void loadGpu(const XmlElement& e, int id) {
     Node& g = sys.nodes[id];
-    g.dev = toInt(e, "dev", -1);
+    g.dev = toInt(e, "dev", -1, -1);
     g.sm = toInt(e, "sm", 0);
-    g.rank = toInt(e, "rank", -1);
+    g.rank = toInt(e, "rank", -1, -1);
     g.gdr = toInt(e, "gdr", 0) != 0;
     keepUnknown(e, {"dev", "sm", "rank", "gdr"}, g, "gpu.");
     for (const XmlElement& c : e.children) {
@@ -145,7 +153,7 @@ struct Loader {
       int id = sys.addNode(NodeType::Nic, host, parent);
       Node& n = sys.nodes[id];
       n.name = c.get("name", "net" + std::to_string(id));
-      n.netDev = toInt(c, "dev", -1);
+      n.netDev = toInt(c, "dev", -1, -1);
       n.speedMbps = toInt(c, "speed", 0);
       n.port = toInt(c, "port", 1);
       n.guid = c.get("guid");

@@ -1,6 +1,7 @@
 #include "xml.h"
 
 #include <cctype>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -39,7 +40,7 @@ class Parser {
     skipMisc();
     if (atEnd()) fail("no root element (empty file?)");
     if (peek() != '<') fail("expected '<' to start the root element");
-    XmlElement root = parseElement();
+    XmlElement root = parseElement(1);
     skipMisc();
     if (!atEnd()) fail("unexpected content after the root element </" + root.name + ">");
     return root;
@@ -143,7 +144,13 @@ class Parser {
     e.attrs.emplace_back(key, decodeEntities(raw, line));
   }
 
-  XmlElement parseElement() {
+  // Elements nest deeper than any machine's topology (system, CPU, PCI switches, GPU, link)
+  // only in a broken or hostile file; the parser recurses per level, so it stops there
+  // rather than overflow its stack.
+  static constexpr int kMaxDepth = 64;
+
+  XmlElement parseElement(int depth) {
+    if (depth > kMaxDepth) fail("elements nest deeper than " + std::to_string(kMaxDepth) + " levels");
     XmlElement e;
     e.line = line_;
     advance();  // '<'
@@ -155,11 +162,11 @@ class Parser {
       if (peek() == '>') { advance(); break; }
       parseAttribute(e);
     }
-    parseContent(e);
+    parseContent(e, depth);
     return e;
   }
 
-  void parseContent(XmlElement& e) {
+  void parseContent(XmlElement& e, int depth) {
     for (;;) {
       skipMisc();
       skipText();
@@ -176,7 +183,7 @@ class Parser {
         advance();
         return;
       }
-      e.children.push_back(parseElement());
+      e.children.push_back(parseElement(depth + 1));
     }
   }
 };
@@ -213,6 +220,17 @@ XmlElement parseXml(const std::string& text, const std::string& sourceName) {
 }
 
 XmlElement parseXmlFile(const std::string& path) {
+  // Only a regular file of a sane size: a FIFO would block the init, /dev/zero fill memory,
+  // and a directory read as an empty file.
+  constexpr std::uintmax_t kMaxBytes = 64u << 20;
+  std::error_code ec;
+  auto status = std::filesystem::status(path, ec);
+  if (ec) throw XmlError(path + ": cannot open topology file: " + ec.message());
+  if (!std::filesystem::is_regular_file(status)) throw XmlError(path + ": the topology file is not a regular file");
+  std::uintmax_t bytes = std::filesystem::file_size(path, ec);
+  if (!ec && bytes > kMaxBytes)
+    throw XmlError(path + ": the topology file is " + std::to_string(bytes) + " bytes, more than a topology takes (" +
+                   std::to_string(kMaxBytes) + ")");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw XmlError(path + ": cannot open topology file");
   std::stringstream buf;
