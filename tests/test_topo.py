@@ -240,6 +240,15 @@ def test_dump_option_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert cell(rep, "GPU2", "GPU5") == "NV18"
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_dump_that_cannot_be_written_says_so() -> None:
+    # (A dump shorter than the stream's buffer failed only at its flush, after the check.)
+    with pytest.raises(Exception, match="cannot write the topology dump to /dev/full"):
+        core.topo_report(dump="/dev/full")
+    with pytest.raises(Exception, match="cannot write the topology dump to /dev/full"):
+        core.topo_report(xml=str(FIXTURES / "cloud_partial.xml"), dump="/dev/full")
+
+
 def test_malformed_file_names_file_and_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.xml"
     bad.write_text(
@@ -279,7 +288,9 @@ def test_hostile_files_are_refused_naming_what_is_wrong(tmp_path: Path) -> None:
         ("16", "99999999999999999999", "sm"),  # (strtol saturates: read as -1 before)
     ):
         bad = tmp_path / "range.xml"
-        bad.write_text(f'<system version="1">\n<cpu numaid="0" affinity="ff">\n{gpu.format(w=width, sm=sm)}\n</cpu></system>')
+        bad.write_text(
+            f'<system version="1">\n<cpu numaid="0" affinity="ff">\n{gpu.format(w=width, sm=sm)}\n</cpu></system>'
+        )
         with pytest.raises(Exception, match=rf"range\.xml:3: attribute {attribute}=.* is out of range"):
             core.topo_report(xml=str(bad))
     fifo = tmp_path / "fifo"

@@ -132,6 +132,7 @@ CommPlan planOnSystem(System& sys, const PlanInput& in) {
 void dumpTo(const System& sys, const std::string& path, CommPlan& plan) {
   std::ofstream out(path);
   out << dumpXml(sys);
+  out.close();  // (a short dump sits in the buffer until then: a full disk shows only at the flush)
   if (!out) plan.warnings.push_back("cannot write MININCL_TOPO_DUMP_FILE " + path);
 }
 

@@ -258,6 +258,7 @@ std::string report(const ReportOptions& options) {
   if (!dumpPath.empty()) {
     std::ofstream f(dumpPath);
     f << dumpXml(*sys);
+    f.close();  // (a short dump sits in the buffer until then: a full disk shows only at the flush)
     if (!f) throw TopoError("cannot write the topology dump to " + dumpPath);
   }
   SearchResult result = search(*sys, options.nRanks);
