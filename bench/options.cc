@@ -210,6 +210,12 @@ Options parseOptions(int argc, char** argv) {
     fail(prog, std::string("-I 1: ") + collName(o.coll) +
                    " has no in-place form here (allreduce, broadcast, reduce, allgather and reduce_scatter do)");
   }
+  bool ofSends = o.coll == Coll::AlltoAll || o.coll == Coll::Gather || o.coll == Coll::Scatter || o.coll == Coll::SendRecv;
+  if (ofSends && (!o.algo.empty() || !o.proto.empty())) {
+    // (as `minincl bench` refuses them; and the run's own timing allreduce would take them)
+    fail(prog, std::string(o.algo.empty() ? "-P " + o.proto : "-A " + o.algo) + ": " + collName(o.coll) +
+                   " runs as sends and receives, which have no algorithm or protocol to choose");
+  }
   if (o.maxBytes < o.minBytes) {
     fail(prog, "-b " + std::to_string(o.minBytes) + " is larger than -e " + std::to_string(o.maxBytes));
   }

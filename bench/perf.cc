@@ -40,8 +40,11 @@ std::vector<size_t> rowSizes(const Options& opt, int nranks) {
     Shape shape = shapeFor(opt.coll, s, typeSize, nranks);
     bool again = !out.empty() && shapeFor(opt.coll, out.back(), typeSize, nranks).bytes == shape.bytes;
     if ((s == 0 || shape.paramCount > 0) && !again) out.push_back(s);
-    size_t next = opt.stepBytes ? s + opt.stepBytes : static_cast<size_t>(static_cast<double>(s) * opt.factor);
-    s = next > s ? next : s + 1;
+    // (In double: a step past -e, even past 2^64, ends the list rather than wrap around.)
+    double next = opt.stepBytes ? static_cast<double>(s) + static_cast<double>(opt.stepBytes)
+                                : static_cast<double>(s) * opt.factor;
+    if (next > static_cast<double>(opt.maxBytes)) break;
+    s = std::max(static_cast<size_t>(next), s + 1);
   }
   return out;
 }

@@ -213,6 +213,25 @@ def test_perf_rows_are_each_size_once(tmp_path: Path):
     assert [row[0] for row in table_rows(run.stdout)] == ["8", "12", "16"], run.stdout
 
 
+def test_perf_a_factor_past_2_to_the_64_ends_the_sizes(tmp_path: Path):
+    """The next size went through size_t: past 2^64 it wrapped, and the sizes walked from -b to
+    -e one byte at a time (-b 1M -e 1G: no row in 20 s)."""
+    for b, e, f in (("1K", "8K", "1e17"), ("1M", "1G", "1e14")):
+        run = perf(tmp_path, "allreduce", "-t", "2", "-b", b, "-e", e, "-f", f, "-n", "1", "-w", "0")
+        assert run.returncode == 0, run.stderr
+        assert [row[0] for row in table_rows(run.stdout)] == [str({"1K": 1024, "1M": 1 << 20}[b])], run.stdout
+
+
+@pytest.mark.parametrize("collective", ["alltoall", "gather", "scatter", "sendrecv"])
+@pytest.mark.parametrize("option", [["-A", "direct"], ["-P", "ll"]])
+def test_perf_refuses_an_algorithm_for_collectives_of_sends(tmp_path: Path, collective: str, option: list[str]):
+    """As `minincl bench` does; perf took -A, and its own timing allreduce ran under it (-A direct
+    on 10 ranks, past direct's 9: exit 2 in "timing allreduce")."""
+    run = perf(tmp_path, collective, "-t", "2", *option)
+    assert run.returncode == 2
+    assert f"{' '.join(option)}: {collective} runs as sends and receives" in run.stderr, run.stderr
+
+
 def test_perf_exits_with_the_first_failed_ranks_status(tmp_path: Path):
     """Every rank fails at init with status 1; those the launcher stopped (143) used to decide it."""
     env = {**os.environ, "MININCL_NCHANNELS": "abc"}
