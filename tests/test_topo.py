@@ -240,6 +240,25 @@ def test_dump_option_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert cell(rep, "GPU2", "GPU5") == "NV18"
 
 
+def test_what_the_loader_skips_is_warned(tmp_path: Path) -> None:
+    """A <gpu> outside a <pci>, a second <gpu> in one <pci>, and an affinity that is not a
+    hexadecimal mask were dropped without a word (other unknown elements were warned)."""
+    pci = '<pci busid="0000:01:00.0" class="0x030200"><gpu dev="0" sm="80"/><gpu dev="1" sm="80"/></pci>'
+    xml = tmp_path / "skips.xml"
+    xml.write_text(
+        '<system version="1">\n<cpu numaid="0" affinity="ff">\n<gpu dev="2" sm="80"/>\n'
+        f"{pci}\n</cpu>\n"
+        '<cpu numaid="1" affinity="0-3"/>\n</system>\n'
+    )
+    warnings = json.loads(core.topo_report(xml=str(xml), json=True))["warnings"]
+    expected = [
+        f"{xml}:3: ignored <gpu> inside <cpu>",
+        f"{xml}:4: ignored a second <gpu> inside one <pci>",
+        f'{xml}:6: affinity="0-3" is not a hexadecimal CPU mask (its other characters are skipped)',
+    ]
+    assert all(w in warnings for w in expected), warnings
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_dump_that_cannot_be_written_says_so() -> None:
     # (A dump shorter than the stream's buffer failed only at its flush, after the check.)

@@ -67,6 +67,9 @@ struct Loader {
     Node& cpu = sys.nodes[id];
     cpu.numaId = toInt(e, "numaid", static_cast<int>(sys.cpuIds(host).size()) - 1, -1);
     cpu.cpus = parseCpuMask(e.get("affinity"));
+    if (e.get("affinity").find_first_not_of("0123456789abcdefABCDEFxX, ") != std::string::npos)
+      sys.warnings.push_back(path + ":" + std::to_string(e.line) + ": affinity=\"" + e.get("affinity") +
+                             "\" is not a hexadecimal CPU mask (its other characters are skipped)");
     cpu.arch = e.get("arch");
     cpu.vendor = e.get("vendor");
     cpu.familyId = toInt(e, "familyid", -1, -1);
@@ -79,7 +82,7 @@ struct Loader {
     for (const XmlElement& c : e.children) {
       if (c.name == "pci") loadPci(c, host, parent);
       else if (c.name == "nic") loadNic(c, host, parent);
-      else if (c.name != "gpu") warnIgnored(c, e.name.c_str());  // <gpu> handled by loadPci
+      else if (c.name != "gpu" || e.name != "pci") warnIgnored(c, e.name.c_str());  // (loadPci reads a <pci>'s <gpu>)
     }
   }
 
@@ -117,6 +120,12 @@ struct Loader {
     }
     if (type == NodeType::Gpu) {
       if (const XmlElement* gpu = child(e, "gpu")) loadGpu(*gpu, id);
+      bool first = true;
+      for (const XmlElement& c : e.children) {
+        if (c.name != "gpu") continue;
+        if (!first) sys.warnings.push_back(path + ":" + std::to_string(c.line) + ": ignored a second <gpu> inside one <pci>");
+        first = false;
+      }
     }
     bool isNic = pciClassIs(e.get("class"), 0x0207) || pciClassIs(e.get("class"), 0x0200);
     if (isNic && !child(e, "nic")) addBareNic(id);
