@@ -294,8 +294,9 @@ def test_malformed_file_names_file_and_line(tmp_path: Path) -> None:
 
 def test_hostile_files_are_refused_naming_what_is_wrong(tmp_path: Path) -> None:
     """Files no topology is: elements nested past any machine's depth (the parser recursed
-    per level and overflowed its stack), numbers out of range (they wrapped, silently), and
-    paths that are not a regular file (a FIFO blocked, /dev/zero filled memory)."""
+    per level and overflowed its stack), numbers out of range (they wrapped, silently), text
+    that is not UTF-8, and paths that are not a regular file (a FIFO blocked, /dev/zero filled
+    memory)."""
     deep = tmp_path / "deep.xml"
     deep.write_text('<system version="1">' + "<a>" * 30000 + "</a>" * 30000 + "</system>")
     with pytest.raises(Exception, match=r"deep\.xml:1: elements nest deeper than 64 levels"):
@@ -312,6 +313,15 @@ def test_hostile_files_are_refused_naming_what_is_wrong(tmp_path: Path) -> None:
         )
         with pytest.raises(Exception, match=rf"range\.xml:3: attribute {attribute}=.* is out of range"):
             core.topo_report(xml=str(bad))
+    for vendor, error in ((b"\xc3\xa9", None), (b"\xff\xfe", "0xff"), (b"\xed\xa0\x80", "0xed")):  # (é; a surrogate)
+        text = b'<system version="1">\n<cpu numaid="0" affinity="ff" vendor="' + vendor + b'"/></system>'
+        (tmp_path / "vendor.xml").write_bytes(text)
+        if error is None:
+            assert "CPU" in core.topo_report(xml=str(tmp_path / "vendor.xml"))
+            continue
+        # (it loaded; `minincl topo` then died decoding its report, naming neither file nor line)
+        with pytest.raises(Exception, match=rf"vendor\.xml:2: byte {error} is not UTF-8 text"):
+            core.topo_report(xml=str(tmp_path / "vendor.xml"))
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     for path in (tmp_path, fifo, Path("/dev/zero")):

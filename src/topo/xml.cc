@@ -1,6 +1,7 @@
 #include "xml.h"
 
 #include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -37,6 +38,7 @@ class Parser {
   Parser(const std::string& text, const std::string& source) : text_(text), source_(source) {}
 
   XmlElement parseDocument() {
+    checkUtf8();
     skipMisc();
     if (atEnd()) fail("no root element (empty file?)");
     if (peek() != '<') fail("expected '<' to start the root element");
@@ -54,6 +56,36 @@ class Parser {
 
   [[noreturn]] void fail(const std::string& what, int line = 0) const {
     throw XmlError(source_ + ":" + std::to_string(line ? line : line_) + ": " + what);
+  }
+  // The file's text must be UTF-8 (as XML's default): its values reach reports and Python
+  // strings, where another encoding's bytes fail far from the file that had them.
+  void checkUtf8() const {
+    int line = 1;
+    for (size_t i = 0; i < text_.size();) {
+      size_t length = utf8Length(std::string_view(text_).substr(i));
+      if (length == 0) {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "0x%02x", static_cast<unsigned char>(text_[i]));
+        fail(std::string("byte ") + hex + " is not UTF-8 text", line);
+      }
+      if (text_[i] == '\n') ++line;
+      i += length;
+    }
+  }
+  // The length of the well-formed UTF-8 sequence `s` starts with (RFC 3629), or 0.
+  static size_t utf8Length(std::string_view s) {
+    auto at = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+    unsigned char b = at(0);
+    if (b < 0x80) return 1;
+    size_t length = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+    if (length == 0 || s.size() < length) return 0;
+    // (the second byte's range excludes overlong forms, surrogates and code points past U+10FFFF)
+    unsigned char low = b == 0xE0 ? 0xA0 : b == 0xF0 ? 0x90 : 0x80;
+    unsigned char high = b == 0xED ? 0x9F : b == 0xF4 ? 0x8F : 0xBF;
+    if (at(1) < low || at(1) > high) return 0;
+    for (size_t k = 2; k < length; ++k)
+      if ((at(k) & 0xC0) != 0x80) return 0;
+    return length;
   }
   bool atEnd() const { return pos_ >= text_.size(); }
   char peek() const { return atEnd() ? '\0' : text_[pos_]; }
