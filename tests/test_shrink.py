@@ -199,6 +199,38 @@ def test_a_member_that_dies_after_the_rendezvous_fails_the_new_init_at_once(
         assert re.match(r"^(RemoteError|InvalidUsage) after 0\.\d s: ", story), story
 
 
+@pytest.mark.parametrize("how", ["split", "shrink"])
+def test_a_member_that_stops_after_the_rendezvous_fails_the_new_init_at_the_timeout(
+    monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A member that stops (SIGSTOP) between the rendezvous and the new group's init: the
+    parent gives up on it after MININCL_TIMEOUT, and the others' init fails then, naming it
+    (it waited MININCL_BOOTSTRAP_TIMEOUT, the watch looking only for exited processes)."""
+    monkeypatch.setenv("MININCL_TIMEOUT", "2")
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "60")
+    with pytest.raises(LaunchError) as info:
+        minincl.launch(workers.stops_after_the_rendezvous, 3, how, timeout=15)
+    survivors = info.value.results
+    assert sorted(survivors) == [0, 1], survivors
+    for story in survivors.values():
+        # (the first to fail may exit before the other looks: it is named as exited too)
+        named = re.match(r"^(Timeout|RemoteError) after (\d+\.\d) s: rank\(s\) .*showed no sign of life", story)
+        assert named and float(named.group(2)) < 10, story
+        assert re.search(r"(rank\(s\) |, )2 (of the communicator split \(or shrunk\) )?showed no sign", story), story
+
+
+@pytest.mark.parametrize("how", ["split", "shrink"])
+def test_abort_stops_the_new_init_of_a_split_or_shrink(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """Rank 0 aborts its communicator while its split's (or shrink's) new init waits for a
+    rank that comes 6 s late: the init raises Aborted at once (it went on, and made the new
+    communicator when the late rank came)."""
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "30")
+    results = minincl.launch(workers.aborts_while_a_member_is_late, 3, how, timeout=60)
+    aborted = re.match(r"^Aborted after (\d+\.\d) s: the communicator was aborted", results[0])
+    assert aborted and float(aborted.group(1)) < 4, results
+    assert results[2] == "late", results
+
+
 def test_the_member_hosting_the_new_groups_root_dying_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """The lowest member of a split hosts the new group's bootstrap root; it is killed while
     the others wait there: each names rank 0, a RemoteError. (Their connections to the root

@@ -1329,6 +1329,38 @@ def dies_after_the_rendezvous(comm: minincl.Communicator, how: str) -> str:
         return f"{type(e).__name__} after {time.monotonic() - start:.1f} s: {e}"
 
 
+def stops_after_the_rendezvous(comm: minincl.Communicator, how: str) -> str:
+    """As dies_after_the_rendezvous, but rank 2 stops (SIGSTOP): alive, never joining."""
+    comm.allreduce(np.ones(4, np.float32))
+    start = time.monotonic()
+    try:
+        if comm.rank == 2:
+            comm._split_info(0, 0) if how == "split" else comm._shrink_info([])
+            os.kill(os.getpid(), signal.SIGSTOP)
+        comm.split(0) if how == "split" else comm.shrink([])
+        return "made"
+    except minincl.Error as e:
+        return f"{type(e).__name__} after {time.monotonic() - start:.1f} s: {e}"
+
+
+def aborts_while_a_member_is_late(comm: minincl.Communicator, how: str) -> str:
+    """Rank 2 takes part in a split's (or shrink's) rendezvous, then comes to the new group's
+    init 6 s late; rank 0 aborts its communicator from another thread 1 s into its split."""
+    comm.allreduce(np.ones(4, np.float32))
+    start = time.monotonic()
+    try:
+        if comm.rank == 2:
+            comm._split_info(0, 0) if how == "split" else comm._shrink_info([])
+            time.sleep(6)
+            return "late"
+        if comm.rank == 0:
+            threading.Timer(1.0, comm.abort).start()
+        comm.split(0) if how == "split" else comm.shrink([])
+        return "made"
+    except minincl.Error as e:
+        return f"{type(e).__name__} after {time.monotonic() - start:.1f} s: {e}"
+
+
 def root_host_dies_in_the_new_init(comm: minincl.Communicator) -> str:
     """Rank 0, the lowest member, makes the split's unique id (its process hosts the new
     group's bootstrap root), then is killed while the others wait at that root for its

@@ -268,11 +268,16 @@ Socket Bootstrap::acceptMatching(int kind, int peer, int tag, Header* header) {
 
 void Bootstrap::allgather(void* data, size_t bytes) {
   char* base = static_cast<char*>(data);
+  int next = (rank_ + 1) % nranks_, prev = (rank_ + nranks_ - 1) % nranks_;
+  std::string sending = "bootstrap allgather: rank " + std::to_string(rank_) + " sending to rank " +
+                        std::to_string(next) + ", next in the bootstrap ring";
+  std::string receiving = "bootstrap allgather: rank " + std::to_string(rank_) + " receiving from rank " +
+                          std::to_string(prev) + ", before it in the bootstrap ring";
   for (int s = 0; s < nranks_ - 1; ++s) {
     int sendSlot = (rank_ - s + nranks_) % nranks_;
     int recvSlot = (rank_ - s - 1 + nranks_) % nranks_;
-    next_.sendAll(base + sendSlot * bytes, bytes, deadline(), "bootstrap allgather send");
-    prev_.recvAll(base + recvSlot * bytes, bytes, deadline(), "bootstrap allgather receive");
+    next_.sendAll(base + sendSlot * bytes, bytes, deadline(), sending);
+    prev_.recvAll(base + recvSlot * bytes, bytes, deadline(), receiving);
   }
 }
 

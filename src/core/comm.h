@@ -18,6 +18,7 @@
 #include "../transport/window.h"
 #include "../tune/tuner.h"
 #include "call_log.h"
+#include "error.h"
 #include "log.h"
 #include "minincl.h"
 
@@ -182,8 +183,8 @@ class Comm {
   void shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* newRanks, int* newRank, UniqueIdData* id,
                   std::vector<int>* members = nullptr);
   // For the new group's init after a split or shrink (in a WaitCheck): throws RemoteError if
-  // the process of one of `members` (this communicator's ranks, on this host) exited, since
-  // it will never join.
+  // the process of one of `members` (this communicator's ranks, on this host) exited, or
+  // Timeout if one showed no sign of life for MININCL_TIMEOUT, since it will never join.
   void failIfMemberGone(const std::vector<int>& members) const;
   // The ranks this rank has seen go: they destroyed or aborted their communicator, their
   // process exited (on this host), their network connection broke, or their heartbeat
@@ -268,6 +269,8 @@ class Comm {
   std::string shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_t>& excluded, ShrinkReply* reply);
   // Throws InvalidUsage if rank r, kept by a shrink, is lost (it can never answer).
   void failIfGone(int r) const;
+  // Rethrows a split's or shrink's error `e`, prefixed with `call`, naming the ranks gone.
+  [[noreturn]] void throwRendezvousError(const char* call, const Error& e) const;
   // Before the bootstrap: the device is one, and usable (GPU: current, with the abort word in
   // pinned memory). A failure here is told to the other ranks (Bootstrap::reportInitFailure).
   void prepareDevice();

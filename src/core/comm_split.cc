@@ -5,6 +5,7 @@
 #include <chrono>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../bootstrap/bootstrap.h"
@@ -54,7 +55,11 @@ bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdDa
   };
   std::vector<Entry> all(nranks_);
   all[rank_] = {color, key, rank_};
-  bootstrap_->allgather(all.data(), sizeof(Entry));
+  try {
+    bootstrap_->allgather(all.data(), sizeof(Entry));
+  } catch (const Error& e) {
+    throwRendezvousError("split", e);
+  }
   int tag = 1000 + splits_++;
   if (color < 0) return false;
   std::vector<Entry> members;
@@ -78,11 +83,37 @@ bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdDa
     id->magic = kIdMagic;
     id->nonce = nonce;
     id->root = WireAddr::from(root);
-    for (size_t i = 1; i < members.size(); ++i) bootstrap_->send(members[i].rank, tag, id, sizeof(*id));
+    try {
+      for (size_t i = 1; i < members.size(); ++i) bootstrap_->send(members[i].rank, tag, id, sizeof(*id));
+    } catch (const Error& e) {
+      throwRendezvousError("split", e);
+    }
   } else {
-    bootstrap_->recv(leader, tag, id, sizeof(*id));
+    try {
+      bootstrap_->recv(leader, tag, id, sizeof(*id));
+    } catch (const Error& e) {
+      throwRendezvousError("split", e);
+    }
   }
   return true;
+}
+
+// A socket error in a rendezvous names at most a neighbour in the bootstrap ring, which may
+// only have passed another rank's failure on: name the ranks gone, if any show within half
+// a second (a process that exited on this host shows at once).
+void Comm::throwRendezvousError(const char* call, const Error& e) const {
+  std::vector<int> gone;
+  if (e.code() == mnclRemoteError || e.code() == mnclSystemError) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+    while ((gone = lostRanks()).empty() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  if (gone.empty()) throw Error(e.code(), std::string(call) + ": " + e.what());
+  std::string list;
+  for (int r : gone) list += (list.empty() ? "" : ", ") + std::to_string(r);
+  throw Error(mnclRemoteError, std::string(call) + ": rank(s) " + list +
+                                   " left during the rendezvous (lost_ranks() lists them): " + e.what());
 }
 
 // The lowest rank kept (the leader) starts the new group's root and sends its id to the
@@ -159,16 +190,25 @@ void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* new
   if (members) *members = kept;
 }
 
-// Only a process that exited: a member that destroyed this communicator may have done so
-// after its own init of the new one, which is still under way on the others.
+// Only a process that exited or stopped for MININCL_TIMEOUT (hung): a member that destroyed
+// this communicator may have done so after its own init of the new one, which is still under
+// way on the others.
 void Comm::failIfMemberGone(const std::vector<int>& members) const {
-  std::string gone;
+  std::string exitedRanks, hungRanks;
   for (int r : members) {
-    if (exited(r)) gone += (gone.empty() ? "" : ", ") + std::to_string(r);
+    if (r == rank_) continue;
+    if (exited(r)) exitedRanks += (exitedRanks.empty() ? "" : ", ") + std::to_string(r);
+    else if (givenUpOn(r)) hungRanks += (hungRanks.empty() ? "" : ", ") + std::to_string(r);
   }
-  MNCL_CHECK(gone.empty(), mnclRemoteError,
-             "rank(s) " + gone + " of the communicator split (or shrunk) exited (lost_ranks() lists them), so the "
-             "new communicator's init cannot complete: shrink them away and try again");
+  if (exitedRanks.empty() && hungRanks.empty()) return;
+  const char* hung = " showed no sign of life for MININCL_TIMEOUT (hung or stopped)";
+  std::string what = exitedRanks.empty()
+                         ? "rank(s) " + hungRanks + " of the communicator split (or shrunk)" + hung
+                         : "rank(s) " + exitedRanks + " of the communicator split (or shrunk) exited" +
+                               (hungRanks.empty() ? "" : " and rank(s) " + hungRanks + hung);
+  throw Error(exitedRanks.empty() ? mnclTimeout : mnclRemoteError,
+              what + " (lost_ranks() lists them), so the new communicator's init cannot complete: shrink them away "
+                     "and try again");
 }
 
 void Comm::failIfGone(int r) const {

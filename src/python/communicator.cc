@@ -564,6 +564,9 @@ py::object PyComm::shrinkInfo(const std::vector<int>& exclude) {
 }
 
 void PyComm::failIfMemberGone(const std::vector<int>& members) {
+  MNCL_CHECK(!aborted_.load(std::memory_order_acquire), mnclAborted,
+             "the communicator was aborted (abort()) while the new communicator of its split or shrink waited "
+             "for its ranks");
   std::shared_lock<std::shared_timed_mutex> lock(callMutex_, std::try_to_lock);
   if (lock.owns_lock() && !destroyed_) comm_->failIfMemberGone(members);
 }
@@ -610,6 +613,7 @@ void PyComm::destroy() { end(false); }
 
 void PyComm::end(bool abortFirst) {
   if (destroyed_) return;
+  if (abortFirst) aborted_.store(true, std::memory_order_release);
   if (heldHere()) {
     stopFromInside(abortFirst ? "the communicator was aborted (comm.abort(), from a signal handler during this call)"
                               : "the communicator was destroyed (comm.destroy(), from a signal handler during this call)");

@@ -126,8 +126,8 @@ class PyComm {
   // (new nranks, unique id, new rank, members) of the group of every rank but `exclude`.
   py::object shrinkInfo(const std::vector<int>& exclude);
   // The new group's init after a split or shrink fails at once, with RemoteError, if one of
-  // `members` is gone (see Comm::failIfMemberGone); a communicator destroyed meanwhile
-  // watches nothing.
+  // `members` is gone (see Comm::failIfMemberGone), and with Aborted once this communicator
+  // was aborted; one destroyed meanwhile watches nothing.
   void failIfMemberGone(const std::vector<int>& members);
 
   // How init ordered the rings (see Communicator.topology()).
@@ -206,6 +206,7 @@ class PyComm {
   std::shared_timed_mutex callMutex_;
   std::mutex lifeMutex_;
   std::atomic<bool> destroyed_{false};
+  std::atomic<bool> aborted_{false};  // abort(): stops a split's or shrink's new init too
   std::atomic<bool> closeWhenFree_{false};  // stopFromInside: close when no call holds it here
   py_async::AsyncQueue async_;
   int32_t barrierWord_ = 0;
