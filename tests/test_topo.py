@@ -259,6 +259,34 @@ def test_what_the_loader_skips_is_warned(tmp_path: Path) -> None:
     assert all(w in warnings for w in expected), warnings
 
 
+def test_nonsense_values_are_refused_or_read_as_unknown(tmp_path: Path) -> None:
+    """A link speed of "nan" read as unlimited bandwidth (32 channels at 12 GB/s); two hosts
+    of one name loaded as two; a character reference with junk after its digits decoded."""
+    gpus = "".join(
+        f'<pci busid="0000:0{i + 1}:00.0" class="0x030200" link_speed="{{speed}}" link_width="1">'
+        f'<gpu dev="{i}" sm="80"/></pci>'
+        for i in range(2)
+    )
+    channels = []
+    for speed in ("nan", "inf", ""):  # ("": unknown, read as PCIe Gen3)
+        xml = tmp_path / "speed.xml"
+        xml.write_text(f'<system version="1"><cpu numaid="0" affinity="ff">{gpus.format(speed=speed)}</cpu></system>')
+        rep = json.loads(core.topo_report(xml=str(xml), json=True))
+        channels.append((rep["nchannels"], rep["channel_bw"]))
+    assert channels[0] == channels[1] == channels[2], channels
+    host = '<system hostname="a"><cpu numaid="0" affinity="ff"/></system>'
+    (tmp_path / "hosts.xml").write_text(f"<cluster>\n{host}\n{host}\n</cluster>")
+    with pytest.raises(
+        Exception, match=r'hosts\.xml:3: <system hostname="a">: an earlier <system> names the same host'
+    ):
+        core.topo_report(xml=str(tmp_path / "hosts.xml"))
+    (tmp_path / "ref.xml").write_text(
+        '<system version="1"><cpu numaid="0" affinity="ff" vendor="x&#12abc;y"/></system>'
+    )
+    with pytest.raises(Exception, match="unsupported character reference &#12abc;"):
+        core.topo_report(xml=str(tmp_path / "ref.xml"))
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_dump_that_cannot_be_written_says_so() -> None:
     # (A dump shorter than the stream's buffer failed only at its flush, after the check.)

@@ -251,6 +251,8 @@ def test_tuner_bandwidth_comes_from_the_paths(topo_env: pytest.MonkeyPatch, tmp_
         ({"MININCL_TOPO_FILE": PCIE, "MININCL_TOPO_RANK_MAP": "0,x,2"}, "not a comma list"),
         ({"MININCL_TOPO_FILE": PCIE, "MININCL_TOPO_RANK_MAP": "0,1"}, "names 2 GPUs for 3 ranks"),
         ({"MININCL_TOPO_FILE": PCIE, "MININCL_TOPO_RANK_MAP": "0,1,9"}, "does not have"),
+        # (2^32 wrapped onto GPU 0)
+        ({"MININCL_TOPO_FILE": PCIE, "MININCL_TOPO_RANK_MAP": "4294967296,1,2"}, "not a comma list"),
     ],
 )
 def test_unusable_topology_falls_back_to_rank_order(

@@ -8,6 +8,7 @@
 // Cloud providers publish partial files where a GPU or NIC is just a <pci> leaf with its
 // class; those load too. Several hosts: a <cluster> root holding one <system> per host
 // (our extension; each <system> is a valid NCCL file on its own).
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <limits>
@@ -55,7 +56,10 @@ struct Loader {
 
   void loadHost(const XmlElement& e) {
     int host = static_cast<int>(sys.hostNames.size());
-    sys.hostNames.push_back(e.get("hostname", "host" + std::to_string(host)));
+    std::string name = e.get("hostname", "host" + std::to_string(host));
+    if (std::find(sys.hostNames.begin(), sys.hostNames.end(), name) != sys.hostNames.end())
+      fail(e, "<system hostname=\"" + name + "\">: an earlier <system> names the same host");
+    sys.hostNames.push_back(name);
     for (const XmlElement& c : e.children) {
       if (c.name == "cpu") loadCpu(c, host);
       else warnIgnored(c, "system");

@@ -40,7 +40,7 @@ const char* linkTypeName(LinkType t) {
 
 double pcieBandwidth(const std::string& linkSpeed, int linkWidth) {
   double gts = std::atof(linkSpeed.c_str());          // "16.0 GT/s PCIe" -> 16
-  if (gts <= 0) gts = 8.0;                            // unknown: assume Gen3
+  if (!(gts > 0 && gts <= 1024)) gts = 8.0;           // unknown (or "nan", "inf"): assume Gen3
   if (linkWidth <= 0) linkWidth = 16;
   // Line encoding: 8b/10b up to Gen2, 128b/130b for Gen3-5, FLIT mode (~242/256) for Gen6.
   double efficiency = gts <= 5.0 ? 0.8 : gts <= 32.0 ? 128.0 / 130.0 : 242.0 / 256.0;

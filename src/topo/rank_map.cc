@@ -13,7 +13,7 @@ bool parseGpuList(const std::string& spec, std::vector<int>* out) {
   while (std::getline(in, item, ',')) {
     char* end = nullptr;
     long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 0) return false;
+    if (item.empty() || *end != '\0' || v < 0 || v > 65535) return false;  // (no cast wraps it onto a GPU)
     out->push_back(static_cast<int>(v));
   }
   return !out->empty();

@@ -145,9 +145,10 @@ class Parser {
       else if (entity == "quot") out += '"';
       else if (entity == "apos") out += '\'';
       else if (entity.size() > 1 && entity[0] == '#') {
-        long code = entity[1] == 'x' ? std::strtol(entity.c_str() + 2, nullptr, 16)
-                                     : std::strtol(entity.c_str() + 1, nullptr, 10);
-        if (code <= 0 || code > 127) fail("unsupported character reference &" + entity + ";", line);
+        bool hex = entity[1] == 'x';
+        char* end = nullptr;
+        long code = std::strtol(entity.c_str() + (hex ? 2 : 1), &end, hex ? 16 : 10);
+        if (*end != '\0' || code <= 0 || code > 127) fail("unsupported character reference &" + entity + ";", line);
         out += static_cast<char>(code);
       } else {
         fail("unknown entity &" + entity + ";", line);
