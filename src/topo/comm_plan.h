@@ -45,6 +45,10 @@ struct PlanInput {
   std::string dumpFile;  // MININCL_TOPO_DUMP_FILE
 };
 
+// The most one channel moves in the search's model (GB/s): a bottleneck at it means the
+// paths are as fast as the search can tell.
+constexpr double kSearchChannelBw = 12.0;
+
 struct CommPlan {
   bool searched = false;     // rings come from the search; false: rank order
   bool onGpus = false;       // the search's channel count and bandwidth apply

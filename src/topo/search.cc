@@ -20,13 +20,14 @@
 #include <limits>
 #include <map>
 
+#include "comm_plan.h"
 #include "paths.h"
 #include "topo.h"
 
 namespace mncl::topo {
 namespace {
 
-constexpr double kChannelBw = 12.0;      // GB/s one channel (an SM or a CPU thread) moves
+constexpr double kChannelBw = kSearchChannelBw;  // GB/s one channel (an SM or a CPU thread) moves
 constexpr int kMaxChannels = 32;
 constexpr long kStepBudget = 2000000;    // DFS steps per host and channel
 constexpr double kEps = 1e-6;
