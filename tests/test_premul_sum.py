@@ -225,8 +225,13 @@ def test_array_scalars_are_read_when_the_operation_runs(comms_of: Any) -> None:
 def test_scalar_checks_and_mismatched_ops(comms_of: Any) -> None:
     c = comms_of(2)
     x = np.ones(4, np.int32)
-    with pytest.raises(minincl.InvalidArgument, match="not an integer"):
+    with pytest.raises(minincl.InvalidArgument, match="not a whole number"):
         c[0].allreduce(x, op=minincl.PreMulSum(0.5))
+    for factor in (float("inf"), float("nan")):
+        with pytest.raises(minincl.InvalidArgument, match="not a whole number"):
+            c[0].allreduce(x, op=minincl.PreMulSum(factor))
+    with pytest.raises(minincl.InvalidArgument, match="scalar 256 is out of range for uint8"):
+        c[0].allreduce(np.ones(4, np.uint8), op=minincl.PreMulSum(256.0))
     with pytest.raises(minincl.InvalidArgument, match="out of range for uint8"):
         c[0].allreduce(np.ones(4, np.uint8), op=minincl.PreMulSum(-1))
     with pytest.raises(minincl.InvalidArgument, match="out of range for int64"):

@@ -1010,8 +1010,12 @@ def test_single_rank_premul_sum_scales(single_rank: Any) -> None:
     t = torch.arange(4.0)
     dist.all_reduce(t, op=dist._make_nccl_premul_sum(-2.5))
     torch.testing.assert_close(t, torch.arange(4.0) * -2.5)
-    with pytest.raises(minincl.InvalidArgument, match="not an integer"):
+    with pytest.raises(minincl.InvalidArgument, match="not a whole number"):
         dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist._make_nccl_premul_sum(0.5))
+    # (torch's factor is always a float: 3.0 on integers was refused as "not an integer")
+    ints = torch.arange(4, dtype=torch.int32)
+    dist.all_reduce(ints, op=dist._make_nccl_premul_sum(3.0))
+    assert ints.tolist() == [0, 3, 6, 9]
 
 
 def receives_from_any_source() -> dict[str, Any]:

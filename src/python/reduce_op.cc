@@ -28,9 +28,13 @@ bool isNumpyScalar(py::handle x) {
 }
 
 // An integer scalar as the bits of a `bytes`-wide integer, signed or not.
-uint64_t integerBits(py::handle scalar, DataType t) {
-  MNCL_CHECK(py::isinstance<py::int_>(scalar), mnclInvalidArgument,
-             "premul_sum scalar " + shown(scalar) + " is not an integer, and the data is " + dataTypeName(t));
+uint64_t integerBits(py::handle given, DataType t) {
+  // (A whole float counts: torch's premul_sum factor is always a float, 2.0 for 2.)
+  bool whole = py::isinstance<py::int_>(given) ||
+               (py::hasattr(given, "is_integer") && given.attr("is_integer")().cast<bool>());
+  MNCL_CHECK(whole, mnclInvalidArgument,
+             "premul_sum scalar " + shown(given) + " is not a whole number, and the data is " + dataTypeName(t));
+  py::object scalar = py::int_(py::reinterpret_borrow<py::object>(given));
   bool isSigned = t == DataType::i8 || t == DataType::i32 || t == DataType::i64;
   int bits = (int)dataTypeSize(t) * 8;
   // The type's range, as Python ints (Python compares them exactly, whatever their size).
