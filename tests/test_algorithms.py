@@ -153,6 +153,10 @@ def test_algorithm_that_cannot_run_a_collective_is_a_clear_error(forced: ForcedP
     comms = forced.get(2, "tree", "simple")
     with pytest.raises(minincl.InvalidUsage, match="allgather"):
         run_ranks(comms, lambda c: c.allgather(np.ones(4, np.float32)))
+    # (at count 0 too: it ran, where count 1 was refused)
+    for call in (lambda c: c.allgather(np.ones(0, np.float32)), lambda c: c.reduce_scatter(np.ones(0, np.float32))):
+        with pytest.raises(minincl.InvalidUsage, match="allow no algorithm that implements"):
+            run_ranks(comms, call)
 
 
 def check_small_allreduces(comms: list[Any], calls: int, label: str) -> None:

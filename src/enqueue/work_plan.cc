@@ -190,7 +190,11 @@ static dev::DevWork workOfCall(const CollCall& c) {
 dev::DevWork workWithoutPeers(const CollCall& c) { return workOfCall(c); }
 
 int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out) {
-  if (c.count == 0 || comm.nranks() == 1) return 0;
+  if (comm.nranks() == 1) return 0;
+  if (c.count == 0) {
+    comm.tuner().choose(c.coll, 0);  // (refuses, as at any count, what MININCL_ALGO / _PROTO leave no algorithm)
+    return 0;
+  }
   size_t sz = dataTypeSize(c.dtype);
   Plan p = comm.tuner().choose(c.coll, c.count * sz * opBlocks(c.coll, comm.nranks()));
   size_t share = alignedShare(c.count, p.nChannels, sz);
