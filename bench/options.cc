@@ -106,7 +106,9 @@ size_t parseSize(const std::string& text) {
   if (used != t.size() || !(value >= 0 && value < 1e18)) {  // (also NaN and inf, which stod reads)
     throw std::invalid_argument("'" + text + "' is not a size such as 8, 64K or 1M");
   }
-  return static_cast<size_t>(value * static_cast<double>(unit));
+  double bytes = value * static_cast<double>(unit);  // (checked with its unit: 1e17G wrapped to 0)
+  if (!(bytes < 1e18)) throw std::invalid_argument("'" + text + "' is more bytes than a size can be");
+  return static_cast<size_t>(bytes);
 }
 
 namespace {

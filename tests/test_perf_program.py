@@ -169,6 +169,7 @@ def test_perf_names_a_wrong_option(tmp_path: Path):
         (["-t", "2", "-b", "abc"], "bad value for -b: 'abc' is not a size"),  # (said: stod)
         (["-t", "abc"], "bad value for -t: 'abc' is not an integer"),  # (said: stol)
         (["-t", "2", "-f", "x"], "bad value for -f: 'x' is not a number"),
+        (["-t", "2", "-e", "1e17G"], "bad value for -e: '1e17G' is more bytes than a size can be"),  # (read as 0)
         # (it printed the table's header, then every rank's error)
         (["-t", "2", "-o", "band", "-d", "float"], "-o band / bor / bxor combine integers bit by bit"),
         # (these two said "need -b <= -e, -f > 1 (or -i > 0), -n >= 1, -w >= 0, -a in 0..3")

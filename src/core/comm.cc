@@ -364,9 +364,7 @@ void Comm::startTunerAndThreads(int nch, const PeerInfo& mine) {
     tuner_.setRanksPerHost(topo::ranksPerHost(topoPlan_));
     executor_ = std::make_unique<Executor>(nch, oversubscribed_ ? 0 : 50);
   }
-  // (A bottleneck at the search's own channel rate limits nothing: that rate, 12 GB/s, is
-  // below a GPU channel's 20, where it scaled every GPU plan's bandwidth by 0.6.)
-  if (topoPlan_.searched) tuner_.setPathBandwidth(topoPlan_.bwGBs >= topo::kSearchChannelBw ? 0 : topoPlan_.bwGBs);
+  if (topoPlan_.searched) tuner_.setPathBandwidth(topoPlan_.bwGBs, topo::kSearchChannelBw);
   if (nranks_ > 1) monitor_ = std::make_unique<Monitor>(*this);
 }
 

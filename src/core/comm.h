@@ -269,8 +269,9 @@ class Comm {
   std::string shrinkAsLeader(const std::vector<int>& kept, const std::vector<uint8_t>& excluded, ShrinkReply* reply);
   // Throws InvalidUsage if rank r, kept by a shrink, is lost (it can never answer).
   void failIfGone(int r) const;
-  // Rethrows a split's or shrink's error `e`, prefixed with `call`, naming the ranks gone.
-  [[noreturn]] void throwRendezvousError(const char* call, const Error& e) const;
+  // Rethrows a split's error `e`, prefixed with `call`, naming the ranks gone (Aborted if
+  // the communicator was stopped since stops_ read `stops`).
+  [[noreturn]] void throwRendezvousError(const char* call, uint32_t stops, const Error& e) const;
   // Before the bootstrap: the device is one, and usable (GPU: current, with the abort word in
   // pinned memory). A failure here is told to the other ranks (Bootstrap::reportInitFailure).
   void prepareDevice();

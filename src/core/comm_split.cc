@@ -58,7 +58,7 @@ bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdDa
   try {
     bootstrap_->allgather(all.data(), sizeof(Entry));
   } catch (const Error& e) {
-    throwRendezvousError("split", e);
+    throwRendezvousError("split", stops, e);
   }
   int tag = 1000 + splits_++;
   if (color < 0) return false;
@@ -86,13 +86,13 @@ bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdDa
     try {
       for (size_t i = 1; i < members.size(); ++i) bootstrap_->send(members[i].rank, tag, id, sizeof(*id));
     } catch (const Error& e) {
-      throwRendezvousError("split", e);
+      throwRendezvousError("split", stops, e);
     }
   } else {
     try {
       bootstrap_->recv(leader, tag, id, sizeof(*id));
     } catch (const Error& e) {
-      throwRendezvousError("split", e);
+      throwRendezvousError("split", stops, e);
     }
   }
   return true;
@@ -100,15 +100,19 @@ bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdDa
 
 // A socket error in a rendezvous names at most a neighbour in the bootstrap ring, which may
 // only have passed another rank's failure on: name the ranks gone, if any show within half
-// a second (a process that exited on this host shows at once).
-void Comm::throwRendezvousError(const char* call, const Error& e) const {
+// a second (a process that exited on this host shows at once), or the failure this rank
+// heard of meanwhile; an abort() meanwhile ends the look, with Aborted.
+void Comm::throwRendezvousError(const char* call, uint32_t stops, const Error& e) const {
   std::vector<int> gone;
   if (e.code() == mnclRemoteError || e.code() == mnclSystemError) {
     auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-    while ((gone = lostRanks()).empty() && std::chrono::steady_clock::now() < until) {
+    while ((gone = lostRanks()).empty() && !failed() && std::chrono::steady_clock::now() < until) {
+      failIfStoppedSince(stops);
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
+  failIfStoppedSince(stops);
+  if (gone.empty() && failed()) throw Error(asyncError(), std::string(call) + ": " + errorMessage());
   if (gone.empty()) throw Error(e.code(), std::string(call) + ": " + e.what());
   std::string list;
   for (int r : gone) list += (list.empty() ? "" : ", ") + std::to_string(r);

@@ -56,9 +56,16 @@ struct Loader {
 
   void loadHost(const XmlElement& e) {
     int host = static_cast<int>(sys.hostNames.size());
-    std::string name = e.get("hostname", "host" + std::to_string(host));
-    if (std::find(sys.hostNames.begin(), sys.hostNames.end(), name) != sys.hostNames.end())
+    auto taken = [&](const std::string& name) {
+      return std::find(sys.hostNames.begin(), sys.hostNames.end(), name) != sys.hostNames.end();
+    };
+    std::string name = e.get("hostname");
+    if (name.empty()) {  // (a default name clear of those the file gives)
+      name = "host" + std::to_string(host);
+      for (int k = 2; taken(name); ++k) name = "host" + std::to_string(host) + "-" + std::to_string(k);
+    } else if (taken(name)) {
       fail(e, "<system hostname=\"" + name + "\">: an earlier <system> names the same host");
+    }
     sys.hostNames.push_back(name);
     for (const XmlElement& c : e.children) {
       if (c.name == "cpu") loadCpu(c, host);

@@ -24,7 +24,7 @@ RankMap fromSpec(const System& sys, const std::string& spec, size_t nranks) {
   std::vector<int> gpus;
   size_t nGpus = sys.gpuIds.size();
   if (!parseGpuList(spec, &gpus))
-    m.error = "MININCL_TOPO_RANK_MAP=\"" + spec + "\" is not a comma list of GPU indices";
+    m.error = "MININCL_TOPO_RANK_MAP=\"" + spec + "\" is not a comma list of GPU indices (0 to 65535)";
   else if (gpus.size() != nranks)
     m.error = "MININCL_TOPO_RANK_MAP names " + std::to_string(gpus.size()) + " GPUs for " +
               std::to_string(nranks) + " ranks";

@@ -146,9 +146,12 @@ class Parser {
       else if (entity == "apos") out += '\'';
       else if (entity.size() > 1 && entity[0] == '#') {
         bool hex = entity[1] == 'x';
-        char* end = nullptr;
-        long code = std::strtol(entity.c_str() + (hex ? 2 : 1), &end, hex ? 16 : 10);
-        if (*end != '\0' || code <= 0 || code > 127) fail("unsupported character reference &" + entity + ";", line);
+        std::string digits = entity.substr(hex ? 2 : 1);
+        // (Digits only: strtol alone would take a sign, spaces and a second "0x".)
+        bool wellFormed = !digits.empty() && digits.size() <= 8 &&
+                          digits.find_first_not_of(hex ? "0123456789abcdefABCDEF" : "0123456789") == std::string::npos;
+        long code = wellFormed ? std::strtol(digits.c_str(), nullptr, hex ? 16 : 10) : 0;
+        if (code <= 0 || code > 127) fail("unsupported character reference &" + entity + ";", line);
         out += static_cast<char>(code);
       } else {
         fail("unknown entity &" + entity + ";", line);

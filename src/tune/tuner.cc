@@ -210,9 +210,12 @@ double Tuner::estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, in
   return kBaseLatencyUs + steps * c.stepLatencyUs + factor * (double)bytes / bw;
 }
 
-void Tuner::setPathBandwidth(double gbs) {
+void Tuner::setPathBandwidth(double gbs, double mostTold) {
   double simple = (gpu_ ? kGpuCost : oversubscribed_ ? kCpuCostOversubscribed : kCpuCost).proto[(int)Proto::simple].bandwidthGBs;
-  bwScale_ = gbs > 0 ? std::min(1.0, gbs / simple) : 1.0;
+  // (Against the most the search tells apart where a channel moves more: a GPU channel's
+  // 20 GB/s against the search's 12 scaled every GPU plan by 0.6, however fast its links.)
+  double full = mostTold > 0 ? std::min(simple, mostTold) : simple;
+  bwScale_ = gbs > 0 ? std::min(1.0, gbs / full) : 1.0;
   forget();
 }
 

@@ -60,7 +60,9 @@ class Tuner {
   // The topology search's per-channel bandwidth (GB/s) along the rings. A path slower than
   // what a channel of this machine moves scales every protocol's bandwidth down by the
   // ratio; a faster one changes nothing (the bytes still move at this machine's speed).
-  void setPathBandwidth(double gbs);
+  // `mostTold`: the most the search gives a channel; where a channel moves more, a path at
+  // that rate is full speed (the ratio is to it).
+  void setPathBandwidth(double gbs, double mostTold = 0);
   double bandwidthScale() const { return bwScale_; }
   unsigned algoMask() const { return algoMask_; }
   unsigned protoMask() const { return protoMask_; }
