@@ -77,9 +77,10 @@ struct Loader {
     int id = sys.addNode(NodeType::Cpu, host, -1);
     Node& cpu = sys.nodes[id];
     cpu.numaId = toInt(e, "numaid", static_cast<int>(sys.cpuIds(host).size()) - 1, -1);
-    cpu.cpus = parseCpuMask(e.get("affinity"));
-    if (e.get("affinity").find_first_not_of("0123456789abcdefABCDEFxX, ") != std::string::npos)
-      sys.warnings.push_back(path + ":" + std::to_string(e.line) + ": affinity=\"" + e.get("affinity") +
+    std::string affinity = e.get("affinity");
+    cpu.cpus = parseCpuMask(affinity);
+    if (affinity.find_first_not_of("0123456789abcdefABCDEFxX, ") != std::string::npos)
+      sys.warnings.push_back(path + ":" + std::to_string(e.line) + ": affinity=\"" + affinity +
                              "\" is not a hexadecimal CPU mask (its other characters are skipped)");
     cpu.arch = e.get("arch");
     cpu.vendor = e.get("vendor");
@@ -130,12 +131,12 @@ struct Loader {
                       "hostbridge"}, n);
     }
     if (type == NodeType::Gpu) {
-      if (const XmlElement* gpu = child(e, "gpu")) loadGpu(*gpu, id);
-      bool first = true;
+      bool loaded = false;  // (a <pci> is one GPU: its first <gpu>)
       for (const XmlElement& c : e.children) {
         if (c.name != "gpu") continue;
-        if (!first) sys.warnings.push_back(path + ":" + std::to_string(c.line) + ": ignored a second <gpu> inside one <pci>");
-        first = false;
+        if (loaded) sys.warnings.push_back(path + ":" + std::to_string(c.line) + ": ignored a second <gpu> inside one <pci>");
+        else loadGpu(c, id);
+        loaded = true;
       }
     }
     bool isNic = pciClassIs(e.get("class"), 0x0207) || pciClassIs(e.get("class"), 0x0200);
