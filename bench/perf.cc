@@ -6,7 +6,8 @@
 // Each rank allocates its buffers once at the largest size, then for every size: fills its
 // input, runs -w warm-up calls, lines the ranks up, times -n calls, and (with -c 1) runs once
 // more and checks the output against a host reference. Times and wrong counts are combined
-// across ranks with minincl itself, so threads and processes take the same path.
+// across ranks with minincl's own sends and receives, so threads and processes take the same
+// path.
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,32 +50,55 @@ std::vector<size_t> rowSizes(const Options& opt, int nranks) {
   return out;
 }
 
-// Small cross-rank reductions through the communicator, staged through device memory.
+// Small cross-rank reductions: rank 0 gathers the values and sends the result back, through
+// sends and receives staged in device memory. Those take no algorithm or protocol, so the
+// run's own bookkeeping works whatever MININCL_ALGO / MININCL_PROTO leave the measured
+// collective (direct allows no allreduce on 10 ranks, yet alltoall runs there).
 class Scalars {
  public:
-  Scalars(Device& dev, mnclComm_t comm) : dev_(dev), comm_(comm), buf_(dev, 16) {}
+  Scalars(Device& dev, mnclComm_t comm, int rank, int nranks)
+      : dev_(dev), comm_(comm), rank_(rank), nranks_(nranks), buf_(dev, 16) {}
 
   double reduce(double value, mnclRedOp_t op) {
-    dev_.copyFromHost(buf_.data(), &value, sizeof value);
-    call(mnclAllReduce(buf_.data(), buf_.data(), 1, mnclFloat64, op, comm_, dev_.stream()), "timing allreduce");
-    dev_.copyToHost(&value, buf_.data(), sizeof value);
-    return value;
+    if (rank_ != 0) return sendToRoot(value);
+    for (int p = 1; p < nranks_; ++p) {
+      double v = recvFrom<double>(p);
+      value = op == mnclMin ? std::min(value, v) : op == mnclMax ? std::max(value, v) : value + v;
+    }
+    return broadcast(value);
   }
-  double broadcast(double value) {
-    dev_.copyFromHost(buf_.data(), &value, sizeof value);
-    call(mnclBroadcast(buf_.data(), buf_.data(), 1, mnclFloat64, 0, comm_, dev_.stream()), "timing broadcast");
-    dev_.copyToHost(&value, buf_.data(), sizeof value);
-    return value;
-  }
+  double broadcast(double value) { return broadcastFromRoot(value); }
   unsigned long long sum(unsigned long long value) {
-    dev_.copyFromHost(buf_.data(), &value, sizeof value);
-    call(mnclAllReduce(buf_.data(), buf_.data(), 1, mnclUint64, mnclSum, comm_, dev_.stream()), "#wrong allreduce");
-    dev_.copyToHost(&value, buf_.data(), sizeof value);
-    return value;
+    if (rank_ != 0) return sendToRoot(value);
+    for (int p = 1; p < nranks_; ++p) value += recvFrom<unsigned long long>(p);
+    return broadcastFromRoot(value);
   }
   void barrier() { reduce(0.0, mnclSum); }
 
  private:
+  template <typename T>
+  T sendToRoot(T value) {
+    sendTo(0, value);
+    return recvFrom<T>(0);
+  }
+  template <typename T>
+  T broadcastFromRoot(T value) {
+    if (rank_ != 0) return recvFrom<T>(0);
+    for (int p = 1; p < nranks_; ++p) sendTo(p, value);
+    return value;
+  }
+  template <typename T>
+  void sendTo(int peer, T value) {
+    dev_.copyFromHost(buf_.data(), &value, sizeof value);
+    call(mnclSend(buf_.data(), sizeof value, mnclUint8, peer, comm_, dev_.stream()), "timing send");
+  }
+  template <typename T>
+  T recvFrom(int peer) {
+    T value;
+    call(mnclRecv(buf_.data(), sizeof value, mnclUint8, peer, comm_, dev_.stream()), "timing receive");
+    dev_.copyToHost(&value, buf_.data(), sizeof value);
+    return value;
+  }
   void call(mnclResult_t rc, const char* what) {
     if (rc != mnclSuccess) {
       throw std::runtime_error(std::string(what) + ": " + mnclGetErrorString(rc) + " (" + mnclGetLastError(comm_) + ")");
@@ -83,6 +107,7 @@ class Scalars {
   }
   Device& dev_;
   mnclComm_t comm_;
+  int rank_, nranks_;
   Buffer buf_;
 };
 
@@ -128,7 +153,7 @@ int runRank(const Options& opt, mnclComm_t& comm, int rank, int nranks) {
     mnclComm_t windowOf = opt.windowBuffers ? comm : nullptr;
     Buffer send(*dev, largest.sendCount * typeSize, windowOf), recv(*dev, largest.recvCount * typeSize, windowOf);
     std::vector<char> hostSend(send.bytes()), hostRecv(opt.check ? recv.bytes() : 0);
-    Scalars scalars(*dev, comm);
+    Scalars scalars(*dev, comm, rank, nranks);
     if (rank == 0) printHeader(opt, nranks);
 
     double busbwTotal = 0;

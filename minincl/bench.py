@@ -264,6 +264,20 @@ def iterations(cfg: Config, nbytes: int) -> tuple[int, int]:
 ROW_SECONDS = 1.0  # about how long the timed calls of a size may take, when --iters is not given
 
 
+def _across_ranks(comm: Communicator, value: np.ndarray, op: str) -> None:
+    """`value` (one element) becomes its max or sum over the ranks, in place. Through gather and
+    scatter: sends and receives, which take no algorithm, so the bookkeeping runs whatever
+    MININCL_ALGO / MININCL_PROTO allow the measured collective (direct allows no allreduce on
+    10 ranks, yet alltoall runs there)."""
+    gathered = comm.gather(value, root=0)
+    if comm.rank != 0:
+        comm.scatter(recv=value, root=0)
+        return
+    assert gathered is not None
+    combined = gathered.max() if op == "max" else gathered.sum()
+    comm.scatter(np.full(comm.nranks, combined, dtype=value.dtype), value, root=0)
+
+
 def _within_time_budget(
     comm: Communicator, cfg: Config, send: np.ndarray, recv: np.ndarray, iters: int, warmup: int
 ) -> tuple[int, int]:
@@ -276,7 +290,7 @@ def _within_time_budget(
     for _ in range(probe):
         _run_one(cfg, comm, send, recv)
     per_call = np.array([(time.perf_counter() - t0) / max(probe, 1)], dtype=np.float64)
-    comm.allreduce(per_call, op="max")
+    _across_ranks(comm, per_call, "max")
     cap = max(5, int(ROW_SECONDS / per_call[0])) if per_call[0] > 0 else iters
     return min(iters, cap), max(0, min(warmup, cap) - probe)
 
@@ -302,7 +316,7 @@ def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, i
         for _ in range(iters):
             _run_one(cfg, comm, send, recv)
         elapsed = np.array([(time.perf_counter() - t0) / max(iters, 1)], dtype=np.float64)
-        comm.allreduce(elapsed, op="max")
+        _across_ranks(comm, elapsed, "max")
         wrong = np.zeros(1, dtype=np.int64)
         if cfg.check:
             recv[...] = 0
@@ -313,7 +327,7 @@ def bench_rank(comm: Communicator, cfg: Config) -> list[tuple[int, int, float, i
                 want = _expected(cfg, comm, count, dtype)
                 got = recv.reshape(-1)[: want.size]
                 wrong[0] = _count_wrong(got, want, _tolerance(dtype, n, cfg.op))
-            comm.allreduce(wrong, op="sum")
+            _across_ranks(comm, wrong, "sum")
         row = (
             count * np.dtype(dtype).itemsize * (n if cfg.coll in BLOCKED else 1),
             count,

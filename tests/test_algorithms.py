@@ -159,6 +159,25 @@ def test_algorithm_that_cannot_run_a_collective_is_a_clear_error(forced: ForcedP
             run_ranks(comms, call)
 
 
+def test_barrier_runs_where_the_forced_algorithm_has_no_allreduce(forced: ForcedPool) -> None:
+    """A barrier is the runtime's own allreduce: MININCL_ALGO=direct (at most 9 ranks) left
+    10 ranks' barrier() an InvalidUsage about an allreduce nobody called. The user's own
+    allreduce is still refused, and their alltoall (sends) runs."""
+    comms = forced.get(10, "direct", "simple")
+    with pytest.raises(minincl.InvalidUsage, match="allow no algorithm that implements allreduce on 10 ranks"):
+        run_ranks(comms, lambda c: c.allreduce(np.ones(4, np.float32)))
+    comms = forced.get(10, "direct", "simple")  # (the refusal did not fail the communicators)
+
+    def body(c: Any) -> np.ndarray:
+        c.barrier()
+        out = c.alltoall(np.arange(10, dtype=np.int32) + 100 * c.rank)
+        c.barrier()
+        return out
+
+    for rank, out in enumerate(run_ranks(comms, body)):
+        np.testing.assert_array_equal(out, np.arange(10) * 100 + rank)
+
+
 def check_small_allreduces(comms: list[Any], calls: int, label: str) -> None:
     """`calls` 3-element allreduces on 3 ranks whose values change every call."""
 

@@ -233,6 +233,24 @@ def test_perf_refuses_an_algorithm_for_collectives_of_sends(tmp_path: Path, coll
     assert f"{' '.join(option)}: {collective} runs as sends and receives" in run.stderr, run.stderr
 
 
+@pytest.mark.parametrize("ranks", [["-t", "10"], ["-p", "10"]])
+def test_perf_times_collectives_of_sends_whatever_minincl_algo_allows(tmp_path: Path, ranks: list[str]):
+    """MININCL_ALGO=direct allows no allreduce on 10 ranks; alltoall runs there, and so must
+    perf's own bookkeeping (it timed through an allreduce and stopped in "timing allreduce")."""
+    env = {**os.environ, "MININCL_ALGO": "direct"}
+    run = subprocess.run(
+        [sys.executable, "-m", "minincl", "perf", "alltoall", *ranks, "-b", "40", "-e", "640", "-f", "4"]
+        + ["-n", "2", "-w", "1", "-c", "1"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr
+    assert [(row[0], row[-1]) for row in table_rows(run.stdout)] == [("40", "0"), ("160", "0"), ("640", "0")]
+
+
 def test_perf_exits_with_the_first_failed_ranks_status(tmp_path: Path):
     """Every rank fails at init with status 1; those the launcher stopped (143) used to decide it."""
     env = {**os.environ, "MININCL_NCHANNELS": "abc"}

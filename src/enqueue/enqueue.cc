@@ -549,6 +549,7 @@ void enqueueColl(Comm& comm, const CollCall& call) {
 
 void enqueueBarrier(Comm& comm, int32_t* word) {
   CollCall call{Coll::allreduce, word, word, 1, DataType::i32, RedOp::sum, 0};
+  call.runtimesOwn = true;
   validate(comm, call);
   Recorded r{&comm, false, call, {}};
   logCall(r, {kBarrierCall, (uint8_t)DataType::i32, 0, 0, 0});

@@ -29,6 +29,7 @@ struct CollCall {
   uint64_t scalarBits = 0;
   const void* scalarAt = nullptr;
   bool floatAvg = false;  // a float avg that runs as this premulsum (see asRun and DevWork::floatAvg)
+  bool runtimesOwn = false;  // a barrier: planned by Tuner::chooseForRuntime
 };
 
 struct P2pCall {

@@ -195,8 +195,8 @@ int planCollWorks(Comm& comm, const CollCall& c, std::vector<dev::DevWork>& out)
     comm.tuner().choose(c.coll, 0);  // (refuses, as at any count, what MININCL_ALGO / _PROTO leave no algorithm)
     return 0;
   }
-  size_t sz = dataTypeSize(c.dtype);
-  Plan p = comm.tuner().choose(c.coll, c.count * sz * opBlocks(c.coll, comm.nranks()));
+  size_t sz = dataTypeSize(c.dtype), bytes = c.count * sz * opBlocks(c.coll, comm.nranks());
+  Plan p = c.runtimesOwn ? comm.tuner().chooseForRuntime(c.coll, bytes) : comm.tuner().choose(c.coll, bytes);
   size_t share = alignedShare(c.count, p.nChannels, sz);
   size_t sendBytes = c.count * sz * sendBlocks(c.coll, comm.nranks());
   size_t recvBytes = c.count * sz * recvBlocks(c.coll, comm.nranks());

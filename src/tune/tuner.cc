@@ -246,15 +246,20 @@ Plan Tuner::choose(Coll coll, size_t bytes) const {
   return p;
 }
 
-Plan Tuner::chooseUncached(Coll coll, size_t bytes) const {
+Plan Tuner::chooseForRuntime(Coll coll, size_t bytes) const {
+  Priced allowed = cheapest(coll, bytes, algoMask_, protoMask_);
+  return allowed.plan.nChannels > 0 ? allowed.plan : cheapest(coll, bytes, ~0u, ~0u).plan;
+}
+
+Tuner::Priced Tuner::cheapest(Coll coll, size_t bytes, unsigned algoMask, unsigned protoMask) const {
   int nch = (int)std::min<size_t>((size_t)maxChannels_, std::max<size_t>(1, bytes / bytesPerChannel_));
-  Plan best{Algo::ring, Proto::simple, nch, 0};
+  Plan best{Algo::ring, Proto::simple, 0, 0};
   double bestTime = std::numeric_limits<double>::infinity();
   for (int a = 0; a < (int)Algo::count; ++a) {
-    if (!(algoMask_ & (1u << a)) || !available(coll, (Algo)a)) continue;
+    if (!(algoMask & (1u << a)) || !available(coll, (Algo)a)) continue;
     int variants = algoVariants((Algo)a, coll);
     for (int p = 0; p < (int)Proto::count; ++p) {
-      if (!(protoMask_ & (1u << p))) continue;
+      if (!(protoMask & (1u << p))) continue;
       for (int v = 0; v < variants; ++v) {
         double t = estimate(coll, (Algo)a, (Proto)p, v, bytes, nch);
         if (t < bestTime) {
@@ -264,7 +269,13 @@ Plan Tuner::chooseUncached(Coll coll, size_t bytes) const {
       }
     }
   }
-  if (bestTime == std::numeric_limits<double>::infinity()) {
+  return {best, bestTime};
+}
+
+Plan Tuner::chooseUncached(Coll coll, size_t bytes) const {
+  auto [best, bestTime] = cheapest(coll, bytes, algoMask_, protoMask_);
+  if (best.nChannels == 0) {
+    int nch = (int)std::min<size_t>((size_t)maxChannels_, std::max<size_t>(1, bytes / bytesPerChannel_));
     std::string allowed, uncosted;  // (an algorithm being added may have no cost yet)
     for (int a = 0; a < (int)Algo::count; ++a) {
       if (!available(coll, (Algo)a)) continue;
@@ -279,9 +290,8 @@ Plan Tuner::chooseUncached(Coll coll, size_t bytes) const {
                                                               "Tuner::estimate, so are never chosen"));
   }
   MNCL_INFO(kTune, "%s %zu bytes on %d ranks: %s%s/%s on %d channel(s), estimated %.1f us", collName(coll), bytes,
-            nranks_, algoName(best.algo),
-            algoVariantName(best.algo, coll, best.variant),
-            protoName(best.proto), best.nChannels, bestTime);
+            nranks_, algoName(best.algo), algoVariantName(best.algo, coll, best.variant), protoName(best.proto),
+            best.nChannels, bestTime);
   return best;
 }
 

@@ -57,6 +57,10 @@ class Tuner {
   // the same way. Remembers the last answer per collective: a loop of same-sized calls pays
   // for the estimates once (MININCL_DEBUG=INFO logs a choice when it is made).
   Plan choose(Coll coll, size_t bytes) const;
+  // For the runtime's own calls (a barrier runs as an allreduce): what MININCL_ALGO /
+  // MININCL_PROTO allow, or where they leave this collective nothing (direct allreduce on 10
+  // ranks), the cheapest of all. The user chose no collective there, only settings for theirs.
+  Plan chooseForRuntime(Coll coll, size_t bytes) const;
   // The topology search's per-channel bandwidth (GB/s) along the rings. A path slower than
   // what a channel of this machine moves scales every protocol's bandwidth down by the
   // ratio; a faster one changes nothing (the bytes still move at this machine's speed).
@@ -69,6 +73,12 @@ class Tuner {
 
  private:
   Plan chooseUncached(Coll coll, size_t bytes) const;
+  // The cheapest plan among the algorithms and protocols in the masks; nChannels 0: none.
+  struct Priced {
+    Plan plan;
+    double us;
+  };
+  Priced cheapest(Coll coll, size_t bytes, unsigned algoMask, unsigned protoMask) const;
   double estimate(Coll coll, Algo a, Proto p, int variant, size_t bytes, int nch) const;
   void forget();
   bool available(Coll coll, Algo a) const;
