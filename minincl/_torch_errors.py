@@ -50,12 +50,22 @@ _IN_TORCH_TERMS = {
 }
 
 
+# Calls whose tensors the backend passes as bytes (one path for every dtype): minincl's
+# messages about them count bytes, which a torch program did not write.
+_CALLS_OF_BYTES = ("broadcast(count=", "allgather(count=", "alltoall(count=")
+_BYTES_NOTE = (
+    " [the torch backend passes broadcast, all_gather and all_to_all tensors as bytes: these counts are bytes]"
+)
+
+
 def _in_torch_terms(args: tuple[object, ...], note: str) -> tuple[object, ...]:
     if not args or not isinstance(args[0], str):
         return args
     message = args[0]
     for minincls, torchs in _IN_TORCH_TERMS.items():
         message = message.replace(minincls, torchs)
+    if "mismatched calls" in message and any(call in message for call in _CALLS_OF_BYTES):
+        message += _BYTES_NOTE
     return (message + note, *args[1:])
 
 

@@ -1181,6 +1181,28 @@ def test_a_subgroups_errors_say_which_global_ranks_its_ranks_are() -> None:
     assert outs[1][0].endswith(note), outs  # (rank 1's send fit: it may end without its receive)
 
 
+def gather_mismatch() -> str:
+    """3 floats against 4 in all_gather_into_tensor: what this rank raised."""
+    dist.init_process_group("minincl")
+    n = 3 + dist.get_rank()
+    try:
+        dist.all_gather_into_tensor(torch.empty(2 * n), torch.ones(n))
+        return "ok"
+    except Exception as e:  # noqa: BLE001 - for the test to inspect
+        return f"{type(e).__name__}: {e}"
+    finally:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def test_mismatch_messages_say_their_counts_are_bytes_where_the_backend_passed_bytes() -> None:
+    """all_gather passes its tensors as bytes, so 3 floats read `allgather(count=12, uint8)`."""
+    outs = run_local(gather_mismatch, 2, timeout=120)
+    assert any("allgather(count=12, uint8)" in o and "allgather(count=16, uint8)" in o for o in outs), outs
+    for o in outs:
+        assert o.endswith("all_gather and all_to_all tensors as bytes: these counts are bytes]"), outs
+
+
 def test_the_global_ranks_note_is_empty_for_the_world_and_cut_short_for_many() -> None:
     from minincl._torch_errors import global_ranks_note
 
