@@ -37,7 +37,9 @@ class MinincclWork(dist._Work):
     """What an operation of the minincl process group returns.
 
     ``wait()`` blocks until the operation ran and re-raises its error (a ``minincl.RemoteError``
-    when a peer died, ...; each also a ``torch.distributed.DistBackendError``, as NCCL raises).
+    when a peer died, ...; each also a ``torch.distributed.DistBackendError``, as NCCL raises);
+    a GPU op is done when its kernels are queued, and ``wait()`` orders the caller's current
+    stream after them, as NCCL's does.
     ``get_future()`` gives the ``torch.futures.Future`` that DDP chains its callbacks on; its
     value is the list of output tensors, as with gloo and NCCL, and an error fails it as theirs
     do (``wait()`` on it raises ``RuntimeError`` naming the error). A future asked for before
@@ -58,9 +60,11 @@ class MinincclWork(dist._Work):
         start: Callable[[MinincclWork | None], None] | None = None,
         devices: list[torch.device] | None = None,
         ranks_note: Callable[[], str] | None = None,
+        stream: torch.cuda.Stream | None = None,
     ) -> None:
         super().__init__()
         self._outputs = outputs
+        self._stream = stream  # a GPU op: the stream its kernels are queued on
         self._start = start
         self._ranks_note = ranks_note  # what an error adds: which global ranks the group's are
         # A CUDA future records an event on the current stream when completed, so that
@@ -116,6 +120,12 @@ class MinincclWork(dist._Work):
             raise Timeout(f"minincl process group: the operation did not finish within {seconds} s")
         if self._error is not None:
             raise self._error
+        if self._stream is not None:
+            # The host only queued the GPU op: as NCCL's wait(), order the caller's current
+            # stream after it (the op may have been issued under another stream).
+            current = torch.cuda.current_stream(self._stream.device)
+            if current != self._stream:
+                current.wait_stream(self._stream)
         return True
 
     def _ended_within(self, seconds: float | None) -> bool:

@@ -35,7 +35,7 @@ import weakref
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import FrameType
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar, cast
 
 try:
     import torch
@@ -98,6 +98,21 @@ class _Op:
 class _DeviceComm:
     comm: Communicator
     lane: Lane
+
+
+_Run = TypeVar("_Run", bound=Callable[..., object])
+
+
+def _on_stream(stream: torch.cuda.Stream, run: _Run) -> _Run:
+    """`run` made to queue its GPU work on `stream`, whichever thread runs it and whenever:
+    a deferred send runs when the batch starts, maybe on another thread or outside the caller's
+    `with torch.cuda.stream(s)`, yet is ordered after the work current at the call (NCCL's)."""
+
+    def on_stream(*args: Any) -> object:
+        with torch.cuda.stream(stream):
+            return run(*args)
+
+    return cast(_Run, on_stream)
 
 
 def _together(calls: int) -> contextlib.AbstractContextManager[object]:
@@ -304,8 +319,14 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     ) -> MinincclWork:
         device = self._device_of(call, tensors)
         cuda = [t.device for t in tensors[:1]] if device == "cuda" else None
-        work = MinincclWork(outputs, start=self._start_deferred, devices=cuda, ranks_note=self._ranks_note)
-        op = _Op(device, body, work, after or [], p2p)
+        stream = torch.cuda.current_stream(tensors[0].device) if cuda else None
+        after = after or []
+        if stream is not None:
+            body, after = _on_stream(stream, body), [_on_stream(stream, step) for step in after]
+        work = MinincclWork(
+            outputs, start=self._start_deferred, devices=cuda, ranks_note=self._ranks_note, stream=stream
+        )
+        op = _Op(device, body, work, after, p2p)
         if deferred or self._coalescing:
             with self._lock:
                 self._pending.append(op)
@@ -347,7 +368,12 @@ class ProcessGroupMinincl(dist.ProcessGroup):
                 if handle is None
                 else QueuedWork(tensors[:1], handle, dc.lane, self._start_deferred, self._ranks_note)
             )
-        work = MinincclWork(tensors[:1], devices=[tensors[0].device] if cuda else None, ranks_note=self._ranks_note)
+        work = MinincclWork(
+            tensors[:1],
+            devices=[tensors[0].device] if cuda else None,
+            ranks_note=self._ranks_note,
+            stream=torch.cuda.current_stream(tensors[0].device) if cuda else None,
+        )
         work._lane = dc.lane  # (run_now queues it where the lane is busy)
 
         def job() -> None:
@@ -791,7 +817,17 @@ class ProcessGroupMinincl(dist.ProcessGroup):
 
     def barrier(self, opts: Any = None, timeout: Any = None) -> MinincclWork:  # type: ignore[override]
         opts = call_forms.options(opts, dist.BarrierOptions)
-        return self._new_op("barrier", [], [], lambda comm: comm.barrier(), opts=opts)
+        # With a GPU, NCCL's barrier returns once the caller's stream has run what came before
+        # it (a barrier, then a clock read, times GPU work). The ranks meet on the CPU.
+        gpu = self._comms.get("cuda")
+        stream = torch.cuda.current_stream(gpu.comm.device) if gpu is not None else None
+
+        def body(comm: Communicator) -> None:
+            if stream is not None:
+                stream.synchronize()
+            comm.barrier()
+
+        return self._new_op("barrier", [], [], body, opts=opts)
 
     # ---- point to point (deferred: see the module's docstring) ----
 

@@ -1987,6 +1987,49 @@ def test_ddp_matches_gloo_gpu() -> None:
     _check_same_training("cuda")
 
 
+def stream_ordering() -> dict[str, Any]:
+    """GPU ops issued under a side stream whose work is slow (torch.cuda._sleep), waited on
+    outside it: what each rank got, and whether its stream had drained at a barrier's end."""
+    rank = int(os.environ["RANK"])
+    device = f"cuda:{rank % torch.cuda.device_count()}"
+    torch.cuda.set_device(device)
+    dist.init_process_group("minincl")
+    side, peer, spin = torch.cuda.Stream(), 1 - rank, 200_000_000  # (about 0.1 s of GPU cycles)
+    x, got, summed = torch.zeros(1000, device=device), torch.zeros(1000, device=device), None
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):  # a pipeline stage's send: produced on the side stream
+        torch.cuda._sleep(spin)
+        x.fill_(rank + 1)
+        reqs = [dist.isend(x, peer), dist.irecv(got, peer)]
+    for r in reqs:
+        r.wait()  # (the deferred ops start here, outside the side stream)
+    received = got.cpu()  # (on the default stream)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(spin)
+        y = torch.full((1000,), float(rank + 1), device=device)
+        work = dist.all_reduce(y, async_op=True)
+    work.wait()
+    summed = y.cpu()
+    torch.cuda._sleep(spin)
+    dist.barrier()
+    drained = torch.cuda.current_stream().query()
+    dist.destroy_process_group()
+    return {"received": received.unique().tolist(), "summed": summed.unique().tolist(), "drained": drained}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a usable CUDA GPU")
+def test_gpu_ops_keep_the_order_of_the_stream_they_were_issued_on() -> None:
+    """As NCCL: an isend runs after the work queued before it on the stream current at the
+    call (it ran on whatever stream was current when the deferred batch started); wait()
+    orders the current stream after the op; a barrier returns once the caller's stream ran."""
+    if not minincl.build_info()["cuda"]:
+        pytest.skip("this build of minincl has no CUDA communicators")
+    outs = run_local(stream_ordering, 2, timeout=180)
+    for rank, out in enumerate(outs):
+        assert out == {"received": [float(2 - rank)], "summed": [3.0], "drained": True}, (rank, out)
+
+
 # ---- torch.distributed.pipelining: a GPipe schedule over two stages ----
 
 

@@ -140,7 +140,9 @@ bool capturing(cudaStream_t stream) {
 }  // namespace
 
 void GpuComm::orderAfterPrevious(cudaStream_t stream) {
-  if (!haveLast_.load(std::memory_order_relaxed) || stream == lastStream_) return;
+  // (cudaStreamPerThread is one handle for a different stream on each thread: never the same.)
+  bool same = stream == lastStream_ && stream != cudaStreamPerThread;
+  if (!haveLast_.load(std::memory_order_relaxed) || same) return;
   // (Not inside a capture: a graph cannot wait for work outside it.)
   if (!capturing(stream)) MNCL_CUDA_CHECK(cudaStreamWaitEvent(stream, last_, 0));
 }

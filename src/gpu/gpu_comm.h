@@ -154,7 +154,11 @@ class DeviceScope {
     cudaGetDevice(&previous_);
     if (previous_ != device) MNCL_CUDA_CHECK(cudaSetDevice(device));
   }
-  ~DeviceScope() { cudaSetDevice(previous_); }
+  ~DeviceScope() {
+    // (A failed restore must not stay behind as the thread's last error, for the caller's
+    // next cudaGetLastError to report. NCCL restores the same way.)
+    if (cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
+  }
 
  private:
   int previous_ = 0;

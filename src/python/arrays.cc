@@ -469,7 +469,13 @@ py::object emptyLike(py::handle like, const std::vector<int64_t>& shape) {
     py::object cupy = py::module_::import("cupy");
     py::object device = like.attr("device");
     device.attr("__enter__")();
-    py::object out = cupy.attr("empty")(s, like.attr("dtype"));
+    py::object out;
+    try {
+      out = cupy.attr("empty")(s, like.attr("dtype"));
+    } catch (...) {  // (out of memory, say: the caller's current device is theirs again)
+      device.attr("__exit__")(py::none(), py::none(), py::none());
+      throw;
+    }
     device.attr("__exit__")(py::none(), py::none(), py::none());
     return out;
   }
