@@ -69,6 +69,12 @@ GATHER_TAG = -(1 << 29)
 
 Body = Callable[[Communicator], object]  # (what it returns is dropped)
 
+# A list all_gather of CPU tensors from this size per rank (the same on every rank: torch's
+# calls must match) runs as broadcasts into the outputs, not an allgather into a new flat
+# buffer then copied out: 1.7-3x faster from 64 KiB to 16 MiB at 2-6 ranks, level at 32 KiB,
+# slower below (bench/RESULTS.md, sixtieth session).
+_BROADCASTS_FROM_BYTES = 32 << 10
+
 # What an init says when the root of its id refused it: the id is of the past (bootstrap.cc).
 _ROOT_GONE = "an id serves one communicator's init, and that init is over"
 
@@ -658,14 +664,18 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         output_lists, inputs = call_forms.one_each(output_lists, inputs)
         outs, inp = output_lists[0], inputs[0]
         if len(inputs) == 1 and any(o.numel() != inp.numel() for o in outs):
-            return self._uneven_allgather(outs, inp, opts)
+            return self._allgather_by_broadcasts(outs, inp, opts, "allgather (outputs of different sizes)")
+        if len(inputs) == 1 and inp.is_cpu and inp.numel() * inp.element_size() >= _BROADCASTS_FROM_BYTES:
+            return self._allgather_by_broadcasts(outs, inp, opts, "allgather")
         return self.allgather_coalesced(output_lists, inputs, opts)
 
-    def _uneven_allgather(self, outs: list[torch.Tensor], inp: torch.Tensor, opts: Any) -> MinincclWork:
-        """Outputs of different sizes (as NCCL allows; gloo refuses them): rank r's input
-        reaches every rank's ``outs[r]`` by a broadcast from root r; the broadcasts run as one
-        group."""
-        call, me = "allgather (outputs of different sizes)", self.rank()
+    def _allgather_by_broadcasts(
+        self, outs: list[torch.Tensor], inp: torch.Tensor, opts: Any, call: str
+    ) -> MinincclWork:
+        """Straight into the outputs, which may differ in size (as NCCL allows; gloo refuses
+        them): rank r's input reaches every rank's ``outs[r]`` by a broadcast from root r; the
+        broadcasts run as one group."""
+        me = self.rank()
         if len(outs) != self.size() or outs[me].numel() != inp.numel():
             raise ValueError(
                 f"minincl backend: {call}: {len(outs)} outputs for {self.size()} ranks, this rank's of "

@@ -145,6 +145,13 @@ def _all_gather(rank: int) -> Result:
     return outs
 
 
+def _all_gather_large(rank: int) -> Result:
+    """Past 32 KiB a rank the outputs are received in place (broadcasts); one is a strided view."""
+    outs = [torch.empty(10007) for _ in range(WORLD - 1)] + [torch.empty(2 * 10007)[::2]]
+    dist.all_gather(outs, values(rank, 10007))
+    return outs
+
+
 def _all_gather_uneven(rank: int) -> Result:
     """Outputs of different sizes, as NCCL's all_gather allows: rank 0's is empty, the last a
     strided view."""
@@ -796,6 +803,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
     "reduce": (_reduce, lambda r: _want_sum(r, dtype=torch.int64) if r == 0 else torch.zeros(0)),
     "complex_reductions": (_complex_reductions, _want_complex),
     "all_gather": (_all_gather, lambda r: [values(q) for q in range(WORLD)]),
+    "all_gather_large": (_all_gather_large, lambda r: [values(q, 10007) for q in range(WORLD)]),
     "all_gather_uneven": (_all_gather_uneven, lambda r: [values(q, 7 * q, torch.bfloat16) for q in range(WORLD)]),
     "expanded_output_on_one_rank": (
         _expanded_output_on_one_rank,
