@@ -280,7 +280,8 @@ std::string Monitor::callThePeerNeverMade(int r) const {
   }
   bool inP2p = me.inside == Inside::sendsAndReceives || me.inside == Inside::both;
   int rank = comm_.rank();
-  if (!inP2p || !(me.peers >> r & 1) || r >= kP2pPeers || rank >= kP2pPeers) return "";
+  // (Ranks past kP2pPeers have no bit in `peers` and no per-peer counts: tested first.)
+  if (!inP2p || r >= kP2pPeers || rank >= kP2pPeers || !(me.peers >> r & 1)) return "";
   PeerP2p ours = peerP2p(mine, r), its = peerP2p(theirs, rank);
   if (ours.recvs > its.sends) {
     return "having posted " + std::to_string(its.sends) + " send(s) to this rank, which waits on its receive " +
