@@ -753,12 +753,50 @@ inline void reduceCopyPre(const Fn& fn, int nsrc, const T* const* srcs, int ndst
   reduceCopyBlocked(fn, nsrc, srcs, ndst, dsts, n, finish, nStream, &pre);
 }
 
+// Whether every pointer is aligned for T. A caller's array may start off its type's alignment
+// (a NumPy view at an odd byte offset): a typed load there is undefined behaviour, which x86
+// forgives but a vectoriser's aligned moves or another CPU need not.
+template <typename T>
+inline bool allAligned(int nsrc, const T* const* srcs, int ndst, T* const* dsts) {
+  uintptr_t bits = 0;
+  for (int s = 0; s < nsrc; ++s) bits |= reinterpret_cast<uintptr_t>(srcs[s]);
+  for (int d = 0; d < ndst; ++d) bits |= reinterpret_cast<uintptr_t>(dsts[d]);
+  return bits % alignof(T) == 0;
+}
+
+template <typename T, typename Fn>
+inline void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n,
+                       bool finish, int nStream = 0, const PreOps<T>* pre = nullptr);
+
+// reduceCopy on pointers off T's alignment: a block at a time, the sources copied as bytes
+// into aligned blocks, reduced there, and the result copied out as bytes.
+template <typename T, typename Fn>
+inline void reduceCopyUnaligned(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts, size_t n,
+                                bool finish, const PreOps<T>* pre) {
+  constexpr size_t kBlock = 1024 / sizeof(T);
+  alignas(64) T in[kMaxSrcs][kBlock];
+  alignas(64) T out[kBlock];
+  const T* from[kMaxSrcs];
+  T* to = out;
+  for (int s = 0; s < nsrc; ++s) from[s] = in[s];
+  for (size_t off = 0; off < n; off += kBlock) {
+    size_t len = n - off < kBlock ? n - off : kBlock;
+    for (int s = 0; s < nsrc; ++s) std::memcpy(in[s], srcs[s] + off, len * sizeof(T));
+    reduceCopy(fn, nsrc, from, 1, &to, len, finish, 0, pre);
+    for (int d = 0; d < ndst; ++d) std::memcpy(dsts[d] + off, out, len * sizeof(T));
+  }
+}
+
 // nStream: dsts[0, nStream) are outputs nobody reads during the operation (see streamCopy).
 template <typename T, typename Fn>
 inline void reduceCopy(const Fn& fn, int nsrc, const T* const* srcs, int ndst, T* const* dsts,
-                       size_t n, bool finish, int nStream = 0, const PreOps<T>* pre = nullptr) {
+                       size_t n, bool finish, int nStream, const PreOps<T>* pre) {
   if (n == 0 || ndst == 0) return;
   finish = finish && Fn::kHasPost;
+  bool plainCopy = nsrc == 1 && !finish && !(pre && pre->mask);  // (bytes: any alignment)
+  if (alignof(T) > 1 && !plainCopy && !allAligned(nsrc, srcs, ndst, dsts)) {
+    return reduceCopyUnaligned(fn, nsrc, srcs, ndst, dsts, n, finish, pre);
+  }
   if constexpr (Fn::kHasPre) {
     if (pre && pre->mask) return reduceCopyPre(fn, nsrc, srcs, ndst, dsts, n, finish, nStream, *pre);
   }

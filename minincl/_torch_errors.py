@@ -5,6 +5,8 @@ Argument errors stay as they are (``minincl.InvalidArgument`` is a ``ValueError`
 
 from __future__ import annotations
 
+import re
+
 import torch.distributed as dist
 
 from . import errors
@@ -51,8 +53,9 @@ _IN_TORCH_TERMS = {
 
 
 # Calls whose tensors the backend passes as bytes (one path for every dtype): minincl's
-# messages about them count bytes, which a torch program did not write.
-_CALLS_OF_BYTES = ("broadcast(count=", "allgather(count=", "alltoall(count=")
+# messages about them count bytes, which a torch program did not write. (A sparse all_reduce
+# gathers int64 indices: those counts are elements.)
+_CALLS_OF_BYTES = re.compile(r"(broadcast|allgather|alltoall)\(count=\d+, uint8")
 _BYTES_NOTE = (
     " [the torch backend passes broadcast, all_gather and all_to_all tensors as bytes: these counts are bytes]"
 )
@@ -64,7 +67,7 @@ def _in_torch_terms(args: tuple[object, ...], note: str) -> tuple[object, ...]:
     message = args[0]
     for minincls, torchs in _IN_TORCH_TERMS.items():
         message = message.replace(minincls, torchs)
-    if "mismatched calls" in message and any(call in message for call in _CALLS_OF_BYTES):
+    if "mismatched calls" in message and _CALLS_OF_BYTES.search(message):
         message += _BYTES_NOTE
     return (message + note, *args[1:])
 

@@ -687,6 +687,8 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         staged = [stage(o) for o in outs]
         send = as_bytes(stage(inp, receives=False).buf)
         recvs = [as_bytes(s.buf) for s in staged]
+        if any(_overlap(send, recv) for q, recv in enumerate(recvs) if q != me):
+            send = send.clone()  # (another rank's block lands there while this one's goes out)
 
         def body(comm: Communicator) -> None:
             with group():
@@ -828,13 +830,15 @@ class ProcessGroupMinincl(dist.ProcessGroup):
     def barrier(self, opts: Any = None, timeout: Any = None) -> MinincclWork:  # type: ignore[override]
         opts = call_forms.options(opts, dist.BarrierOptions)
         # With a GPU, NCCL's barrier returns once the caller's stream has run what came before
-        # it (a barrier, then a clock read, times GPU work). The ranks meet on the CPU.
+        # it (a barrier, then a clock read, times GPU work). The ranks meet on the CPU. (Marked
+        # before the deferred sends start, which may wait for a receive a peer posts after its
+        # barrier: NCCL's do not hold up the caller's stream.)
         gpu = self._comms.get("cuda")
-        stream = torch.cuda.current_stream(gpu.comm.device) if gpu is not None else None
+        before = torch.cuda.current_stream(gpu.comm.device).record_event() if gpu is not None else None
 
         def body(comm: Communicator) -> None:
-            if stream is not None:
-                stream.synchronize()
+            if before is not None:
+                before.synchronize()
             comm.barrier()
 
         return self._new_op("barrier", [], [], body, opts=opts)

@@ -644,14 +644,26 @@ const char* mnclGetLastError(mnclComm_t comm) {
 }
 
 // A call's data type, checked as the caller passed it (a cast first turned -1 into 255).
-static DataType dataTypeOf(mnclDataType_t t) {
-  MNCL_CHECK(t >= 0 && t < mnclNumTypes, mnclInvalidArgument, "unknown data type " + std::to_string((int)t));
+// An enum argument's value as the C caller stored it. Read as an int: a value outside the
+// enumerators' range (99 for a data type) is one C allows and C++ may not load as the enum.
+static_assert(sizeof(mnclDataType_t) == sizeof(int) && sizeof(mnclRedOp_t) == sizeof(int) &&
+              sizeof(mnclScalarResidence_t) == sizeof(int));
+static int valueAt(const void* anEnum) {
+  int v;
+  std::memcpy(&v, anEnum, sizeof v);
+  return v;
+}
+
+static DataType dataTypeOf(const mnclDataType_t& type) {
+  int t = valueAt(&type);
+  MNCL_CHECK(t >= 0 && t < mnclNumTypes, mnclInvalidArgument, "unknown data type " + std::to_string(t));
   return (DataType)t;
 }
 
 // The reduction a call's op names: a built-in one, or one of comm's pre-multiplied sums.
-static void resolveOp(mnclComm_t comm, mnclRedOp_t op, CollCall& call) {
-  MNCL_CHECK(op >= 0, mnclInvalidArgument, "unknown reduction op " + std::to_string((int)op));
+static void resolveOp(mnclComm_t comm, const mnclRedOp_t& given, CollCall& call) {
+  int op = valueAt(&given);
+  MNCL_CHECK(op >= 0, mnclInvalidArgument, "unknown reduction op " + std::to_string(op));
   if (op < mnclNumOps) {
     call.op = (RedOp)op;
     return;
@@ -692,15 +704,16 @@ mnclResult_t mnclRedOpCreatePreMulSum(mnclRedOp_t* op, void* scalar, mnclDataTyp
   return guarded([&] {
     use(comm);
     MNCL_CHECK(op != nullptr && scalar != nullptr, mnclInvalidArgument, "mnclRedOpCreatePreMulSum: op or scalar is null");
-    MNCL_CHECK(datatype >= 0 && datatype < mnclNumTypes, mnclInvalidArgument,
-               "mnclRedOpCreatePreMulSum: unknown data type " + std::to_string((int)datatype));
-    MNCL_CHECK(residence == mnclScalarDevice || residence == mnclScalarHostImmediate, mnclInvalidArgument,
-               "mnclRedOpCreatePreMulSum: residence " + std::to_string((int)residence) +
+    int type = valueAt(&datatype), where = valueAt(&residence);
+    MNCL_CHECK(type >= 0 && type < mnclNumTypes, mnclInvalidArgument,
+               "mnclRedOpCreatePreMulSum: unknown data type " + std::to_string(type));
+    MNCL_CHECK(where == mnclScalarDevice || where == mnclScalarHostImmediate, mnclInvalidArgument,
+               "mnclRedOpCreatePreMulSum: residence " + std::to_string(where) +
                    " is neither mnclScalarDevice nor mnclScalarHostImmediate");
     PreMulSumOp pre;
     pre.live = true;
-    pre.dtype = (DataType)datatype;
-    if (residence == mnclScalarHostImmediate) std::memcpy(&pre.scalarBits, scalar, dataTypeSize(pre.dtype));
+    pre.dtype = (DataType)type;
+    if (where == mnclScalarHostImmediate) std::memcpy(&pre.scalarBits, scalar, dataTypeSize(pre.dtype));
     else pre.scalarAt = scalar;
     std::lock_guard<std::mutex> lock(comm->opsMutex);
     auto& ops = comm->preMulSums;

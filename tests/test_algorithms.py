@@ -159,6 +159,47 @@ def test_algorithm_that_cannot_run_a_collective_is_a_clear_error(forced: ForcedP
             run_ranks(comms, call)
 
 
+def _off_alignment(values: np.ndarray) -> np.ndarray:
+    """`values` in an array one byte off its type's alignment (NumPy allows such views)."""
+    raw = np.zeros(values.nbytes + 1, np.uint8)[1:].view(values.dtype)
+    raw[...] = values
+    return raw
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "float16"])
+def test_reductions_of_arrays_off_their_alignment(forced: ForcedPool, dtype: str) -> None:
+    """Inputs and outputs one byte off their type's alignment, in place and not, premul_sum
+    too, on every algorithm x protocol: reduced through aligned blocks (typed loads there were
+    undefined behaviour, which UBSan reported and x86 forgave)."""
+    n = 3
+    for algo in ALGOS:
+        for proto in PROTOS:
+            comms = forced.get(n, algo, proto)
+            for count in (1, 97, 4099):
+                inputs = [((np.arange(count) * (q + 1)) % 7).astype(dtype) for q in range(n)]
+                total = np.add.reduce(np.stack(inputs), axis=0, dtype=dtype)
+                scaled = np.add.reduce(np.stack([x * (q + 1) for q, x in enumerate(inputs)]), axis=0, dtype=dtype)
+
+                def body(c: Any) -> list[np.ndarray]:
+                    x = _off_alignment(inputs[c.rank])
+                    out = c.allreduce(x, _off_alignment(np.zeros(count, dtype)))
+                    in_place = _off_alignment(inputs[c.rank])
+                    c.allreduce(in_place)
+                    premul = c.allreduce(x, _off_alignment(np.zeros(count, dtype)), op=minincl.PreMulSum(c.rank + 1))
+                    if algo == "tree":  # (a tree has no reduce_scatter)
+                        return [out, in_place, premul]
+                    block = c.reduce_scatter(
+                        _off_alignment(np.tile(inputs[c.rank], n)), _off_alignment(np.zeros(count, dtype))
+                    )
+                    return [out, in_place, premul, block]
+
+                for got in run_ranks(comms, body):
+                    for label, value, want in zip(
+                        ("out of place", "in place", "premul_sum", "reduce_scatter"), got, (total, total, scaled, total)
+                    ):
+                        np.testing.assert_array_equal(value, want, err_msg=f"{algo}/{proto}, {dtype}, {count}: {label}")
+
+
 def test_barrier_runs_where_the_forced_algorithm_has_no_allreduce(forced: ForcedPool) -> None:
     """A barrier is the runtime's own allreduce: MININCL_ALGO=direct (at most 9 ranks) left
     10 ranks' barrier() an InvalidUsage about an allreduce nobody called. The user's own

@@ -152,6 +152,15 @@ def _all_gather_large(rank: int) -> Result:
     return outs
 
 
+def _all_gather_from_another_slot(rank: int) -> Result:
+    """The input is the output slot of the next rank, which that rank's block overwrites."""
+    outs = [torch.empty(10007) for _ in range(WORLD)]
+    mine = outs[(rank + 1) % WORLD]
+    mine.copy_(values(rank, 10007))
+    dist.all_gather(outs, mine)
+    return outs
+
+
 def _all_gather_uneven(rank: int) -> Result:
     """Outputs of different sizes, as NCCL's all_gather allows: rank 0's is empty, the last a
     strided view."""
@@ -804,6 +813,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
     "complex_reductions": (_complex_reductions, _want_complex),
     "all_gather": (_all_gather, lambda r: [values(q) for q in range(WORLD)]),
     "all_gather_large": (_all_gather_large, lambda r: [values(q, 10007) for q in range(WORLD)]),
+    "all_gather_from_another_slot": (_all_gather_from_another_slot, lambda r: [values(q, 10007) for q in range(WORLD)]),
     "all_gather_uneven": (_all_gather_uneven, lambda r: [values(q, 7 * q, torch.bfloat16) for q in range(WORLD)]),
     "expanded_output_on_one_rank": (
         _expanded_output_on_one_rank,

@@ -45,6 +45,20 @@ class Lanes {
     return lane.run;
   }
 
+  // A group's sends and receives on one communicator run as one kernel on `run`, the first
+  // op's lane; ops that came on another stream: `run` starts after that stream's work so far,
+  // and the stream continues after `run`'s (join), as NCCL orders every stream of a group.
+  void alsoOrder(Comm& comm, cudaStream_t other, cudaStream_t run) {
+    for (const Lane& l : lanes_) {
+      if (l.comm == &comm && (l.caller == other || l.run == other)) return;
+    }
+    gpu::DeviceScope scope(comm.device());
+    gpu::GpuComm& g = *comm.gpu();
+    MNCL_CUDA_CHECK(cudaEventRecord(g.forkEvent(), other));
+    MNCL_CUDA_CHECK(cudaStreamWaitEvent(run, g.forkEvent(), 0));
+    lanes_.push_back({&comm, other, run});
+  }
+
   // The caller's stream continues after the work on every side stream.
   void join() {
     for (const Lane& l : lanes_) {
@@ -327,6 +341,7 @@ void launchGpuCalls(const std::vector<GpuCall>& calls) {
     }
     for (auto& [comm, ops] : p2p) {
       cudaStream_t run = lanes.runStreamFor(*comm, static_cast<cudaStream_t>(ops.front()->stream));
+      for (const P2pCall* op : ops) lanes.alsoOrder(*comm, static_cast<cudaStream_t>(op->stream), run);
       queueOf(comm).push_back(planP2p(*comm, ops, run));
       queueOf(comm).back().callNumber = comm->collectiveCallsMade();
     }
