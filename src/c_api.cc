@@ -643,7 +643,6 @@ const char* mnclGetLastError(mnclComm_t comm) {
   return threadLastError();
 }
 
-// A call's data type, checked as the caller passed it (a cast first turned -1 into 255).
 // An enum argument's value as the C caller stored it. Read as an int: a value outside the
 // enumerators' range (99 for a data type) is one C allows and C++ may not load as the enum.
 static_assert(sizeof(mnclDataType_t) == sizeof(int) && sizeof(mnclRedOp_t) == sizeof(int) &&
@@ -654,6 +653,7 @@ static int valueAt(const void* anEnum) {
   return v;
 }
 
+// A call's data type, checked as the caller passed it (a cast first turned -1 into 255).
 static DataType dataTypeOf(const mnclDataType_t& type) {
   int t = valueAt(&type);
   MNCL_CHECK(t >= 0 && t < mnclNumTypes, mnclInvalidArgument, "unknown data type " + std::to_string(t));
