@@ -47,7 +47,7 @@ def build(name: str, out_dir: Path) -> Path:
 
 
 def run_checker(exe: Path, *args: int) -> None:
-    run = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=200)
+    run = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=450)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     summary = re.search(r"(\d+) checks, (\d+) failed", run.stdout)
     assert summary is not None, run.stdout[-2000:]
