@@ -117,6 +117,7 @@ std::string describe(const Case& c, int n, int threads, size_t elemSize) {
 template <typename T>
 void check(std::vector<Ranks*> channels, int threads, const Case& c, DataType dt) {
   int n = channels[0]->n, root = (int)(c.count % n);
+  watchCase(describe(c, n, threads, sizeof(T)));
   bool gathers = c.coll == Coll::allgather, scatters = c.coll == Coll::reducescatter;
   size_t sendCount = c.count * (scatters ? n : 1), recvCount = c.count * (gathers ? n : 1);
   std::vector<std::vector<T>> sendStore(n), recvStore(n), input(n);
@@ -257,6 +258,7 @@ DevWork simpleAllreduce(Algo algo, std::vector<float>& send, std::vector<float>&
 // A rank that never joins: the others wait until the abort word is set, then every block
 // must leave its waits and the operation stop early.
 void checkAbortWithMissingPeer(ProtoSizes sizes, int threads, Algo algo) {
+  watchCase(std::string("abort with a rank missing: simple ") + kAlgoNames[(int)algo]);
   Ranks ranks(3, sizes, true);
   size_t count = 40099;
   std::vector<std::vector<float>> send(3, std::vector<float>(count, 1.0f)), recv(3, std::vector<float>(count));
@@ -279,6 +281,7 @@ void checkAbortWithMissingPeer(ProtoSizes sizes, int threads, Algo algo) {
 // Two ranks calling allreduce with different counts: the first step's check must catch it,
 // record the peer, and stop both ranks (with the monitor's abort) instead of hanging.
 void checkMismatch(ProtoSizes sizes, int threads, Algo algo, bool directAccess) {
+  watchCase(std::string("mismatched counts: simple ") + kAlgoNames[(int)algo] + (directAccess ? " (direct access)" : ""));
   Ranks ranks(2, sizes, directAccess);
   size_t counts[2] = {10009, 30001};
   std::vector<std::vector<float>> send(2), recv(2);
@@ -311,6 +314,7 @@ void checkUndispatched(ProtoSizes sizes, int threads) {
   };
   for (Gap u : {Gap{Coll::allgather, Algo::tree, Proto::simple}, Gap{Coll::reducescatter, Algo::tree, Proto::ll},
                 Gap{Coll::allreduce, Algo::count, Proto::simple}, Gap{Coll::broadcast, Algo::count, Proto::ll128}}) {
+    watchCase("undispatched: collective " + std::to_string((int)u.coll) + ", algorithm " + std::to_string((int)u.algo));
     Ranks ranks(2, sizes, true);
     size_t count = 1009;
     std::vector<std::vector<float>> send(2, std::vector<float>(2 * count, 1.0f)), recv(2, std::vector<float>(2 * count));
@@ -343,9 +347,9 @@ int main(int argc, char** argv) {
   int threads = argc > 1 ? std::atoi(argv[1]) : 64;
   int mostRanks = argc > 2 ? std::atoi(argv[2]) : 4;  // (every rank's blocks run at once)
   bool manyRanks = argc > 3 && std::atoi(argv[3]) != 0;  // also the 9-rank allreduces
-  // (48 s a run on a quiet 2-core VM; one CI run went past 150 s, as did a run beside a build:
-  // 256 spinning threads slow down far more than the machine does.)
-  failAfter(400);
+  // (48 s a run on a quiet 2-core VM, 69-400+ s at nice 19 beside builds: 256 spinning threads
+  // slow down far more than the machine does. A hang ends sooner: runBlocks' kStallSeconds.)
+  failAfter(1200);
   // Simple slots of 4 KiB: a block of 64 threads moves 4 KiB a pass of its vector loop (16
   // bytes x 4 in flight per thread), so steps end inside passes at other block sizes; LL and
   // LL128 as in simt_lines_check.cc; pipeline pieces of 64 bytes, so that pipelines cut.

@@ -76,6 +76,9 @@ int failures = 0, checks = 0;
 template <typename T>
 void check(Ranks& ranks, int threads, Coll coll, Algo algo, Proto proto, int variant, size_t count, DataType dt) {
   int n = ranks.n, root = (int)(count % n);
+  watchCase(std::string(coll == Coll::broadcast ? "broadcast " : "allreduce ") + kAlgoNames[(int)algo] +
+            algoVariantName(algo, coll, variant) + (proto == Proto::ll ? "/ll, " : "/ll128, ") + std::to_string(n) +
+            " ranks, " + std::to_string(count) + " x " + std::to_string(sizeof(T)) + "-byte elements");
   std::vector<std::vector<T>> send(n), recv(n);
   std::vector<DevWork> works(n);
   for (int r = 0; r < n; ++r) {
@@ -169,7 +172,7 @@ int main(int argc, char** argv) {
   using namespace mncl;
   using namespace mncl::dev;
   int threads = argc > 1 ? std::atoi(argv[1]) : 64;
-  failAfter(120);
+  failAfter(600);  // (a backstop: a hang ends after runBlocks' kStallSeconds)
   // Steps of a pass and a quarter (LL: 64 threads x 4 lines = 256 per pass) and one and a half
   // (LL128: 8 lines per 64 threads x 4 = 32 per pass), so steps end inside a pass; pieces of
   // 64 bytes, so the pipelines cut.

@@ -75,6 +75,7 @@ uint8_t byteOf(int from, int to, int message, size_t i) { return (uint8_t)(i * 3
 // the first (the same connection: it must wait for the first).
 void checkExchange(std::vector<Ranks*> channels, int threads, size_t base) {
   int n = channels[0]->n;
+  watchCase("exchange of " + std::to_string(n) + " ranks, messages of up to " + std::to_string(3 * base + 2) + " bytes");
   auto size = [&](int from, int to, int message) { return base * ((from * 3 + to * 5 + message) % 4) + (from + to) % 3; };
   std::vector<std::vector<std::vector<uint8_t>>> sent(n), got(n);  // [rank][call]
   std::vector<std::vector<Call>> groups(n);
@@ -170,7 +171,7 @@ int main(int argc, char** argv) {
   using namespace mncl;
   using namespace mncl::dev;
   int threads = argc > 1 ? std::atoi(argv[1]) : 64;
-  failAfter(150);
+  failAfter(600);  // (a backstop: a hang ends after runBlocks' kStallSeconds)
   ProtoSizes sizes{4096, 320, 48, 64};  // (4 KiB slots: a message of 16 KiB per channel)
   for (int n : {2, 3, 4}) {
     std::vector<std::unique_ptr<Ranks>> owned;
