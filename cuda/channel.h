@@ -1,5 +1,5 @@
 // What the device code sees of a channel: its connections to every peer (conn.h), its ring
-// and tree positions, its counters and where its arrays lie. Plain structs, shared by host
+// (tree.h computes trees from rank numbers), its counters and where its arrays lie. Plain structs, shared by host
 // and device. Includes the work item (work.h) and the error record (dev_error.h), which
 // every user of a channel needs too.
 #pragma once

@@ -27,12 +27,14 @@ struct alignas(128) LL128Line {
 };
 
 // Describes the operation a step belongs to, so that a receiver can tell that its peer is
-// running a different call (other collective, count, type, op or root) before it writes
+// running a different call (other collective, count, type, op, root or tag) before it writes
 // anything, instead of silently mixing data or hanging.
 struct StepInfo {
-  uint64_t count;     // elements (collectives) or bytes (send/recv) of the whole operation
+  // Of the whole operation: elements, or bytes where the call runs on bytes (send/recv, and
+  // the collectives dispatch.h's asBytes turns into bytes: copies and bitwise ops).
+  uint64_t count;
   uint8_t coll, dtype, op, algo;
-  int32_t root;
+  int32_t root;  // a send/recv's tag (P2pEngine)
 };
 static_assert(sizeof(StepInfo) == 8 * kLLHeaderLines, "an LL header line carries 8 bytes of it");
 

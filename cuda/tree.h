@@ -93,8 +93,9 @@ struct Tree {
   MNCL_DEV static TreeNode node(const Cx& cx, int root) {
     return channelTreeNode(cx.ch, cx.ch.rank, root, cx.work.treeIndex);
   }
-  // Pieces for a pipeline `levels` times the tree's depth: up (reduce, broadcast) or up and
-  // down (allreduce). Every rank cuts the same way, so parent and child agree on steps.
+  // Pieces for a pipeline `levels` times the tree's depth: one way (reduce up, broadcast
+  // down) or both (allreduce). Every rank cuts the same way, so parent and child agree on
+  // steps.
   template <typename P>
   MNCL_DEV static size_t step(const Cx& cx, const P& pr, int levels) {
     return pipelineStep<T>(cx.ch.sizes, pr.stepElems(), cx.work.chanCount,

@@ -499,6 +499,84 @@ def _check_launchable(fn: Callable[..., Any], nranks: int) -> None:
         )
 
 
+class _LaunchedRanks:
+    """The rank processes of one :func:`launch`, and what each sent back: (ok, value)."""
+
+    def __init__(
+        self, fn: Callable[..., Any], nranks: int, args: tuple[Any, ...], device: DeviceSpec, window_bytes: int | None
+    ) -> None:
+        ctx = mp.get_context("spawn")
+        uid = get_unique_id()
+        self.nranks = nranks
+        self.fn_name = getattr(fn, "__name__", "fn")
+        self.queue = ctx.Queue()
+        self.procs = [
+            ctx.Process(
+                target=_launch_child, args=(fn, nranks, r, uid, device, window_bytes, args, self.queue), daemon=True
+            )
+            for r in range(nranks)
+        ]
+        for p in self.procs:
+            p.start()
+        self.results: dict[int, tuple[bool, Any]] = {}
+        self.after_failure = False  # the deadline became a failed rank's grace, not the launch timeout
+        self.timed_out = False
+        self.killed: set[int] = set()
+
+    def collect(self, wait: float) -> None:
+        """Takes the results already sent, each waited for at most ``wait`` s."""
+        with contextlib.suppress(queue_mod.Empty):
+            while len(self.results) < self.nranks:
+                rank, ok, value = self.queue.get(timeout=wait)
+                self.results[rank] = (ok, value)
+
+    def wait(self, timeout: float | None) -> None:
+        """Until every rank has answered or exited, the timeout passed, or a rank failed and its
+        peers had their grace."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(self.results) < self.nranks:
+            self.collect(0.1)
+            if any(not ok for ok, _ in self.results.values()):
+                # A rank failed: its peers raise within MININCL_TIMEOUT; one stuck in its own code
+                # never would, so the job ends soon after (as mpirun and torchrun end theirs).
+                soon = time.monotonic() + _LAUNCH_GRACE_SECONDS
+                if deadline is None or soon < deadline:
+                    deadline, self.after_failure = soon, True
+            if all(not p.is_alive() for p in self.procs) or (deadline is not None and time.monotonic() > deadline):
+                self.collect(0.5)
+                break
+        self.timed_out = deadline is not None and not self.after_failure and time.monotonic() > deadline
+
+    def reap(self) -> None:
+        """Joins every rank, killing those still running."""
+        # One wait for all of them, not 5 s each; none past the launch timeout (those left are stuck).
+        join_by = time.monotonic() + (0.5 if self.timed_out else 5)
+        for r, p in enumerate(self.procs):
+            p.join(timeout=max(0.0, join_by - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()
+                self.killed.add(r)
+        self.collect(0.5)  # (ranks that were waiting on a killed one: it is gone, they raised)
+
+    def errors(self, timeout: float | None) -> dict[int, str]:
+        """Each failed rank's story."""
+        errors: dict[int, str] = {}
+        for r, p in enumerate(self.procs):
+            if r in self.killed and r not in self.results:
+                why = (
+                    "another rank failed"
+                    if self.after_failure or timeout is None
+                    else f"the launch timeout of {timeout} s"
+                )
+                errors[r] = f"still running after {why} (killed)"
+            elif r not in self.results:
+                errors[r] = _no_result_story(p.exitcode, self.fn_name)
+            elif not self.results[r][0]:
+                errors[r] = self.results[r][1]
+        return errors
+
+
 def launch(
     fn: Callable[..., Any],
     nranks: int,
@@ -519,59 +597,13 @@ def launch(
     """
     _check_launchable(fn, nranks)
     _window_bytes_setting(window_bytes)  # (refused here rather than in every rank)
-    ctx = mp.get_context("spawn")
-    uid = get_unique_id()
-    queue = ctx.Queue()
-    procs = [
-        ctx.Process(target=_launch_child, args=(fn, nranks, r, uid, device, window_bytes, args, queue), daemon=True)
-        for r in range(nranks)
-    ]
-    for p in procs:
-        p.start()
-    results: dict[int, tuple[bool, Any]] = {}
-
-    def collect(wait: float) -> None:  # results already sent, each waited for at most `wait` s
-        with contextlib.suppress(queue_mod.Empty):
-            while len(results) < nranks:
-                rank, ok, value = queue.get(timeout=wait)
-                results[rank] = (ok, value)
-
-    deadline = None if timeout is None else time.monotonic() + timeout
-    after_failure = False  # the deadline is a failed rank's grace, not the launch timeout
-    while len(results) < nranks:
-        collect(0.1)
-        if any(not ok for ok, _ in results.values()):
-            # A rank failed: its peers raise within MININCL_TIMEOUT; one stuck in its own code
-            # never would, so the job ends soon after (as mpirun and torchrun end theirs).
-            soon = time.monotonic() + _LAUNCH_GRACE_SECONDS
-            if deadline is None or soon < deadline:
-                deadline, after_failure = soon, True
-        if all(not p.is_alive() for p in procs) or (deadline is not None and time.monotonic() > deadline):
-            collect(0.5)
-            break
-    killed = set()
-    # One wait for all of them, not 5 s each; none past the launch timeout (those left are stuck).
-    timed_out = deadline is not None and not after_failure and time.monotonic() > deadline
-    join_by = time.monotonic() + (0.5 if timed_out else 5)
-    for r, p in enumerate(procs):
-        p.join(timeout=max(0.0, join_by - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-            p.join()
-            killed.add(r)
-    collect(0.5)  # (ranks that were waiting on a killed one: it is gone, they raised)
-    errors: dict[int, str] = {}
-    for r, p in enumerate(procs):
-        if r in killed and r not in results:
-            why = "another rank failed" if after_failure or timeout is None else f"the launch timeout of {timeout} s"
-            errors[r] = f"still running after {why} (killed)"
-        elif r not in results:
-            errors[r] = _no_result_story(p.exitcode, getattr(fn, "__name__", "fn"))
-        elif not results[r][0]:
-            errors[r] = results[r][1]
+    ranks = _LaunchedRanks(fn, nranks, args, device, window_bytes)
+    ranks.wait(timeout)
+    ranks.reap()
+    errors = ranks.errors(timeout)
     if errors:
-        ok = {r: v for r, (good, v) in results.items() if good}
+        ok = {r: v for r, (good, v) in ranks.results.items() if good}
         stories = "\n".join(f"rank {r}: {e}" for r, e in errors.items())
         first_lines = {r: e.split("\n", 1)[0] for r, e in errors.items()}
         raise LaunchError(f"launch: {len(errors)} rank(s) failed\n{stories}", ok, first_lines)
-    return [results[r][1] for r in range(nranks)]
+    return [ranks.results[r][1] for r in range(nranks)]

@@ -24,7 +24,7 @@ struct Completion {
 class Executor {
  public:
   // spinMicros: how long an idle channel thread polls before sleeping (0 when channel
-  // threads outnumber cores: a poller would take the core its peer needs).
+  // and proxy threads outnumber cores: a poller would take the core its peer needs).
   Executor(int nChannels, int spinMicros);
   ~Executor();
   // Queues `job` on channel c's thread; `done` is decremented after it runs.

@@ -35,7 +35,7 @@ unsigned parseNameList(const std::string& list, const char* const* names, int co
 class Tuner {
  public:
   // bytesPerChannel: the smallest share worth a channel of its own.
-  // oversubscribed: this host runs more channel threads than it has cores.
+  // oversubscribed: this host runs more channel and network proxy threads than it has cores.
   void init(int nranks, int maxChannels, size_t bytesPerChannel, bool oversubscribed);
   // A GPU communicator: the GPU cost table.
   void initGpu(int nranks, int maxChannels);
