@@ -212,10 +212,17 @@ class Communicator(_core.Communicator):
         """The ranks that pass the same ``color`` form a new communicator, ranked by
         ``(key, rank)``; a negative color joins none and returns None. Every rank of this
         communicator must call it (as ncclCommSplit)."""
+        refusal = None
         for name, value in (("color", color), ("key", key)):
             if not -(2**31) <= int(value) < 2**31:
-                raise InvalidArgument(f"split: {name} {value} does not fit in 32 bits (as ncclCommSplit's int)")
-        info = self._split_info(color, key)
+                refusal = f"split: {name} {value} does not fit in 32 bits (as ncclCommSplit's int)"
+        # A refused rank still meets the others: theirs then fail at once, naming it, rather
+        # than at the bootstrap timeout.
+        if refusal:
+            with contextlib.suppress(Error):  # (its own story first, whatever the rendezvous met)
+                self._split_info(0, 0, True)
+            raise InvalidArgument(refusal)
+        info = self._split_info(int(color), int(key))
         if info is None:
             return None
         nranks, uid, rank, members = info

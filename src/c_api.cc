@@ -6,8 +6,10 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <shared_mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -398,7 +400,8 @@ mnclResult_t mnclGetUniqueId(mnclUniqueId* id) {
 
 mnclResult_t mnclGetUniqueIdForAddress(mnclUniqueId* id, const char* host, int port) {
   return guarded([&] {
-    MNCL_CHECK(id != nullptr && host != nullptr, mnclInvalidArgument, "uniqueId or host is null");
+    MNCL_CHECK(id != nullptr, mnclInvalidArgument, "mnclGetUniqueIdForAddress: uniqueId is null");
+    MNCL_CHECK(host != nullptr, mnclInvalidArgument, "mnclGetUniqueIdForAddress: host is null");
     UniqueIdData d = uniqueIdForAddress(host, port, "");
     std::memset(id->internal, 0, sizeof(id->internal));
     std::memcpy(id->internal, &d, sizeof(d));
@@ -427,17 +430,33 @@ mnclResult_t mnclCommInitRankConfig(mnclComm_t* comm, int nranks, mnclUniqueId c
 
 mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist) {
   mnclUniqueId id;
-  mnclResult_t rc = guarded([&] { MNCL_CHECK(comms != nullptr && ndev >= 1, mnclInvalidArgument, "comms is null or ndev < 1"); });
+  mnclResult_t rc = guarded([&] {
+    MNCL_CHECK(comms != nullptr, mnclInvalidArgument, "mnclCommInitAll: comms is null");
+    MNCL_CHECK(ndev >= 1, mnclInvalidArgument, "mnclCommInitAll: ndev=" + std::to_string(ndev) + " is less than 1");
+    MNCL_CHECK(ndev <= kMaxRanks, mnclInvalidArgument, "mnclCommInitAll: " + tooManyRanks(ndev));
+  });
   if (rc != mnclSuccess) return rc;
   if ((rc = mnclGetUniqueId(&id)) != mnclSuccess) return rc;
   std::vector<mnclResult_t> results(ndev, mnclSuccess);
   std::vector<std::string> errors(ndev);
   std::vector<std::thread> threads;
   for (int r = 0; r < ndev; ++r) {
-    threads.emplace_back([&, r] {
-      results[r] = mnclCommInitRankDevice(&comms[r], ndev, id, r, devlist ? devlist[r] : MNCL_DEVICE_CPU);
-      if (results[r] != mnclSuccess) errors[r] = threadLastError();
-    });
+    try {
+      threads.emplace_back([&, r] {
+        results[r] = mnclCommInitRankDevice(&comms[r], ndev, id, r, devlist ? devlist[r] : MNCL_DEVICE_CPU);
+        if (results[r] != mnclSuccess) errors[r] = threadLastError();
+      });
+    } catch (const std::system_error& e) {  // (the process's threads ran out: the ranks started hear of it)
+      for (int q = r; q < ndev; ++q) {
+        results[q] = mnclSystemError;
+        errors[q] = "could not start a thread for rank " + std::to_string(q) + " of " + std::to_string(ndev) + ": " +
+                    e.what();
+        UniqueIdData d;
+        std::memcpy(&d, id.internal, sizeof(d));
+        Bootstrap::reportInitFailure(d, q, ndev, errors[q]);
+      }
+      break;
+    }
   }
   for (auto& t : threads) t.join();
   // The failure to report: a rank's own (a bad device, say) before those it caused in the
@@ -493,15 +512,32 @@ mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newc
     CallHold hold(comm);
     Comm& parent = hold.comm();
     WaitCancel cancel(&comm->cancelWaits);  // (abort stops the rendezvous and the new comm's init)
-    // (Checked before the rendezvous: a rank that failed here would leave the others waiting.)
-    CommOptions options = config ? optionsFrom(static_cast<const mnclConfig_t*>(config)) : parent.options();
+    // A nonblocking split is refused at once: its caller may be one thread splitting several
+    // ranks, which the rendezvous would keep waiting for the others.
     MNCL_CHECK(!config || static_cast<const mnclConfig_t*>(config)->blocking != 0, mnclInvalidArgument,
                "config.blocking = 0: minincl's split always blocks; set blocking to 1 (or leave it undefined), "
                "and split ranks of one process from threads of their own");
+    // Other refused settings still join the rendezvous: the others' splits then fail at once,
+    // naming this rank, instead of waiting for it until the bootstrap timeout.
+    CommOptions options;
+    std::optional<Error> refusal;
+    try {
+      options = config ? optionsFrom(static_cast<const mnclConfig_t*>(config)) : parent.options();
+    } catch (const Error& e) {
+      refusal = e;
+    }
     int n = 0, r = 0;
     UniqueIdData id{};
     std::vector<int> members;
-    if (!parent.splitInfo(color, key, &n, &r, &id, &members)) return;
+    bool joins = false;
+    try {
+      joins = parent.splitInfo(color, key, &n, &r, &id, &members, refusal.has_value());
+    } catch (const Error&) {
+      if (refusal) throw *refusal;  // (its own story first, whatever the rendezvous met)
+      throw;
+    }
+    if (refusal) throw *refusal;
+    if (!joins) return;
     *newcomm = newChild(parent, id, r, n, members, options);
   });
 }
@@ -512,8 +548,10 @@ mnclResult_t mnclCommShrink(mnclComm_t comm, int* excludeRanksList, int excludeR
     MNCL_CHECK(newcomm != nullptr, mnclInvalidArgument, "newcomm is null");
     *newcomm = nullptr;
     checkNoOpenGroup("mnclCommShrink");
-    MNCL_CHECK(excludeRanksCount >= 0 && (excludeRanksCount == 0 || excludeRanksList), mnclInvalidArgument,
-               "shrink: excludeRanksList is null or excludeRanksCount negative");
+    MNCL_CHECK(excludeRanksCount >= 0, mnclInvalidArgument,
+               "shrink: excludeRanksCount=" + std::to_string(excludeRanksCount) + " is negative");
+    MNCL_CHECK(excludeRanksCount == 0 || excludeRanksList, mnclInvalidArgument,
+               "shrink: excludeRanksList is null with excludeRanksCount=" + std::to_string(excludeRanksCount));
     MNCL_CHECK(shrinkFlags == MNCL_SHRINK_DEFAULT || shrinkFlags == MNCL_SHRINK_ABORT, mnclInvalidArgument,
                "shrink: shrinkFlags must be MNCL_SHRINK_DEFAULT or MNCL_SHRINK_ABORT, not " + std::to_string(shrinkFlags));
     CallHold hold(comm);
@@ -703,7 +741,8 @@ mnclResult_t mnclRedOpCreatePreMulSum(mnclRedOp_t* op, void* scalar, mnclDataTyp
                                       mnclScalarResidence_t residence, mnclComm_t comm) {
   return guarded([&] {
     use(comm);
-    MNCL_CHECK(op != nullptr && scalar != nullptr, mnclInvalidArgument, "mnclRedOpCreatePreMulSum: op or scalar is null");
+    MNCL_CHECK(op != nullptr, mnclInvalidArgument, "mnclRedOpCreatePreMulSum: op is null");
+    MNCL_CHECK(scalar != nullptr, mnclInvalidArgument, "mnclRedOpCreatePreMulSum: scalar is null");
     int type = valueAt(&datatype), where = valueAt(&residence);
     MNCL_CHECK(type >= 0 && type < mnclNumTypes, mnclInvalidArgument,
                "mnclRedOpCreatePreMulSum: unknown data type " + std::to_string(type));
@@ -730,9 +769,10 @@ mnclResult_t mnclRedOpDestroy(mnclRedOp_t op, mnclComm_t comm) {
   return guarded([&] {
     use(comm);
     std::lock_guard<std::mutex> lock(comm->opsMutex);
-    size_t i = (size_t)op - mnclNumOps;
-    MNCL_CHECK(op >= mnclNumOps && i < comm->preMulSums.size() && comm->preMulSums[i].live, mnclInvalidArgument,
-               "mnclRedOpDestroy: reduction op " + std::to_string((int)op) +
+    int given = valueAt(&op);  // (an int: a value past the enum's may come from C)
+    size_t i = (size_t)given - mnclNumOps;
+    MNCL_CHECK(given >= mnclNumOps && i < comm->preMulSums.size() && comm->preMulSums[i].live, mnclInvalidArgument,
+               "mnclRedOpDestroy: reduction op " + std::to_string(given) +
                    " is not a live mnclRedOpCreatePreMulSum op of this communicator");
     comm->preMulSums[i].live = false;
   });

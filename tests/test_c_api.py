@@ -498,6 +498,38 @@ def test_split_refuses_a_nonblocking_config(lib: Any) -> None:
         destroy(lib, comms)
 
 
+def test_a_split_refused_on_one_rank_fails_the_others_at_once(lib: Any) -> None:
+    """Rank 2's config is refused (minCTAs = -3); it still meets the others, whose splits
+    fail at once, naming it (they waited for the bootstrap timeout, 60 s, told to raise it);
+    no rank made a communicator, and the parent still works."""
+    arr = (ctypes.c_void_p * 3)()
+    assert lib.mnclCommInitAll(arr, 3, None) == 0
+    comms = [ctypes.c_void_p(arr[r]) for r in range(3)]
+    new = [ctypes.c_void_p() for _ in comms]
+    said: list[Any] = [None] * 3
+    bad = config(minCTAs=-3)
+
+    def split(r: int) -> None:
+        rc = lib.mnclCommSplit(comms[r], 0, 0, ctypes.byref(new[r]), ctypes.byref(bad) if r == 2 else None)
+        said[r] = (rc, lib.mnclGetLastError(None).decode())
+
+    try:
+        threads = [threading.Thread(target=split, args=(r,)) for r in range(3)]
+        start = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert time.monotonic() - start < 10, said
+        assert said[2] == (MNCL_INVALID_ARGUMENT, "config.minCTAs = -3: a channel bound is >= 0"), said
+        for r in (0, 1):
+            assert said[r][0] == MNCL_REMOTE_ERROR and "split: rank(s) 2 refused their arguments" in said[r][1], said
+        assert not any(new)
+        allreduce_all(lib, comms, 1009)
+    finally:
+        destroy(lib, comms)
+
+
 def test_finalize_refuses_a_communicator_this_threads_group_holds(lib: Any) -> None:
     """Finalize inside an open group that recorded calls on the communicator would return
     before those calls ran (they run at the group's end): refused, saying to end the group
@@ -597,6 +629,19 @@ def test_device_queries(lib: Any) -> None:
             assert "the communicator is null" in lib.mnclGetLastError(None).decode()  # (not the output)
     finally:
         lib.mnclCommDestroy(comm)
+
+
+def test_init_all_refuses_rank_counts_it_cannot_start(lib: Any) -> None:
+    """mnclCommInitAll starts a thread per rank: 2**22 + 1 of them aborted the process
+    (std::system_error out of the thread's start) after 3 s. Now refused before any starts,
+    as an init of that many ranks is, and each argument is named on its own."""
+    arr = (ctypes.c_void_p * 1)()
+    assert lib.mnclCommInitAll(arr, 2**22 + 1, None) == MNCL_INVALID_ARGUMENT
+    assert "nranks=4194305 is more than minincl takes (4194304)" in lib.mnclGetLastError(None).decode()
+    assert lib.mnclCommInitAll(arr, 0, None) == MNCL_INVALID_ARGUMENT
+    assert lib.mnclGetLastError(None).decode() == "mnclCommInitAll: ndev=0 is less than 1"
+    assert lib.mnclCommInitAll(None, 2, None) == MNCL_INVALID_ARGUMENT
+    assert lib.mnclGetLastError(None).decode() == "mnclCommInitAll: comms is null"
 
 
 def test_counts_whose_bytes_overflow_are_refused(lib: Any) -> None:

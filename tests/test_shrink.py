@@ -256,12 +256,44 @@ def test_wrong_exclude_lists_are_refused() -> None:
                     minincl.InvalidUsage, match="Communicator.split / shrink inside a group is not supported"
                 ):
                     what()
-        with pytest.raises(minincl.InvalidArgument, match="split: color 2147483653 does not fit in 32 bits"):
-            comms[0].split(2**31 + 5)  # (a TypeError from the binding, naming its arguments)
         with pytest.raises(minincl.InvalidArgument, match="shrink: rank 0 excludes itself"):
             comms[0].shrink([0])
         with pytest.raises(minincl.InvalidArgument, match="shrink: rank 4 is out of range for 4 ranks"):
             comms[0].shrink([4])
+    finally:
+        for c in comms:
+            c.destroy()
+
+
+def test_a_split_refused_on_one_rank_fails_the_others_at_once() -> None:
+    """A color past 32 bits is refused (a TypeError from the binding would not name it). The
+    refused rank still meets the others, whose splits then fail at once, naming it: they
+    waited for the bootstrap timeout (60 s) before, told to raise it."""
+    comms = minincl.Communicator.init_all(3)
+    said: dict[int, str] = {}
+
+    def split(rank: int) -> None:
+        try:
+            comms[rank].split(2**31 + 5 if rank == 1 else 0)
+            said[rank] = "made"
+        except minincl.Error as e:
+            said[rank] = f"{type(e).__name__}: {e}"
+
+    try:
+        threads = [threading.Thread(target=split, args=(r,)) for r in range(3)]
+        start = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert time.monotonic() - start < 10, said
+        assert said[1] == "InvalidArgument: split: color 2147483653 does not fit in 32 bits (as ncclCommSplit's int)"
+        for r in (0, 2):
+            assert said[r].startswith("RemoteError: split: rank(s) 1 refused their arguments"), said
+        x = [np.full(4, r + 1.0, np.float32) for r in range(3)]
+        run_ranks(comms, lambda c: c.allreduce(x[c.rank]))  # (the communicator is as it was)
+        for a in x:
+            np.testing.assert_array_equal(a, np.full(4, 6.0, np.float32))
     finally:
         for c in comms:
             c.destroy()

@@ -59,7 +59,7 @@ RootHello helloFrom(const UniqueIdData& id, int rank, int nranks) {
 }  // namespace
 
 UniqueIdData uniqueIdForAddress(const std::string& host, int port, const std::string& job) {
-  MNCL_CHECK(port > 0 && port < 65536, mnclInvalidArgument, "port " + std::to_string(port) + " is out of range");
+  MNCL_CHECK(port > 0 && port < 65536, mnclInvalidArgument, "port " + std::to_string(port) + " is out of range (1 to 65535)");
   UniqueIdData d{};
   d.magic = kIdMagic;
   d.nonce = std::hash<std::string>{}(host + ":" + std::to_string(port) + (job.empty() ? "" : "/" + job));

@@ -187,8 +187,11 @@ class Comm {
   // group); otherwise the new group's size, this rank's place in it and its unique id (the
   // group's first rank starts its root and sends the id to the others).
   // `members`, if given: this communicator's ranks in the new group, in its rank order.
+  // `refused`: this rank's split was refused for its arguments; it still meets the others,
+  // so that theirs fail at once, naming it, rather than at the bootstrap timeout (and then
+  // returns false: the caller raises its own error).
   bool splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdData* id,
-                 std::vector<int>* members = nullptr);
+                 std::vector<int>* members = nullptr, bool refused = false);
   // mnclCommShrink's rendezvous: every rank but `exclude` (which need not be alive, and do
   // not call) forms a new group, in rank order. Works on a failed communicator: it needs
   // only the bootstrap's sockets between the ranks kept. `abortFirst`: abort() once the

@@ -41,7 +41,8 @@ void Comm::awaitRendezvousLeft() const {
   }
 }
 
-bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdData* id, std::vector<int>* members_) {
+bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdData* id, std::vector<int>* members_,
+                     bool refused) {
   RendezvousScope one(*this, "split");
   const uint32_t stops = stops_.load(std::memory_order_acquire);  // (before: a stop meanwhile fails it below)
   MNCL_CHECK(!failed(), asyncError(), errorMessage());
@@ -51,16 +52,24 @@ bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdDa
     if (failed()) throwStoredError();
   });
   struct Entry {
-    int32_t color, key, rank;
+    int32_t color, key, rank, refused;
   };
   std::vector<Entry> all(nranks_);
-  all[rank_] = {color, key, rank_};
+  all[rank_] = {color, key, rank_, refused};
   try {
     bootstrap_->allgather(all.data(), sizeof(Entry));
   } catch (const Error& e) {
     throwRendezvousError("split", stops, e);
   }
   int tag = 1000 + splits_++;
+  std::string refusers;
+  for (const Entry& e : all) {
+    if (e.refused) refusers += (refusers.empty() ? "" : ", ") + std::to_string(e.rank);
+  }
+  if (refused) return false;
+  MNCL_CHECK(refusers.empty(), mnclRemoteError,
+             "split: rank(s) " + refusers + " refused their arguments (its error says why), so no rank made a new "
+             "communicator; this one is as it was");
   if (color < 0) return false;
   std::vector<Entry> members;
   for (const Entry& e : all) {

@@ -546,9 +546,9 @@ py::object PyComm::rendezvous(F f) {
   return py::make_tuple(n, py::bytes(bytes, sizeof(bytes)), r, members);
 }
 
-py::object PyComm::splitInfo(int color, int key) {
+py::object PyComm::splitInfo(int color, int key, bool refused) {
   return rendezvous([&](Comm& cm, int* n, int* r, UniqueIdData* id, std::vector<int>* members) {
-    return cm.splitInfo(color, key, n, r, id, members);
+    return cm.splitInfo(color, key, n, r, id, members, refused);
   });
 }
 

@@ -121,7 +121,7 @@ class PyComm {
 
   // (new nranks, unique id, new rank, members) of the group this rank joins, or None for
   // color < 0; members: this communicator's ranks in it, in its rank order.
-  py::object splitInfo(int color, int key);
+  py::object splitInfo(int color, int key, bool refused);
   std::vector<int> lostRanks();
   // (new nranks, unique id, new rank, members) of the group of every rank but `exclude`.
   py::object shrinkInfo(const std::vector<int>& exclude);

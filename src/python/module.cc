@@ -178,7 +178,7 @@ void bindCommunicator(py::module_& m) {
       .def("barrier", &PyComm::barrier,
            "Returns once every rank has called it (on a CUDA communicator, once every rank's thread has: "
            "streams are not synchronized).")
-      .def("_split_info", &PyComm::splitInfo, py::arg("color"), py::arg("key"))
+      .def("_split_info", &PyComm::splitInfo, py::arg("color"), py::arg("key"), py::arg("refused") = false)
       .def(
           "_watch_begin",
           [](PyComm& self, std::vector<int> members) {
