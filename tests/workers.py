@@ -1610,18 +1610,3 @@ def receive_beside_a_rank_that_left(comm: minincl.Communicator, late: float) -> 
     except minincl.Error as e:
         return f"{type(e).__name__}: {e}"
     return "ok" if (x == 2).all() else f"wrong: {x[:2]}"
-
-
-def allreduces_past_dev_shm(comm: minincl.Communicator, counts: list[int]) -> list[str]:
-    """Float32 allreduces of `counts` in turn (their sums checked), until one fails: what each did."""
-    said = []
-    for count in counts:
-        x = np.full(count, comm.rank + 1, np.float32)
-        try:
-            comm.allreduce(x)
-        except minincl.Error as e:
-            said.append(f"{type(e).__name__}: {e}")
-            break
-        want = comm.nranks * (comm.nranks + 1) / 2
-        said.append(f"{count}: {'right' if (x == want).all() else 'WRONG'}")
-    return said

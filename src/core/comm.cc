@@ -44,14 +44,17 @@ uint64_t hostHash() {
 
 namespace {
 
-// Connection buffers past what /dev/shm holds are claimed as calls first use them
-// (comm_claims.cc): where they could outgrow it, the host's first rank says so, once.
+// tmpfs gives a segment's pages as they are first touched, and a page /dev/shm cannot give
+// then kills the process that touches it (SIGBUS). Claiming every rank's connection buffers at
+// init would refuse jobs whose traffic never reaches most of them (a ring uses 2 of a rank's
+// ranks x channels connections: 8 ranks in a container's default 64 MiB run), so where they
+// could outgrow /dev/shm the host's first rank says so, once.
 void warnIfDevShmTooSmall(size_t regionBytes, int localRanks) {
   size_t room = ShmMapping::devShmBytes(), need = regionBytes * (size_t)localRanks;
   if (room == 0 || need <= room) return;
   MNCL_WARN(kInit,
-            "the connection buffers of this host's %d ranks can take %zu MiB of /dev/shm, which holds %zu MiB: a call "
-            "whose traffic reaches past what it can give fails. Give /dev/shm more (a container's: docker "
+            "the connection buffers of this host's %d ranks can take %zu MiB of /dev/shm, which holds %zu MiB: a rank "
+            "whose traffic reaches past what it can give dies of SIGBUS. Give /dev/shm more (a container's: docker "
             "run --shm-size=1g), or make the buffers smaller (MININCL_NCHANNELS, MININCL_SIMPLE_SLOT_BYTES)",
             localRanks, need >> 20, room >> 20);
 }
@@ -142,7 +145,6 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   RegionLayout layout(nranks, nch, mine.sizes);
   std::shared_ptr<ShmMapping> shm = createRegions(layout, host.otherProcess);
   if (host.otherProcess && !onGpu() && host.localIndex == 0) warnIfDevShmTooSmall(layout.totalBytes(), host.localRanks);
-  if (shm && !onGpu()) claimControlWords(layout, *shm);
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
   mapPeerRegions();
   // Other ranks' channels share this rank's cores: a thread that waits must yield soon.
@@ -158,7 +160,6 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   setupChannels(nch, mine.sizes);
   setSpinBudgets(channelsShareCores, host.anyNet);
   connect(layout);
-  markShmConnections(layout);
   startTunerAndThreads(nch, mine);
   const char* transportName = !onGpu() ? (host.anyNet ? (host.otherProcess ? "net + shm" : "net")
                                           : host.otherProcess ? "shm" : "local")
@@ -341,7 +342,7 @@ void Comm::setSpinBudgets(bool channelsShareCores, bool anyNet) {
   for (auto& ch : channels_) ch->dev.spinBudget = onGpu() ? gpuSpins : cpuSpins;
 }
 
-// Whether any host's channel and proxy threads outnumber its cores: the tuner's cost table. (Each
+// Whether any host's channel threads outnumber its cores: the tuner's cost table. (Each
 // rank's own waits follow its own host; the tuner's choice must be the same on every rank.)
 bool Comm::anyHostOversubscribed() const {
   return std::any_of(peers_.begin(), peers_.end(), [](const PeerInfo& p) { return p.oversubscribed != 0; });

@@ -4,7 +4,6 @@
 
 #include <sched.h>
 
-#include <array>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -28,9 +27,6 @@ namespace mncl {
 class Executor;
 class Monitor;
 class NetProxy;
-namespace dev {
-struct P2pOp;
-}  // namespace dev
 namespace gpu {
 class GpuComm;
 class HostMapped;
@@ -44,10 +40,6 @@ struct Channel {
   std::vector<uint64_t> opFirstSendStep, opFirstRecvStep;
   std::vector<uint64_t> peerHeads;
   std::vector<int> ring;
-  // Per peer, side and protocol (Comm::claimIndex): how much of each FIFO slot of its
-  // connections in /dev/shm calls have claimed so far (comm_claims.cc).
-  std::vector<std::array<uint32_t, 2 * (int)Proto::count>> claimed;
-  bool allClaimed = true;
 };
 
 struct PeerInfo {
@@ -127,11 +119,6 @@ class Comm {
   // work and tells the peers. Later calls on it raise the same error. (The message gets a
   // note where this process did not run for a while just before: see Monitor::stallNote.)
   void fail(mnclResult_t code, const std::string& message);
-  // Before channel c runs these: claims the /dev/shm pages of the connections they use that
-  // no call used before (comm_claims.cc). False, having failed the communicator, where
-  // /dev/shm has no room for them.
-  bool claimConnectionsFor(int c, const std::vector<dev::DevWork>& colls, const std::vector<dev::P2pOp>& p2p);
-  static constexpr uint8_t kSendSide = 1, kRecvSide = 2;
   mnclResult_t asyncError() const;
   std::string errorMessage() const;
   // The same text, which stays put once the communicator failed (fail() keeps the first
@@ -312,14 +299,6 @@ class Comm {
   void logPlan() const;
   void setupChannels(int nch, const dev::ProtoSizes& sizes);
   void connect(const RegionLayout& layout);
-  // /dev/shm pages claimed before they are touched (comm_claims.cc): a rank's own control
-  // words at init; each connection's FIFOs when a call first uses them.
-  void claimControlWords(const RegionLayout& layout, ShmMapping& region);
-  void markShmConnections(const RegionLayout& layout);
-  // What steps of `bytes` may reach of each slot of `proto`'s FIFOs on `sides` of the
-  // connection to `peer`, claimed; false, having failed the communicator, where it cannot be.
-  bool claimConnection(Channel& ch, int peer, uint8_t sides, Proto proto, size_t bytes);
-  static int claimIndex(uint8_t side, Proto proto);
   void createGpuRegion(size_t bytes);
   void openPeerGpuRegions();
   bool openPeerIpcRegions();  // false if any peer process's device memory cannot be opened
@@ -368,8 +347,6 @@ class Comm {
   // regions then hold only the control block).
   std::shared_ptr<Mapping> gpuRegion_;
   std::vector<std::shared_ptr<Mapping>> peerFifos_;
-  // Each protocol's FIFO in a connection's block (from its control words), and its slots' bytes.
-  size_t claimOffsets_[(int)Proto::count] = {}, slotBytes_[(int)Proto::count] = {};
   std::unique_ptr<gpu::GpuComm> gpu_;
   std::vector<std::unique_ptr<Channel>> channels_;
   topo::CommPlan topoPlan_;

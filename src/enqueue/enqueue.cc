@@ -132,7 +132,6 @@ void copySelfSlice(const CommLaunch& plan, int c) {
 void runChannel(CommLaunch& plan, int c) {
   Channel& ch = plan.comm->channel(c);
   ChannelResult& res = plan.results[c];
-  res.ok = plan.comm->claimConnectionsFor(c, plan.colls[c], plan.p2p[c]);  // (CPU, /dev/shm)
   for (size_t i = 0; i < plan.colls[c].size() && res.ok; ++i) {
     res.ok = dev::runCollective(ch.dev, plan.colls[c][i], &res.error);
   }

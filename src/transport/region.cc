@@ -39,10 +39,6 @@ dev::ConnFifo RegionLayout::conn(char* regionBase, int sender, int channel) cons
   return connAt(regionBase + ctrlBytes_ + ((size_t)sender * nChannels_ + channel) * connBytes_);
 }
 
-size_t RegionLayout::fifoOffset(Proto p) const {
-  return p == Proto::simple ? simpleOff_ : p == Proto::ll ? llOff_ : ll128Off_;
-}
-
 dev::ConnFifo RegionLayout::connAt(char* c) const {
   dev::ConnFifo f;
   f.ctrl = reinterpret_cast<dev::ConnCtrl*>(c);

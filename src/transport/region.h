@@ -41,9 +41,6 @@ class RegionLayout {
   dev::ConnFifo conn(char* regionBase, int sender, int channel) const;
   // One connection's memory (control words, then the FIFOs), laid out as in a region.
   size_t connBytes() const { return connBytes_; }
-  size_t connCtrlBytes() const { return simpleOff_; }  // of which its control words (the FIFOs follow)
-  size_t fifoOffset(Proto p) const;  // where a protocol's FIFO starts in a connection's memory
-  int nChannels() const { return nChannels_; }
   const dev::ProtoSizes& sizes() const { return sizes_; }
   dev::ConnFifo connAt(char* block) const;
 
@@ -75,7 +72,7 @@ std::shared_ptr<Mapping> findRegion(uint64_t registryId);  // null if gone
 class ShmMapping : public Mapping {
  public:
   // (tmpfs gives its pages as they are first touched: one that /dev/shm cannot give then
-  // kills the process with SIGBUS. See Window::claim, and src/core/comm_claims.cc.)
+  // kills the process with SIGBUS. See Window::claim, and warnIfDevShmTooSmall in comm.cc.)
   static std::shared_ptr<ShmMapping> create(size_t bytes, const std::string& tag);
   static std::shared_ptr<ShmMapping> open(const std::string& name, size_t bytes);
   ~ShmMapping() override;
