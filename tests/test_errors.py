@@ -839,6 +839,45 @@ def test_mismatched_collectives_are_named(pair: Any) -> None:
     assert all(r != "ok" for r in results)
 
 
+@pytest.mark.parametrize("coll", ["allreduce", "broadcast", "allgather"])
+def test_a_count_0_call_against_another_is_a_mismatch_in_the_call(pair: Any, coll: str) -> None:
+    """A count-0 call moves no step that a peer could check: rank 1's allreduce of 0 elements
+    against rank 0's of 4 returned, and rank 1's next call (4 elements) paired with rank 0's
+    first, and succeeded. It now waits for its peers' logs of that call and raises there."""
+
+    def call(c: Any, n: int) -> None:
+        x = np.full(n, c.rank + 1.0, np.float32)
+        if coll == "allgather":
+            c.allgather(x, np.empty(2 * n, np.float32))
+        else:
+            getattr(c, coll)(x)
+
+    def body(c: Any) -> list[str]:
+        said = []
+        for n in [0, 4] if c.rank == 1 else [4]:
+            try:
+                call(c, n)
+                said.append("ok")
+            except minincl.Error as e:
+                said.append(f"{type(e).__name__}: {e}")
+                break
+        return said
+
+    results = run_ranks(pair, body)
+    assert len(results[1]) == 1 and results[1][0].startswith("InvalidUsage: mismatched calls: rank 1 called "), results
+    assert f"{coll}(count=0" in results[1][0] and f"{coll}(count=4" in results[1][0], results
+    # (A broadcast's root only sends, which fit in the connection: it may end first, and hear
+    # of the failure at its next call.)
+    assert results[0][0].startswith("RemoteError: rank 1") or (coll == "broadcast" and results[0] == ["ok"]), results
+    # Count-0 calls that match still return, as many as made.
+    fresh = minincl.Communicator.init_all(2)
+    try:
+        assert run_ranks(fresh, lambda c: [call(c, 0) for _ in range(20)] and call(c, 4)) == [None, None]
+    finally:
+        for c in fresh:
+            c.destroy()
+
+
 # Calls that run as other calls inside (a barrier as an allreduce of one int32; an alltoall,
 # a gather or a scatter as sends and receives) are named as the user made them: (rank 0's
 # call, rank 1's, both names).

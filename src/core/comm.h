@@ -150,6 +150,11 @@ class Comm {
   void logCall(const LoggedCall& call);
   uint64_t collectiveCallsMade() const;  // logged so far
   uint64_t peerCollectiveCallsMade(int r) const;  // as rank r's log here says (a network peer's: a mirror)
+  // CPU, after collective call `seq` of count 0 (which moves no step, so no peer checks it
+  // against its own): waits until every peer has logged its call `seq`, and fails the
+  // communicator (throwing) if one made another call; the monitor would a tick later, after
+  // the next call had paired with the wrong one.
+  void checkZeroCountCall(uint64_t seq);
   // Counts a send or receive this rank posts, for the same log. `channelBytes`: of a send,
   // the most that one of its channels carries to the peer, with the group's earlier sends to
   // it (see p2pSplit); `opBytes`: what the op alone puts on its first channel, which every

@@ -53,6 +53,25 @@ int Comm::pendingSender() const {
   return -1;
 }
 
+void Comm::checkZeroCountCall(uint64_t seq) {
+  if (onGpu() || nranks_ == 1) return;
+  uint32_t spins = 0;
+  for (int r = 0; r < nranks_; ++r) {
+    // (A peer that dies or hangs meanwhile fails the communicator: the monitor sees this
+    // rank inside a collective call.)
+    while (r != rank_ && peerRegions_[r] && peerCollectiveCallsMade(r) < seq) {
+      if (failed()) throwStoredError();
+      dev::cpuBackoff(spins++);
+    }
+  }
+  for (int r = 0; r < nranks_; ++r) {
+    std::string mismatch = r == rank_ ? "" : loggedCallMismatch(r);
+    if (mismatch.empty()) continue;
+    fail(mnclInvalidUsage, mismatch);
+    throwStoredError();
+  }
+}
+
 std::string Comm::loggedCallMismatch(int r) const {
   if (!region_ || !peerRegions_[r]) return "";
   const CallLog& mine = region_->ctrl()->calls;

@@ -428,6 +428,12 @@ void logGroupCalls(std::vector<Recorded>& calls) {
   }
 }
 
+// A collective call of count 0 moves nothing, so no step of it meets a peer's: its peers'
+// logs say whether they made the same call (Comm::checkZeroCountCall).
+void checkIfZeroCount(const Recorded& r) {
+  if (!r.isP2p && r.coll.count == 0 && r.callNumber > 0) r.comm->checkZeroCountCall(r.callNumber);
+}
+
 void runRecorded(std::vector<Recorded>& calls) {
   for (const Recorded& r : calls) {
     MNCL_CHECK(r.comm->onGpu() == calls[0].comm->onGpu(), mnclInvalidUsage,
@@ -466,6 +472,7 @@ void runRecorded(std::vector<Recorded>& calls) {
     }
     for (Recorded& r : calls) plan(planOf(r.comm), r);
     launch(plans.data(), nplans, &ran, &scopes);
+    for (const Recorded& r : calls) checkIfZeroCount(r);
   } catch (...) {
     if (ran) {
       for (size_t i = 0; i < nplans; ++i) {
@@ -507,6 +514,7 @@ void recordOrRun(const Recorded& r) {
     single.reset(r.comm);
     plan(single, r);
     launch(&single, 1, &ran);
+    checkIfZeroCount(r);
   } catch (...) {
     // A call that ran and failed returns its buffers only once no peer can touch them (after
     // leaving the call: a peer that failed as well waits for that).
