@@ -213,8 +213,9 @@ class Communicator(_core.Communicator):
         ``(key, rank)``; a negative color joins none and returns None. Every rank of this
         communicator must call it (as ncclCommSplit)."""
         refusal = None
+        color, key = operator.index(color), operator.index(key)  # (not a float or a string)
         for name, value in (("color", color), ("key", key)):
-            if not -(2**31) <= int(value) < 2**31:
+            if not -(2**31) <= value < 2**31:
                 refusal = f"split: {name} {value} does not fit in 32 bits (as ncclCommSplit's int)"
         # A refused rank still meets the others: theirs then fail at once, naming it, rather
         # than at the bootstrap timeout.
@@ -222,7 +223,7 @@ class Communicator(_core.Communicator):
             with contextlib.suppress(Error):  # (its own story first, whatever the rendezvous met)
                 self._split_info(0, 0, True)
             raise InvalidArgument(refusal)
-        info = self._split_info(int(color), int(key))
+        info = self._split_info(color, key)
         if info is None:
             return None
         nranks, uid, rank, members = info

@@ -440,6 +440,7 @@ mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist) {
   std::vector<mnclResult_t> results(ndev, mnclSuccess);
   std::vector<std::string> errors(ndev);
   std::vector<std::thread> threads;
+  if ((rc = guarded([&] { threads.reserve(ndev); })) != mnclSuccess) return rc;  // (no growth while threads run)
   for (int r = 0; r < ndev; ++r) {
     try {
       threads.emplace_back([&, r] {
@@ -451,10 +452,10 @@ mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist) {
         results[q] = mnclSystemError;
         errors[q] = "could not start a thread for rank " + std::to_string(q) + " of " + std::to_string(ndev) + ": " +
                     e.what();
-        UniqueIdData d;
-        std::memcpy(&d, id.internal, sizeof(d));
-        Bootstrap::reportInitFailure(d, q, ndev, errors[q]);
       }
+      UniqueIdData d;
+      std::memcpy(&d, id.internal, sizeof(d));
+      Bootstrap::reportInitFailure(d, r, ndev, errors[r]);  // (one rank's failure fails them all)
       break;
     }
   }
@@ -512,12 +513,7 @@ mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newc
     CallHold hold(comm);
     Comm& parent = hold.comm();
     WaitCancel cancel(&comm->cancelWaits);  // (abort stops the rendezvous and the new comm's init)
-    // A nonblocking split is refused at once: its caller may be one thread splitting several
-    // ranks, which the rendezvous would keep waiting for the others.
-    MNCL_CHECK(!config || static_cast<const mnclConfig_t*>(config)->blocking != 0, mnclInvalidArgument,
-               "config.blocking = 0: minincl's split always blocks; set blocking to 1 (or leave it undefined), "
-               "and split ranks of one process from threads of their own");
-    // Other refused settings still join the rendezvous: the others' splits then fail at once,
+    // A config refused still joins the rendezvous: the others' splits then fail at once,
     // naming this rank, instead of waiting for it until the bootstrap timeout.
     CommOptions options;
     std::optional<Error> refusal;
@@ -526,6 +522,11 @@ mnclResult_t mnclCommSplit(mnclComm_t comm, int color, int key, mnclComm_t* newc
     } catch (const Error& e) {
       refusal = e;
     }
+    // But a good config asking for a nonblocking split is refused at once: its caller may be
+    // one thread splitting several ranks, which the rendezvous would keep waiting for the others.
+    MNCL_CHECK(refusal || !config || static_cast<const mnclConfig_t*>(config)->blocking != 0, mnclInvalidArgument,
+               "config.blocking = 0: minincl's split always blocks; set blocking to 1 (or leave it undefined), "
+               "and split ranks of one process from threads of their own");
     int n = 0, r = 0;
     UniqueIdData id{};
     std::vector<int> members;

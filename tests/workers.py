@@ -280,7 +280,8 @@ def random_mismatched_calls(_launched: minincl.Communicator, nranks: int, cases:
         try:
             results = run(plan)
             if not alike and all(r == "ok" for r in results):
-                # Calls that move nothing (count 0) end before the monitors compare them:
+                # Calls that move nothing (a count-0 alltoall, gather or scatter; a count-0
+                # collective checks its peers' logs) end before the monitors compare them:
                 # the next call fails instead.
                 time.sleep(0.05)
                 results = run([("barrier", 0, "float32", 0, "sum")] * nranks)

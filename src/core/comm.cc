@@ -342,7 +342,7 @@ void Comm::setSpinBudgets(bool channelsShareCores, bool anyNet) {
   for (auto& ch : channels_) ch->dev.spinBudget = onGpu() ? gpuSpins : cpuSpins;
 }
 
-// Whether any host's channel threads outnumber its cores: the tuner's cost table. (Each
+// Whether any host's channel and proxy threads outnumber its cores: the tuner's cost table. (Each
 // rank's own waits follow its own host; the tuner's choice must be the same on every rank.)
 bool Comm::anyHostOversubscribed() const {
   return std::any_of(peers_.begin(), peers_.end(), [](const PeerInfo& p) { return p.oversubscribed != 0; });
