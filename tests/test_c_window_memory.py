@@ -228,6 +228,11 @@ def test_wrong_uses_are_refused_with_a_reason(lib: Any) -> None:
         for huge in (2**64 - 1, 2**63):  # (rounded up to pages, 2^64 - 1 wrapped to one page)
             assert lib.mnclCommMemAlloc(comm, ctypes.byref(p), huge) == MNCL_INVALID_ARGUMENT
             assert b"bytes is more than any memory holds" in lib.mnclGetLastError(None)
+        # (2^63 - 1 reached the allocator: "out of memory", or a sanitizer's abort.)
+        machine = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        for huge in (2**63 - 1, machine + 4096):
+            assert lib.mnclCommMemAlloc(comm, ctypes.byref(p), huge) == MNCL_INVALID_ARGUMENT
+            assert b"bytes is more than this machine's memory" in lib.mnclGetLastError(None)
         assert lib.mnclCommMemAlloc(comm, ctypes.byref(p), 0) == MNCL_SUCCESS  # (a page, as any size)
         assert p.value and lib.mnclMemFree(p) == MNCL_SUCCESS
     finally:

@@ -151,7 +151,8 @@ mnclResult_t mnclCommInitRankConfig(mnclComm_t* comm, int nranks, mnclUniqueId c
  * a CUDA device or MNCL_DEVICE_CPU. */
 mnclResult_t mnclCommInitAll(mnclComm_t* comms, int ndev, const int* devlist);
 /* The ranks of comm that pass the same color form a new communicator, ranked by (key, old
- * rank). Collective over comm. color MNCL_SPLIT_NOCOLOR: this rank joins none and gets NULL.
+ * rank). Collective over comm. color MNCL_SPLIT_NOCOLOR (or any negative color): this rank joins
+ * none and gets NULL.
  * config (an mnclConfig_t*) NULL: the new communicator takes comm's config; otherwise that
  * config (its undefined fields: the defaults; blocking = 0 is refused: a split always blocks).
  * It is on comm's device. mnclCommAbort(comm) from another thread stops a split still waiting

@@ -1,5 +1,7 @@
 #include "window_memory.h"
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -39,9 +41,20 @@ void* plainMemory(size_t bytes) {
 
 }  // namespace
 
+// This machine's memory, in bytes (SIZE_MAX / 2 where it cannot be read).
+static size_t physicalMemoryBytes() {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : SIZE_MAX / 2;
+}
+
 void* allocateWindowMemory(Comm& comm, size_t bytes) {
   MNCL_CHECK(bytes <= SIZE_MAX / 2, mnclInvalidArgument,
              "mnclCommMemAlloc: " + std::to_string(bytes) + " bytes is more than any memory holds");
+  // (Refused before the allocator sees it: a sanitizer's aborts where it is asked for 2^63 bytes.)
+  size_t machine = physicalMemoryBytes();
+  MNCL_CHECK(bytes <= machine, mnclInvalidArgument,
+             "mnclCommMemAlloc: " + std::to_string(bytes) + " bytes is more than this machine's memory (" +
+                 std::to_string(machine >> 20) + " MiB)");
   MNCL_CHECK(!comm.onGpu(), mnclInvalidUsage,
              "mnclCommMemAlloc: windows are for CPU communicators; allocate GPU buffers with cudaMalloc");
   std::shared_ptr<Window> window = comm.window();
