@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import run_ranks
 
 import minincl
 
@@ -514,12 +515,8 @@ def test_a_split_refused_on_one_rank_fails_the_others_at_once(lib: Any) -> None:
         said[r] = (rc, lib.mnclGetLastError(None).decode())
 
     try:
-        threads = [threading.Thread(target=split, args=(r,)) for r in range(3)]
         start = time.monotonic()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
+        run_ranks([0, 1, 2], split, timeout=30)
         assert time.monotonic() - start < 10, said
         assert said[2] == (MNCL_INVALID_ARGUMENT, "config.minCTAs = -3: a channel bound is >= 0"), said
         for r in (0, 1):

@@ -280,12 +280,8 @@ def test_a_split_refused_on_one_rank_fails_the_others_at_once() -> None:
             said[rank] = f"{type(e).__name__}: {e}"
 
     try:
-        threads = [threading.Thread(target=split, args=(r,)) for r in range(3)]
         start = time.monotonic()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=30)
+        run_ranks([0, 1, 2], split, timeout=30)
         assert time.monotonic() - start < 10, said
         assert said[1] == "InvalidArgument: split: color 2147483653 does not fit in 32 bits (as ncclCommSplit's int)"
         for r in (0, 2):
