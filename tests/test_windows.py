@@ -158,3 +158,45 @@ def test_a_dev_shm_too_small_for_a_window_array_is_an_error_not_sigbus() -> None
     for said in ast.literal_eval(window.stdout.strip()):  # (the ranks' lists of strings)
         assert said[0].startswith("SystemError: /dev/shm has no room for 50331648 more bytes of the communicator"), said
         assert said[1] == "small: 2..2", said
+
+
+@pytest.mark.skipif(not can_mount_a_dev_shm(), reason="needs unshare -m and mount (root)")
+@pytest.mark.parametrize("protocol", ["Simple", "LL", "LL128"])
+def test_connection_buffers_past_dev_shm_fail_the_call_not_the_process(protocol: str) -> None:
+    """Connection buffers are not claimed (a ring touches few of them), so a call may touch a
+    page /dev/shm cannot give. In a 2 MiB /dev/shm, 3 processes' small allreduces run, and a 4
+    MiB one fails on every rank, naming /dev/shm; the processes live on (they died of SIGBUS
+    before). Python's faulthandler, on in each process, is not in the way."""
+    code = "import minincl, workers; print(minincl.launch(workers.allreduces_past_dev_shm, 3, {}))"
+    # (One channel, and FIFOs of 1-2 MiB a connection for each protocol: a 4 MiB ring fills
+    # them, 3 ranks past 2 MiB.)
+    env = {
+        "MININCL_NCHANNELS": "1",
+        "MININCL_PROTO": protocol,
+        "MININCL_SIMPLE_SLOT_BYTES": "128K",
+        "MININCL_LL_SLOT_LINES": "8K",
+        "MININCL_LL128_SLOT_LINES": "2K",
+        "PYTHONFAULTHANDLER": "1",
+    }
+    run = in_a_small_dev_shm(2, code.format("[1000] * 5 + [1 << 20, 1000]"), env)
+    assert run.returncode == 0, run.stderr
+    said = ast.literal_eval(run.stdout.strip())
+    assert [rank[:5] for rank in said] == [["1000: right"] * 5] * 3, said
+    last = [rank[5:] for rank in said]
+    assert all(len(e) == 1 and "/dev/shm had no room for a page" in e[0] and "--shm-size" in e[0] for e in last), last
+    assert any(e[0].startswith("SystemError: /dev/shm had no room") for e in last), last
+    assert "Fatal Python error" not in run.stderr, run.stderr
+
+
+@pytest.mark.skipif(not can_mount_a_dev_shm(), reason="needs unshare -m and mount (root)")
+@pytest.mark.parametrize("faulthandler", [False, True])
+@pytest.mark.parametrize("how", ["kill", "file"])
+def test_a_sigbus_not_from_minincl_still_kills_the_process(how: str, faulthandler: bool) -> None:
+    """minincl's SIGBUS handler takes only faults on its own connection buffers: a SIGBUS sent
+    by kill, or from a file mapping past its file's end, kills the process as before, through
+    Python's faulthandler where that is on."""
+    code = f'import minincl, workers; minincl.launch(workers.sigbus_not_from_minincl, 2, "{how}")'
+    run = in_a_small_dev_shm(16, code, {"PYTHONFAULTHANDLER": "1"} if faulthandler else {})
+    assert run.returncode == 1, run.stderr
+    assert "rank 0: process killed by SIGBUS" in run.stderr, run.stderr
+    assert ("Fatal Python error: Bus error" in run.stderr) == faulthandler, run.stderr

@@ -1611,3 +1611,38 @@ def receive_beside_a_rank_that_left(comm: minincl.Communicator, late: float) -> 
     except minincl.Error as e:
         return f"{type(e).__name__}: {e}"
     return "ok" if (x == 2).all() else f"wrong: {x[:2]}"
+
+
+def allreduces_past_dev_shm(comm: minincl.Communicator, counts: list[int]) -> list[str]:
+    """Float32 allreduces of `counts` in turn (their sums checked), until one fails: what each did."""
+    said = []
+    for count in counts:
+        x = np.full(count, comm.rank + 1, np.float32)
+        try:
+            comm.allreduce(x)
+        except minincl.Error as e:
+            said.append(f"{type(e).__name__}: {e}")
+            break
+        want = comm.nranks * (comm.nranks + 1) / 2
+        said.append(f"{count}: {'right' if (x == want).all() else 'WRONG'}")
+    return said
+
+
+def sigbus_not_from_minincl(comm: minincl.Communicator, how: str) -> str:
+    """Rank 0 gets a SIGBUS minincl has nothing to do with: sent by kill, or from a file mapping
+    whose file was cut short. minincl's handler must let it kill the process."""
+    comm.barrier()
+    if comm.rank == 0:
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGBUS)
+        else:
+            import mmap
+            import tempfile
+
+            with tempfile.TemporaryFile() as f:
+                f.truncate(mmap.PAGESIZE)
+                page = mmap.mmap(f.fileno(), mmap.PAGESIZE)
+                f.truncate(0)
+                page[0] = 1  # (past the file's end now: SIGBUS)
+        time.sleep(5)
+    return "lived"

@@ -45,17 +45,19 @@ uint64_t hostHash() {
 namespace {
 
 // tmpfs gives a segment's pages as they are first touched, and a page /dev/shm cannot give
-// then kills the process that touches it (SIGBUS). Claiming every rank's connection buffers at
-// init would refuse jobs whose traffic never reaches most of them (a ring uses 2 of a rank's
-// ranks x channels connections: 8 ranks in a container's default 64 MiB run), so where they
-// could outgrow /dev/shm the host's first rank says so, once.
+// then raises SIGBUS in the process that touches it (caught: see ShmFaultWatch; the call
+// fails). Claiming every rank's connection buffers at init would refuse jobs whose traffic
+// never reaches most of them (a ring uses 2 of a rank's ranks x channels connections: 8 ranks
+// in a container's default 64 MiB run), so where they could outgrow /dev/shm the host's first
+// rank says so, once.
 void warnIfDevShmTooSmall(size_t regionBytes, int localRanks) {
   size_t room = ShmMapping::devShmBytes(), need = regionBytes * (size_t)localRanks;
   if (room == 0 || need <= room) return;
   MNCL_WARN(kInit,
-            "the connection buffers of this host's %d ranks can take %zu MiB of /dev/shm, which holds %zu MiB: a rank "
-            "whose traffic reaches past what it can give dies of SIGBUS. Give /dev/shm more (a container's: docker "
-            "run --shm-size=1g), or make the buffers smaller (MININCL_NCHANNELS, MININCL_SIMPLE_SLOT_BYTES)",
+            "the connection buffers of this host's %d ranks can take %zu MiB of /dev/shm, which holds %zu MiB: a call "
+            "whose traffic reaches past what it can give fails (SystemError), and its communicator with it. Give "
+            "/dev/shm more (a container's: docker run --shm-size=1g), or make the buffers smaller (MININCL_NCHANNELS, "
+            "MININCL_SIMPLE_SLOT_BYTES)",
             localRanks, need >> 20, room >> 20);
 }
 
@@ -161,6 +163,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   setSpinBudgets(channelsShareCores, host.anyNet);
   connect(layout);
   startTunerAndThreads(nch, mine);
+  if (shmFaults_.faulted()) throwStoredError();  // (the control block's first touches)
   const char* transportName = !onGpu() ? (host.anyNet ? (host.otherProcess ? "net + shm" : "net")
                                           : host.otherProcess ? "shm" : "local")
                               : !gpuRegion_ ? "pinned host memory (no CUDA IPC)"
@@ -286,6 +289,7 @@ std::shared_ptr<ShmMapping> Comm::createRegions(const RegionLayout& layout, bool
   std::shared_ptr<ShmMapping> shm;
   if (otherProcess) {
     shm = ShmMapping::create(hostBytes, "r" + std::to_string(rank_));
+    shmFaults_.watch(shm->base(), shm->size(), abort_);
     region_ = shm;
     std::strncpy(mine.shmName, shm->name().c_str(), sizeof(mine.shmName) - 1);
   } else {
@@ -319,6 +323,9 @@ void Comm::mapPeerRegions() {
     else if (netPeer_[r]) continue;
     else if (p.pid == myPid) peerRegions_[r] = findRegion(p.regionId);
     else peerRegions_[r] = ShmMapping::open(p.shmName, p.regionBytes);
+    if (r != rank_ && dynamic_cast<ShmMapping*>(peerRegions_[r].get())) {  // (this rank's threads write there)
+      shmFaults_.watch(peerRegions_[r]->base(), peerRegions_[r]->size(), abort_);
+    }
     MNCL_CHECK(peerRegions_[r] != nullptr, mnclInternalError, "rank " + std::to_string(r) + "'s region vanished during init");
     if (r != rank_ && p.windowBytes > 0 && p.pid != myPid) peerWindows_[r] = ShmMapping::open(p.windowName, p.windowBytes);
   }

@@ -15,6 +15,7 @@
 #include "../bootstrap/bootstrap.h"
 #include "../topo/comm_plan.h"
 #include "../transport/region.h"
+#include "../transport/shm_fault.h"
 #include "../transport/window.h"
 #include "../tune/tuner.h"
 #include "call_log.h"
@@ -125,6 +126,10 @@ class Comm {
   // error): a C caller may hold the pointer for as long as the communicator lives.
   const char* failedMessage() const;
   [[noreturn]] void throwStoredError() const;
+  // Where a page of this rank's shared memory could not be had (see ShmFaultWatch), stores
+  // that as the error, once. The readers above call it first: the SIGBUS handler, which may
+  // neither lock nor allocate, only set the abort word.
+  void storeShmFault() const;
 
   // How long one call may stay inside this communicator before its monitor fails it with
   // mnclTimeout, saying where each rank is (seconds, 0: no limit; default
@@ -270,6 +275,7 @@ class Comm {
   };
   std::atomic<int> rendezvousInside_{0};
   void awaitRendezvousLeft() const;  // after an abort(): until another thread's split or shrink left
+  mnclResult_t asyncErrorStored() const;  // asyncError() without storeShmFault() first
   // shrinkInfo's part on the lowest rank kept: compares the others' excluded ranks with its
   // own and sends each the reply (the new group's id, or why there is none); returns the
   // ranks that disagree ("" if none).
@@ -348,6 +354,7 @@ class Comm {
   std::vector<std::shared_ptr<Mapping>> peerRegions_;
   std::shared_ptr<Window> window_;
   std::vector<std::shared_ptr<Mapping>> peerWindows_;  // [rank]: its window mapped here, or null
+  ShmFaultWatch shmFaults_;  // the shared regions above (declared after them: unwatched before they go)
   // Where the FIFOs are: the regions above on the CPU; device memory on a GPU (whose host
   // regions then hold only the control block).
   std::shared_ptr<Mapping> gpuRegion_;

@@ -1,6 +1,8 @@
 // How a communicator fails and ends: its error state (the first failure's), abort and
 // destroy's stops, leaving; and what it knows of its peers' ends: which ranks it lost, why a
 // peer failed, and (after its own failure) when its peers are out of their calls.
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -34,22 +36,44 @@ void Comm::fail(mnclResult_t code, const std::string& what) {
   if (code != mnclAborted) MNCL_WARN(kInit, "rank %d: %s", rank_, message.c_str());
 }
 
-mnclResult_t Comm::asyncError() const {
+void Comm::storeShmFault() const {
+  if (!shmFaults_.faulted() || asyncErrorStored() != mnclSuccess) return;
+  // (const for the readers' sake; no Comm is ever defined const.)
+  size_t room = ShmMapping::devShmBytes(), free = ShmMapping::devShmFreeBytes();
+  std::string sizes = room ? " (" + std::to_string(free >> 20) + " MiB free of " + std::to_string(room >> 20) + ")" : "";
+  // (const for the readers' sake; no Comm is ever defined const.)
+  const_cast<Comm*>(this)->fail(
+      mnclSystemError,
+      "/dev/shm had no room for a page of this rank's connection buffers" + sizes +
+          ": tmpfs gives pages as they are first touched, and this one gave SIGBUS (caught). Give /dev/shm more (a "
+          "container's: docker run --shm-size=1g), or make the buffers smaller (MININCL_NCHANNELS, "
+          "MININCL_SIMPLE_SLOT_BYTES)");
+}
+
+mnclResult_t Comm::asyncErrorStored() const {
   std::lock_guard<std::mutex> lock(errorMutex_);
   return error_;
 }
 
+mnclResult_t Comm::asyncError() const {
+  storeShmFault();
+  return asyncErrorStored();
+}
+
 std::string Comm::errorMessage() const {
+  storeShmFault();
   std::lock_guard<std::mutex> lock(errorMutex_);
   return errorMessage_;
 }
 
 const char* Comm::failedMessage() const {
+  storeShmFault();
   std::lock_guard<std::mutex> lock(errorMutex_);
   return error_ == mnclSuccess ? "" : errorMessage_.c_str();
 }
 
 void Comm::throwStoredError() const {
+  storeShmFault();
   std::lock_guard<std::mutex> lock(errorMutex_);
   throw Error(error_ == mnclSuccess ? mnclInternalError : error_, errorMessage_);
 }

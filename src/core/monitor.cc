@@ -74,6 +74,7 @@ void Monitor::loop() {
     dev::storeRelease(&mine->heartbeat, mine->heartbeat + 1);
     double now = nowSeconds();
     noteOwnStall(now);
+    comm_.storeShmFault();  // (tells the peers; a SIGBUS handler only set the abort word)
     if (comm_.failed()) {  // already stopping: nothing to report, only peers to give up on
       giveUpOnStoppedPeers(now);
       continue;

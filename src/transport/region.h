@@ -72,7 +72,7 @@ std::shared_ptr<Mapping> findRegion(uint64_t registryId);  // null if gone
 class ShmMapping : public Mapping {
  public:
   // (tmpfs gives its pages as they are first touched: one that /dev/shm cannot give then
-  // kills the process with SIGBUS. See Window::claim, and warnIfDevShmTooSmall in comm.cc.)
+  // raises SIGBUS. See Window::claim, ShmFaultWatch, and warnIfDevShmTooSmall in comm.cc.)
   static std::shared_ptr<ShmMapping> create(size_t bytes, const std::string& tag);
   static std::shared_ptr<ShmMapping> open(const std::string& name, size_t bytes);
   ~ShmMapping() override;

@@ -1,0 +1,122 @@
+#include "shm_fault.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <mutex>
+
+namespace mncl {
+
+namespace {
+
+// The process's watched ranges. The handler reads them without a lock (it may not take one):
+// a slot is filled before its owner is published, and its owner cleared before it is reused.
+struct WatchedRange {
+  std::atomic<uintptr_t> begin{0}, end{0};
+  std::atomic<ShmFaultWatch*> owner{nullptr};
+};
+constexpr int kMaxRanges = 4096;  // (a rank maps its own region and each local peer's, per communicator)
+WatchedRange ranges[kMaxRanges];
+std::atomic<int> rangesUsed{0};   // slots below this may be in use
+std::mutex rangesMutex;           // (writers)
+
+struct sigaction previousAction;  // what SIGBUS did before the handler (set once, before it is installed)
+uintptr_t pageBytes = 4096;
+
+// Calls f(watch) for each watch of a range that holds `address` (a region may be watched by
+// several communicators of this process: its own, and those of ranks in this process that
+// write to it). Returns how many.
+template <typename F>
+int forEachWatchOf(uintptr_t address, F f) {
+  int used = rangesUsed.load(std::memory_order_acquire), found = 0;
+  for (int i = 0; i < used; ++i) {
+    ShmFaultWatch* owner = ranges[i].owner.load(std::memory_order_acquire);
+    bool inside = owner && address >= ranges[i].begin.load(std::memory_order_acquire) &&
+                  address < ranges[i].end.load(std::memory_order_acquire);
+    if (inside && ranges[i].owner.load(std::memory_order_acquire) == owner) {  // (not reused meanwhile)
+      f(owner);
+      ++found;
+    }
+  }
+  return found;
+}
+
+// Hands the signal on as if this handler had never been there.
+void chain(int signal, siginfo_t* info, void* context) {
+  const struct sigaction& p = previousAction;
+  if ((p.sa_flags & SA_SIGINFO) && p.sa_sigaction) return p.sa_sigaction(signal, info, context);
+  if (!(p.sa_flags & SA_SIGINFO) && p.sa_handler != SIG_DFL && p.sa_handler != SIG_IGN) return p.sa_handler(signal);
+  bool sent = info->si_code <= 0;  // (by kill or raise, not by a fault)
+  if (sent && p.sa_handler == SIG_IGN) return;
+  // The default action: a fault happens again as the access is retried; a sent signal is sent
+  // again (it is blocked here, and arrives once the handler returns).
+  struct sigaction byDefault {};
+  byDefault.sa_handler = SIG_DFL;
+  sigemptyset(&byDefault.sa_mask);
+  sigaction(signal, &byDefault, nullptr);
+  if (sent) raise(signal);
+}
+
+void onSigbus(int signal, siginfo_t* info, void* context) {
+  if (info->si_code == BUS_ADRERR) {
+    uintptr_t address = (uintptr_t)info->si_addr;
+    if (forEachWatchOf(address, [](ShmFaultWatch*) {}) > 0) {
+      // (mmap is a plain system call, safe here in practice though POSIX does not list it.)
+      void* page = (void*)(address & ~(pageBytes - 1));
+      void* got = mmap(page, pageBytes, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (got == page) {
+        forEachWatchOf(address, [](ShmFaultWatch* watch) { watch->noteFault(); });
+        return;  // the access is retried, on the private page
+      }
+    }
+  }
+  chain(signal, info, context);
+}
+
+// Once per process. (Not again where another handler replaced this one later: that one, as
+// Python's faulthandler does, may hand faults back to this one, and the two would loop.)
+void installHandler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    pageBytes = (uintptr_t)sysconf(_SC_PAGESIZE);
+    struct sigaction mine {};
+    mine.sa_sigaction = onSigbus;
+    mine.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+    sigemptyset(&mine.sa_mask);
+    sigaction(SIGBUS, nullptr, &previousAction);
+    sigaction(SIGBUS, &mine, nullptr);
+  });
+}
+
+}  // namespace
+
+void ShmFaultWatch::watch(const void* base, size_t bytes, uint32_t* abortWord) {
+  installHandler();
+  abortWord_.store(abortWord, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(rangesMutex);
+  for (int i = 0; i < kMaxRanges; ++i) {
+    if (ranges[i].owner.load(std::memory_order_relaxed) != nullptr) continue;
+    ranges[i].begin.store((uintptr_t)base, std::memory_order_relaxed);
+    ranges[i].end.store((uintptr_t)base + bytes, std::memory_order_relaxed);
+    ranges[i].owner.store(this, std::memory_order_release);
+    if (i >= rangesUsed.load(std::memory_order_relaxed)) rangesUsed.store(i + 1, std::memory_order_release);
+    slots_.push_back(i);
+    return;
+  }
+  // (Past kMaxRanges a fault there kills the process with SIGBUS, as it did before this watch.)
+}
+
+ShmFaultWatch::~ShmFaultWatch() {
+  std::lock_guard<std::mutex> lock(rangesMutex);
+  for (int i : slots_) ranges[i].owner.store(nullptr, std::memory_order_release);
+}
+
+void ShmFaultWatch::noteFault() {
+  faulted_.store(1, std::memory_order_release);
+  if (uint32_t* abortWord = abortWord_.load(std::memory_order_acquire)) {
+    __atomic_store_n(abortWord, 1u, __ATOMIC_RELEASE);
+  }
+}
+
+}  // namespace mncl
