@@ -34,8 +34,12 @@ class ShmFaultWatch {
   ShmFaultWatch& operator=(const ShmFaultWatch&) = delete;
 
   // Watches [base, base + bytes), a shared-memory mapping; a fault there sets *abortWord.
-  // (Installs the handler again where something replaced it since: it chains to that one.)
   void watch(const void* base, size_t bytes, uint32_t* abortWord);
+  // A fault also sets *word, in shared memory its peers read: what this rank wrote on the
+  // private page, a peer never sees, and a peer whose call took a step this rank published
+  // after it (a Simple step's data is on one page, its counter on another) must not end that
+  // call as done. (Set before the faulting access is retried, so before any such step.)
+  void markFaultsIn(uint32_t* word) { markWord_.store(word, std::memory_order_release); }
   // Whether a page of a watched range could not be had.
   bool faulted() const { return faulted_.load(std::memory_order_acquire) != 0; }
 
@@ -45,6 +49,7 @@ class ShmFaultWatch {
  private:
   std::atomic<uint32_t> faulted_{0};
   std::atomic<uint32_t*> abortWord_{nullptr};
+  std::atomic<uint32_t*> markWord_{nullptr};
   std::vector<int> slots_;  // its entries in the process's table of watched ranges
 };
 
