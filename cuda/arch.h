@@ -241,6 +241,17 @@ struct Waiter {
     return true;
   }
 
+  // Before a Simple step is posted: whether the operation stopped. On a CPU this also looks at
+  // the abort word once, which a SIGBUS handler sets when a page of /dev/shm this step went
+  // through could not be had (the step's data may be zeros there: it must not reach a peer;
+  // see ShmFaultWatch). A GPU's FIFOs are device memory, and the word is a PCIe read away.
+  MNCL_DEV bool abortedBeforePost() {
+#if !defined(__CUDACC__)
+    if (!aborted && loadRelaxed(abortFlag) != 0) aborted = true;
+#endif
+    return aborted;
+  }
+
   MNCL_DEV void backoff(uint32_t spins);
 #if MNCL_CPU_DOORBELLS
   template <typename Ready>

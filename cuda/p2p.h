@@ -362,7 +362,8 @@ struct P2pEngine {
 
   // Every thread copies one step (a recv: at most a piece of a pointer step, so that a long
   // one does not hold up the group's other ops); thread 0 then publishes it and advances the
-  // op. False if reading the sender's memory failed.
+  // op. False if reading the sender's memory failed, or (a send's step, on a CPU) the
+  // communicator was aborted before the step was posted (see Waiter::abortedBeforePost).
   MNCL_DEV bool moveStep(P2pOp& op) {
     uint64_t step = op.isSend ? ch.sendStep[op.peer] : ch.recvStep[op.peer];
     ConnFifo& f = op.isSend ? ch.sendTo[op.peer] : ch.recvFrom[op.peer];
@@ -379,6 +380,9 @@ struct P2pEngine {
       if (!readPointerStep(op, len)) return false;
     }
     barrier();
+#if !defined(__CUDACC__)
+    if (op.isSend && barrierAny(tid() == 0 && waiter.abortedBeforePost())) return false;
+#endif
     if (tid() == 0) {
       if (op.isSend) {
         int s = (int)(step % kSteps);

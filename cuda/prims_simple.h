@@ -87,7 +87,7 @@ class PrimsSimple : public PrimsVocabulary<PrimsSimple<T, Fn>, T> {
     if (nsrc > 0) reduceCopy(cx_.fn, nsrc, srcs, ndst, dsts, n, finish, nStream, Fn::kHasPre ? &pre : nullptr);
     barrier();
     if (kind.send && tid() == 0) writeThroughKernel(dst, n, written);
-    if (tid() == 0 && !cx_.waiter.aborted) {  // (only thread 0 writes through the kernel)
+    if (tid() == 0 && !cx_.waiter.abortedBeforePost()) {  // (only thread 0 writes through the kernel)
       if (kind.recv) postRecv();
       if (kind.send) postSend(published, plan.publishedInput, plan.inputEnd, written, dst, n);
     }

@@ -1646,3 +1646,23 @@ def sigbus_not_from_minincl(comm: minincl.Communicator, how: str) -> str:
                 page[0] = 1  # (past the file's end now: SIGBUS)
         time.sleep(5)
     return "lived"
+
+
+def as_hosts(fn: Callable[..., Any], hosts: str, *args: Any) -> list[Any]:
+    """fn(comm, *args) in a process per letter of `hosts`, each with that letter as its
+    MININCL_HOSTID ("AABB": ranks 0 and 1 pose as one host, 2 and 3 as another); each rank's
+    result, or its error as a string, in rank order."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    uid, results = minincl.get_unique_id(), ctx.Queue()
+    procs = [
+        ctx.Process(target=rank_with_env, args=(fn, len(hosts), r, uid, {"MININCL_HOSTID": h}, args, results))
+        for r, h in enumerate(hosts)
+    ]
+    for p in procs:
+        p.start()
+    got = dict((rank, value) for rank, _, value in (results.get(timeout=60) for _ in procs))
+    for p in procs:
+        p.join(timeout=10)
+    return [got[r] for r in range(len(hosts))]

@@ -55,6 +55,7 @@ int Comm::pendingSender() const {
 
 void Comm::checkZeroCountCall(uint64_t seq) {
   if (onGpu() || nranks_ == 1) return;
+  if (netProxy_) netProxy_->sendCallLogNow();  // (network peers' waits for it: a round trip, not a heartbeat)
   uint32_t spins = 0;
   for (int r = 0; r < nranks_; ++r) {
     // (A peer that dies or hangs meanwhile fails the communicator: the monitor sees this

@@ -17,6 +17,7 @@
 
 #include "../core/error.h"
 #include "../core/log.h"
+#include "shm_fault.h"
 #include "../../cuda/arch.h"
 
 namespace mncl {
@@ -100,6 +101,7 @@ struct NetProxy::CtrlLink {
   bool outPending = false;
   uint64_t lastBeat = ~uint64_t{0};
   uint32_t lastState = ~0u;
+  uint64_t lastNudge = 0;  // callLogNudges_ when the last message went out
   std::shared_ptr<Mapping> mirror;
 };
 
@@ -495,6 +497,7 @@ bool NetProxy::progressRecv(DataLink& l) {
   if (l.inHeader.proto == (uint32_t)Proto::simple) aimSimpleStep(l);
   if (l.inDone < l.inBytes) {
     ssize_t r = recvSome(l.sock.fd(), l.inData + l.inDone, l.inBytes - l.inDone);
+    if (r < 0 && errno == EFAULT && ShmFaultWatch::touchIfWatched(l.inData + l.inDone)) return true;  // (read again)
     if (r < 0) {
       peerLost(l.peer, closedReason(errno));  // mid-step: never an orderly goodbye
       l.closed = true;
@@ -610,14 +613,16 @@ size_t NetProxy::heldPerChannel(const Socket& tuned) const {
   return fifo + sendBuffer + recvBuffer;
 }
 
-// Our heartbeat and state out, whenever they change; the peer's in, into its mirror.
+// Our heartbeat and state out, whenever they change or a call asks (sendCallLogNow); the
+// peer's in, into its mirror.
 bool NetProxy::progressCtrl(CtrlLink& c) {
   if (c.closed) return false;
   bool moved = false;
   const RankCtrl* own = setup_.own;
   uint64_t beat = dev::loadAcquire(&own->heartbeat);
   uint32_t state = dev::loadAcquire(&own->state);
-  if (!c.outPending && (beat != c.lastBeat || state != c.lastState)) {
+  uint64_t nudges = callLogNudges_.load(std::memory_order_acquire);
+  if (!c.outPending && (beat != c.lastBeat || state != c.lastState || nudges != c.lastNudge)) {
     constexpr size_t kCtrlRest = offsetof(CtrlMessage, failCode);  // where the rest starts
     CtrlMessage now{};
     now.failCode = own->failCode;
@@ -633,6 +638,7 @@ bool NetProxy::progressCtrl(CtrlLink& c) {
     c.outBytes = c.out.beat.full ? sizeof(CtrlMessage) : sizeof(CtrlMessage::Beat);
     c.lastBeat = beat;
     c.lastState = state;
+    c.lastNudge = nudges;
     c.outDone = 0;
     c.outPending = true;
   }

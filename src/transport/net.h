@@ -75,6 +75,13 @@ class NetProxy {
   std::shared_ptr<Mapping> mirror(int peer) const;
   // A call started: poll without sleeping while it runs.
   void wake();
+  // Sends this rank's control block (its call log among it) to every peer now, not with the
+  // next heartbeat (up to 10 ms on): a call of count 0, which moves nothing, waits for its
+  // peers' logs of it (Comm::checkZeroCountCall).
+  void sendCallLogNow() {
+    callLogNudges_.fetch_add(1, std::memory_order_acq_rel);
+    wake();
+  }
   // Waiter::progress for our channels: a waiting channel thread moves the data links' steps
   // itself, unless another thread is at it (no hand-off to the proxy thread on a busy core).
   static void progressFromChannel(void* proxy);
@@ -130,6 +137,7 @@ class NetProxy {
   int wakeFd_ = -1;
   std::atomic<bool> sleeping_{false}, stop_{false};
   std::atomic<uint64_t> landedSteps_{0};
+  std::atomic<uint64_t> callLogNudges_{0};  // see sendCallLogNow
   std::unique_ptr<std::atomic<bool>[]> lost_;  // [rank]: see lost()
   std::thread thread_;
 };

@@ -107,6 +107,12 @@ void ShmFaultWatch::watch(const void* base, size_t bytes, uint32_t* abortWord) {
   // (Past kMaxRanges a fault there kills the process with SIGBUS, as it did before this watch.)
 }
 
+bool ShmFaultWatch::touchIfWatched(const void* at) {
+  if (forEachWatchOf((uintptr_t)at, [](ShmFaultWatch*) {}) == 0) return false;
+  (void)*static_cast<const volatile char*>(at);
+  return true;
+}
+
 ShmFaultWatch::~ShmFaultWatch() {
   std::lock_guard<std::mutex> lock(rangesMutex);
   for (int i : slots_) ranges[i].owner.store(nullptr, std::memory_order_release);

@@ -46,6 +46,12 @@ class ShmFaultWatch {
   // Called from the signal handler only: async-signal-safe.
   void noteFault();
 
+  // For a system call that failed with EFAULT at `at` (recv into a FIFO: the kernel's copy
+  // does not raise SIGBUS where /dev/shm has no page to give): if `at` lies in a watched
+  // range, reads it, so that a page that cannot be had goes through the handler, as a
+  // channel's access does; then the call can be made again. Returns whether it did.
+  static bool touchIfWatched(const void* at);
+
  private:
   std::atomic<uint32_t> faulted_{0};
   std::atomic<uint32_t*> abortWord_{nullptr};
