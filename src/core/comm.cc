@@ -291,8 +291,6 @@ std::shared_ptr<ShmMapping> Comm::createRegions(const RegionLayout& layout, bool
     shm = ShmMapping::create(hostBytes, "r" + std::to_string(rank_));
     shmFaults_.watch(shm->base(), shm->size(), abort_);
     region_ = shm;
-    dev::storeRelease(&region_->ctrl()->shmFaulted, 0u);  // (its first touch, in case that faults)
-    shmFaults_.markFaultsIn(&region_->ctrl()->shmFaulted);
     std::strncpy(mine.shmName, shm->name().c_str(), sizeof(mine.shmName) - 1);
   } else {
     region_ = createLocalRegion(hostBytes);
@@ -328,7 +326,6 @@ void Comm::mapPeerRegions() {
     if (r != rank_ && dynamic_cast<ShmMapping*>(peerRegions_[r].get())) {  // (this rank's threads write there)
       shmFaults_.watch(peerRegions_[r]->base(), peerRegions_[r]->size(), abort_);
     }
-    if (p.pid != myPid) peerProcesses_.push_back(r);
     MNCL_CHECK(peerRegions_[r] != nullptr, mnclInternalError, "rank " + std::to_string(r) + "'s region vanished during init");
     if (r != rank_ && p.windowBytes > 0 && p.pid != myPid) peerWindows_[r] = ShmMapping::open(p.windowName, p.windowBytes);
   }

@@ -130,9 +130,6 @@ class Comm {
   // that as the error, once. The readers above call it first: the SIGBUS handler, which may
   // neither lock nor allocate, only set the abort word.
   void storeShmFault() const;
-  // At a call's end: fails the communicator where a peer process lost a write to /dev/shm
-  // (ShmFaultWatch::markFaultsIn), since this call's data from it may be zeros.
-  void failIfPeerLostWrites();
 
   // How long one call may stay inside this communicator before its monitor fails it with
   // mnclTimeout, saying where each rank is (seconds, 0: no limit; default
@@ -358,7 +355,6 @@ class Comm {
   std::shared_ptr<Window> window_;
   std::vector<std::shared_ptr<Mapping>> peerWindows_;  // [rank]: its window mapped here, or null
   ShmFaultWatch shmFaults_;  // the shared regions above (declared after them: unwatched before they go)
-  std::vector<int> peerProcesses_;  // the ranks in other processes of this host (their regions shared)
   // Where the FIFOs are: the regions above on the CPU; device memory on a GPU (whose host
   // regions then hold only the control block).
   std::shared_ptr<Mapping> gpuRegion_;

@@ -50,17 +50,6 @@ void Comm::storeShmFault() const {
           "MININCL_SIMPLE_SLOT_BYTES)");
 }
 
-void Comm::failIfPeerLostWrites() {
-  storeShmFault();  // (its own fault, where it had one, is the story to tell)
-  for (int r : peerProcesses_) {
-    if (dev::loadAcquire(&peerRegions_[r]->ctrl()->shmFaulted) == 0) continue;
-    fail(mnclRemoteError, "rank " + std::to_string(r) + " could not get a page of /dev/shm for what it wrote to its "
-                          "peers (SIGBUS, caught), so this call's data from it may be wrong; it fails with SystemError. "
-                          "Give /dev/shm more (a container's: docker run --shm-size=1g)");
-    return;
-  }
-}
-
 mnclResult_t Comm::asyncErrorStored() const {
   std::lock_guard<std::mutex> lock(errorMutex_);
   return error_;

@@ -153,7 +153,6 @@ void runChannel(CommLaunch& plan, int c) {
 // stored in the communicator; it becomes this rank's exception.
 void throwIfFailed(CommLaunch& plan) {
   Comm& comm = *plan.comm;
-  comm.failIfPeerLostWrites();
   for (const ChannelResult& r : plan.results) {
     if (!r.ok) comm.throwStoredError();
   }

@@ -120,7 +120,6 @@ ShmFaultWatch::~ShmFaultWatch() {
 
 void ShmFaultWatch::noteFault() {
   faulted_.store(1, std::memory_order_release);
-  if (uint32_t* mark = markWord_.load(std::memory_order_acquire)) __atomic_store_n(mark, 1u, __ATOMIC_RELEASE);
   if (uint32_t* abortWord = abortWord_.load(std::memory_order_acquire)) {
     __atomic_store_n(abortWord, 1u, __ATOMIC_RELEASE);
   }

@@ -12,8 +12,12 @@
 //     tells its peers, as with any failure.
 //
 // The private page is never shared: what the rank wrote there, no peer sees, and what it reads
-// there are zeros. So a faulted communicator must never report a call done: the abort word is
-// set before the faulting access is retried, and each call checks it at its end.
+// there are zeros. So nothing that went through it may count as done: the abort word is set
+// before the faulting access is retried; a CPU channel looks at it before it posts a Simple
+// step (a step's data and its counter lie on different pages: Waiter::abortedBeforePost), so
+// neither lost data nor zeros read in its place reach a peer (LL and LL128 lines carry their
+// flags with their data: a lost line is never taken); and each call checks it at its end.
+// (A network proxy's recv into such a page fails with EFAULT instead: see touchIfWatched.)
 //
 // Any other SIGBUS (another address, another cause, one sent by kill) goes to the handler that
 // was there before, or to the default action (the process dies as it would have).
@@ -35,11 +39,6 @@ class ShmFaultWatch {
 
   // Watches [base, base + bytes), a shared-memory mapping; a fault there sets *abortWord.
   void watch(const void* base, size_t bytes, uint32_t* abortWord);
-  // A fault also sets *word, in shared memory its peers read: what this rank wrote on the
-  // private page, a peer never sees, and a peer whose call took a step this rank published
-  // after it (a Simple step's data is on one page, its counter on another) must not end that
-  // call as done. (Set before the faulting access is retried, so before any such step.)
-  void markFaultsIn(uint32_t* word) { markWord_.store(word, std::memory_order_release); }
   // Whether a page of a watched range could not be had.
   bool faulted() const { return faulted_.load(std::memory_order_acquire) != 0; }
 
@@ -55,7 +54,6 @@ class ShmFaultWatch {
  private:
   std::atomic<uint32_t> faulted_{0};
   std::atomic<uint32_t*> abortWord_{nullptr};
-  std::atomic<uint32_t*> markWord_{nullptr};
   std::vector<int> slots_;  // its entries in the process's table of watched ranges
 };
 
