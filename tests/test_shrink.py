@@ -200,6 +200,24 @@ def test_a_member_that_dies_after_the_rendezvous_fails_the_new_init_at_once(
 
 
 @pytest.mark.parametrize("how", ["split", "shrink"])
+def test_a_member_on_another_host_that_dies_after_the_rendezvous_fails_the_new_init_at_once(
+    monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The same with every rank posing as a host of its own: rank 2's pid says nothing to the
+    others, but its control connection ends without its saying it left or failed (a member
+    that destroys its parent after its own init says it left first). The others waited
+    MININCL_BOOTSTRAP_TIMEOUT (30 s here); they fail at once now, naming it."""
+    monkeypatch.setenv("MININCL_BOOTSTRAP_TIMEOUT", "30")
+    said = workers.as_hosts(workers.dies_after_the_rendezvous, "ABCD", how)
+    assert said[2] == "died", said
+    gone = re.match(r"^RemoteError after 0\.\d s: rank\(s\) ([\d, ]+) of the communicator split", said[0])
+    assert gone and "2" in gone.group(1).split(", "), said
+    assert "exited (or lost their network connection)" in said[0], said
+    for story in (said[1], said[3]):  # (it, or rank 0's root, gone once rank 0 failed)
+        assert re.match(r"^(RemoteError|InvalidUsage) after 0\.\d s: ", story), said
+
+
+@pytest.mark.parametrize("how", ["split", "shrink"])
 def test_a_member_that_stops_after_the_rendezvous_fails_the_new_init_at_the_timeout(
     monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:

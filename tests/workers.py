@@ -1648,11 +1648,12 @@ def sigbus_not_from_minincl(comm: minincl.Communicator, how: str) -> str:
     return "lived"
 
 
-def as_hosts(fn: Callable[..., Any], hosts: str, *args: Any) -> list[Any]:
+def as_hosts(fn: Callable[..., Any], hosts: str, *args: Any, timeout: float = 90) -> list[Any]:
     """fn(comm, *args) in a process per letter of `hosts`, each with that letter as its
     MININCL_HOSTID ("AABB": ranks 0 and 1 pose as one host, 2 and 3 as another); each rank's
-    result, or its error as a string, in rank order."""
+    result, its error as a string, or "died" (no result: it exited), in rank order."""
     import multiprocessing as mp
+    import queue
 
     ctx = mp.get_context("spawn")
     uid, results = minincl.get_unique_id(), ctx.Queue()
@@ -1662,7 +1663,18 @@ def as_hosts(fn: Callable[..., Any], hosts: str, *args: Any) -> list[Any]:
     ]
     for p in procs:
         p.start()
-    got = dict((rank, value) for rank, _, value in (results.get(timeout=60) for _ in procs))
+    got: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    while len(got) < len(procs) and time.monotonic() < deadline:
+        with contextlib.suppress(queue.Empty):
+            rank, _, value = results.get(timeout=0.1)
+            got[rank] = value
+            continue
+        if all(not p.is_alive() for p in procs) and results.empty():
+            break
     for p in procs:
-        p.join(timeout=10)
-    return [got[r] for r in range(len(hosts))]
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return [got.get(r, "died") for r in range(len(hosts))]

@@ -205,7 +205,9 @@ class Comm {
   std::vector<int> lostRanks() const;
   bool lost(int r) const;  // whether lostRanks() lists rank r
   bool givenUpOn(int r) const;  // its heartbeat stopped for MININCL_TIMEOUT (see Monitor::gaveUpOn)
-  bool exited(int r) const;  // whether rank r's process, on this host, is gone
+  // Whether rank r's process is gone: on this host, by its pid; over the network, its
+  // connection ended without a word (NetProxy::vanished: or the network failed).
+  bool exited(int r) const;
 
   // GPU: whether this communicator's last kernel may still be running.
   bool gpuWorkPending() const;

@@ -154,6 +154,7 @@ bool Comm::givenUpOn(int r) const {
 
 bool Comm::exited(int r) const {
   const PeerInfo &peer = peers_[r], &me = peers_[rank_];
+  if (overNetwork(r) && netProxy_ && netProxy_->vanished(r)) return true;
   return peer.hostHash == me.hostHash && peer.pid != me.pid && processGone(peer.pid);
 }
 

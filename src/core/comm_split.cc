@@ -208,16 +208,22 @@ void Comm::shrinkInfo(const std::vector<int>& exclude, bool abortFirst, int* new
 // way on the others.
 void Comm::failIfMemberGone(const std::vector<int>& members) const {
   std::string exitedRanks, hungRanks;
+  bool overTcp = false;  // (an exited rank reached over the network: or its connection broke)
   for (int r : members) {
     if (r == rank_) continue;
-    if (exited(r)) exitedRanks += (exitedRanks.empty() ? "" : ", ") + std::to_string(r);
-    else if (givenUpOn(r)) hungRanks += (hungRanks.empty() ? "" : ", ") + std::to_string(r);
+    if (exited(r)) {
+      exitedRanks += (exitedRanks.empty() ? "" : ", ") + std::to_string(r);
+      overTcp |= overNetwork(r);
+    } else if (givenUpOn(r)) {
+      hungRanks += (hungRanks.empty() ? "" : ", ") + std::to_string(r);
+    }
   }
   if (exitedRanks.empty() && hungRanks.empty()) return;
   const char* hung = " showed no sign of life for MININCL_TIMEOUT (hung or stopped)";
   std::string what = exitedRanks.empty()
                          ? "rank(s) " + hungRanks + " of the communicator split (or shrunk)" + hung
                          : "rank(s) " + exitedRanks + " of the communicator split (or shrunk) exited" +
+                               (overTcp ? " (or lost their network connection)" : "") +
                                (hungRanks.empty() ? "" : " and rank(s) " + hungRanks + hung);
   throw Error(exitedRanks.empty() ? mnclTimeout : mnclRemoteError,
               what + " (lost_ranks() lists them), so the new communicator's init cannot complete: shrink them away "

@@ -139,6 +139,7 @@ struct NetProxy::DataLink {
 
 NetProxy::NetProxy(Setup setup) : setup_(std::move(setup)) {
   lost_ = std::make_unique<std::atomic<bool>[]>(setup_.listeners.size());  // (value-initialized: false)
+  vanished_ = std::make_unique<std::atomic<bool>[]>(setup_.listeners.size());
   const RegionLayout& layout = *setup_.layout;
   setup_.layout = nullptr;  // (the caller's, for this constructor only)
   sizes_ = layout.sizes();
@@ -713,6 +714,7 @@ void NetProxy::peerLost(int peer, const std::string& why) {
   lost_[peer].store(true, std::memory_order_release);
   RankCtrl* m = c.mirror->ctrl();
   if (dev::loadAcquire(&m->state) != RankCtrl::kRunning) return;
+  vanished_[peer].store(true, std::memory_order_release);
   m->failCode = mnclRemoteError;
   std::string message = why + " (did its process exit, or the network fail?)";
   std::strncpy(m->failMessage, message.c_str(), sizeof(m->failMessage) - 1);

@@ -97,6 +97,10 @@ class NetProxy {
   // Whether `peer`'s control connection closed or broke (or it sent garbage): it destroyed
   // or aborted its communicator, or vanished.
   bool lost(int peer) const { return lost_[peer].load(std::memory_order_acquire); }
+  // Whether it was lost without a word: its connection ended, or broke, while it still said it
+  // ran (it neither left nor failed first): its process exited or was killed, or the network
+  // failed. (A rank that destroys this communicator says it left before it closes.)
+  bool vanished(int peer) const { return vanished_[peer].load(std::memory_order_acquire); }
 
  private:
   struct StepHeader;
@@ -138,7 +142,8 @@ class NetProxy {
   std::atomic<bool> sleeping_{false}, stop_{false};
   std::atomic<uint64_t> landedSteps_{0};
   std::atomic<uint64_t> callLogNudges_{0};  // see sendCallLogNow
-  std::unique_ptr<std::atomic<bool>[]> lost_;  // [rank]: see lost()
+  std::unique_ptr<std::atomic<bool>[]> lost_;      // [rank]: see lost()
+  std::unique_ptr<std::atomic<bool>[]> vanished_;  // [rank]: see vanished()
   std::thread thread_;
 };
 
