@@ -38,7 +38,6 @@ void Comm::fail(mnclResult_t code, const std::string& what) {
 
 void Comm::storeShmFault() const {
   if (!shmFaults_.faulted() || asyncErrorStored() != mnclSuccess) return;
-  // (const for the readers' sake; no Comm is ever defined const.)
   size_t room = ShmMapping::devShmBytes(), free = ShmMapping::devShmFreeBytes();
   std::string sizes = room ? " (" + std::to_string(free >> 20) + " MiB free of " + std::to_string(room >> 20) + ")" : "";
   // (const for the readers' sake; no Comm is ever defined const.)

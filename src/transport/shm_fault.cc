@@ -16,7 +16,9 @@ struct WatchedRange {
   std::atomic<uintptr_t> begin{0}, end{0};
   std::atomic<ShmFaultWatch*> owner{nullptr};
 };
-constexpr int kMaxRanges = 4096;  // (a rank maps its own region and each local peer's, per communicator)
+// (A rank watches its own region and each local peer's, per communicator: n^2 for n thread-ranks
+// of one process beside another process. Untouched slots cost no memory.)
+constexpr int kMaxRanges = 1 << 14;
 WatchedRange ranges[kMaxRanges];
 std::atomic<int> rangesUsed{0};   // slots below this may be in use
 std::mutex rangesMutex;           // (writers)
