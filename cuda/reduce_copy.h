@@ -619,22 +619,20 @@ inline void combineBlockPre(const Fn& fn, int nsrc, const T* const* srcs, size_t
   if (finish) postInPlace(fn, acc, len);
 }
 
-// ... and for narrow floats: the own input scaled a block at a time (scaleNarrow), then added.
+// ... and for narrow floats: each source scaled as it is added, in one pass (addScaledNarrow:
+// the bits of a scaled copy, then a sum; a scaling pass of its own, then the sum's, made a
+// bfloat16 avg take 1.6-2x a sum's time).
 template <typename T, typename Fn>
   requires kCombinesInBlocks<T, Fn>
 inline void combineBlockPre(const Fn&, int nsrc, const T* const* srcs, size_t off, size_t len, bool,
                             const PreOps<T>& pre, T* acc) {
-  alignas(64) T scaled[4096 / sizeof(T)];  // (len is at most reduceCopyBlocked's block)
-  for (int s = 0; s < nsrc; ++s) {
-    const T* x = srcs[s] + off;
-    if (pre.has(s)) {
-      scaleNarrow(x, pre.scalar[s], s == 0 ? acc : scaled, len);
-      if (s == 0) continue;
-      x = scaled;
-    }
-    if (s == 0) std::memcpy(acc, x, len * sizeof(T));
-    else combineNarrow(NarrowOp::add, acc, x, acc, len);
+  if (nsrc == 1) {
+    if (pre.has(0)) scaleNarrow(srcs[0] + off, pre.scalar[0], acc, len);
+    else std::memcpy(acc, srcs[0] + off, len * sizeof(T));
+    return;
   }
+  addScaledNarrow(srcs[0] + off, pre.has(0), pre.scalar[0], srcs[1] + off, pre.has(1), pre.scalar[1], acc, len);
+  for (int s = 2; s < nsrc; ++s) addScaledNarrow(acc, false, T{}, srcs[s] + off, pre.has(s), pre.scalar[s], acc, len);
 }
 
 template <typename T, typename Fn>
