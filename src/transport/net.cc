@@ -17,6 +17,7 @@
 
 #include "../core/error.h"
 #include "../core/log.h"
+#include "../core/thread_start.h"
 #include "shm_fault.h"
 #include "../../cuda/arch.h"
 
@@ -134,6 +135,7 @@ struct NetProxy::DataLink {
   char* inData = nullptr;
   size_t inBytes = 0;
   bool landing = false;  // inData is in the receiver's output (see aimSimpleStep)
+  const char* touchedAt = nullptr;  // where a recv last failed with EFAULT (see progressRecv)
   std::vector<uint64_t> bounce;  // LL / LL128 lines, before they are stored in the slot
 };
 
@@ -179,7 +181,7 @@ NetProxy::NetProxy(Setup setup) : setup_(std::move(setup)) {
   }
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wakeFd_ < 0) throwSystemError("eventfd() for the network proxy");
-  thread_ = std::thread([this] { loop(); });
+  thread_ = startThread("the network proxy thread", [this] { loop(); });
 }
 
 NetProxy::~NetProxy() {
@@ -498,7 +500,13 @@ bool NetProxy::progressRecv(DataLink& l) {
   if (l.inHeader.proto == (uint32_t)Proto::simple) aimSimpleStep(l);
   if (l.inDone < l.inBytes) {
     ssize_t r = recvSome(l.sock.fd(), l.inData + l.inDone, l.inBytes - l.inDone);
-    if (r < 0 && errno == EFAULT && ShmFaultWatch::touchIfWatched(l.inData + l.inDone)) return true;  // (read again)
+    // (EFAULT into a FIFO page /dev/shm cannot give: read again, once, after the pages were
+    // touched: they are there now, or private. Twice at one place is some other fault.)
+    if (r < 0 && errno == EFAULT && l.touchedAt != l.inData + l.inDone &&
+        ShmFaultWatch::touchIfWatched(l.inData + l.inDone, l.inBytes - l.inDone)) {
+      l.touchedAt = l.inData + l.inDone;
+      return true;
+    }
     if (r < 0) {
       peerLost(l.peer, closedReason(errno));  // mid-step: never an orderly goodbye
       l.closed = true;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <mutex>
+#include <thread>
 
 namespace mncl {
 
@@ -22,6 +23,7 @@ constexpr int kMaxRanges = 1 << 14;
 WatchedRange ranges[kMaxRanges];
 std::atomic<int> rangesUsed{0};   // slots below this may be in use
 std::mutex rangesMutex;           // (writers)
+std::atomic<int> handlersRunning{0};  // a watch ends only once no handler may still hold it
 
 struct sigaction previousAction;  // what SIGBUS did before the handler (set once, before it is installed)
 uintptr_t pageBytes = 4096;
@@ -60,20 +62,23 @@ void chain(int signal, siginfo_t* info, void* context) {
   if (sent) raise(signal);
 }
 
+// Whether the fault at `address` is on a watched page: then that page is now a private one,
+// and its watches are told.
+bool takeFault(uintptr_t address) {
+  if (forEachWatchOf(address, [](ShmFaultWatch*) {}) == 0) return false;
+  // (mmap is a plain system call, safe here in practice though POSIX does not list it.)
+  void* page = (void*)(address & ~(pageBytes - 1));
+  void* got = mmap(page, pageBytes, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (got != page) return false;
+  forEachWatchOf(address, [](ShmFaultWatch* watch) { watch->noteFault(); });
+  return true;
+}
+
 void onSigbus(int signal, siginfo_t* info, void* context) {
-  if (info->si_code == BUS_ADRERR) {
-    uintptr_t address = (uintptr_t)info->si_addr;
-    if (forEachWatchOf(address, [](ShmFaultWatch*) {}) > 0) {
-      // (mmap is a plain system call, safe here in practice though POSIX does not list it.)
-      void* page = (void*)(address & ~(pageBytes - 1));
-      void* got = mmap(page, pageBytes, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (got == page) {
-        forEachWatchOf(address, [](ShmFaultWatch* watch) { watch->noteFault(); });
-        return;  // the access is retried, on the private page
-      }
-    }
-  }
-  chain(signal, info, context);
+  handlersRunning.fetch_add(1, std::memory_order_seq_cst);  // (before any owner is read)
+  bool taken = info->si_code == BUS_ADRERR && takeFault((uintptr_t)info->si_addr);
+  handlersRunning.fetch_sub(1, std::memory_order_seq_cst);
+  if (!taken) chain(signal, info, context);  // (else the access is retried, on the private page)
 }
 
 // Once per process. (Not again where another handler replaced this one later: that one, as
@@ -109,15 +114,25 @@ void ShmFaultWatch::watch(const void* base, size_t bytes, uint32_t* abortWord) {
   // (Past kMaxRanges a fault there kills the process with SIGBUS, as it did before this watch.)
 }
 
-bool ShmFaultWatch::touchIfWatched(const void* at) {
-  if (forEachWatchOf((uintptr_t)at, [](ShmFaultWatch*) {}) == 0) return false;
-  (void)*static_cast<const volatile char*>(at);
-  return true;
+bool ShmFaultWatch::touchIfWatched(const void* at, size_t bytes) {
+  bool any = false;
+  uintptr_t from = (uintptr_t)at, to = from + bytes;
+  for (uintptr_t p = from; p < to; p = (p & ~(pageBytes - 1)) + pageBytes) {
+    if (forEachWatchOf(p, [](ShmFaultWatch*) {}) == 0) continue;
+    (void)*reinterpret_cast<const volatile char*>(p);
+    any = true;
+  }
+  return any;
 }
 
 ShmFaultWatch::~ShmFaultWatch() {
-  std::lock_guard<std::mutex> lock(rangesMutex);
-  for (int i : slots_) ranges[i].owner.store(nullptr, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(rangesMutex);
+    for (int i : slots_) ranges[i].owner.store(nullptr, std::memory_order_seq_cst);
+  }
+  // A handler that read an owner before it was cleared may still use it: wait it out (a
+  // handler runs a few microseconds; this happens as a communicator is destroyed).
+  while (handlersRunning.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
 }
 
 void ShmFaultWatch::noteFault() {

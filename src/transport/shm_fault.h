@@ -45,11 +45,12 @@ class ShmFaultWatch {
   // Called from the signal handler only: async-signal-safe.
   void noteFault();
 
-  // For a system call that failed with EFAULT at `at` (recv into a FIFO: the kernel's copy
-  // does not raise SIGBUS where /dev/shm has no page to give): if `at` lies in a watched
-  // range, reads it, so that a page that cannot be had goes through the handler, as a
-  // channel's access does; then the call can be made again. Returns whether it did.
-  static bool touchIfWatched(const void* at);
+  // For a system call that failed with EFAULT writing [at, at + bytes) (recv into a FIFO: the
+  // kernel's copy does not raise SIGBUS where /dev/shm has no page to give, and it may have
+  // failed at any page of the range): reads each page of it that a watch holds, so that one
+  // that cannot be had goes through the handler, as a channel's access does; then the call
+  // can be made again. Returns whether any page was watched.
+  static bool touchIfWatched(const void* at, size_t bytes);
 
  private:
   std::atomic<uint32_t> faulted_{0};
