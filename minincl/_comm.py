@@ -179,8 +179,15 @@ class Communicator(_core.Communicator):
                 errors[rank] = e
 
         threads = [threading.Thread(target=join, args=(r,)) for r in range(nranks)]
-        for t in threads:
-            t.start()
+        for rank, t in enumerate(threads):
+            try:
+                t.start()
+            except RuntimeError as e:  # (the ranks started would wait for this one until the bootstrap timeout)
+                message = f"could not start a thread for rank {rank} of {nranks} ({e}): is a limit on threads reached?"
+                _core._report_init_failure(nranks, uid, rank, message)
+                errors[rank] = _errors.SystemError(message)
+                threads = threads[:rank]
+                break
         for t in threads:
             t.join()
         failed = [e for e in errors if e is not None]

@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/monitor.h"
 #include "core/outcome.h"
+#include "core/thread_start.h"
 #include "enqueue/enqueue.h"
 #include "gpu/cuda_api.h"
 #include "minincl.h"
@@ -81,6 +82,8 @@ mnclResult_t guarded(F&& f) {
     return failed(e.code(), e.what());
   } catch (const std::bad_alloc&) {
     return failed(mnclSystemError, "out of memory");
+  } catch (const std::system_error& e) {  // (a resource the system would not give: not a bug of ours)
+    return failed(mnclSystemError, e.what());
   } catch (const std::exception& e) {
     return failed(mnclInternalError, std::string("internal error: ") + e.what());
   }
@@ -258,11 +261,17 @@ bool initRank(mnclComm_t* comm, int nranks, const mnclUniqueId& commId, int rank
     Bootstrap::reportInitFailure(id, rank, nranks, why);
     endInit(handle, *handle->outcome, mnclInvalidUsage, why);
   } else {
-    handle->initThread = std::thread([handle, outcome = handle->outcome, id, rank, nranks, device, options] {
+    auto init = [handle, outcome = handle->outcome, id, rank, nranks, device, options] {
       WaitCancel cancel(&handle->cancelInit);
       mnclResult_t code = guarded([&] { handle->impl = std::make_unique<Comm>(id, rank, nranks, device, options); });
       endInit(handle, *outcome, code, code == mnclSuccess ? "" : threadLastError());
-    });
+    };
+    try {
+      handle->initThread = startThread("a nonblocking init's thread", init);
+    } catch (const Error& e) {
+      Bootstrap::reportInitFailure(id, rank, nranks, e.what());  // (the other ranks need not wait for it)
+      throw;
+    }
   }
   *comm = c.release();
   if (groupDepth() > 0) tlsGroupInits.emplace_back(*comm, (*comm)->outcome);

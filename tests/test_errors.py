@@ -2582,3 +2582,30 @@ def test_an_address_id_inits_again_at_once_after_an_interrupted_init(tmp_path: A
     left, and the retry waits for that root to end."""
     out = _run_script(_ADDRESS_ID_RETRIED_AFTER_AN_INTERRUPT, tmp_path, timeout=60)
     assert out.stdout.split("\n")[:2] == ["first: KeyboardInterrupt", "second: ok"], (out.stdout, out.stderr)
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+def test_a_thread_that_cannot_start_is_a_system_error(nranks: int, tmp_path: Any) -> None:
+    """Threads that cannot start (a limit on threads or memory; here 1 GiB stacks in a few GB of
+    address space, since `ulimit -u` does not bind root): a channel thread after the first
+    aborted the process (std::terminate), a rank thread of init_all raised RuntimeError and
+    left the ranks started waiting 60 s for the bootstrap timeout, a monitor thread raised
+    RuntimeError. Each is a SystemError now, raised at once, naming the thread."""
+    code = (
+        "import minincl\n"
+        "try:\n"
+        f"    minincl.Communicator.init_all({nranks})\n"
+        "    print('made')\n"
+        "except minincl.SystemError as e:\n"
+        "    print(f'SystemError: {e}')\n"
+    )
+    said = []
+    for megabytes in [2500, 3500, 4500, 6000]:
+        shell = f'ulimit -s 1048576 && ulimit -v {megabytes * 1000} && exec {sys.executable} -c "{code}"'
+        env = {**os.environ, "MININCL_NCHANNELS": "4", "OPENBLAS_NUM_THREADS": "1"}
+        run = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=30, env=env, cwd=tmp_path)
+        assert run.returncode == 0, (megabytes, run.stderr)
+        last = run.stdout.strip().splitlines()[-1]
+        assert last == "made" or last.startswith("SystemError: "), (megabytes, last)
+        said.append(last)
+    assert any("could not start" in s and "limit on threads" in s for s in said), said

@@ -26,6 +26,7 @@
 
 #include "../core/error.h"
 #include "../core/log.h"
+#include "../core/thread_start.h"
 #include "bootstrap.h"
 #include "wire.h"
 
@@ -703,7 +704,7 @@ SockAddr startRoot(const SockAddr& bind, uint64_t nonce, bool fromAddress) {
     dropEndedRoots();
     localRoots()[nonce] = local;
   }
-  std::thread([listener = std::move(listener), nonce, fromAddress, timeout, local]() mutable {
+  auto root = [listener = std::move(listener), nonce, fromAddress, timeout, local]() mutable {
     try {
       serve(std::move(listener), nonce, fromAddress, timeout, *local);
     } catch (const std::exception& e) {  // (the ranks see their connections close; this process goes on)
@@ -711,7 +712,14 @@ SockAddr startRoot(const SockAddr& bind, uint64_t nonce, bool fromAddress) {
     }
     endLocalRoot(nonce, *local);  // (where serve stopped before its try ended)
     local->threadEnded();  // (serve took the listener, and closed it)
-  }).detach();
+  };
+  try {
+    startThread("the bootstrap root's thread", std::move(root)).detach();
+  } catch (const Error&) {
+    endLocalRoot(nonce, *local);
+    local->threadEnded();
+    throw;
+  }
   return actual;
 }
 

@@ -12,6 +12,7 @@
 #include "../gpu/cuda_api.h"
 #include "comm.h"
 #include "env.h"
+#include "thread_start.h"
 
 namespace mncl {
 
@@ -50,7 +51,7 @@ Monitor::Monitor(Comm& comm)
   double now = nowSeconds();
   lastTick_ = now;
   for (auto& w : watch_) w.lastChange = now;
-  thread_ = std::thread([this] { loop(); });
+  thread_ = startThread("a communicator's monitor thread", [this] { loop(); });
 }
 
 Monitor::~Monitor() {

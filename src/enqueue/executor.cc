@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "../../cuda/arch.h"
+#include "../core/thread_start.h"
 
 namespace mncl {
 
@@ -12,14 +13,21 @@ void Completion::wait() const {
 }
 
 Executor::Executor(int nChannels, int spinMicros) : spinMicros_(spinMicros) {
-  for (int c = 0; c < nChannels; ++c) {
-    auto w = std::make_unique<Worker>();
-    w->thread = std::thread(&Executor::loop, this, w.get());
-    workers_.push_back(std::move(w));
+  try {
+    for (int c = 0; c < nChannels; ++c) {
+      auto w = std::make_unique<Worker>();
+      w->thread = startThread("a channel thread", &Executor::loop, this, w.get());
+      workers_.push_back(std::move(w));
+    }
+  } catch (...) {  // (the threads started must end before they are destroyed: std::terminate else)
+    stopWorkers();
+    throw;
   }
 }
 
-Executor::~Executor() {
+Executor::~Executor() { stopWorkers(); }
+
+void Executor::stopWorkers() {
   for (auto& w : workers_) {
     {
       std::lock_guard<std::mutex> lock(w->mutex);

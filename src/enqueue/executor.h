@@ -40,6 +40,7 @@ class Executor {
     std::thread thread;
   };
   void loop(Worker* w);
+  void stopWorkers();  // ends and joins every worker started
   bool pollFor(Worker* w, uint64_t taken) const;
   int spinMicros_;
   std::vector<std::unique_ptr<Worker>> workers_;

@@ -18,6 +18,7 @@
 
 #include "../core/error.h"
 #include "../core/outcome.h"
+#include "../core/thread_start.h"
 #include "../../cuda/arch.h"  // dev::tlsLongWaitHook
 
 namespace mncl::py_async {
@@ -35,7 +36,7 @@ class AsyncQueue {
   std::shared_ptr<Outcome> submit(std::function<void()> fn) {
     auto st = std::make_shared<Outcome>();
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    if (!thread_.joinable()) thread_ = startThread("the async calls' thread", [this] { loop(); });
     jobs_.emplace_back(std::move(fn), st);
     ++pending_;
     cv_.notify_all();

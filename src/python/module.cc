@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "../bootstrap/bootstrap.h"
@@ -50,18 +51,24 @@ void checkResult(mnclResult_t rc) {
   if (rc != mnclSuccess) py_errors::raise(rc, mnclGetLastError(nullptr));
 }
 
+// Sets the minincl.Error subclass of `code`, saying `what`.
+void raiseAs(mnclResult_t code, std::string_view what) {
+  py::object cls = py_errors::errorClass(code);
+  // (Replacing bytes that are not UTF-8: a message may quote what a stranger sent.)
+  PyObject* text = PyUnicode_DecodeUTF8(what.data(), (Py_ssize_t)what.size(), "replace");
+  PyErr_SetObject(cls.ptr(), text);
+  Py_XDECREF(text);
+}
+
 // Exceptions from the core become the minincl.Error subclass of their code.
 void bindErrors() {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
-      py::object cls = py_errors::errorClass(e.code());
-      // (Replacing bytes that are not UTF-8: a message may quote what a stranger sent.)
-      std::string_view what = e.what();
-      PyObject* text = PyUnicode_DecodeUTF8(what.data(), (Py_ssize_t)what.size(), "replace");
-      PyErr_SetObject(cls.ptr(), text);
-      Py_XDECREF(text);
+      raiseAs(e.code(), e.what());
+    } catch (const std::system_error& e) {  // (a resource the system would not give, as the C API says)
+      raiseAs(mnclSystemError, e.what());
     }
   });
 }
