@@ -322,12 +322,14 @@ void Comm::mapPeerRegions() {
     if (r == rank_) peerRegions_[r] = region_;
     else if (netPeer_[r]) continue;
     else if (p.pid == myPid) peerRegions_[r] = findRegion(p.regionId);
-    else peerRegions_[r] = ShmMapping::open(p.shmName, p.regionBytes);
+    else peerRegions_[r] = ShmMapping::open(p.shmName, p.regionBytes, "rank " + std::to_string(r) + "'s connection buffers");
     MNCL_CHECK(peerRegions_[r] != nullptr, mnclInternalError, "rank " + std::to_string(r) + "'s region vanished during init");
     if (r != rank_ && dynamic_cast<ShmMapping*>(peerRegions_[r].get())) {  // (this rank's threads write there)
       shmFaults_.watch(peerRegions_[r]->base(), peerRegions_[r]->size(), abort_);
     }
-    if (r != rank_ && p.windowBytes > 0 && p.pid != myPid) peerWindows_[r] = ShmMapping::open(p.windowName, p.windowBytes);
+    if (r != rank_ && p.windowBytes > 0 && p.pid != myPid) {
+      peerWindows_[r] = ShmMapping::open(p.windowName, p.windowBytes, "rank " + std::to_string(r) + "'s window");
+    }
   }
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -146,7 +147,7 @@ std::shared_ptr<ShmMapping> ShmMapping::create(size_t bytes, const std::string& 
   std::random_device rd;
   m->name_ = "/minincl-" + std::to_string(getpid()) + "-" + tag + "-" + std::to_string(rd());
   int fd = shm_open(m->name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) throwSystemError("shm_open(" + m->name_ + ")");
+  if (fd < 0) throwSystemError("shm_open(" + m->name_ + ") in /dev/shm");
   m->owner_ = true;
   if (ftruncate(fd, (off_t)bytes) != 0) {
     close(fd);
@@ -161,11 +162,17 @@ std::shared_ptr<ShmMapping> ShmMapping::create(size_t bytes, const std::string& 
   return m;
 }
 
-std::shared_ptr<ShmMapping> ShmMapping::open(const std::string& name, size_t bytes) {
+std::shared_ptr<ShmMapping> ShmMapping::open(const std::string& name, size_t bytes, const std::string& whose) {
   auto m = std::shared_ptr<ShmMapping>(new ShmMapping());
   m->name_ = name;
   int fd = shm_open(name.c_str(), O_RDWR, 0600);
-  if (fd < 0) throwSystemError("shm_open(" + name + ") of a peer's connection buffers");
+  // (Gone: its owner unlinked it as it failed; refused: a segment is its creator's user's alone.)
+  MNCL_CHECK(fd >= 0 || errno != ENOENT, mnclRemoteError,
+             whose + " in /dev/shm (" + name + ") is gone: that rank failed or exited during init (its own error says why)");
+  MNCL_CHECK(fd >= 0 || errno != EACCES, mnclSystemError,
+             "shm_open(" + name + ") of " + whose +
+                 ": permission denied. The ranks of one host must run as one user (or set MININCL_TRANSPORT=net)");
+  if (fd < 0) throwSystemError("shm_open(" + name + ") of " + whose);
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) throwSystemError("mmap of a peer's shared memory " + name);

@@ -74,7 +74,8 @@ class ShmMapping : public Mapping {
   // (tmpfs gives its pages as they are first touched: one that /dev/shm cannot give then
   // raises SIGBUS. See Window::claim, ShmFaultWatch, and warnIfDevShmTooSmall in comm.cc.)
   static std::shared_ptr<ShmMapping> create(size_t bytes, const std::string& tag);
-  static std::shared_ptr<ShmMapping> open(const std::string& name, size_t bytes);
+  // `whose`: what the segment is, for errors ("rank 3's connection buffers").
+  static std::shared_ptr<ShmMapping> open(const std::string& name, size_t bytes, const std::string& whose);
   ~ShmMapping() override;
   const std::string& name() const { return name_; }
   void unlink();  // after every peer has mapped it
