@@ -302,7 +302,13 @@ class Lane:
             self._unfinished += 1
             if self._thread is None:
                 self._thread = self._worker = threading.Thread(target=self._loop, name=self._name, daemon=True)
-                self._thread.start()
+                try:
+                    self._thread.start()
+                except RuntimeError as e:  # (a limit on threads: no thread would ever run the jobs queued)
+                    self._thread = self._worker = None
+                    self._unfinished -= 1
+                    why = f"could not start the thread of {self._name} ({e}): is a limit on threads reached?"
+                    raise errors.SystemError(why) from e
         self._jobs.put((job, works))
 
     def run_now(self, job: Job, works: list[MinincclWork]) -> None:
