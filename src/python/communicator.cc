@@ -207,7 +207,11 @@ py::object PyComm::run(bool asyncOp, py::object stream, py::object result, std::
     for (const py::object& o : keep) k.append(o);
     std::shared_ptr<Outcome> outcome = async_.submit([this, op]() mutable {
       std::shared_lock<std::shared_timed_mutex> lock(callMutex_);
-      if (destroyed_) throwError(mnclInvalidUsage, "the communicator was destroyed before this operation ran");
+      if (destroyed_) {
+        throwError(mnclInvalidUsage, std::string("the communicator was ") +
+                                         (aborted_.load(std::memory_order_acquire) ? "aborted" : "destroyed") +
+                                         " before this operation ran");
+      }
       op(*comm_, nullptr);
     });
     releaseFinishedAsync();
