@@ -268,8 +268,10 @@ MNCL_DEV void Waiter::backoff(uint32_t spins) {
 #else
 void cpuBackoff(uint32_t spins, uint32_t spinBudget = 200);
 // MININCL_BUSY_CORES: waits that find the core taken by a busy thread sleep instead of
-// yielding (cpu/spin.cc). For the whole process.
-void cpuSetSleepOnBusyCores(bool on);
+// yielding (cpu/spin.cc): never, always, or only where othersWantCpu(the wait's CPU) says a
+// thread that is none of the ranks' wants that core. For the whole process.
+enum class SleepOnBusyCores { never, always, whereOthersRun };
+void cpuSetSleepOnBusyCores(SleepOnBusyCores when, bool (*othersWantCpu)(int cpu));
 // What a thread's long waits also do, about every 50 ms once they sleep (cpuBackoff): a caller
 // that can be interrupted sets it for the length of its call (the Python binding runs the
 // pending signal handlers there, so that Ctrl-C stops a call blocked on its peers).

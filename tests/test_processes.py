@@ -22,14 +22,15 @@ def test_collectives_over_shm(nranks: int) -> None:
     assert results == [results[0]] * nranks and results[0] > 0
 
 
+@pytest.mark.parametrize("busy_cores", ["1", "auto"])
 @pytest.mark.parametrize("proto", ["", "ll", "simple"])
 def test_collectives_beside_busy_processes_with_waits_that_sleep_on_doorbells(
-    monkeypatch: pytest.MonkeyPatch, proto: str
+    monkeypatch: pytest.MonkeyPatch, proto: str, busy_cores: str
 ) -> None:
-    """MININCL_BUSY_CORES=1, with two spinning processes beside the ranks: a wait that finds
-    the core taken sleeps on its connection's doorbell, woken by the peer's post, instead of
-    yielding. Every collective still matches NumPy."""
-    monkeypatch.setenv("MININCL_BUSY_CORES", "1")
+    """MININCL_BUSY_CORES=1 and auto (the default), with two spinning processes beside the
+    ranks: a wait that finds the core taken sleeps on its connection's doorbell, woken by the
+    peer's post, instead of yielding. Every collective still matches NumPy."""
+    monkeypatch.setenv("MININCL_BUSY_CORES", busy_cores)
     if proto:
         monkeypatch.setenv("MININCL_PROTO", proto)
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
@@ -44,8 +45,32 @@ def test_collectives_beside_busy_processes_with_waits_that_sleep_on_doorbells(
 
 def test_the_busy_cores_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MININCL_BUSY_CORES", "yes")
-    with pytest.raises(minincl.InvalidArgument, match="MININCL_BUSY_CORES"):
+    with pytest.raises(minincl.InvalidArgument, match=r"MININCL_BUSY_CORES=yes is not 0 \(off\), 1 \(on\) or auto"):
         minincl.Communicator.init_all(1)
+    for setting in ("0", "1", "auto"):
+        monkeypatch.setenv("MININCL_BUSY_CORES", setting)
+        (comm,) = minincl.Communicator.init_all(1)
+        comm.destroy()
+
+
+def test_busy_cores_auto_tells_a_busy_process_from_the_ranks(tmp_path: Path) -> None:
+    """MININCL_BUSY_CORES=auto sleeps instead of yielding only where a runnable thread is
+    none of the ranks': a spinning process is one, a spinning rank process is not while a
+    communicator of this process holds it (two, then one), and is once the last is gone."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        saw, _ = minincl.launch(workers.rank_processes_are_not_others, 2, str(tmp_path), spinner.pid, timeout=120)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert saw == {
+        "peer runnable": True,
+        "peer seen with two communicators": False,
+        "peer seen with one": False,
+        "peer seen after destroy": True,
+        "this process seen": False,
+        "spinner seen": True,
+    }
 
 
 @pytest.mark.parametrize("stretches", [1, 4])

@@ -10,6 +10,7 @@ import random
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -1678,3 +1679,39 @@ def as_hosts(fn: Callable[..., Any], hosts: str, *args: Any, timeout: float = 90
             p.kill()
             p.join()
     return [got.get(r, "died") for r in range(len(hosts))]
+
+
+def rank_processes_are_not_others(comm: minincl.Communicator, marks: str, spinner: int) -> dict[str, bool]:
+    """Rank 1 spins (runnable) until rank 0 says it is done looking at /proc. Rank 0 asks
+    MININCL_BUSY_CORES=auto's test who else is runnable: while a communicator holds rank 1
+    (two here, then the split gone), and after the last goes. What it saw, by pid."""
+    ready, done = Path(marks) / "spinning", Path(marks) / "done"
+    pids = np.zeros(2, np.int64)
+    comm.allgather(np.array([os.getpid()], np.int64), pids)
+    peer = int(pids[1])
+    split = comm.split(0)
+    if comm.rank == 1:
+        ready.touch()
+        while not done.exists():
+            pass
+        return {}
+    while not ready.exists():
+        time.sleep(0.01)
+
+    def seen() -> set[int]:
+        return {pid for pid, _ in minincl._core._runnable_threads_of_others()}
+
+    with_two, peer_state = seen(), Path(f"/proc/{peer}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    split.destroy()
+    with_one = seen()
+    comm.destroy()
+    after, spinning = seen(), Path(f"/proc/{peer}/stat").read_text().rsplit(")", 1)[1].split()[0] == "R"
+    done.touch()
+    return {
+        "peer runnable": peer_state == "R" and spinning,
+        "peer seen with two communicators": peer in with_two,
+        "peer seen with one": peer in with_one,
+        "peer seen after destroy": peer in after,
+        "this process seen": os.getpid() in with_two | with_one | after,
+        "spinner seen": spinner in with_two and spinner in with_one and spinner in after,
+    }

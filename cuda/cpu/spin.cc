@@ -53,11 +53,13 @@ constexpr Clock::duration kSharedCoreSleep = microseconds(5);
 // The hook runs about this often in a long wait (Ctrl-C within a tenth of a second).
 constexpr auto kHookEvery = milliseconds(50);
 
-// MININCL_BUSY_CORES (cpuSetSleepOnBusyCores): whether a thread looks for long yields at all.
-// Off by default: a DDP step, whose all_reduce waits beside the rank's own computing thread,
-// took 1.2x as long (the yields there hand the core to work that has to be done anyway, and a
-// thread woken from its sleep waits for the computing one's time slice).
-std::atomic<bool> sleepOnBusyCores{false};
+// MININCL_BUSY_CORES (cpuSetSleepOnBusyCores): which long yields count. Not those that went to
+// the ranks' own work by default: a DDP step, whose all_reduce waits beside the rank's own
+// computing thread, took 1.2x as long when they did (the yields there hand the core to work
+// that has to be done anyway, and a thread woken from its sleep waits for the computing one's
+// time slice). othersWantCpu tells them apart (src/core/busy_cores.cc).
+std::atomic<SleepOnBusyCores> sleepOnBusyCores{SleepOnBusyCores::never};
+std::atomic<bool (*)(int)> othersWantCpu{nullptr};
 
 // This thread's current wait: when it started yielding, and when its hook last ran.
 thread_local Clock::time_point tlsYieldsFrom, tlsHookRan;
@@ -67,6 +69,10 @@ thread_local Clock::time_point tlsSharedCoreUntil, tlsLongYieldsFrom;
 thread_local int tlsLongYields = 0;
 
 void noteLongYield(Clock::time_point now) {
+  SleepOnBusyCores when = sleepOnBusyCores.load(std::memory_order_relaxed);
+  if (when == SleepOnBusyCores::never) return;
+  bool (*othersWant)(int) = othersWantCpu.load(std::memory_order_relaxed);
+  if (when == SleepOnBusyCores::whereOthersRun && othersWant && !othersWant(sched_getcpu())) return;
   if (now - tlsLongYieldsFrom > kLongYieldWindow) {
     tlsLongYieldsFrom = now;
     tlsLongYields = 0;
@@ -92,19 +98,22 @@ int64_t cpuBackoffStep(uint32_t spins, uint32_t spinBudget) {
   Clock::time_point now = Clock::now();  // (vDSO: tens of ns, next to a yield's microsecond)
   if (spins == spinBudget) tlsYieldsFrom = tlsHookRan = now;
   Clock::duration waited = now - tlsYieldsFrom;
-  bool sharedCore = now < tlsSharedCoreUntil;  // (never set unless sleepOnBusyCores)
+  bool sharedCore = now < tlsSharedCoreUntil;  // (never set where sleepOnBusyCores is never)
   if (!sharedCore && waited < kYieldFor && spins - spinBudget < kMaxYields) {
     sched_yield();
     // (The yield alone: between two steps the caller may move network steps for a while.)
     Clock::time_point after = Clock::now();
-    if (after - now > kLongYield && sleepOnBusyCores.load(std::memory_order_relaxed)) noteLongYield(after);
+    if (after - now > kLongYield) noteLongYield(after);
     return 0;
   }
   Clock::duration sleep = std::clamp<Clock::duration>(waited / 64, sharedCore ? kSharedCoreSleep : kMinSleep, kMaxSleep);
   return std::chrono::duration_cast<std::chrono::nanoseconds>(sleep).count();
 }
 
-void cpuSetSleepOnBusyCores(bool on) { sleepOnBusyCores.store(on, std::memory_order_relaxed); }
+void cpuSetSleepOnBusyCores(SleepOnBusyCores when, bool (*othersWant)(int cpu)) {
+  othersWantCpu.store(othersWant, std::memory_order_relaxed);
+  sleepOnBusyCores.store(when, std::memory_order_relaxed);
+}
 
 void cpuSlept() {
   Clock::time_point now = Clock::now();

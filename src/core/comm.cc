@@ -19,6 +19,7 @@
 #include "../transport/net.h"
 #include "../transport/peer_memory.h"
 #include "affinity.h"
+#include "busy_cores.h"
 #include "comm_settings.h"
 #include "env.h"
 #include "error.h"
@@ -127,6 +128,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   peers_[rank] = mine;
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
   HostShare host = checkPeersAgree(mine);
+  rankProcesses_.emplace(pidsOfRanksHere());
   if (host.anyNet) {  // where the network peers will connect, on the interface bootstrap uses
     netListener_ = Socket::listen(bootstrap_->localAddress());
     peers_[rank].netAddr = WireAddr::from(netListener_.localAddr());
@@ -274,6 +276,13 @@ Comm::HostShare Comm::checkPeersAgree(const PeerInfo& mine) {
     host.sharedProcess |= p.pid == mine.pid && p.rank != rank_;
   }
   return host;
+}
+
+std::vector<int32_t> Comm::pidsOfRanksHere() const {
+  std::vector<int32_t> pids;
+  for (const PeerInfo& p : peers_)
+    if (p.hostHash == peers_[rank_].hostHash && p.pid != peers_[rank_].pid) pids.push_back(p.pid);
+  return pids;
 }
 
 // This rank's region (shared memory when a peer is another process), window and GPU FIFOs,
@@ -479,10 +488,9 @@ void Comm::connect(const RegionLayout& layout) {
 // 0's topology files are read later, but a file it cannot read only makes a plan without it.
 void Comm::checkLaterSettings() {
   Monitor::timeoutSeconds();
-  int64_t busyCores = env::integer("MININCL_BUSY_CORES", 0);
-  MNCL_CHECK(busyCores == 0 || busyCores == 1, mnclInvalidArgument,
-             "MININCL_BUSY_CORES=" + std::to_string(busyCores) + " is not 0 (off) or 1 (on)");
-  dev::cpuSetSleepOnBusyCores(busyCores == 1);
+  constexpr dev::SleepOnBusyCores kBusyCores[] = {dev::SleepOnBusyCores::never, dev::SleepOnBusyCores::always,
+                                                  dev::SleepOnBusyCores::whereOthersRun};
+  dev::cpuSetSleepOnBusyCores(kBusyCores[busyCoresSetting()], othersWantCpu);
   pointerStepSettings(0, 0);
   NetProxy::Setup net;
   applyNetSettings(net);

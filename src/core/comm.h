@@ -7,6 +7,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "../transport/shm_fault.h"
 #include "../transport/window.h"
 #include "../tune/tuner.h"
+#include "busy_cores.h"
 #include "call_log.h"
 #include "error.h"
 #include "log.h"
@@ -299,6 +301,7 @@ class Comm {
   PeerInfo describeSelf();
   void checkLaterSettings();
   HostShare checkPeersAgree(const PeerInfo& mine);
+  std::vector<int32_t> pidsOfRanksHere() const;  // other processes holding ranks of this host
   std::shared_ptr<ShmMapping> createRegions(const RegionLayout& layout, bool otherProcess);
   void mapPeerRegions();
   void setSpinBudgets(bool channelsShareCores, bool anyNet);
@@ -352,6 +355,7 @@ class Comm {
 
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<PeerInfo> peers_;
+  std::optional<RankProcessesHere> rankProcesses_;  // the processes of this host's ranks (busy_cores.h)
   std::shared_ptr<Mapping> region_;                 // ours
   std::vector<std::shared_ptr<Mapping>> peerRegions_;
   std::shared_ptr<Window> window_;

@@ -12,6 +12,7 @@
 
 #include "../bootstrap/bootstrap.h"
 #include "../bootstrap/socket.h"
+#include "../core/busy_cores.h"
 #include "../core/error.h"
 #include "../core/vector_isa.h"
 #include "../enqueue/enqueue.h"
@@ -103,6 +104,9 @@ void bindModuleFunctions(py::module_& m) {
   m.def("_bootstrap_timeout", &bootstrapTimeout,
         "MININCL_BOOTSTRAP_TIMEOUT in seconds, as inits read it (\"5\", \"2.5s\", \"500ms\"), at most this "
         "thread's cap; InvalidArgument for a malformed one.");
+  m.def("_runnable_threads_of_others", &runnableThreadsOfOthers,
+        "(pid, cpu) of each runnable thread of a process that holds none of this host's ranks of a live "
+        "communicator of this process (MININCL_BUSY_CORES=auto's test), read from /proc now.");
   m.def("version", [] {
     return std::to_string(MNCL_MAJOR) + "." + std::to_string(MNCL_MINOR) + "." + std::to_string(MNCL_PATCH);
   });
