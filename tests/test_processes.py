@@ -47,10 +47,27 @@ def test_the_busy_cores_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("MININCL_BUSY_CORES", "yes")
     with pytest.raises(minincl.InvalidArgument, match=r"MININCL_BUSY_CORES=yes is not 0 \(off\), 1 \(on\) or auto"):
         minincl.Communicator.init_all(1)
-    for setting in ("0", "1", "auto"):
+    for setting in ("0", "1", " 1", "auto", "AUTO", ""):
         monkeypatch.setenv("MININCL_BUSY_CORES", setting)
         (comm,) = minincl.Communicator.init_all(1)
         comm.destroy()
+
+
+def test_busy_cores_auto_counts_a_cpu_that_a_busy_process_keeps_wanting() -> None:
+    """The verdict the waits read (a thread of this process looks at /proc when asked, at most
+    every 100 ms; a CPU counts once two looks in a row saw another process runnable there)
+    comes for a CPU that a spinning process is bound to."""
+    cpu = min(os.sched_getaffinity(0))
+    spin = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        deadline = time.monotonic() + 30
+        while not minincl._core._others_want_cpu(cpu) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert minincl._core._others_want_cpu(cpu)
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def test_busy_cores_auto_tells_a_busy_process_from_the_ranks(tmp_path: Path) -> None:

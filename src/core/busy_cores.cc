@@ -5,7 +5,8 @@
 // 1.2x as long). If it is another process's (a data loader, another job), each yield hands it
 // a whole time slice while the peer's step takes microseconds: sleeping on the doorbell is
 // 10-20x faster there. The two are told apart by who is runnable on the core: /proc lists
-// every thread's state and CPU, and the ranks' processes on this host are known.
+// every thread's state and CPU, and the ranks' processes on this host are known. A thread of
+// this process's own reads /proc when a wait asks; the waits read only its verdict.
 #include "busy_cores.h"
 
 #include <dirent.h>
@@ -16,11 +17,14 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "env.h"
 #include "error.h"
@@ -28,19 +32,30 @@
 namespace mncl {
 namespace {
 
-// How old a look at /proc may be: 100 ms, or 20 times what the last look took, so that looks
-// take at most 5% of a waiting thread's time. One reads a small file per thread on the
-// machine (a few us each), and comes only after a long yield.
+// How old a look at /proc may be when a wait asks: 100 ms, or 20 times what the last look took,
+// so that looks take at most 5% of a core. One reads a small file per thread on the machine
+// (~3 us each, 0.3-0.4 ms for this VM's ~115 threads), and comes only after a long yield.
 constexpr int64_t kLookEveryNs = 100'000'000, kLookCostShare = 20;
 constexpr int kMaxCpus = 1024;
 constexpr unsigned kKernelThread = 0x00200000;  // PF_KTHREAD in a task's flags (field 9)
+using CpuBits = std::array<uint64_t, kMaxCpus / 64>;
 
-std::mutex registryMutex;
-std::map<int32_t, int> rankPids;  // pid -> communicators that count it as a rank's
-
-std::mutex lookMutex;  // one look at a time; the others use the last one meanwhile
-std::atomic<int64_t> nextLookNs{0};
-std::array<std::atomic<uint64_t>, kMaxCpus / 64> othersWant{};  // a bit per CPU
+// Shared with the watcher thread, which outlives main() (it is never joined): never freed, so
+// that the process's exit does not pull them from under it.
+struct State {
+  std::mutex registryMutex;
+  std::map<int32_t, int> rankPids;  // pid -> communicators that count it as a rank's
+  std::mutex askMutex;
+  std::condition_variable asked;
+  bool lookWanted = false;
+  pid_t watcherIn = 0;  // the process whose watcher thread runs (a forked child has none)
+  std::atomic<int64_t> nextLookNs{0};
+  std::array<std::atomic<uint64_t>, kMaxCpus / 64> othersWant{};  // a bit per CPU
+};
+State& state() {
+  static State* s = new State;
+  return *s;
+}
 
 int64_t nowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -74,9 +89,10 @@ int runnableCpu(const char* path) {
 }
 
 std::vector<int32_t> ranksPids() {
-  std::lock_guard<std::mutex> lock(registryMutex);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.registryMutex);
   std::vector<int32_t> pids{(int32_t)getpid()};
-  for (const auto& [pid, count] : rankPids) pids.push_back(pid);
+  for (const auto& [pid, count] : s.rankPids) pids.push_back(pid);
   std::sort(pids.begin(), pids.end());
   return pids;
 }
@@ -103,39 +119,79 @@ void forEachRunnableThreadOfOthers(Found&& found) {
   ::closedir(proc);
 }
 
-void look() {
-  std::array<uint64_t, kMaxCpus / 64> want{};
+// A CPU counts once two looks in a row saw another process's thread runnable there: a process
+// that wants the core for a while (a data loader, another job), not one runnable for a
+// moment (a launcher's parent, a system daemon), which a trial saw in ~0.7% of looks.
+void look(CpuBits& seenLastTime) {
+  CpuBits seen{};
   forEachRunnableThreadOfOthers([&](int32_t, int cpu) {
-    if (cpu < kMaxCpus) want[cpu / 64] |= uint64_t{1} << (cpu % 64);
+    if (cpu < kMaxCpus) seen[cpu / 64] |= uint64_t{1} << (cpu % 64);
   });
-  for (size_t i = 0; i < want.size(); ++i) othersWant[i].store(want[i], std::memory_order_relaxed);
+  for (size_t i = 0; i < seen.size(); ++i) state().othersWant[i].store(seen[i] & seenLastTime[i]);
+  seenLastTime = seen;
+}
+
+// The watcher thread: a look each time a wait asks (it runs apart from the waits, so that one
+// on a machine of many threads does not hold up a collective).
+void watch() {
+  State& s = state();
+  CpuBits seenLastTime{};
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(s.askMutex);
+      s.asked.wait(lock, [&] { return s.lookWanted; });
+      s.lookWanted = false;
+    }
+    int64_t start = nowNs();
+    try {
+      look(seenLastTime);
+    } catch (const std::exception&) {  // (out of memory: no look this time)
+    }
+    int64_t end = nowNs();
+    s.nextLookNs.store(end + std::max(kLookEveryNs, kLookCostShare * (end - start)));
+  }
+}
+
+// Wakes the watcher for a look, starting it first in this process; a watcher that cannot
+// start leaves auto as 0 (no look, so no CPU counts).
+void askForALook() noexcept {
+  State& s = state();
+  if (nowNs() < s.nextLookNs.load(std::memory_order_relaxed)) return;
+  std::unique_lock<std::mutex> lock(s.askMutex, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  if (s.watcherIn != getpid()) {
+    try {
+      std::thread(watch).detach();
+    } catch (const std::exception&) {
+      s.nextLookNs.store(INT64_MAX);
+      return;
+    }
+    s.watcherIn = getpid();
+  }
+  s.nextLookNs.store(INT64_MAX);  // (until this look ends)
+  s.lookWanted = true;
+  s.asked.notify_one();
 }
 
 }  // namespace
 
 RankProcessesHere::RankProcessesHere(std::vector<int32_t> pids) : pids_(std::move(pids)) {
-  std::lock_guard<std::mutex> lock(registryMutex);
-  for (int32_t pid : pids_) ++rankPids[pid];
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.registryMutex);
+  for (int32_t pid : pids_) ++s.rankPids[pid];
 }
 
 RankProcessesHere::~RankProcessesHere() {
-  std::lock_guard<std::mutex> lock(registryMutex);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.registryMutex);
   for (int32_t pid : pids_)
-    if (--rankPids[pid] == 0) rankPids.erase(pid);
+    if (--s.rankPids[pid] == 0) s.rankPids.erase(pid);
 }
 
-bool othersWantCpu(int cpu) {
+bool othersWantCpu(int cpu) noexcept {
   if (cpu < 0 || cpu >= kMaxCpus) return false;
-  int64_t start = nowNs();
-  if (start >= nextLookNs.load(std::memory_order_relaxed)) {
-    std::unique_lock<std::mutex> lock(lookMutex, std::try_to_lock);
-    if (lock.owns_lock()) {
-      look();
-      int64_t end = nowNs();
-      nextLookNs.store(end + std::max(kLookEveryNs, kLookCostShare * (end - start)), std::memory_order_relaxed);
-    }
-  }
-  return (othersWant[cpu / 64].load(std::memory_order_relaxed) >> (cpu % 64)) & 1;
+  askForALook();
+  return (state().othersWant[cpu / 64].load(std::memory_order_relaxed) >> (cpu % 64)) & 1;
 }
 
 std::vector<std::pair<int32_t, int>> runnableThreadsOfOthers() {
@@ -144,12 +200,15 @@ std::vector<std::pair<int32_t, int>> runnableThreadsOfOthers() {
   return found;
 }
 
-int busyCoresSetting() {
+dev::SleepOnBusyCores busyCoresSetting() {
   std::string v = env::str("MININCL_BUSY_CORES");
-  if (v.empty() || v == "auto") return 2;
+  v.erase(0, v.find_first_not_of(" \t"));
+  v.erase(v.find_last_not_of(" \t") + 1);
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return (char)std::tolower(c); });
+  if (v.empty() || v == "auto") return dev::SleepOnBusyCores::whereOthersRun;
   MNCL_CHECK(v == "0" || v == "1", mnclInvalidArgument,
-             "MININCL_BUSY_CORES=" + v + " is not 0 (off), 1 (on) or auto (the default)");
-  return v == "1";
+             "MININCL_BUSY_CORES=" + env::str("MININCL_BUSY_CORES") + " is not 0 (off), 1 (on) or auto (the default)");
+  return v == "1" ? dev::SleepOnBusyCores::always : dev::SleepOnBusyCores::never;
 }
 
 }  // namespace mncl

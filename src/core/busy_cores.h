@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "../../cuda/arch.h"
+
 namespace mncl {
 
 // The processes of one communicator's ranks on this host, counted as the ranks' own for as
@@ -22,16 +24,17 @@ class RankProcessesHere {
   std::vector<int32_t> pids_;
 };
 
-// Whether a thread of another process (not a kernel thread, not a rank's) was waiting for or
-// running on `cpu` when /proc was last read: at most 100 ms ago, else read now.
-bool othersWantCpu(int cpu);
+// Whether threads of another process (not kernel threads, not a rank's) were runnable on `cpu`
+// at the last two looks at /proc. Asks for a new look where the last is over 100 ms old (a
+// thread of this process's own takes it, and the answer counts from the next ask).
+bool othersWantCpu(int cpu) noexcept;
 
 // Reads /proc now: (pid, cpu) of each runnable thread of other processes. For tests.
 std::vector<std::pair<int32_t, int>> runnableThreadsOfOthers();
 
 // MININCL_BUSY_CORES: 0 (never sleep for a busy core), 1 (always, at 3 long yields within a
-// second), auto or unset (only where othersWantCpu). Returns 0, 1 or 2 (auto); throws
-// InvalidArgument naming the variable otherwise.
-int busyCoresSetting();
+// second), auto or unset (only where othersWantCpu); throws InvalidArgument naming the
+// variable otherwise.
+dev::SleepOnBusyCores busyCoresSetting();
 
 }  // namespace mncl

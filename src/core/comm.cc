@@ -129,6 +129,7 @@ Comm::Comm(const UniqueIdData& id, int rank, int nranks, int device, const CommO
   bootstrap_->allgather(peers_.data(), sizeof(PeerInfo));
   HostShare host = checkPeersAgree(mine);
   rankProcesses_.emplace(pidsOfRanksHere());
+  dev::cpuSetSleepOnBusyCores(busyCores_, othersWantCpu);  // (once the ranks' processes are known)
   if (host.anyNet) {  // where the network peers will connect, on the interface bootstrap uses
     netListener_ = Socket::listen(bootstrap_->localAddress());
     peers_[rank].netAddr = WireAddr::from(netListener_.localAddr());
@@ -488,9 +489,7 @@ void Comm::connect(const RegionLayout& layout) {
 // 0's topology files are read later, but a file it cannot read only makes a plan without it.
 void Comm::checkLaterSettings() {
   Monitor::timeoutSeconds();
-  constexpr dev::SleepOnBusyCores kBusyCores[] = {dev::SleepOnBusyCores::never, dev::SleepOnBusyCores::always,
-                                                  dev::SleepOnBusyCores::whereOthersRun};
-  dev::cpuSetSleepOnBusyCores(kBusyCores[busyCoresSetting()], othersWantCpu);
+  busyCores_ = busyCoresSetting();
   pointerStepSettings(0, 0);
   NetProxy::Setup net;
   applyNetSettings(net);

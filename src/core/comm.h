@@ -356,6 +356,7 @@ class Comm {
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<PeerInfo> peers_;
   std::optional<RankProcessesHere> rankProcesses_;  // the processes of this host's ranks (busy_cores.h)
+  dev::SleepOnBusyCores busyCores_ = dev::SleepOnBusyCores::whereOthersRun;  // MININCL_BUSY_CORES
   std::shared_ptr<Mapping> region_;                 // ours
   std::vector<std::shared_ptr<Mapping>> peerRegions_;
   std::shared_ptr<Window> window_;

@@ -107,6 +107,9 @@ void bindModuleFunctions(py::module_& m) {
   m.def("_runnable_threads_of_others", &runnableThreadsOfOthers,
         "(pid, cpu) of each runnable thread of a process that holds none of this host's ranks of a live "
         "communicator of this process (MININCL_BUSY_CORES=auto's test), read from /proc now.");
+  m.def("_others_want_cpu", &othersWantCpu, py::arg("cpu"),
+        "MININCL_BUSY_CORES=auto's verdict on a CPU: threads of other processes were runnable there at the "
+        "last two looks at /proc (asking for a new look where the last is over 100 ms old).");
   m.def("version", [] {
     return std::to_string(MNCL_MAJOR) + "." + std::to_string(MNCL_MINOR) + "." + std::to_string(MNCL_PATCH);
   });
