@@ -70,6 +70,58 @@ def test_busy_cores_auto_counts_a_cpu_that_a_busy_process_keeps_wanting() -> Non
         spinner.wait()
 
 
+FORKED_AFTER_A_LOOK = """
+import os, sys, threading, time, warnings
+import numpy as np
+import minincl
+
+warnings.simplefilter("ignore", DeprecationWarning)  # (fork() with threads: what this checks)
+cpu = int(sys.argv[1])
+
+def verdict_comes() -> bool:
+    deadline = time.monotonic() + 30
+    while not minincl._core._others_want_cpu(cpu) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return minincl._core._others_want_cpu(cpu)
+
+comms = minincl.Communicator.init_all(2)  # (registered ranks, and the watcher, in the parent)
+assert verdict_comes()
+pid = os.fork()
+if pid == 0:
+    ok = verdict_comes()
+    pair = minincl.Communicator.init_all(2)
+    xs = [np.full(1000, r + 1.0, np.float32) for r in range(2)]
+    threads = [threading.Thread(target=c.allreduce, args=(x,)) for c, x in zip(pair, xs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    os._exit(0 if ok and all((x == 3).all() for x in xs) else 1)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_busy_cores_auto_in_a_child_forked_after_a_look(tmp_path: Path) -> None:
+    """A process forked while the parent's watcher thread runs (a DataLoader's workers) gets a
+    watcher of its own and can make communicators."""
+    cpu = min(os.sched_getaffinity(0))
+    spin = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", FORKED_AFTER_A_LOOK, str(cpu)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,  # (not the source tree's minincl/)
+        )
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert run.stdout.strip() == "child 0", run.stdout + run.stderr
+
+
 def test_busy_cores_auto_tells_a_busy_process_from_the_ranks(tmp_path: Path) -> None:
     """MININCL_BUSY_CORES=auto sleeps instead of yielding only where a runnable thread is
     none of the ranks': a spinning process is one, a spinning rank process is not while a

@@ -11,6 +11,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 
@@ -52,8 +54,32 @@ struct State {
   std::atomic<int64_t> nextLookNs{0};
   std::array<std::atomic<uint64_t>, kMaxCpus / 64> othersWant{};  // a bit per CPU
 };
+State& newState();
 State& state() {
-  static State* s = new State;
+  static State& s = newState();
+  return s;
+}
+
+// A process that forks (a DataLoader's workers) must not leave a child a mutex that another
+// thread held at the fork: the child's next communicator would wait on it for ever. The child
+// has no watcher thread; its first ask starts one.
+State& newState() {
+  State* s = new State;
+  pthread_atfork(
+      [] {
+        state().registryMutex.lock();
+        state().askMutex.lock();
+      },
+      [] {
+        state().askMutex.unlock();
+        state().registryMutex.unlock();
+      },
+      [] {
+        state().askMutex.unlock();
+        state().registryMutex.unlock();
+        new (&state().asked) std::condition_variable;  // (the parent's watcher never waits here)
+        state().nextLookNs.store(0);                     // (nor ends a look under way at the fork)
+      });
   return *s;
 }
 
