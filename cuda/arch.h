@@ -272,6 +272,7 @@ void cpuBackoff(uint32_t spins, uint32_t spinBudget = 200);
 // thread that is none of the ranks' wants that core. For the whole process.
 enum class SleepOnBusyCores { never, always, whereOthersRun };
 void cpuSetSleepOnBusyCores(SleepOnBusyCores when, bool (*othersWantCpu)(int cpu));
+uint64_t cpuSleepSpells();  // times a thread of this process began a second of sleeps (tests)
 // What a thread's long waits also do, about every 50 ms once they sleep (cpuBackoff): a caller
 // that can be interrupted sets it for the length of its call (the Python binding runs the
 // pending signal handlers there, so that Ctrl-C stops a call blocked on its peers).

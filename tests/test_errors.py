@@ -232,8 +232,8 @@ def test_time_limits_in_the_environment_are_checked_where_they_are_set(monkeypat
         ("MININCL_CALL_TIMEOUT", "ms", 'MININCL_CALL_TIMEOUT="ms" is not a duration'),  # (no number: 0)
         ("MININCL_CALL_TIMEOUT", "nan", 'MININCL_CALL_TIMEOUT="nan" is not a duration'),
         ("MININCL_TRANSPORT", "shm", 'MININCL_TRANSPORT="shm" is not net or auto'),
-        ("MININCL_BUSY_CORES", "2", "MININCL_BUSY_CORES=2 is not 0 (off), 1 (on) or auto (the default)"),
-        ("MININCL_BUSY_CORES", "-1", "MININCL_BUSY_CORES=-1 is not 0 (off), 1 (on) or auto (the default)"),
+        ("MININCL_BUSY_CORES", "2", 'MININCL_BUSY_CORES="2" is not 0 (off), 1 (on) or auto (the default)'),
+        ("MININCL_BUSY_CORES", "-1", 'MININCL_BUSY_CORES="-1" is not 0 (off), 1 (on) or auto (the default)'),
     ],
 )
 def test_sizes_in_the_environment_are_checked_before_they_are_used(

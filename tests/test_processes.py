@@ -45,7 +45,7 @@ def test_collectives_beside_busy_processes_with_waits_that_sleep_on_doorbells(
 
 def test_the_busy_cores_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MININCL_BUSY_CORES", "yes")
-    with pytest.raises(minincl.InvalidArgument, match=r"MININCL_BUSY_CORES=yes is not 0 \(off\), 1 \(on\) or auto"):
+    with pytest.raises(minincl.InvalidArgument, match=r'MININCL_BUSY_CORES="yes" is not 0 \(off\), 1 \(on\) or auto'):
         minincl.Communicator.init_all(1)
     for setting in ("0", "1", " 1", "auto", "AUTO", ""):
         monkeypatch.setenv("MININCL_BUSY_CORES", setting)
@@ -68,6 +68,35 @@ def test_busy_cores_auto_counts_a_cpu_that_a_busy_process_keeps_wanting() -> Non
     finally:
         spinner.kill()
         spinner.wait()
+
+
+@pytest.mark.parametrize(
+    ("setting", "beside", "sleeps"),
+    [
+        ("1", "computing thread", True),  # (the waits do lose the core for milliseconds)
+        ("auto", "computing thread", False),  # (to the rank's own work: yields stay)
+        ("auto", "busy process", True),
+        ("0", "busy process", False),
+    ],
+)
+def test_busy_cores_setting_decides_who_a_wait_sleeps_for(
+    monkeypatch: pytest.MonkeyPatch, setting: str, beside: str, sleeps: bool
+) -> None:
+    """2 rank processes on one CPU with a thread of each computing, or with a busy process
+    there: waits whose yields keep losing the core sleep instead where the setting says."""
+    monkeypatch.setenv("MININCL_BUSY_CORES", setting)
+    cpu = min(os.sched_getaffinity(0))
+    spinners = []
+    if beside == "busy process":
+        spin = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+        spinners.append(subprocess.Popen([sys.executable, "-c", spin]))
+    try:
+        spells = minincl.launch(workers.sleep_spells_on_one_cpu, 2, cpu, beside == "computing thread", 2.0, timeout=120)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    assert (sum(spells) > 0) == sleeps, spells
 
 
 FORKED_AFTER_A_LOOK = """

@@ -1715,3 +1715,37 @@ def rank_processes_are_not_others(comm: minincl.Communicator, marks: str, spinne
         "this process seen": os.getpid() in with_two | with_one | after,
         "spinner seen": spinner in with_two and spinner in with_one and spinner in after,
     }
+
+
+def sleep_spells_on_one_cpu(comm: minincl.Communicator, cpu: int, compute: bool, seconds: float) -> int:
+    """Every thread of this rank on `cpu` (with a computing thread of its own if `compute`),
+    allreduces checked against the sum for `seconds`; then the times a wait of this process
+    began a second of sleeping instead of yielding (MININCL_BUSY_CORES)."""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # (a thread that ended meanwhile)
+            os.sched_setaffinity(int(tid), {cpu})
+    stop = threading.Event()
+
+    def computing() -> None:
+        a = np.ones((200, 200))
+        while not stop.is_set():
+            a = a @ a / 200  # (NumPy lets go of the GIL: this thread keeps the core)
+
+    worker = threading.Thread(target=computing)
+    if compute:
+        worker.start()
+    x = np.zeros((1 << 18) + 1, np.float32)  # (the last element: rank 0's time is up)
+    try:
+        end = time.monotonic() + seconds
+        while True:
+            x[:-1] = comm.rank + 1
+            x[-1] = comm.rank == 0 and time.monotonic() > end
+            comm.allreduce(x)
+            assert (x[:-1] == comm.nranks * (comm.nranks + 1) / 2).all()
+            if x[-1]:
+                break
+    finally:
+        stop.set()
+        if compute:
+            worker.join()
+    return int(minincl._core._busy_cores_stats()["sleep_spells"])

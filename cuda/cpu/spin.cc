@@ -59,7 +59,8 @@ constexpr auto kHookEvery = milliseconds(50);
 // that has to be done anyway, and a thread woken from its sleep waits for the computing one's
 // time slice). othersWantCpu tells them apart (src/core/busy_cores.cc).
 std::atomic<SleepOnBusyCores> sleepOnBusyCores{SleepOnBusyCores::never};
-std::atomic<bool (*)(int)> othersWantCpu{nullptr};
+std::atomic<bool (*)(int)> othersWantCpuTest{nullptr};
+std::atomic<uint64_t> sleepSpells{0};  // times a thread began to sleep instead of yielding
 
 // This thread's current wait: when it started yielding, and when its hook last ran.
 thread_local Clock::time_point tlsYieldsFrom, tlsHookRan;
@@ -71,13 +72,17 @@ thread_local int tlsLongYields = 0;
 void noteLongYield(Clock::time_point now) {
   SleepOnBusyCores when = sleepOnBusyCores.load(std::memory_order_relaxed);
   if (when == SleepOnBusyCores::never) return;
-  bool (*othersWant)(int) = othersWantCpu.load(std::memory_order_relaxed);
-  if (when == SleepOnBusyCores::whereOthersRun && othersWant && !othersWant(sched_getcpu())) return;
+  if (when == SleepOnBusyCores::whereOthersRun) {
+    bool (*othersWant)(int) = othersWantCpuTest.load(std::memory_order_relaxed);
+    if (!othersWant || !othersWant(sched_getcpu())) return;
+  }
   if (now - tlsLongYieldsFrom > kLongYieldWindow) {
     tlsLongYieldsFrom = now;
     tlsLongYields = 0;
   }
-  if (++tlsLongYields >= kLongYieldsForSharedCore) tlsSharedCoreUntil = now + kSleepInsteadOfYieldFor;
+  if (++tlsLongYields < kLongYieldsForSharedCore) return;
+  if (now >= tlsSharedCoreUntil) sleepSpells.fetch_add(1, std::memory_order_relaxed);
+  tlsSharedCoreUntil = now + kSleepInsteadOfYieldFor;
 }
 
 void sleepFor(Clock::duration d) {
@@ -110,10 +115,12 @@ int64_t cpuBackoffStep(uint32_t spins, uint32_t spinBudget) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(sleep).count();
 }
 
-void cpuSetSleepOnBusyCores(SleepOnBusyCores when, bool (*othersWant)(int cpu)) {
-  othersWantCpu.store(othersWant, std::memory_order_relaxed);
+void cpuSetSleepOnBusyCores(SleepOnBusyCores when, bool (*othersWantCpu)(int cpu)) {
+  othersWantCpuTest.store(othersWantCpu, std::memory_order_relaxed);
   sleepOnBusyCores.store(when, std::memory_order_relaxed);
 }
+
+uint64_t cpuSleepSpells() { return sleepSpells.load(std::memory_order_relaxed); }
 
 void cpuSlept() {
   Clock::time_point now = Clock::now();

@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <system_error>
 #include <thread>
 
 #include "env.h"
@@ -34,10 +36,15 @@
 namespace mncl {
 namespace {
 
-// How old a look at /proc may be when a wait asks: 100 ms, or 20 times what the last look took,
-// so that looks take at most 5% of a core. One reads a small file per thread on the machine
-// (~3 us each, 0.3-0.4 ms for this VM's ~115 threads), and comes only after a long yield.
-constexpr int64_t kLookEveryNs = 100'000'000, kLookCostShare = 20;
+// How old a look at /proc may be when a wait asks: 100 ms once a look saw another process
+// runnable anywhere, doubling up to 1 s while none did (a rank beside its own computing
+// thread yields long all the time: a DDP step), and at least 20 times what the last look
+// took, so that looks take at most 5% of a core. One reads a small file per thread on the
+// machine (~3 us each, 0.3-0.4 ms for this VM's ~115 threads).
+constexpr int64_t kLookEveryNs = 100'000'000, kLookAtMostEveryNs = 1'000'000'000, kLookCostShare = 20;
+// A verdict older than this is none (no wait asked meanwhile): the next needs two fresh looks.
+constexpr int64_t kVerdictLastsNs = 1'500'000'000;
+constexpr int64_t kRetryWatcherNs = 1'000'000'000;
 constexpr int kMaxCpus = 1024;
 constexpr unsigned kKernelThread = 0x00200000;  // PF_KTHREAD in a task's flags (field 9)
 using CpuBits = std::array<uint64_t, kMaxCpus / 64>;
@@ -50,20 +57,22 @@ struct State {
   std::mutex askMutex;
   std::condition_variable asked;
   bool lookWanted = false;
-  pid_t watcherIn = 0;  // the process whose watcher thread runs (a forked child has none)
+  pid_t watcherPid = 0;  // the process whose watcher thread runs (a forked child has none)
   std::atomic<int64_t> nextLookNs{0};
+  std::atomic<int64_t> verdictAtNs{INT64_MIN / 2};                // when the last look ended
   std::array<std::atomic<uint64_t>, kMaxCpus / 64> othersWant{};  // a bit per CPU
+  std::atomic<uint64_t> looks{0};
 };
-State& newState();
+State& makeStateWithForkHandlers();
 State& state() {
-  static State& s = newState();
+  static State& s = makeStateWithForkHandlers();
   return s;
 }
 
-// A process that forks (a DataLoader's workers) must not leave a child a mutex that another
-// thread held at the fork: the child's next communicator would wait on it for ever. The child
-// has no watcher thread; its first ask starts one.
-State& newState() {
+// A process that forks (a DataLoader's workers) must not leave a child one of these mutexes
+// held by another thread at the fork: the child's next communicator would wait on it for
+// ever. The child has no watcher thread (its first ask starts one) and no verdict yet.
+State& makeStateWithForkHandlers() {
   State* s = new State;
   pthread_atfork(
       [] {
@@ -77,8 +86,11 @@ State& newState() {
       [] {
         state().askMutex.unlock();
         state().registryMutex.unlock();
-        new (&state().asked) std::condition_variable;  // (the parent's watcher never waits here)
-        state().nextLookNs.store(0);                     // (nor ends a look under way at the fork)
+        // (The parent's watcher may be counted as waiting in the copy: a fresh one.)
+        new (&state().asked) std::condition_variable;
+        state().nextLookNs.store(0);  // (a look under way at the fork never ends here)
+        state().verdictAtNs.store(INT64_MIN / 2);
+        for (auto& bits : state().othersWant) bits.store(0);
       });
   return *s;
 }
@@ -145,23 +157,44 @@ void forEachRunnableThreadOfOthers(Found&& found) {
   ::closedir(proc);
 }
 
-// A CPU counts once two looks in a row saw another process's thread runnable there: a process
-// that wants the core for a while (a data loader, another job), not one runnable for a
-// moment (a launcher's parent, a system daemon), which a trial saw in ~0.7% of looks.
-void look(CpuBits& seenLastTime) {
+// A CPU counts once two looks in a row, close in time, saw another process's thread runnable
+// there: a process that wants the core for a while (a data loader, another job), not one
+// runnable for a moment (a launcher's parent, a system daemon), which a trial saw in ~0.7% of
+// looks.
+// Returns whether it saw any.
+bool look(CpuBits& seenLastTime) {
+  State& s = state();
   CpuBits seen{};
+  bool any = false;
   forEachRunnableThreadOfOthers([&](int32_t, int cpu) {
+    any = true;
     if (cpu < kMaxCpus) seen[cpu / 64] |= uint64_t{1} << (cpu % 64);
   });
-  for (size_t i = 0; i < seen.size(); ++i) state().othersWant[i].store(seen[i] & seenLastTime[i]);
+  int64_t now = nowNs();
+  if (now - s.verdictAtNs.load() > kVerdictLastsNs) seenLastTime = {};  // (no waits asked for a while)
+  for (size_t i = 0; i < seen.size(); ++i) s.othersWant[i].store(seen[i] & seenLastTime[i]);
+  s.verdictAtNs.store(now);
+  s.looks.fetch_add(1, std::memory_order_relaxed);
   seenLastTime = seen;
+  return any;
+}
+
+// The watcher does not stay on the core of the wait that started it (a rank bound to its core,
+// MININCL_CPU_BIND=1): it runs where the process may (the kernel keeps it within its cpuset).
+void unbindThisThread() {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  for (int c = 0; c < CPU_SETSIZE; ++c) CPU_SET(c, &all);
+  sched_setaffinity(0, sizeof(all), &all);  // (a failure leaves it where it is)
 }
 
 // The watcher thread: a look each time a wait asks (it runs apart from the waits, so that one
 // on a machine of many threads does not hold up a collective).
 void watch() {
   State& s = state();
+  unbindThisThread();
   CpuBits seenLastTime{};
+  int64_t every = kLookEveryNs;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(s.askMutex);
@@ -170,29 +203,28 @@ void watch() {
     }
     int64_t start = nowNs();
     try {
-      look(seenLastTime);
+      every = look(seenLastTime) ? kLookEveryNs : std::min(2 * every, kLookAtMostEveryNs);
     } catch (const std::exception&) {  // (out of memory: no look this time)
     }
     int64_t end = nowNs();
-    s.nextLookNs.store(end + std::max(kLookEveryNs, kLookCostShare * (end - start)));
+    s.nextLookNs.store(end + std::max(every, kLookCostShare * (end - start)));
   }
 }
 
 // Wakes the watcher for a look, starting it first in this process; a watcher that cannot
-// start leaves auto as 0 (no look, so no CPU counts).
-void askForALook() noexcept {
-  State& s = state();
-  if (nowNs() < s.nextLookNs.load(std::memory_order_relaxed)) return;
+// start (a limit on threads) is tried again a second later, meanwhile no CPU counts.
+void askForALook(State& s, int64_t now) {
+  if (now < s.nextLookNs.load(std::memory_order_relaxed)) return;
   std::unique_lock<std::mutex> lock(s.askMutex, std::try_to_lock);
   if (!lock.owns_lock()) return;
-  if (s.watcherIn != getpid()) {
+  if (s.watcherPid != getpid()) {
     try {
       std::thread(watch).detach();
-    } catch (const std::exception&) {
-      s.nextLookNs.store(INT64_MAX);
+    } catch (const std::system_error&) {
+      s.nextLookNs.store(now + kRetryWatcherNs);
       return;
     }
-    s.watcherIn = getpid();
+    s.watcherPid = getpid();
   }
   s.nextLookNs.store(INT64_MAX);  // (until this look ends)
   s.lookWanted = true;
@@ -216,9 +248,19 @@ RankProcessesHere::~RankProcessesHere() {
 
 bool othersWantCpu(int cpu) noexcept {
   if (cpu < 0 || cpu >= kMaxCpus) return false;
-  askForALook();
-  return (state().othersWant[cpu / 64].load(std::memory_order_relaxed) >> (cpu % 64)) & 1;
+  try {
+    State& s = state();
+    int64_t now = nowNs();
+    askForALook(s, now);
+    if (now - s.verdictAtNs.load(std::memory_order_relaxed) > kVerdictLastsNs) return false;
+    return (s.othersWant[cpu / 64].load(std::memory_order_relaxed) >> (cpu % 64)) & 1;
+  } catch (const std::exception&) {  // (out of memory for the state: no verdict)
+    return false;
+  }
 }
+
+uint64_t busyCoreLooks() { return state().looks.load(std::memory_order_relaxed); }
+uint64_t busyCoreSleepSpells() { return dev::cpuSleepSpells(); }
 
 std::vector<std::pair<int32_t, int>> runnableThreadsOfOthers() {
   std::vector<std::pair<int32_t, int>> found;
@@ -233,7 +275,7 @@ dev::SleepOnBusyCores busyCoresSetting() {
   std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return (char)std::tolower(c); });
   if (v.empty() || v == "auto") return dev::SleepOnBusyCores::whereOthersRun;
   MNCL_CHECK(v == "0" || v == "1", mnclInvalidArgument,
-             "MININCL_BUSY_CORES=" + env::str("MININCL_BUSY_CORES") + " is not 0 (off), 1 (on) or auto (the default)");
+             "MININCL_BUSY_CORES=\"" + env::str("MININCL_BUSY_CORES") + "\" is not 0 (off), 1 (on) or auto (the default)");
   return v == "1" ? dev::SleepOnBusyCores::always : dev::SleepOnBusyCores::never;
 }
 

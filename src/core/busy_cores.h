@@ -29,6 +29,11 @@ class RankProcessesHere {
 // thread of this process's own takes it, and the answer counts from the next ask).
 bool othersWantCpu(int cpu) noexcept;
 
+// For tests: this process's looks at /proc so far, and the times one of its threads began a
+// second of sleeping instead of yielding (cuda/cpu/spin.cc).
+uint64_t busyCoreLooks();
+uint64_t busyCoreSleepSpells();
+
 // Reads /proc now: (pid, cpu) of each runnable thread of other processes. For tests.
 std::vector<std::pair<int32_t, int>> runnableThreadsOfOthers();
 

@@ -110,6 +110,16 @@ void bindModuleFunctions(py::module_& m) {
   m.def("_others_want_cpu", &othersWantCpu, py::arg("cpu"),
         "MININCL_BUSY_CORES=auto's verdict on a CPU: threads of other processes were runnable there at the "
         "last two looks at /proc (asking for a new look where the last is over 100 ms old).");
+  m.def(
+      "_busy_cores_stats",
+      [] {
+        py::dict d;
+        d["looks"] = busyCoreLooks();
+        d["sleep_spells"] = busyCoreSleepSpells();
+        return d;
+      },
+      "This process's looks at /proc (MININCL_BUSY_CORES=auto) and the times a thread began a second of "
+      "sleeping instead of yielding.");
   m.def("version", [] {
     return std::to_string(MNCL_MAJOR) + "." + std::to_string(MNCL_MINOR) + "." + std::to_string(MNCL_PATCH);
   });
