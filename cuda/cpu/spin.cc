@@ -59,7 +59,7 @@ constexpr auto kHookEvery = milliseconds(50);
 // that has to be done anyway, and a thread woken from its sleep waits for the computing one's
 // time slice). othersWantCpu tells them apart (src/core/busy_cores.cc).
 std::atomic<SleepOnBusyCores> sleepOnBusyCores{SleepOnBusyCores::never};
-std::atomic<bool (*)(int)> othersWantCpuTest{nullptr};
+std::atomic<bool (*)(int)> othersWantCpuCheck{nullptr};
 std::atomic<uint64_t> sleepSpells{0};  // times a thread began to sleep instead of yielding
 
 // This thread's current wait: when it started yielding, and when its hook last ran.
@@ -73,7 +73,7 @@ void noteLongYield(Clock::time_point now) {
   SleepOnBusyCores when = sleepOnBusyCores.load(std::memory_order_relaxed);
   if (when == SleepOnBusyCores::never) return;
   if (when == SleepOnBusyCores::whereOthersRun) {
-    bool (*othersWant)(int) = othersWantCpuTest.load(std::memory_order_relaxed);
+    bool (*othersWant)(int) = othersWantCpuCheck.load(std::memory_order_relaxed);
     if (!othersWant || !othersWant(sched_getcpu())) return;
   }
   if (now - tlsLongYieldsFrom > kLongYieldWindow) {
@@ -116,7 +116,7 @@ int64_t cpuBackoffStep(uint32_t spins, uint32_t spinBudget) {
 }
 
 void cpuSetSleepOnBusyCores(SleepOnBusyCores when, bool (*othersWantCpu)(int cpu)) {
-  othersWantCpuTest.store(othersWantCpu, std::memory_order_relaxed);
+  othersWantCpuCheck.store(othersWantCpu, std::memory_order_relaxed);
   sleepOnBusyCores.store(when, std::memory_order_relaxed);
 }
 
