@@ -160,8 +160,7 @@ void forEachRunnableThreadOfOthers(Found&& found) {
 // A CPU counts once two looks in a row, close in time, saw another process's thread runnable
 // there: a process that wants the core for a while (a data loader, another job), not one
 // runnable for a moment (a launcher's parent, a system daemon), which a trial saw in ~0.7% of
-// looks.
-// Returns whether it saw any.
+// looks. Returns whether it saw any other process's thread runnable, on any CPU.
 bool look(CpuBits& seenLastTime) {
   State& s = state();
   CpuBits seen{};
