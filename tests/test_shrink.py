@@ -313,6 +313,40 @@ def test_a_split_refused_on_one_rank_fails_the_others_at_once() -> None:
             c.destroy()
 
 
+
+@pytest.mark.parametrize("ranks", ["threads", "processes"])
+def test_a_split_fails_at_once_where_a_rank_destroyed_the_communicator_instead(ranks: str) -> None:
+    """A rank that destroys its communicator, alive, instead of splitting it never meets the
+    others: their splits fail at once naming it (those waiting on the bootstrap ring behind
+    it waited for the bootstrap timeout, 60 s, and were told ranks may start slowly)."""
+    start = time.monotonic()
+    if ranks == "processes":
+        said = minincl.launch(workers.split_beside_a_rank_that_destroys, 4, timeout=60)[:3]
+    else:
+        comms = minincl.Communicator.init_all(4)
+        outcome: dict[int, str] = {}
+
+        def split_or_destroy(rank: int) -> None:
+            if rank == 3:
+                time.sleep(0.2)
+                comms[3].destroy()
+                return
+            try:
+                comms[rank].split(rank % 2)
+                outcome[rank] = "made"
+            except minincl.Error as e:
+                outcome[rank] = f"{type(e).__name__}: {e}"
+
+        try:
+            run_ranks([0, 1, 2, 3], split_or_destroy, timeout=60)
+        finally:
+            for c in comms:
+                c.destroy()
+        said = [outcome[r] for r in range(3)]
+    assert time.monotonic() - start < 20, said
+    for outcome_of_rank in said:  # (processes: rank 0's may exit first, and be named too)
+        assert re.match(r"RemoteError: split: rank\(s\) (\d, )*3 left", outcome_of_rank), said
+
 @pytest.mark.parametrize(
     "given",
     [

@@ -1749,3 +1749,18 @@ def sleep_spells_on_one_cpu(comm: minincl.Communicator, cpu: int, compute: bool,
         if compute:
             worker.join()
     return int(minincl._core._busy_cores_stats()["sleep_spells"])
+
+
+def split_beside_a_rank_that_destroys(comm: minincl.Communicator) -> str:
+    """Rank 3 destroys its communicator (and stays alive) while the others split it: what
+    each of them raised, or "made"."""
+    comm.barrier()
+    if comm.rank == 3:
+        comm.destroy()
+        time.sleep(3)  # (alive: the others must not hear of it by its exit)
+        return "destroyed"
+    try:
+        comm.split(comm.rank % 2)
+        return "made"
+    except minincl.Error as e:
+        return f"{type(e).__name__}: {e}"

@@ -26,6 +26,7 @@ struct RankCtrl {
   uint32_t destroyed;               // 1 once the rank destroyed (or aborted) its communicator, whatever its state
   uint32_t failCode;                // an mnclResult_t when state == kFailed
   uint32_t gaveUpOn;                // 1 + a peer given up on, by this rank or the one whose failure failed it (0: none)
+  uint32_t splitsGathered;          // the splits whose every rank's entry this rank has (Comm::splitInfo)
   char failMessage[1024];           // (room for a deadlock message naming every wait)
   CallLog calls;                    // the collective calls the rank made last
 
