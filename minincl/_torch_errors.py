@@ -61,6 +61,10 @@ _BYTES_NOTE = (
 )
 
 
+# Sends and receives go as bytes too (they pair by bytes): their sizes, said in bytes alone.
+_BYTES_AS_UINT8 = re.compile(r"(\d+) uint8 \(\1 bytes\)")
+
+
 def _in_torch_terms(args: tuple[object, ...], note: str) -> tuple[object, ...]:
     if not args or not isinstance(args[0], str):
         return args
@@ -69,6 +73,8 @@ def _in_torch_terms(args: tuple[object, ...], note: str) -> tuple[object, ...]:
         message = message.replace(minincls, torchs)
     if "mismatched calls" in message and _CALLS_OF_BYTES.search(message):
         message += _BYTES_NOTE
+    if "mismatched send/recv" in message:
+        message = _BYTES_AS_UINT8.sub(r"\1 bytes", message)
     return (message + note, *args[1:])
 
 

@@ -142,12 +142,6 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8)
 
 
-def as_elements(t: torch.Tensor) -> torch.Tensor:
-    """Flat, in its own type where minincl has it (a mismatched send then names that type and
-    count), else as bytes. Sends and receives pair by bytes, so the two sides' types may differ."""
-    return _flat(t) if t.dtype in REDUCIBLE_DTYPES else as_bytes(t)
-
-
 @dataclass
 class Staged:
     """``buf`` is what minincl reads and writes: contiguous and detached.

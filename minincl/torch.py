@@ -56,7 +56,7 @@ from ._torch_compile import outside_compiled_code
 from ._torch_errors import global_ranks_note
 from ._torch_launch import LocalRunError, free_port, run_local
 from ._torch_sparse import summed_over_ranks
-from ._torch_tensors import Op, Staged, as_bytes, as_elements, op_name, overlap_refusal, plain_op, reducible, stage
+from ._torch_tensors import Op, Staged, as_bytes, op_name, overlap_refusal, plain_op, reducible, stage
 from ._torch_work import Lane, MinincclWork, QueuedWork
 from .errors import Error, InvalidUsage, RemoteError, Timeout
 
@@ -845,8 +845,10 @@ class ProcessGroupMinincl(dist.ProcessGroup):
 
     # ---- point to point (deferred: see the module's docstring) ----
 
+    # (Sends and receives go as bytes: they pair by bytes, as gloo's and NCCL's do, so a
+    # receive may take a send's bits in another type of the same size.)
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> MinincclWork:
-        bufs = [as_elements(stage(t, receives=False).buf) for t in tensors]
+        bufs = [as_bytes(stage(t, receives=False).buf) for t in tensors]
 
         def body(comm: Communicator) -> None:
             for b in bufs:
@@ -856,7 +858,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> MinincclWork:
         staged = [stage(t) for t in tensors]
-        bufs = [as_elements(s.buf) for s in staged]
+        bufs = [as_bytes(s.buf) for s in staged]
 
         def body(comm: Communicator) -> None:
             for b in bufs:
@@ -883,7 +885,7 @@ class ProcessGroupMinincl(dist.ProcessGroup):
         no receive of this rank has taken yet (``_wait_for_sender``); ``_source_rank()`` then says
         who sent."""
         staged = [stage(t) for t in tensors]
-        bufs = [as_elements(s.buf) for s in staged]
+        bufs = [as_bytes(s.buf) for s in staged]
         limit = self._timeout.total_seconds() if isinstance(self._timeout, timedelta) else 0.0
         source: list[int] = []
 

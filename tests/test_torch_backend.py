@@ -282,6 +282,25 @@ def _send_recv(rank: int) -> Result:
     return t
 
 
+def _send_recv_across_types(rank: int) -> Result:
+    """A receive into another type of the same size takes the send's bits (as gloo's and
+    NCCL's do): float32 into int32, bfloat16 into int16."""
+    sent = [values(0) + 100, values(0, dtype=torch.bfloat16) * 3]
+    if rank == 0:
+        for t in sent:
+            dist.send(t, dst=1)
+        return sent
+    got = [torch.zeros(6, dtype=torch.int32), torch.zeros(6, dtype=torch.int16)]
+    for t in got:
+        dist.recv(t, src=0)
+    return got
+
+
+def _want_send_recv_across_types(rank: int) -> Result:
+    sent = [values(0) + 100, values(0, dtype=torch.bfloat16) * 3]
+    return sent if rank == 0 else [sent[0].view(torch.int32), sent[1].view(torch.int16)]
+
+
 def _batch_ring(rank: int) -> Result:
     """A ring exchange of 4 MB each way: started together, so neither send waits on the other."""
     send = torch.full((1 << 20,), float(rank))
@@ -866,6 +885,7 @@ CASES: dict[str, tuple[Callable[[int], Result], Callable[[int], Result]]] = {
         lambda r: [_rows(p, [_split(p, r)])[:, :1] + 10 * r for p in range(WORLD)],
     ),
     "send_recv": (_send_recv, lambda r: values(0) + 100),
+    "send_recv-across-types": (_send_recv_across_types, _want_send_recv_across_types),
     "batch_isend_irecv": (_batch_ring, lambda r: torch.full((256,), float((r - 1) % WORLD))),
     "isend_across_a_collective": (_isend_across_a_collective, lambda r: [_want_sum(r), torch.ones(256)]),
     "deferred_across_another_groups_collective": (
@@ -1195,7 +1215,8 @@ def test_a_subgroups_errors_say_which_global_ranks_its_ranks_are() -> None:
     note = "[rank numbers here are this process group's: its ranks 0-1 are global ranks 1, 3]"
     collective, p2p = outs[3]
     assert "mismatched calls: " in collective and collective.endswith(note), outs
-    assert "mismatched send/recv: rank 1 posted a recv of 8 float32" in p2p and p2p.endswith(note), outs
+    assert "mismatched send/recv: rank 1 posted a recv of 32 bytes from rank 0, but rank 0 sent 16 bytes" in p2p, outs
+    assert p2p.endswith(note), outs
     assert outs[1][0].endswith(note), outs  # (rank 1's send fit: it may end without its receive)
 
 
