@@ -273,6 +273,12 @@ void cpuBackoff(uint32_t spins, uint32_t spinBudget = 200);
 enum class SleepOnBusyCores { never, always, whereOthersRun };
 void cpuSetSleepOnBusyCores(SleepOnBusyCores when, bool (*othersWantCpu)(int cpu));
 uint64_t cpuSleepSpells();  // times a thread of this process began a second of sleeps (tests)
+// Sleeps of this process's threads on a doorbell, and those a ring ended before their time
+// (tests).
+struct CpuDoorbellSleeps {
+  uint64_t sleeps, wakes;
+};
+CpuDoorbellSleeps cpuDoorbellSleeps();
 // What a thread's long waits also do, about every 50 ms once they sleep (cpuBackoff): a caller
 // that can be interrupted sets it for the length of its call (the Python binding runs the
 // pending signal handlers there, so that Ctrl-C stops a call blocked on its peers).
@@ -293,6 +299,7 @@ inline void Waiter::backoff(uint32_t spins) {
 int64_t cpuBackoffStep(uint32_t spins, uint32_t spinBudget);  // spins or yields (0), or says how long to sleep (ns)
 void cpuSleepOn(Doorbell& bell, int64_t ns, bool (*ready)(void*), void* readyArg);
 void cpuSlept();  // after each sleep: the long-wait hook, now and then
+void cpuSleep(int64_t ns);  // a timer's sleep, as cpuBackoff's
 template <typename Ready>
 void Waiter::backoffOn(Doorbell& bell, uint32_t spins, Ready& ready) {
   int64_t ns = cpuBackoffStep(spins, spinBudget);

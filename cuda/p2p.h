@@ -137,10 +137,62 @@ struct P2pEngine {
         waiter.aborted = true;
         return false;
       }
-      waiter.backoff(idle++);
+      idleWait(ops, n, idle++);
     }
     return true;
   }
+
+  // A pass moved nothing: wait a little before the next (Waiter::backoff). On a CPU, where
+  // the group waits on one connection only (a recv for its data, a send for a free slot),
+  // its sleeps are on that connection's doorbell: the peer's post wakes it at once, where a
+  // timer's sleep beside a busy process wakes it ~50 us late (the timer's slack).
+  MNCL_DEV void idleWait(const P2pOp* ops, int n, uint32_t idle) {
+#if MNCL_CPU_DOORBELLS
+    if (!waiter.progress) {  // (a thread moving network steps must keep polling them)
+      int64_t ns = cpuBackoffStep(idle, waiter.spinBudget);
+      if (ns == 0) return;
+      if (const P2pOp* op = onlyAwaited(ops, n)) {
+        AwaitedOp awaited{this, op};
+        ConnFifo& f = op->isSend ? ch.sendTo[op->peer] : ch.recvFrom[op->peer];
+        cpuSleepOn(f.ctrl->bell, ns, AwaitedOp::mayMove, &awaited);
+      } else {
+        cpuSleep(ns);
+      }
+      cpuSlept();
+      return;
+    }
+#endif
+    waiter.backoff(idle);
+  }
+
+#if MNCL_CPU_DOORBELLS
+  // The group's one op that waits, if only one does (an op behind another on its connection
+  // waits for that one). A lone send waits for a free slot: one that waits for its receiver
+  // to start does so only while recvs are left (sendVerdict), and they wait too.
+  const P2pOp* onlyAwaited(const P2pOp* ops, int n) const {
+    const P2pOp* awaited = nullptr;
+    for (int i = 0; i < n; ++i) {
+      if (ops[i].finished() || blockedByEarlier(ops, i)) continue;
+      if (awaited) return nullptr;
+      awaited = &ops[i];
+    }
+    return awaited;
+  }
+
+  struct AwaitedOp {
+    P2pEngine* engine;
+    const P2pOp* op;
+    // Whether its next step may go now: what it waited for came (checked after the sleeper
+    // counts itself on the bell, so that a post in between is not missed).
+    static bool mayMove(void* arg) {
+      auto* a = static_cast<AwaitedOp*>(arg);
+      DevChannel& ch = a->engine->ch;
+      int peer = a->op->peer;
+      if (a->op->isSend) return sendSlotFree(ch, peer);
+      return a->op->midStep || loadAcquire(&ch.recvFrom[peer].ctrl->tail) > ch.recvStep[peer];
+    }
+  };
+#endif
 
   // One step of every ready send (or recv) op; false if aborted or mismatched. (A template,
   // so that the recv pass's call to the send pass is no recursion: a GPU's stack size is

@@ -99,6 +99,23 @@ def test_busy_cores_setting_decides_who_a_wait_sleeps_for(
     assert (sum(spells) > 0) == sleeps, spells
 
 
+
+def test_sends_and_receives_beside_a_busy_process_sleep_on_doorbells(monkeypatch: pytest.MonkeyPatch) -> None:
+    """2 rank processes passing a message back and forth on one CPU with a busy process there
+    (MININCL_BUSY_CORES=1): a receive that keeps losing the core sleeps on its connection's
+    doorbell, and the sender's post wakes it before its time, as collectives' waits do."""
+    monkeypatch.setenv("MININCL_BUSY_CORES", "1")
+    cpu = min(os.sched_getaffinity(0))
+    spin = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        stats = minincl.launch(workers.send_recv_on_one_cpu, 2, cpu, 2.0, timeout=120)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert stats[0]["rounds"] == stats[1]["rounds"] > 0
+    assert all(s["wakes"] > 0 for s in stats), stats
+
 FORKED_AFTER_A_LOOK = """
 import os, sys, threading, time, warnings
 import numpy as np

@@ -1751,6 +1751,35 @@ def sleep_spells_on_one_cpu(comm: minincl.Communicator, cpu: int, compute: bool,
     return int(minincl._core._busy_cores_stats()["sleep_spells"])
 
 
+def send_recv_on_one_cpu(comm: minincl.Communicator, cpu: int, seconds: float) -> dict[str, int]:
+    """Every thread of this rank on `cpu`, 2 ranks passing a 1 KiB message back and forth
+    (rank 0 sends, then receives it back plus one) for `seconds`; then this process's sleeps
+    on doorbells (MININCL_BUSY_CORES) and the message's rounds."""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # (a thread that ended meanwhile)
+            os.sched_setaffinity(int(tid), {cpu})
+    x = np.zeros(256, np.float32)  # (x[-1]: rank 0's time is up)
+    peer, rounds = 1 - comm.rank, 0
+    end = time.monotonic() + seconds
+    while True:
+        if comm.rank == 0:
+            x[:-1] = rounds
+            x[-1] = time.monotonic() > end
+            comm.send(x, peer)
+            comm.recv(x, peer)
+            assert (x[:-1] == rounds + 1).all()
+        else:
+            comm.recv(x, peer)
+            assert (x[:-1] == rounds).all()
+            x[:-1] += 1
+            comm.send(x, peer)
+        rounds += 1
+        if x[-1]:
+            break
+    stats = minincl._core._busy_cores_stats()
+    return {"rounds": rounds, "sleeps": int(stats["doorbell_sleeps"]), "wakes": int(stats["doorbell_wakes"])}
+
+
 def split_beside_a_rank_that_destroys(comm: minincl.Communicator) -> str:
     """Rank 3 destroys its communicator (and stays alive) while the others split it: what
     each of them raised, or "made"."""

@@ -2,6 +2,7 @@
 // yielding lets the peer run when ranks outnumber cores (8 ranks on 2 cores must progress);
 // sleeping keeps a long wait (a peer still computing) from burning a core, and a wait on a
 // core a busy process shares from handing it a time slice at each yield.
+#include <errno.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/syscall.h>
@@ -61,6 +62,7 @@ constexpr auto kHookEvery = milliseconds(50);
 std::atomic<SleepOnBusyCores> sleepOnBusyCores{SleepOnBusyCores::never};
 std::atomic<bool (*)(int)> othersWantCpuCheck{nullptr};
 std::atomic<uint64_t> sleepSpells{0};  // times a thread began to sleep instead of yielding
+std::atomic<uint64_t> bellSleeps{0}, bellWakes{0};  // sleeps on a doorbell; those a ring ended
 
 // This thread's current wait: when it started yielding, and when its hook last ran.
 thread_local Clock::time_point tlsYieldsFrom, tlsHookRan;
@@ -122,6 +124,10 @@ void cpuSetSleepOnBusyCores(SleepOnBusyCores when, bool (*othersWantCpu)(int cpu
 
 uint64_t cpuSleepSpells() { return sleepSpells.load(std::memory_order_relaxed); }
 
+CpuDoorbellSleeps cpuDoorbellSleeps() {
+  return {bellSleeps.load(std::memory_order_relaxed), bellWakes.load(std::memory_order_relaxed)};
+}
+
 void cpuSlept() {
   Clock::time_point now = Clock::now();
   if (tlsLongWaitHook.fn && now - tlsHookRan >= kHookEvery) {
@@ -135,9 +141,11 @@ void cpuSlept() {
 void cpuBackoff(uint32_t spins, uint32_t spinBudget) {
   int64_t ns = cpuBackoffStep(spins, spinBudget);
   if (ns == 0) return;
-  sleepFor(std::chrono::nanoseconds(ns));
+  cpuSleep(ns);
   cpuSlept();
 }
+
+void cpuSleep(int64_t ns) { sleepFor(std::chrono::nanoseconds(ns)); }
 
 void cpuSleepOn(Doorbell& bell, int64_t ns, bool (*ready)(void*), void* readyArg) {
   // A ring wakes it: no need for the short sleeps of a core shared (kSharedCoreSleep).
@@ -150,7 +158,9 @@ void cpuSleepOn(Doorbell& bell, int64_t ns, bool (*ready)(void*), void* readyArg
     timespec ts{(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
     // (Not FUTEX_PRIVATE: the bell may lie in memory another process maps. A ring between
     // the look at `rings` and the sleep changed it: the wait returns at once.)
-    syscall(SYS_futex, &bell.rings, FUTEX_WAIT, seen, &ts, nullptr, 0);
+    long r = syscall(SYS_futex, &bell.rings, FUTEX_WAIT, seen, &ts, nullptr, 0);
+    bellSleeps.fetch_add(1, std::memory_order_relaxed);
+    if (r == 0 || errno == EAGAIN) bellWakes.fetch_add(1, std::memory_order_relaxed);
   }
   sleepers.fetch_sub(1, std::memory_order_seq_cst);
 }

@@ -260,6 +260,7 @@ bool othersWantCpu(int cpu) noexcept {
 
 uint64_t busyCoreLooks() { return state().looks.load(std::memory_order_relaxed); }
 uint64_t busyCoreSleepSpells() { return dev::cpuSleepSpells(); }
+dev::CpuDoorbellSleeps doorbellSleeps() { return dev::cpuDoorbellSleeps(); }
 
 std::vector<std::pair<int32_t, int>> runnableThreadsOfOthers() {
   std::vector<std::pair<int32_t, int>> found;

@@ -30,9 +30,11 @@ class RankProcessesHere {
 bool othersWantCpu(int cpu) noexcept;
 
 // For tests: this process's looks at /proc so far, and the times one of its threads began a
-// second of sleeping instead of yielding (cuda/cpu/spin.cc).
+// second of sleeping instead of yielding, and its threads' sleeps on doorbells
+// (cuda/cpu/spin.cc).
 uint64_t busyCoreLooks();
 uint64_t busyCoreSleepSpells();
+dev::CpuDoorbellSleeps doorbellSleeps();  // (cuda/cpu/spin.cc)
 
 // Reads /proc now: (pid, cpu) of each runnable thread of other processes. For tests.
 std::vector<std::pair<int32_t, int>> runnableThreadsOfOthers();

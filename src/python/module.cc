@@ -116,10 +116,13 @@ void bindModuleFunctions(py::module_& m) {
         py::dict d;
         d["looks"] = busyCoreLooks();
         d["sleep_spells"] = busyCoreSleepSpells();
+        dev::CpuDoorbellSleeps bells = doorbellSleeps();
+        d["doorbell_sleeps"] = bells.sleeps;
+        d["doorbell_wakes"] = bells.wakes;
         return d;
       },
-      "This process's looks at /proc (MININCL_BUSY_CORES=auto) and the times a thread began a second of "
-      "sleeping instead of yielding.");
+      "This process's looks at /proc (MININCL_BUSY_CORES=auto), the times a thread began a second of "
+      "sleeping instead of yielding, its threads' sleeps on a connection's doorbell and those a ring ended.");
   m.def("version", [] {
     return std::to_string(MNCL_MAJOR) + "." + std::to_string(MNCL_MINOR) + "." + std::to_string(MNCL_PATCH);
   });
