@@ -99,7 +99,6 @@ def test_busy_cores_setting_decides_who_a_wait_sleeps_for(
     assert (sum(spells) > 0) == sleeps, spells
 
 
-
 def test_sends_and_receives_beside_a_busy_process_sleep_on_doorbells(monkeypatch: pytest.MonkeyPatch) -> None:
     """2 rank processes passing a message back and forth on one CPU with a busy process there
     (MININCL_BUSY_CORES=1): a receive that keeps losing the core sleeps on its connection's
@@ -115,6 +114,7 @@ def test_sends_and_receives_beside_a_busy_process_sleep_on_doorbells(monkeypatch
         spinner.wait()
     assert stats[0]["rounds"] == stats[1]["rounds"] > 0
     assert all(s["wakes"] > 0 for s in stats), stats
+
 
 FORKED_AFTER_A_LOOK = """
 import os, sys, threading, time, warnings

@@ -34,7 +34,7 @@ bool othersWantCpu(int cpu) noexcept;
 // (cuda/cpu/spin.cc).
 uint64_t busyCoreLooks();
 uint64_t busyCoreSleepSpells();
-dev::CpuDoorbellSleeps doorbellSleeps();  // (cuda/cpu/spin.cc)
+dev::CpuDoorbellSleeps doorbellSleeps();
 
 // Reads /proc now: (pid, cpu) of each runnable thread of other processes. For tests.
 std::vector<std::pair<int32_t, int>> runnableThreadsOfOthers();

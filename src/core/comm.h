@@ -290,7 +290,7 @@ class Comm {
   // Rethrows a split's error `e`, prefixed with `call`, naming the ranks gone (Aborted if
   // the communicator was stopped since stops_ read `stops`).
   [[noreturn]] void throwRendezvousError(const char* call, uint32_t stops, const Error& e) const;
-  void failIfLeftBeforeSplit(int split) const;  // a split's waits: throws if a member left before it met
+  void failIfLeftBeforeSplit(int split) const;  // in a split's waits: throws if a rank left before the ranks met
   // Before the bootstrap: the device is one, and usable (GPU: current, with the abort word in
   // pinned memory). A failure here is told to the other ranks (Bootstrap::reportInitFailure).
   void prepareDevice();

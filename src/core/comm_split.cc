@@ -47,13 +47,13 @@ bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdDa
   const uint32_t stops = stops_.load(std::memory_order_acquire);  // (before: a stop meanwhile fails it below)
   MNCL_CHECK(!failed(), asyncError(), errorMessage());
   const int split = splits_;  // (every rank counts its splits alike)
-  bool memberLeft = false;     // (its error says all: no rendezvous error around it)
+  bool gathering = true, memberLeft = false;  // (memberLeft: its error says all)
   // (An abort() from another thread, or a failure: a peer's, or a second split meanwhile.)
   WaitCheck untilStopped([&] {
     failIfStoppedSince(stops);
     if (failed()) throwStoredError();
-    memberLeft = true;
-    failIfLeftBeforeSplit(split);
+    memberLeft = gathering;
+    if (gathering) failIfLeftBeforeSplit(split);
     memberLeft = false;
   });
   struct Entry {
@@ -65,8 +65,11 @@ bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdDa
     bootstrap_->allgather(all.data(), sizeof(Entry));
   } catch (const Error& e) {
     if (memberLeft) throw;
+    failIfStoppedSince(stops);
+    if (!failed()) failIfLeftBeforeSplit(split);  // (the rank after it on the ring sees its socket close first)
     throwRendezvousError("split", stops, e);
   }
+  gathering = false;
   dev::storeRelease(&region_->ctrl()->splitsGathered, (uint32_t)split + 1);
   int tag = 1000 + splits_++;
   std::string refusers;
@@ -114,21 +117,22 @@ bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdDa
   return true;
 }
 
-// A rank of this host that is gone (it destroyed its communicator instead of splitting, or
-// its process exited) before it had every rank's entry of split number `split` never passes
-// them on: the ranks after it on the bootstrap ring would wait out its timeout. (One gone
-// after it had them passed ours on; its own part of the split is done. Over the network, its
-// mirrored state does not say how far it got: there the wait ends as before.)
+// A rank of this host that destroyed its communicator (instead of splitting it) before it had
+// every rank's entry of split number `split` never passes them on: the ranks after it on the
+// bootstrap ring would wait out its timeout. (One that did so after it had them passed ours
+// on: its part of the split is done. One whose process exited fails the communicator through
+// the monitor. Over the network, a rank's mirrored state does not say how far it got: there
+// the wait ends as before.)
 void Comm::failIfLeftBeforeSplit(int split) const {
   std::string ranks;
   for (int r = 0; r < nranks_; ++r) {
-    if (r == rank_ || overNetwork(r) || !(peerRegions_[r]->ctrl()->gone() || exited(r))) continue;
+    if (r == rank_ || overNetwork(r) || !peerRegions_[r]->ctrl()->gone()) continue;
     if (dev::loadAcquire(&peerRegions_[r]->ctrl()->splitsGathered) > (uint32_t)split) continue;
     ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   }
   MNCL_CHECK(ranks.empty(), mnclRemoteError,
-             "split: rank(s) " + ranks + " left before the ranks met (destroyed the communicator, or exited; "
-             "lost_ranks() lists them): every rank must call split (a negative color joins none)");
+             "split: rank(s) " + ranks + " destroyed the communicator before the ranks met (lost_ranks() lists "
+             "them): every rank must call split (a negative color joins none)");
 }
 
 // A socket error in a rendezvous names at most a neighbour in the bootstrap ring, which may
