@@ -47,13 +47,14 @@ bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdDa
   const uint32_t stops = stops_.load(std::memory_order_acquire);  // (before: a stop meanwhile fails it below)
   MNCL_CHECK(!failed(), asyncError(), errorMessage());
   const int split = splits_;  // (every rank counts its splits alike)
-  bool gathering = true, memberLeft = false;  // (memberLeft: its error says all)
+  bool gathering = true, memberLeft = false;
   // (An abort() from another thread, or a failure: a peer's, or a second split meanwhile.)
   WaitCheck untilStopped([&] {
     failIfStoppedSince(stops);
     if (failed()) throwStoredError();
-    memberLeft = gathering;
-    if (gathering) failIfLeftBeforeSplit(split);
+    if (!gathering) return;
+    memberLeft = true;  // (its error says all: no rendezvous error around it)
+    failIfLeftBeforeSplit(split);
     memberLeft = false;
   });
   struct Entry {
@@ -117,12 +118,12 @@ bool Comm::splitInfo(int color, int key, int* newRanks, int* newRank, UniqueIdDa
   return true;
 }
 
-// A rank of this host that destroyed its communicator (instead of splitting it) before it had
-// every rank's entry of split number `split` never passes them on: the ranks after it on the
-// bootstrap ring would wait out its timeout. (One that did so after it had them passed ours
-// on: its part of the split is done. One whose process exited fails the communicator through
-// the monitor. Over the network, a rank's mirrored state does not say how far it got: there
-// the wait ends as before.)
+// A rank of this host that destroyed or aborted its communicator (instead of splitting it)
+// before it had every rank's entry of split number `split` never passes them on: the ranks
+// after it on the bootstrap ring would wait out its timeout. (One that did so after it had
+// them passed ours on: its part of the split is done. One whose process exited fails the
+// communicator through the monitor. Over the network, a rank's mirrored state does not say
+// how far it got: there the wait ends as before.)
 void Comm::failIfLeftBeforeSplit(int split) const {
   std::string ranks;
   for (int r = 0; r < nranks_; ++r) {
@@ -131,8 +132,8 @@ void Comm::failIfLeftBeforeSplit(int split) const {
     ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   }
   MNCL_CHECK(ranks.empty(), mnclRemoteError,
-             "split: rank(s) " + ranks + " destroyed the communicator before the ranks met (lost_ranks() lists "
-             "them): every rank must call split (a negative color joins none)");
+             "split: rank(s) " + ranks + " destroyed or aborted the communicator before the ranks met (lost_ranks() "
+             "lists them): every rank must call split (a negative color joins none)");
 }
 
 // A socket error in a rendezvous names at most a neighbour in the bootstrap ring, which may
