@@ -1277,6 +1277,21 @@ def test_a_peer_that_left_fails_no_call_it_has_no_part_in(monkeypatch: pytest.Mo
     assert results == ["ok", "sent", "left"], results
 
 
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_a_call_that_moves_on_after_a_peer_left_outlasts_the_timeout(
+    monkeypatch: pytest.MonkeyPatch, processes: bool
+) -> None:
+    """Rank 2 sends its part and destroys its communicator; rank 0's group still receives
+    rank 1's sends, one every 50 ms, for 2 s: MININCL_TIMEOUT (1 s) counts from its last
+    step, so the group ends right (it failed after 1 s, naming rank 2)."""
+    monkeypatch.setenv("MININCL_TIMEOUT", "1")
+    fn, args = workers.receives_moving_on_beside_a_rank_that_left, (40, 0.05)
+    results = (
+        minincl.launch(fn, 3, *args, timeout=60) if processes else workers.run_on_threads(3, lambda c: fn(c, *args))
+    )
+    assert results == ["ok", "sent", "left"], results
+
+
 @pytest.mark.parametrize("case", ["collective", "recv"])
 @pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
 def test_a_call_past_its_timeout_fails_naming_where_every_rank_is(case: str, processes: bool) -> None:

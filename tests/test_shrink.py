@@ -344,7 +344,8 @@ def test_a_split_fails_at_once_where_a_rank_destroyed_the_communicator_instead(r
         said = [outcome[r] for r in range(3)]
     assert time.monotonic() - start < 20, said
     assert all(
-        s.startswith("RemoteError: split: rank(s) 3 destroyed or aborted the communicator before the ranks met") for s in said
+        s.startswith("RemoteError: split: rank(s) 3 destroyed or aborted the communicator before the ranks met")
+        for s in said
     ), said
 
 

@@ -1795,3 +1795,27 @@ def split_beside_a_rank_that_destroys(comm: minincl.Communicator) -> str:
         said = f"{type(e).__name__}: {e}"
     time.sleep(3)  # (alive: a rank's exit must not tell the next one)
     return said
+
+
+def receives_moving_on_beside_a_rank_that_left(comm: minincl.Communicator, pieces: int, gap: float) -> str:
+    """Rank 2 sends rank 0 one message and destroys its communicator; rank 1 sends `pieces`
+    messages `gap` s apart; rank 0 receives them all in one group: how that group ended."""
+    if comm.rank == 2:
+        comm.send(np.full(4, 2.0, np.float32), 0)
+        comm.destroy()
+        return "left"
+    if comm.rank == 1:
+        for k in range(pieces):
+            comm.send(np.full(4, k, np.float32), 0)
+            time.sleep(gap)
+        return "sent"
+    got = [np.zeros(4, np.float32) for _ in range(pieces + 1)]
+    try:
+        with minincl.group():
+            comm.recv(got[0], 2)
+            for k in range(pieces):
+                comm.recv(got[k + 1], 1)
+    except minincl.Error as e:
+        return f"{type(e).__name__}: {e}"
+    right = (got[0] == 2).all() and all((got[k + 1] == k).all() for k in range(pieces))
+    return "ok" if right else "wrong"

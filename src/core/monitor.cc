@@ -189,23 +189,26 @@ void Monitor::checkPeer(int r, double now) {
   }
   bool sameProcess = inThisProcess(r);
   if (state == RankCtrl::kLeft) {
-    // (The time counts from when a call that waits on the peer began to wait with it gone:
-    // not from its leaving, nor for a call with other peers.)
+    // (The time counts from when a call that waits on the peer began to wait with it gone,
+    // or last moved a step: not from its leaving, nor for a call with other peers, nor while
+    // the call moves on, slowly perhaps, without it.)
     uint64_t call = callWaitingOn(r);
     if (call == 0) {
       w.leftSince = -1;
       return;
     }
-    if (w.leftSince < 0 || w.leftCall != call) {
+    uint64_t moved = stepsMoved();
+    if (w.leftSince < 0 || w.leftCall != call || w.leftMoved != moved) {
       w.leftSince = now;
       w.leftCall = call;
+      w.leftMoved = moved;
     }
     std::string never = callThePeerNeverMade(r);
     if (!never.empty()) {
       fail(mnclRemoteError, who() + " destroyed its communicator (or its process exited) " + never);
     } else if (now - w.leftSince > timeout_) {  // (it made our call: it may have done its part)
       fail(mnclRemoteError, who() + " destroyed its communicator (or its process exited) while this rank was "
-                            "still waiting on it");
+                            "still waiting on it (its call moved no step for MININCL_TIMEOUT)");
     }
     return;
   }
@@ -251,6 +254,22 @@ void Monitor::giveUpOnStoppedPeers(double now) {
     bool running = dev::loadAcquire(&comm_.peerRegions_[r]->ctrl()->state) == RankCtrl::kRunning;
     if (heartbeatStopped(r, now) && running) gaveUp_[r].store(true, std::memory_order_release);
   }
+}
+
+// A sum that grows whenever this rank's connections move a step (CPU): the heads it and its
+// receivers posted, and the tails of its sends. (A GPU's are in device memory: 0.)
+uint64_t Monitor::stepsMoved() const {
+  if (comm_.onGpu()) return 0;
+  uint64_t sum = 0;
+  for (int c = 0; c < comm_.nChannels(); ++c) {
+    const Channel& ch = comm_.channel(c);
+    for (int p = 0; p < comm_.nranks(); ++p) {
+      if (p == comm_.rank()) continue;
+      if (const dev::ConnCtrl* out = ch.sendTo[p].ctrl) sum += dev::loadRelaxed(&out->head) + dev::loadRelaxed(&out->tail);
+      if (const dev::ConnCtrl* in = ch.recvFrom[p].ctrl) sum += dev::loadRelaxed(&in->head);
+    }
+  }
+  return sum;
 }
 
 uint64_t Monitor::callWaitingOn(int r) const {

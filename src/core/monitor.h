@@ -85,6 +85,7 @@ class Monitor {
   // The number (CallActivity::entered) of our call under way if it waits on peer r (a
   // collective, or sends and receives with it), else 0. GPU: 1 while a kernel is pending.
   uint64_t callWaitingOn(int r) const;
+  uint64_t stepsMoved() const;  // grows as this rank's connections move steps
   void checkP2pBalance();
   void checkDeadlock(double now);
   std::optional<uint64_t> blockedBehind(int r, uint64_t collective) const;
@@ -113,9 +114,10 @@ class Monitor {
   std::chrono::milliseconds idleTick_;
   struct PeerWatch {
     uint64_t lastBeat = 0;
-    // leftSince: since when our call leftCall has waited on the peer while it was gone (-1: none has).
+    // leftSince: since when our call leftCall has waited on the peer while it was gone, moving
+    // no step (stepsMoved() was leftMoved) (-1: none has).
     double lastChange = 0, leftSince = -1, zombieLookedAt = -1;
-    uint64_t leftCall = 0;
+    uint64_t leftCall = 0, leftMoved = 0;
     uint64_t blockedCall = 0;  // the peer's call (CallActivity::entered) blocked behind ours
     double blockedSince = 0;
   };
