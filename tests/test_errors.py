@@ -1277,15 +1277,21 @@ def test_a_peer_that_left_fails_no_call_it_has_no_part_in(monkeypatch: pytest.Mo
     assert results == ["ok", "sent", "left"], results
 
 
+@pytest.mark.parametrize("rank1", ["moving", "late"])
 @pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
 def test_a_call_that_moves_on_after_a_peer_left_outlasts_the_timeout(
-    monkeypatch: pytest.MonkeyPatch, processes: bool
+    monkeypatch: pytest.MonkeyPatch, processes: bool, rank1: str
 ) -> None:
     """Rank 2 sends its part and destroys its communicator; rank 0's group still receives
-    rank 1's sends, one every 50 ms, for 2 s: MININCL_TIMEOUT (1 s) counts from its last
-    step, so the group ends right (it failed after 1 s, naming rank 2)."""
+    rank 1's sends, one every 50 ms for 2 s (moving), or one sent 2.5 s late (late): the
+    group waits on rank 1, alive, not on rank 2, so MININCL_TIMEOUT (1 s) runs only while
+    the call moves nothing and waits for no live rank late to it. The group ends right (it
+    failed after 1 s, naming rank 2)."""
     monkeypatch.setenv("MININCL_TIMEOUT", "1")
-    fn, args = workers.receives_moving_on_beside_a_rank_that_left, (40, 0.05)
+    fn, args = (
+        workers.receives_moving_on_beside_a_rank_that_left,
+        (40, 0.05, 0.0) if rank1 == "moving" else (1, 0.0, 2.5),
+    )
     results = (
         minincl.launch(fn, 3, *args, timeout=60) if processes else workers.run_on_threads(3, lambda c: fn(c, *args))
     )

@@ -1797,14 +1797,18 @@ def split_beside_a_rank_that_destroys(comm: minincl.Communicator) -> str:
     return said
 
 
-def receives_moving_on_beside_a_rank_that_left(comm: minincl.Communicator, pieces: int, gap: float) -> str:
-    """Rank 2 sends rank 0 one message and destroys its communicator; rank 1 sends `pieces`
-    messages `gap` s apart; rank 0 receives them all in one group: how that group ended."""
+def receives_moving_on_beside_a_rank_that_left(
+    comm: minincl.Communicator, pieces: int, gap: float, late: float = 0.0
+) -> str:
+    """Rank 2 sends rank 0 one message and destroys its communicator; rank 1, `late` s later,
+    sends `pieces` messages `gap` s apart; rank 0 receives them all in one group: how that
+    group ended."""
     if comm.rank == 2:
         comm.send(np.full(4, 2.0, np.float32), 0)
         comm.destroy()
         return "left"
     if comm.rank == 1:
+        time.sleep(late)
         for k in range(pieces):
             comm.send(np.full(4, k, np.float32), 0)
             time.sleep(gap)

@@ -198,7 +198,7 @@ void Monitor::checkPeer(int r, double now) {
       return;
     }
     uint64_t moved = stepsMoved();
-    if (w.leftSince < 0 || w.leftCall != call || w.leftMoved != moved) {
+    if (w.leftSince < 0 || w.leftCall != call || w.leftMoved != moved || waitsForLivePeerBesides(r)) {
       w.leftSince = now;
       w.leftCall = call;
       w.leftMoved = moved;
@@ -208,7 +208,7 @@ void Monitor::checkPeer(int r, double now) {
       fail(mnclRemoteError, who() + " destroyed its communicator (or its process exited) " + never);
     } else if (now - w.leftSince > timeout_) {  // (it made our call: it may have done its part)
       fail(mnclRemoteError, who() + " destroyed its communicator (or its process exited) while this rank was "
-                            "still waiting on it (its call moved no step for MININCL_TIMEOUT)");
+                            "still waiting on it (this rank's call moved no step for MININCL_TIMEOUT)");
     }
     return;
   }
@@ -270,6 +270,29 @@ uint64_t Monitor::stepsMoved() const {
     }
   }
   return sum;
+}
+
+// Whether this rank's call waits for a live peer other than r that has yet to reach it: a
+// collective call that peer has not made, or sends to this rank (or receives of a long send)
+// it has not posted. Then the call waits on that peer (its heartbeat, the call timeout), not
+// on r. (GPU: calls log no activity.)
+bool Monitor::waitsForLivePeerBesides(int r) const {
+  const CallLog& mine = comm_.region_->ctrl()->calls;
+  std::optional<CallActivity> me = callActivity(mine);
+  if (!me || me->inside == Inside::nothing) return false;
+  bool inCollective = me->inside == Inside::collectives || me->inside == Inside::both;
+  bool inP2p = me->inside == Inside::sendsAndReceives || me->inside == Inside::both;
+  uint64_t made = dev::loadAcquire(&mine.made);
+  int rank = comm_.rank();
+  for (int q = 0; q < comm_.nranks(); ++q) {
+    const RankCtrl* peer = comm_.peerRegions_[q]->ctrl();
+    if (q == rank || q == r || peer->gone() || dev::loadAcquire(&peer->state) != RankCtrl::kRunning) continue;
+    if (inCollective && dev::loadAcquire(&peer->calls.made) < made) return true;
+    if (!inP2p || q >= kP2pPeers || rank >= kP2pPeers || !(me->peers >> q & 1)) continue;
+    PeerP2p ours = peerP2p(mine, q), its = peerP2p(peer->calls, rank);
+    if (ours.recvs > its.sends || sendAwaitingReceives(ours, its, comm_.shareFifos(rank, q))) return true;
+  }
+  return false;
 }
 
 uint64_t Monitor::callWaitingOn(int r) const {

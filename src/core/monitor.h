@@ -86,6 +86,7 @@ class Monitor {
   // collective, or sends and receives with it), else 0. GPU: 1 while a kernel is pending.
   uint64_t callWaitingOn(int r) const;
   uint64_t stepsMoved() const;  // grows as this rank's connections move steps
+  bool waitsForLivePeerBesides(int r) const;
   void checkP2pBalance();
   void checkDeadlock(double now);
   std::optional<uint64_t> blockedBehind(int r, uint64_t collective) const;
@@ -115,7 +116,7 @@ class Monitor {
   struct PeerWatch {
     uint64_t lastBeat = 0;
     // leftSince: since when our call leftCall has waited on the peer while it was gone, moving
-    // no step (stepsMoved() was leftMoved) (-1: none has).
+    // no step (stepsMoved() was leftMoved) nor waiting for a live peer late to it (-1: none has).
     double lastChange = 0, leftSince = -1, zombieLookedAt = -1;
     uint64_t leftCall = 0, leftMoved = 0;
     uint64_t blockedCall = 0;  // the peer's call (CallActivity::entered) blocked behind ours
