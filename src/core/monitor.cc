@@ -190,8 +190,8 @@ void Monitor::checkPeer(int r, double now) {
   bool sameProcess = inThisProcess(r);
   if (state == RankCtrl::kLeft) {
     // (The time counts from when a call that waits on the peer began to wait with it gone,
-    // or last moved a step: not from its leaving, nor for a call with other peers, nor while
-    // the call moves on, slowly perhaps, without it.)
+    // or last moved a step, or last waited for a live rank late to it: not from its leaving,
+    // nor for a call with other peers, nor while the call goes on without it.)
     uint64_t call = callWaitingOn(r);
     if (call == 0) {
       w.leftSince = -1;
