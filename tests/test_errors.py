@@ -1285,8 +1285,8 @@ def test_a_call_that_moves_on_after_a_peer_left_outlasts_the_timeout(
     """Rank 2 sends its part and destroys its communicator; rank 0's group still receives
     rank 1's sends, one every 50 ms for 2 s (moving), or one sent 2.5 s late (late): the
     group waits on rank 1, alive, not on rank 2, so MININCL_TIMEOUT (1 s) runs only while
-    the call moves nothing and waits for no live rank late to it. The group ends right (it
-    failed after 1 s, naming rank 2)."""
+    the call moves nothing and waits for no live rank late to it. The group ends right
+    (before, it failed after 1 s, naming rank 2)."""
     monkeypatch.setenv("MININCL_TIMEOUT", "1")
     fn, args = (
         workers.receives_moving_on_beside_a_rank_that_left,
